@@ -1,0 +1,144 @@
+//! wit-bindgen glue: the only place that knows the WIT bindings. Compiled for
+//! wasm only.
+
+#![allow(unsafe_code, missing_docs)] // generated bindings
+
+use std::cell::RefCell;
+
+use crate::machine::StateMachine;
+use crate::types;
+
+wit_bindgen::generate!({
+    world: "guest",
+    path: "../wit",
+});
+
+use exports::statestore::core::store as wit;
+
+struct Component;
+
+impl wit::Guest for Component {
+    type Store = Store;
+}
+
+struct Store(RefCell<StateMachine>);
+
+impl wit::GuestStore for Store {
+    fn new(config: wit::Config) -> Store {
+        match StateMachine::new(config_in(config)) {
+            Ok(m) => Store(RefCell::new(m)),
+            // Documented in the WIT: callers check with validate-config first.
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn validate_config(config: wit::Config) -> Result<(), wit::Error> {
+        config_in(config).validate().map_err(error_out)
+    }
+
+    fn restore(config: wit::Config, snapshot: Vec<u8>) -> Result<wit::Store, wit::Error> {
+        let machine = StateMachine::restore(config_in(config), &snapshot).map_err(error_out)?;
+        Ok(wit::Store::new(Store(RefCell::new(machine))))
+    }
+
+    fn handle(&self, message: wit::InboundMessage, now: u64) {
+        self.0.borrow_mut().handle(&message_in(message), now);
+    }
+
+    fn handle_batch(&self, messages: Vec<wit::InboundMessage>, now: u64) -> Vec<wit::Output> {
+        let mut m = self.0.borrow_mut();
+        for message in messages {
+            m.handle(&message_in(message), now);
+        }
+        m.take_outputs().into_iter().map(output_out).collect()
+    }
+
+    fn client_disconnected(&self, client_id: String, now: u64) {
+        self.0.borrow_mut().client_disconnected(&client_id, now);
+    }
+
+    fn timeout(&self, now: u64) {
+        self.0.borrow_mut().timeout(now);
+    }
+
+    fn poll_outputs(&self) -> Vec<wit::Output> {
+        let outputs = self.0.borrow_mut().take_outputs();
+        outputs.into_iter().map(output_out).collect()
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        self.0.borrow().next_deadline()
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.0.borrow().snapshot()
+    }
+}
+
+fn config_in(c: wit::Config) -> types::Config {
+    types::Config {
+        node_id: c.node_id,
+        server_client_id: c.server_client_id,
+    }
+}
+
+fn error_out(e: types::Error) -> wit::Error {
+    match e {
+        types::Error::InvalidConfig(m) => wit::Error::InvalidConfig(m),
+        types::Error::BadSnapshot(m) => wit::Error::BadSnapshot(m),
+        types::Error::UnsupportedVersion(v) => wit::Error::UnsupportedVersion(v),
+        types::Error::Other(m) => wit::Error::Other(m),
+    }
+}
+
+fn message_in(m: wit::InboundMessage) -> types::InboundMessage {
+    types::InboundMessage {
+        topic: m.topic,
+        payload: m.payload,
+        qos: m.qos,
+        response_topic: m.response_topic,
+        correlation_data: m.correlation_data,
+        message_expiry_interval: m.message_expiry_interval,
+        content_type: m.content_type,
+        payload_format_indicator: m.payload_format_indicator,
+        user_properties: m
+            .user_properties
+            .into_iter()
+            .map(|p| (p.name, p.value))
+            .collect(),
+        client_id: m.client_id,
+        received_at: m.received_at,
+    }
+}
+
+fn output_out(o: types::Output) -> wit::Output {
+    match o {
+        types::Output::Publish(m) => wit::Output::Publish(wit::OutboundMessage {
+            kind: match m.kind {
+                types::PublishKind::Response => wit::PublishKind::Response,
+                types::PublishKind::Notification => wit::PublishKind::Notification,
+            },
+            topic: m.topic,
+            payload: m.payload,
+            qos: m.qos,
+            retain: m.retain,
+            correlation_data: m.correlation_data,
+            message_expiry_interval: m.message_expiry_interval,
+            content_type: m.content_type,
+            payload_format_indicator: m.payload_format_indicator,
+            response_topic: m.response_topic,
+            user_properties: m
+                .user_properties
+                .into_iter()
+                .map(|(name, value)| wit::UserProperty { name, value })
+                .collect(),
+            target_client: m.target_client,
+        }),
+        types::Output::Journal(record) => wit::Output::Journal(record),
+        types::Output::Violation { client_id, reason } => {
+            wit::Output::Violation(wit::Violation { client_id, reason })
+        }
+    }
+}
+
+export!(Component);

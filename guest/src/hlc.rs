@@ -1,0 +1,218 @@
+//! The hybrid logical clock of spec §8.
+//!
+//! Text form `<wall>:<counter>:<node>`, emitted as `%015d:%05d:%s`. Ordering is
+//! wall, then counter, then node id by bytes (§8.3), which is the derived order
+//! of [`Hlc`]'s fields.
+
+use core::fmt;
+
+/// How far ahead of the server clock a request `__ts` or `__ft` may be (§8.4, §9).
+pub const MAX_SKEW_MS: u64 = 60_000;
+
+/// The largest counter we emit: .NET parses the counter as an `Int32` (§8.4).
+pub const MAX_COUNTER: u64 = i32::MAX as u64 - 1;
+
+/// A hybrid-logical-clock timestamp: a key's version, a fencing token, a request `__ts`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hlc {
+    /// Milliseconds since the Unix epoch.
+    pub wall: u64,
+    /// Logical counter within one millisecond.
+    pub counter: u64,
+    /// Opaque node id (no `:`).
+    pub node: String,
+}
+
+/// A `__ts` or `__ft` value that is not `<digits>:<digits>:<node>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MalformedTimestamp;
+
+impl Hlc {
+    /// Parses the text form (§8.2): exactly three `:`-separated parts, the first
+    /// two non-empty ASCII digits that fit in a u64, the third kept as is.
+    pub fn parse(text: &str) -> Result<Hlc, MalformedTimestamp> {
+        let mut parts = text.split(':');
+        let (Some(wall), Some(counter), Some(node), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(MalformedTimestamp);
+        };
+        Ok(Hlc {
+            wall: digits(wall)?,
+            counter: digits(counter)?,
+            node: node.to_string(),
+        })
+    }
+
+    /// Whether this timestamp is more than [`MAX_SKEW_MS`] ahead of `now`.
+    pub fn too_far_ahead_of(&self, now: u64) -> bool {
+        self.wall.saturating_sub(now) > MAX_SKEW_MS
+    }
+}
+
+fn digits(s: &str) -> Result<u64, MalformedTimestamp> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(MalformedTimestamp);
+    }
+    s.parse().map_err(|_| MalformedTimestamp)
+}
+
+impl fmt::Display for Hlc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:015}:{:05}:{}", self.wall, self.counter, self.node)
+    }
+}
+
+/// The counter would pass [`MAX_COUNTER`]; the request gets a 500 (`__propName: Counter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterOverflow;
+
+/// The server's clock `L = (lw, lc, NODE)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clock {
+    wall: u64,
+    counter: u64,
+    node: String,
+}
+
+impl Clock {
+    /// A clock at zero with this node id.
+    pub fn new(node: String) -> Clock {
+        Clock {
+            wall: 0,
+            counter: 0,
+            node,
+        }
+    }
+
+    /// A clock restored at `(wall, counter)`.
+    pub fn restored(node: String, wall: u64, counter: u64) -> Clock {
+        Clock {
+            wall,
+            counter,
+            node,
+        }
+    }
+
+    /// The current value of L.
+    pub fn current(&self) -> Hlc {
+        Hlc {
+            wall: self.wall,
+            counter: self.counter,
+            node: self.node.clone(),
+        }
+    }
+
+    /// `(wall, counter)` of L, for snapshots.
+    pub fn parts(&self) -> (u64, u64) {
+        (self.wall, self.counter)
+    }
+
+    /// The receive rule of §8.4 for a request carrying `remote` (already checked
+    /// for skew), at `now`. Returns the new L. L is unchanged on error.
+    pub fn receive(&mut self, remote: &Hlc, now: u64) -> Result<Hlc, CounterOverflow> {
+        let (lw, lc) = (self.wall, self.counter);
+        let (rw, rc) = (remote.wall, remote.counter);
+        let next = if now > lw && now > rw {
+            (now, 0)
+        } else if lw == rw {
+            (lw, lc.max(rc).saturating_add(1))
+        } else if lw > rw {
+            (lw, lc.saturating_add(1))
+        } else {
+            (rw, rc.saturating_add(1))
+        };
+        self.set(next)
+    }
+
+    /// The local tick of §8.4 (no remote timestamp, or a timer event).
+    pub fn tick(&mut self, now: u64) -> Result<Hlc, CounterOverflow> {
+        let next = if now > self.wall {
+            (now, 0)
+        } else {
+            (self.wall, self.counter.saturating_add(1))
+        };
+        self.set(next)
+    }
+
+    fn set(&mut self, (wall, counter): (u64, u64)) -> Result<Hlc, CounterOverflow> {
+        if counter > MAX_COUNTER {
+            return Err(CounterOverflow);
+        }
+        self.wall = wall;
+        self.counter = counter;
+        Ok(self.current())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hlc(wall: u64, counter: u64, node: &str) -> Hlc {
+        Hlc {
+            wall,
+            counter,
+            node: node.into(),
+        }
+    }
+
+    #[test]
+    fn format_is_padded() {
+        assert_eq!(
+            hlc(1696374425000, 1, "StateStore").to_string(),
+            "001696374425000:00001:StateStore"
+        );
+        assert_eq!(hlc(0, 0, "").to_string(), "000000000000000:00000:");
+    }
+
+    #[test]
+    fn parse() {
+        assert_eq!(Hlc::parse("1696374425000:0:CLIENT"), Ok(hlc(1696374425000, 0, "CLIENT")));
+        assert_eq!(Hlc::parse("001:00002:"), Ok(hlc(1, 2, "")));
+        for bad in ["abc", "1:2", "x:0:n", "1:2:3:4", ":1:n", "1::n", "-1:0:n", "1:+2:n", " 1:2:n", "99999999999999999999:0:n"] {
+            assert_eq!(Hlc::parse(bad), Err(MalformedTimestamp), "{bad}");
+        }
+    }
+
+    #[test]
+    fn order() {
+        assert!(hlc(1, 9, "z") < hlc(2, 0, "a"));
+        assert!(hlc(1, 1, "z") < hlc(1, 2, "a"));
+        assert!(hlc(1, 1, "a") < hlc(1, 1, "b"));
+    }
+
+    #[test]
+    fn receive_rules() {
+        // Article example: equal clocks give counter + 1.
+        let mut c = Clock::new("StateStore".into());
+        let t = 1696374425000;
+        assert_eq!(c.receive(&hlc(t, 0, "CLIENT"), t), Ok(hlc(t, 1, "StateStore")));
+        // now ahead of both: fresh ms, counter 0.
+        assert_eq!(c.receive(&hlc(t, 5, "C"), t + 10), Ok(hlc(t + 10, 0, "StateStore")));
+        // lw == rw: max(lc, rc) + 1.
+        assert_eq!(c.receive(&hlc(t + 10, 7, "C"), t + 5), Ok(hlc(t + 10, 8, "StateStore")));
+        // lw > rw: lc + 1.
+        assert_eq!(c.receive(&hlc(t, 100, "C"), t + 5), Ok(hlc(t + 10, 9, "StateStore")));
+        // rw > lw: (rw, rc + 1).
+        assert_eq!(c.receive(&hlc(t + 20, 3, "C"), t + 5), Ok(hlc(t + 20, 4, "StateStore")));
+        assert_eq!(c.tick(t + 5), Ok(hlc(t + 20, 5, "StateStore")));
+        assert_eq!(c.tick(t + 21), Ok(hlc(t + 21, 0, "StateStore")));
+    }
+
+    #[test]
+    fn counter_overflow_leaves_clock_alone() {
+        let mut c = Clock::new("N".into());
+        assert_eq!(c.receive(&hlc(5, u64::MAX, "C"), 5), Err(CounterOverflow));
+        assert_eq!(c.current(), hlc(0, 0, "N"));
+        assert_eq!(c.receive(&hlc(5, MAX_COUNTER, "C"), 5), Err(CounterOverflow));
+        assert_eq!(c.receive(&hlc(5, MAX_COUNTER - 1, "C"), 5), Ok(hlc(5, MAX_COUNTER, "N")));
+    }
+
+    #[test]
+    fn skew() {
+        assert!(!hlc(160_000, 0, "").too_far_ahead_of(100_000));
+        assert!(hlc(160_001, 0, "").too_far_ahead_of(100_000));
+        assert!(!hlc(0, 0, "").too_far_ahead_of(100_000));
+    }
+}

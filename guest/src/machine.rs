@@ -1,0 +1,436 @@
+//! The state machine: one input at a time, outputs pulled afterwards.
+//!
+//! ```text
+//!  handle(msg, now) ──┐
+//!  client_disconnected│   1. expire keys due at `now` (DELETE notifications)
+//!  timeout(now) ──────┤   2. the input itself
+//!                     v
+//!        outputs: notifications, then the reply  ──> poll_output()
+//!        next_deadline(): earliest key expiry or dedup eviction
+//! ```
+//!
+//! Request path (spec §5.4 order): topic and QoS -> response topic ->
+//! expiry -> correlation data -> message expiry -> dedup cache -> `__protVer`
+//! -> RESP3 command -> `__ts` -> `__ft` -> identity (KEYNOTIFY) -> clock
+//! receive -> fencing -> condition -> apply -> notify -> reply.
+
+use std::collections::VecDeque;
+
+use crate::command::{self, Command};
+use crate::errors::ServiceError;
+use crate::hlc::{Clock, Hlc};
+use crate::notify::{self, Registry};
+use crate::resp3;
+use crate::rpc::dedup::{Cached, DedupCache};
+use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
+use crate::store::{Change, Request, Table};
+use crate::types::{Config, Error, InboundMessage, OutboundMessage, Output, PublishKind};
+
+/// The whole state store.
+#[derive(Debug, Clone)]
+pub struct StateMachine {
+    pub(crate) config: Config,
+    pub(crate) clock: Clock,
+    pub(crate) table: Table,
+    pub(crate) registry: Registry,
+    pub(crate) dedup: DedupCache,
+    outputs: VecDeque<Output>,
+}
+
+/// A reply before it is wrapped in an MQTT message.
+struct Reply {
+    status: Status,
+    payload: Vec<u8>,
+    version: Option<Hlc>,
+    extra: Vec<(&'static str, String)>,
+    /// Whether to keep it in the dedup cache (not GET: re-reading is harmless
+    /// and values can be large).
+    cache: bool,
+}
+
+impl Reply {
+    fn ok(payload: Vec<u8>, version: Option<Hlc>) -> Reply {
+        Reply {
+            status: Status::Ok,
+            payload,
+            version,
+            extra: Vec::new(),
+            cache: true,
+        }
+    }
+
+    fn error(e: ServiceError) -> Reply {
+        Reply::ok(e.reply(), None)
+    }
+
+    fn status(status: Status, message: String, extra: Vec<(&'static str, String)>) -> Reply {
+        let mut all = vec![(prop::STATUS_MESSAGE, message)];
+        all.extend(extra);
+        Reply {
+            status,
+            payload: Vec::new(),
+            version: None,
+            extra: all,
+            cache: true,
+        }
+    }
+
+    fn counter_overflow() -> Reply {
+        Reply::status(
+            Status::InternalError,
+            "hybrid logical clock counter overflow".into(),
+            vec![(prop::PROPERTY_NAME, "Counter".into())],
+        )
+    }
+}
+
+impl StateMachine {
+    /// An empty store.
+    pub fn new(config: Config) -> Result<StateMachine, Error> {
+        config.validate()?;
+        Ok(StateMachine {
+            clock: Clock::new(config.node_id.clone()),
+            config,
+            table: Table::default(),
+            registry: Registry::default(),
+            dedup: DedupCache::default(),
+            outputs: VecDeque::new(),
+        })
+    }
+
+    pub(crate) fn from_parts(
+        config: Config,
+        clock: Clock,
+        table: Table,
+        registry: Registry,
+        dedup: DedupCache,
+    ) -> StateMachine {
+        StateMachine {
+            config,
+            clock,
+            table,
+            registry,
+            dedup,
+            outputs: VecDeque::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Handles one inbound message at `now`. Poll outputs afterwards.
+    pub fn handle(&mut self, msg: &InboundMessage, now: u64) {
+        self.expire_due(now);
+        self.request(msg, now);
+    }
+
+    /// A client went away: drop its KEYNOTIFY registrations.
+    pub fn client_disconnected(&mut self, client_id: &str, now: u64) {
+        self.expire_due(now);
+        self.registry.drop_client(client_id);
+    }
+
+    /// The deadline has passed: expire keys and forget old dedup entries.
+    pub fn timeout(&mut self, now: u64) {
+        self.expire_due(now);
+    }
+
+    /// The oldest output not yet taken. Poll after every input until `None`.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// Takes every pending output, oldest first.
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        self.outputs.drain(..).collect()
+    }
+
+    /// When [`StateMachine::timeout`] must next be called. Changes only
+    /// after an input.
+    pub fn next_deadline(&self) -> Option<u64> {
+        match (self.table.next_deadline(), self.dedup.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Number of stored keys (including expired ones not yet removed).
+    pub fn key_count(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The live value of `key` at `now`, for tests and tools.
+    pub fn peek(&self, key: &[u8], now: u64) -> Option<(&[u8], Hlc)> {
+        self.table
+            .get(key, now)
+            .map(|e| (&*e.value, e.version.to_hlc(&self.config.node_id)))
+    }
+
+    fn expire_due(&mut self, now: u64) {
+        while let Some((key, _)) = self.table.pop_expired(now) {
+            // An expiry is a deletion: it gets its own HLC. On counter
+            // overflow reuse L rather than fail a timer.
+            let version = self
+                .clock
+                .tick(now)
+                .unwrap_or_else(|_| self.clock.current());
+            self.notify(&key, Change::Delete, &version);
+        }
+        self.dedup.evict(now);
+    }
+
+    fn request(&mut self, msg: &InboundMessage, now: u64) {
+        if msg.topic != rpc::REQUEST_TOPIC || msg.qos != 1 {
+            return;
+        }
+        let props = RequestProps::of(&msg.user_properties);
+        let identity = msg.client_id.as_deref().or_else(|| props.identity());
+        let Some(response_topic) = msg.response_topic.as_deref() else {
+            return;
+        };
+        match rpc::check_response_topic(response_topic) {
+            TopicCheck::Valid => {}
+            TopicCheck::Invalid => return,
+            TopicCheck::Forbidden => {
+                self.outputs.push_back(Output::Violation {
+                    client_id: identity.map(str::to_string),
+                    reason: format!(
+                        "response topic {response_topic:?} is reserved for the state store"
+                    ),
+                });
+                return;
+            }
+        }
+        let received = msg.received_at.map_or(now, |at| at.min(now));
+        let deadline = msg
+            .message_expiry_interval
+            .map(|secs| received.saturating_add(u64::from(secs) * 1000));
+        if deadline.is_some_and(|d| now >= d) {
+            return; // Expired before we got to it: nobody waits for the answer.
+        }
+        let expiry = deadline.map(|d| rpc::remaining_secs(d, now));
+        let Some(correlation) = msg.correlation_data.as_deref() else {
+            let reply = Reply::status(
+                Status::BadRequest,
+                "the request has no correlation data".into(),
+                vec![(prop::PROPERTY_NAME, "Correlation Data".into())],
+            );
+            let out = self.response(response_topic, None, expiry, reply);
+            self.outputs.push_back(Output::Publish(out));
+            return;
+        };
+        let Some(deadline) = deadline else {
+            let reply = Reply::status(
+                Status::BadRequest,
+                "the request has no message expiry interval".into(),
+                vec![(prop::PROPERTY_NAME, "Message Expiry".into())],
+            );
+            let out = self.response(response_topic, Some(correlation), None, reply);
+            self.outputs.push_back(Output::Publish(out));
+            return;
+        };
+        let expiry = rpc::remaining_secs(deadline, now);
+        if let Some(cached) = self.dedup.get(response_topic, correlation, now) {
+            let mut reply = cached.reply.clone();
+            reply.message_expiry_interval = Some(expiry);
+            self.outputs.push_back(Output::Publish(reply));
+            return;
+        }
+        let reply = self.execute(msg, &props, identity, now);
+        let cache = reply.cache;
+        let mut out = self.response(response_topic, Some(correlation), None, reply);
+        if cache {
+            let cached = Cached {
+                expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
+                reply: out.clone(),
+            };
+            self.dedup.insert(response_topic, correlation, cached);
+        }
+        out.message_expiry_interval = Some(expiry);
+        self.outputs.push_back(Output::Publish(out));
+    }
+
+    /// Everything after the envelope checks; notifications are queued here,
+    /// the reply is returned.
+    fn execute(
+        &mut self,
+        msg: &InboundMessage,
+        props: &RequestProps<'_>,
+        identity: Option<&str>,
+        now: u64,
+    ) -> Reply {
+        if let Some(version) = props.protocol_version {
+            if !rpc::version_supported(version) {
+                return Reply::status(
+                    Status::VersionNotSupported,
+                    format!("protocol version {version:?} is not supported"),
+                    vec![
+                        (prop::SUPPORTED_MAJOR, "1".into()),
+                        (prop::REQUEST_VERSION, version.to_string()),
+                    ],
+                );
+            }
+        }
+        let command = match command::parse(&msg.payload) {
+            Ok(c) => c,
+            Err(e) => return Reply::error(e),
+        };
+        let timestamp = match props.timestamp.map(Hlc::parse) {
+            None if matches!(command, Command::Set { .. }) => {
+                return Reply::error(ServiceError::TimestampMissing);
+            }
+            None => None,
+            Some(Err(_)) => return Reply::error(ServiceError::TimestampMalformed),
+            Some(Ok(ts)) if ts.too_far_ahead_of(now) => {
+                return Reply::error(ServiceError::TimestampSkew);
+            }
+            Some(Ok(ts)) => Some(ts),
+        };
+        let fencing_token = match props.fencing_token.filter(|_| command.is_fenced_write()) {
+            None => None,
+            Some(text) => match Hlc::parse(text) {
+                Err(_) => return Reply::error(ServiceError::TimestampMalformed),
+                Ok(ft) if ft.too_far_ahead_of(now) => {
+                    return Reply::error(ServiceError::FencingTokenSkew);
+                }
+                Ok(ft) => Some(ft),
+            },
+        };
+        let observer = match command {
+            Command::KeyNotify { key, .. } => match identity {
+                None => {
+                    return Reply::status(
+                        Status::BadRequest,
+                        "KEYNOTIFY needs the client's identity (__srcId)".into(),
+                        vec![(prop::PROPERTY_NAME, prop::SOURCE_ID.into())],
+                    );
+                }
+                Some(client) if notify::topic_len(client, key) > notify::MAX_TOPIC_LEN => {
+                    return Reply::error(ServiceError::SyntaxError);
+                }
+                Some(client) => Some(client),
+            },
+            _ => None,
+        };
+        // The request's `__ts` is absorbed into L (spec §8.4).
+        let received = match timestamp.map(|ts| self.clock.receive(&ts, now)) {
+            None => None,
+            Some(Ok(l)) => Some(l),
+            Some(Err(_)) => return Reply::counter_overflow(),
+        };
+        if let (Command::KeyNotify { key, stop }, Some(client)) = (&command, observer) {
+            let payload = if !*stop {
+                self.registry.register(client, key);
+                resp3::REPLY_OK
+            } else if self.registry.unregister(client, key) {
+                resp3::REPLY_OK
+            } else {
+                resp3::REPLY_NOT_FOUND
+            };
+            return Reply::ok(payload.to_vec(), None);
+        }
+        let request = Request {
+            now,
+            received: received.as_ref(),
+            fencing_token: fencing_token.as_ref(),
+            persist: props
+                .persist
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        };
+        let node = self.config.node_id.as_str();
+        let outcome = match self
+            .table
+            .execute(&command, request, &mut self.clock, node)
+        {
+            Ok(outcome) => outcome,
+            Err(_) => return Reply::counter_overflow(),
+        };
+        if let Some(version) = &outcome.version {
+            self.notify(command.key(), outcome.change, version);
+        }
+        let mut reply = Reply::ok(outcome.reply, outcome.version);
+        reply.cache = !matches!(command, Command::Get { .. });
+        reply
+    }
+
+    /// Queues a notification of `change` to every observer of `key`.
+    fn notify(&mut self, key: &[u8], change: Change, version: &Hlc) {
+        if !self.registry.is_observed(key) {
+            return;
+        }
+        let payload = match change {
+            Change::None => return,
+            Change::Delete => resp3::notify_delete(),
+            Change::Set => match self.table.entry(key) {
+                Some(e) => resp3::notify_set(&e.value),
+                None => return,
+            },
+        };
+        let mut user_properties = vec![
+            (prop::TIMESTAMP.to_string(), version.to_string()),
+            (
+                prop::PROTOCOL_VERSION.to_string(),
+                rpc::PROTOCOL_VERSION.to_string(),
+            ),
+        ];
+        if let Some(id) = &self.config.server_client_id {
+            user_properties.push((prop::SOURCE_ID.to_string(), id.clone()));
+        }
+        for client in self.registry.observers(key) {
+            self.outputs.push_back(Output::Publish(OutboundMessage {
+                kind: PublishKind::Notification,
+                topic: notify::topic(client, key),
+                payload: payload.clone(),
+                qos: 1,
+                retain: false,
+                correlation_data: None,
+                message_expiry_interval: None,
+                content_type: Some(rpc::CONTENT_TYPE.to_string()),
+                payload_format_indicator: Some(0),
+                response_topic: None,
+                user_properties: user_properties.clone(),
+                target_client: Some(client.to_string()),
+            }));
+        }
+    }
+
+    fn response(
+        &self,
+        topic: &str,
+        correlation: Option<&[u8]>,
+        expiry: Option<u32>,
+        reply: Reply,
+    ) -> OutboundMessage {
+        let mut user_properties = vec![
+            (prop::STATUS.to_string(), reply.status.code().to_string()),
+            (
+                prop::PROTOCOL_VERSION.to_string(),
+                rpc::PROTOCOL_VERSION.to_string(),
+            ),
+        ];
+        if let Some(version) = &reply.version {
+            user_properties.push((prop::TIMESTAMP.to_string(), version.to_string()));
+        }
+        user_properties.extend(reply.extra.into_iter().map(|(n, v)| (n.to_string(), v)));
+        if let Some(id) = &self.config.server_client_id {
+            user_properties.push((prop::SOURCE_ID.to_string(), id.clone()));
+        }
+        user_properties.push((prop::HIGH_PRIORITY.to_string(), String::new()));
+        OutboundMessage {
+            kind: PublishKind::Response,
+            topic: topic.to_string(),
+            payload: reply.payload,
+            qos: 1,
+            retain: false,
+            correlation_data: correlation.map(<[u8]>::to_vec),
+            message_expiry_interval: expiry,
+            content_type: Some(rpc::CONTENT_TYPE.to_string()),
+            payload_format_indicator: Some(0),
+            response_topic: None,
+            user_properties,
+            target_client: None,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Reply and notification encodings (spec §6, §7, §11.3), byte for byte.
+
+/// `+OK\r\n`: SET applied, KEYNOTIFY registered or removed.
+pub const REPLY_OK: &[u8] = b"+OK\r\n";
+/// `:-1\r\n`: SET not applied (NX / NEX), VDEL value mismatch.
+pub const REPLY_NOT_APPLIED: &[u8] = b":-1\r\n";
+/// `:1\r\n`: DEL / VDEL removed the key.
+pub const REPLY_DELETED: &[u8] = b":1\r\n";
+/// `:0\r\n`: DEL / VDEL of an absent key; STOP of a registration that did not exist.
+pub const REPLY_NOT_FOUND: &[u8] = b":0\r\n";
+/// `$-1\r\n`: GET miss.
+pub const REPLY_NIL: &[u8] = b"$-1\r\n";
+
+/// `$<n>\r\n<bytes>\r\n`.
+pub fn bulk(value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len() + 16);
+    push_bulk(&mut out, value);
+    out
+}
+
+/// `-ERR <text>\r\n`.
+pub fn error(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() + 7);
+    out.extend_from_slice(b"-ERR ");
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// The SET notification: `*4 NOTIFY SET VALUE <value>`.
+pub fn notify_set(value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len() + 48);
+    out.extend_from_slice(b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n");
+    push_bulk(&mut out, value);
+    out
+}
+
+/// The delete notification: `*2 NOTIFY DELETE` (the literal is `DELETE`, spec §11.3).
+pub fn notify_delete() -> Vec<u8> {
+    b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n".to_vec()
+}
+
+fn push_bulk(out: &mut Vec<u8>, value: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(value.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_bytes() {
+        assert_eq!(bulk(b"v1"), b"$2\r\nv1\r\n");
+        assert_eq!(bulk(b""), b"$0\r\n\r\n");
+        assert_eq!(error("syntax error"), b"-ERR syntax error\r\n");
+        assert_eq!(
+            notify_set(b"abc"),
+            b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n"
+        );
+        assert_eq!(notify_delete(), b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
+    }
+}

@@ -1,0 +1,198 @@
+//! The MQTT5 RPC envelope (spec §2, §3, §4, §13): topics, properties, status
+//! codes, and the dedup cache.
+
+pub mod dedup;
+
+/// The state store's GUID.
+pub const STORE_ID: &str = "FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
+/// Where requests arrive (spec §2.1).
+pub const REQUEST_TOPIC: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
+/// Response topics under this prefix are forbidden (spec §2.2).
+pub const RESERVED_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
+/// Content type of replies and notifications.
+pub const CONTENT_TYPE: &str = "application/octet-stream";
+/// The RPC protocol version we speak.
+pub const PROTOCOL_VERSION: &str = "1.0";
+/// How long a reply stays in the dedup cache after its request's deadline.
+pub const DEDUP_BUFFER_MS: u64 = 60_000;
+
+/// User property names (spec §3.1, §4.1).
+pub mod prop {
+    /// Status code of a reply.
+    pub const STATUS: &str = "__stat";
+    /// Status message of an error reply.
+    pub const STATUS_MESSAGE: &str = "__stMsg";
+    /// RPC protocol version.
+    pub const PROTOCOL_VERSION: &str = "__protVer";
+    /// Hybrid logical clock timestamp.
+    pub const TIMESTAMP: &str = "__ts";
+    /// Sender's client id.
+    pub const SOURCE_ID: &str = "__srcId";
+    /// Fencing token.
+    pub const FENCING_TOKEN: &str = "__ft";
+    /// Per-key persistence request.
+    pub const PERSIST: &str = "aio-persistence";
+    /// Broker partition hint (the client id).
+    pub const PARTITION: &str = "$partition";
+    /// Legacy .NET invoker id.
+    pub const INVOKER_ID: &str = "__invId";
+    /// Name of the property a 400 / 503 is about.
+    pub const PROPERTY_NAME: &str = "__propName";
+    /// Supported protocol major versions, on a 505.
+    pub const SUPPORTED_MAJOR: &str = "__supProtMajVer";
+    /// The version the request asked for, on a 505.
+    pub const REQUEST_VERSION: &str = "__requestProtVer";
+    /// Priority hint, empty value.
+    pub const HIGH_PRIORITY: &str = "$high_priority";
+}
+
+/// RPC status codes we send (spec §4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Every store-level outcome, including `-ERR` payloads.
+    Ok = 200,
+    /// A required MQTT property is missing.
+    BadRequest = 400,
+    /// Internal failure (HLC counter overflow).
+    InternalError = 500,
+    /// Unsupported `__protVer`.
+    VersionNotSupported = 505,
+}
+
+impl Status {
+    /// The `__stat` text.
+    pub fn code(self) -> &'static str {
+        match self {
+            Status::Ok => "200",
+            Status::BadRequest => "400",
+            Status::InternalError => "500",
+            Status::VersionNotSupported => "505",
+        }
+    }
+}
+
+/// Verdict on a request's response topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicCheck {
+    /// Fine.
+    Valid,
+    /// Not a usable topic name: answer nothing.
+    Invalid,
+    /// In the state store's own space: answer nothing; the client broke a rule.
+    Forbidden,
+}
+
+/// Checks a response topic (spec §2.2).
+pub fn check_response_topic(topic: &str) -> TopicCheck {
+    if topic == REQUEST_TOPIC || topic.starts_with(RESERVED_PREFIX) {
+        return TopicCheck::Forbidden;
+    }
+    let invalid = topic.is_empty()
+        || topic.len() > crate::notify::MAX_TOPIC_LEN
+        || topic.contains(['+', '#', '\0'])
+        || topic.starts_with('/')
+        || topic.ends_with('/')
+        || topic.contains("//");
+    if invalid {
+        TopicCheck::Invalid
+    } else {
+        TopicCheck::Valid
+    }
+}
+
+/// Whether a `__protVer` value is one we serve: major version 1.
+pub fn version_supported(text: &str) -> bool {
+    let (major, minor) = text.split_once('.').unwrap_or((text, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(major) && digits(minor) && major.parse::<u64>() == Ok(1)
+}
+
+/// Seconds left until `deadline`, rounded up, at least 1 (spec §4.1).
+pub fn remaining_secs(deadline: u64, now: u64) -> u32 {
+    let ms = deadline.saturating_sub(now);
+    u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX).max(1)
+}
+
+/// The reserved user properties of a request; the first occurrence wins.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RequestProps<'a> {
+    /// `__ts`.
+    pub timestamp: Option<&'a str>,
+    /// `__ft`.
+    pub fencing_token: Option<&'a str>,
+    /// `__protVer`.
+    pub protocol_version: Option<&'a str>,
+    /// `__srcId`.
+    pub source_id: Option<&'a str>,
+    /// `$partition`.
+    pub partition: Option<&'a str>,
+    /// `__invId`.
+    pub invoker_id: Option<&'a str>,
+    /// `aio-persistence`.
+    pub persist: Option<&'a str>,
+}
+
+impl<'a> RequestProps<'a> {
+    /// Picks the reserved properties out of a request's user properties.
+    pub fn of(user_properties: &'a [(String, String)]) -> Self {
+        let mut p = RequestProps::default();
+        for (name, value) in user_properties {
+            let slot = match name.as_str() {
+                prop::TIMESTAMP => &mut p.timestamp,
+                prop::FENCING_TOKEN => &mut p.fencing_token,
+                prop::PROTOCOL_VERSION => &mut p.protocol_version,
+                prop::SOURCE_ID => &mut p.source_id,
+                prop::PARTITION => &mut p.partition,
+                prop::INVOKER_ID => &mut p.invoker_id,
+                prop::PERSIST => &mut p.persist,
+                _ => continue,
+            };
+            if slot.is_none() {
+                *slot = Some(value.as_str());
+            }
+        }
+        p
+    }
+
+    /// The requester's identity when the host does not know it (spec §3.2):
+    /// `__srcId`, then `$partition`, then `__invId`; empty values do not count.
+    pub fn identity(&self) -> Option<&'a str> {
+        [self.source_id, self.partition, self.invoker_id]
+            .into_iter()
+            .flatten()
+            .find(|id| !id.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_topics() {
+        assert_eq!(check_response_topic("clients/c1/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response"), TopicCheck::Valid);
+        assert_eq!(check_response_topic(REQUEST_TOPIC), TopicCheck::Forbidden);
+        assert_eq!(check_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"), TopicCheck::Forbidden);
+        for bad in ["", "a/+/b", "a/#", "/a", "a/", "a//b", "a\0b"] {
+            assert_eq!(check_response_topic(bad), TopicCheck::Invalid, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn versions() {
+        for ok in ["1.0", "1", "1.5", "01.0"] {
+            assert!(version_supported(ok), "{ok}");
+        }
+        for bad in ["2.0", "x", "", "1.", ".1", "0.9", "1.0.0", "-1.0"] {
+            assert!(!version_supported(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn remaining() {
+        assert_eq!(remaining_secs(10_000, 0), 10);
+        assert_eq!(remaining_secs(10_000, 1), 10);
+        assert_eq!(remaining_secs(10_000, 9_999), 1);
+        assert_eq!(remaining_secs(10_000, 10_000), 1);
+    }
+}

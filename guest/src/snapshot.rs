@@ -1,0 +1,271 @@
+//! The snapshot format: the whole state, versioned and checksummed.
+//!
+//! ```text
+//! "STSTSNAP"  u32 format version (LE)  body  u32 CRC-32 of everything before it
+//! body v1:
+//!   clock      u64 wall, u64 counter
+//!   keys       u64 n, n x { bytes key, bytes value, u64 wall, u32 counter,
+//!                           opt hlc fencing token, opt u64 expires-at, u8 persist }
+//!   observers  u64 n, n x { str client, bytes key }
+//!   dedup      u64 n, n x { str response topic, bytes correlation, u64 expires-at,
+//!                           message reply }
+//! bytes / str = u32 length (LE) + data; opt x = u8 0 | u8 1 + x;
+//! hlc = u64 wall, u64 counter, str node;
+//! message = u8 kind, str topic, bytes payload, u8 qos, u8 retain, opt bytes corr,
+//!           opt u32 expiry, opt str content type, opt u8 format indicator,
+//!           opt str response topic, u32 n + n x (str, str) user properties,
+//!           opt str target client
+//! ```
+//!
+//! Every integer is little-endian. A reader accepts every version up to
+//! [`FORMAT_VERSION`] and refuses newer ones with
+//! [`Error::UnsupportedVersion`]. The node id is not stored: it comes from the
+//! config.
+
+use crate::hlc::{Clock, Hlc};
+use crate::machine::StateMachine;
+use crate::notify::Registry;
+use crate::rpc::dedup::{Cached, DedupCache};
+use crate::store::{Entry, Table, Version};
+use crate::types::{Config, Error, OutboundMessage, PublishKind};
+
+/// Leading bytes of every snapshot.
+pub const MAGIC: &[u8; 8] = b"STSTSNAP";
+/// The newest format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+impl StateMachine {
+    /// The whole state in the snapshot format. Pending outputs are not part of it.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64));
+        w.0.extend_from_slice(MAGIC);
+        w.u32(FORMAT_VERSION);
+        let (wall, counter) = self.clock.parts();
+        w.u64(wall);
+        w.u64(counter);
+        w.u64(self.table.len() as u64);
+        for (key, e) in self.table.iter() {
+            w.bytes(key);
+            w.bytes(&e.value);
+            w.u64(e.version.wall);
+            w.u32(e.version.counter);
+            w.opt(e.fencing_token.as_deref(), |w, ft| w.hlc(ft));
+            w.opt(e.expires_at, Writer::u64);
+            w.u8(u8::from(e.persist));
+        }
+        w.u64(self.registry.len() as u64);
+        for (client, key) in self.registry.iter() {
+            w.str(client);
+            w.bytes(key);
+        }
+        w.u64(self.dedup.len() as u64);
+        for (topic, corr, cached) in self.dedup.iter() {
+            w.str(topic);
+            w.bytes(corr);
+            w.u64(cached.expires_at);
+            w.message(&cached.reply);
+        }
+        let crc = crc32fast::hash(&w.0);
+        w.u32(crc);
+        w.0
+    }
+
+    /// A store with the state of `snapshot`.
+    pub fn restore(config: Config, snapshot: &[u8]) -> Result<StateMachine, Error> {
+        config.validate()?;
+        let bad = |m: &str| Error::BadSnapshot(m.to_string());
+        if snapshot.len() < MAGIC.len() + 8 || &snapshot[..MAGIC.len()] != MAGIC {
+            return Err(bad("not a state store snapshot"));
+        }
+        let mut r = Reader(&snapshot[MAGIC.len()..snapshot.len() - 4]);
+        let version = r.u32()?;
+        if version > FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion(version));
+        }
+        if version == 0 {
+            return Err(bad("format version 0 does not exist"));
+        }
+        let (body, tail) = snapshot.split_at(snapshot.len() - 4);
+        let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+        if crc32fast::hash(body) != stored {
+            return Err(bad("checksum mismatch"));
+        }
+        let clock = Clock::restored(config.node_id.clone(), r.u64()?, r.u64()?);
+        let mut table = Table::default();
+        for _ in 0..r.u64()? {
+            let key = r.bytes()?;
+            let entry = Entry {
+                value: r.bytes()?.into(),
+                version: Version {
+                    wall: r.u64()?,
+                    counter: r.u32()?,
+                },
+                fencing_token: r.opt(Reader::hlc)?.map(Box::new),
+                expires_at: r.opt(Reader::u64)?,
+                persist: r.u8()? != 0,
+            };
+            table.put(key, entry);
+        }
+        let mut registry = Registry::default();
+        for _ in 0..r.u64()? {
+            let client = r.str()?;
+            registry.register(&client, r.bytes()?);
+        }
+        let mut dedup = DedupCache::default();
+        for _ in 0..r.u64()? {
+            let topic = r.str()?;
+            let corr = r.bytes()?.to_vec();
+            let expires_at = r.u64()?;
+            let reply = r.message()?;
+            dedup.insert(&topic, &corr, Cached { expires_at, reply });
+        }
+        if !r.0.is_empty() {
+            return Err(bad("trailing bytes after the last section"));
+        }
+        Ok(StateMachine::from_parts(config, clock, table, registry, dedup))
+    }
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, v: &[u8]) {
+        // Keys, values and topics come from MQTT messages (< 256 MiB).
+        self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(v);
+    }
+    fn str(&mut self, v: &str) {
+        self.bytes(v.as_bytes());
+    }
+    fn opt<T>(&mut self, v: Option<T>, f: impl FnOnce(&mut Self, T)) {
+        match v {
+            None => self.u8(0),
+            Some(v) => {
+                self.u8(1);
+                f(self, v);
+            }
+        }
+    }
+    fn hlc(&mut self, h: &Hlc) {
+        self.u64(h.wall);
+        self.u64(h.counter);
+        self.str(&h.node);
+    }
+    fn message(&mut self, m: &OutboundMessage) {
+        self.u8(match m.kind {
+            PublishKind::Response => 0,
+            PublishKind::Notification => 1,
+        });
+        self.str(&m.topic);
+        self.bytes(&m.payload);
+        self.u8(m.qos);
+        self.u8(u8::from(m.retain));
+        self.opt(m.correlation_data.as_deref(), Writer::bytes);
+        self.opt(m.message_expiry_interval, Writer::u32);
+        self.opt(m.content_type.as_deref(), Writer::str);
+        self.opt(m.payload_format_indicator, Writer::u8);
+        self.opt(m.response_topic.as_deref(), Writer::str);
+        self.u32(u32::try_from(m.user_properties.len()).unwrap_or(u32::MAX));
+        for (n, v) in &m.user_properties {
+            self.str(n);
+            self.str(v);
+        }
+        self.opt(m.target_client.as_deref(), Writer::str);
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+fn truncated() -> Error {
+    Error::BadSnapshot("truncated".into())
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
+        if self.0.len() < n {
+            return Err(truncated());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, Error> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, Error> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, Error> {
+        let mut a = [0; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], Error> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn str(&mut self) -> Result<String, Error> {
+        String::from_utf8(self.bytes()?.to_vec())
+            .map_err(|_| Error::BadSnapshot("a string is not UTF-8".into()))
+    }
+    fn opt<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, Error>) -> Result<Option<T>, Error> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => f(self).map(Some),
+            _ => Err(Error::BadSnapshot("bad option tag".into())),
+        }
+    }
+    fn hlc(&mut self) -> Result<Hlc, Error> {
+        Ok(Hlc {
+            wall: self.u64()?,
+            counter: self.u64()?,
+            node: self.str()?,
+        })
+    }
+    fn message(&mut self) -> Result<OutboundMessage, Error> {
+        let kind = match self.u8()? {
+            0 => PublishKind::Response,
+            1 => PublishKind::Notification,
+            _ => return Err(Error::BadSnapshot("bad message kind".into())),
+        };
+        let topic = self.str()?;
+        let payload = self.bytes()?.to_vec();
+        let qos = self.u8()?;
+        let retain = self.u8()? != 0;
+        let correlation_data = self.opt(|r| r.bytes().map(<[u8]>::to_vec))?;
+        let message_expiry_interval = self.opt(Reader::u32)?;
+        let content_type = self.opt(Reader::str)?;
+        let payload_format_indicator = self.opt(Reader::u8)?;
+        let response_topic = self.opt(Reader::str)?;
+        let n = self.u32()?;
+        let mut user_properties = Vec::new();
+        for _ in 0..n {
+            user_properties.push((self.str()?, self.str()?));
+        }
+        let target_client = self.opt(Reader::str)?;
+        Ok(OutboundMessage {
+            kind,
+            topic,
+            payload,
+            qos,
+            retain,
+            correlation_data,
+            message_expiry_interval,
+            content_type,
+            payload_format_indicator,
+            response_topic,
+            user_properties,
+            target_client,
+        })
+    }
+}

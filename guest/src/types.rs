@@ -1,0 +1,160 @@
+//! Plain Rust mirrors of the WIT types in `wit/store.wit`.
+//!
+//! The state machine speaks these natively; `component.rs` converts them to
+//! and from the wit-bindgen types when the crate is built as a component.
+
+/// An inbound MQTT5 PUBLISH (WIT `inbound-message`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InboundMessage {
+    /// Topic name the message was published to.
+    pub topic: String,
+    /// Raw payload (a RESP3 request).
+    pub payload: Vec<u8>,
+    /// QoS the message arrived with.
+    pub qos: u8,
+    /// MQTT5 Response Topic.
+    pub response_topic: Option<String>,
+    /// MQTT5 Correlation Data.
+    pub correlation_data: Option<Vec<u8>>,
+    /// MQTT5 Message Expiry Interval, seconds.
+    pub message_expiry_interval: Option<u32>,
+    /// MQTT5 Content Type.
+    pub content_type: Option<String>,
+    /// MQTT5 Payload Format Indicator.
+    pub payload_format_indicator: Option<u8>,
+    /// MQTT5 user properties, in order.
+    pub user_properties: Vec<(String, String)>,
+    /// The publisher's client id, when the host knows it.
+    pub client_id: Option<String>,
+    /// When the host received it, if earlier than `now`.
+    pub received_at: Option<u64>,
+}
+
+/// Whether an outbound publish is a reply or a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishKind {
+    /// The reply to a request.
+    Response,
+    /// A KEYNOTIFY notification.
+    Notification,
+}
+
+/// An MQTT5 PUBLISH the host must send (WIT `outbound-message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundMessage {
+    /// Reply or notification.
+    pub kind: PublishKind,
+    /// Topic to publish to.
+    pub topic: String,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+    /// QoS to publish with.
+    pub qos: u8,
+    /// Retain flag.
+    pub retain: bool,
+    /// MQTT5 Correlation Data.
+    pub correlation_data: Option<Vec<u8>>,
+    /// MQTT5 Message Expiry Interval, seconds.
+    pub message_expiry_interval: Option<u32>,
+    /// MQTT5 Content Type.
+    pub content_type: Option<String>,
+    /// MQTT5 Payload Format Indicator.
+    pub payload_format_indicator: Option<u8>,
+    /// MQTT5 Response Topic.
+    pub response_topic: Option<String>,
+    /// MQTT5 user properties, in order.
+    pub user_properties: Vec<(String, String)>,
+    /// For a notification, the client it is addressed to.
+    pub target_client: Option<String>,
+}
+
+impl OutboundMessage {
+    /// The value of the first user property called `name`.
+    pub fn user_property(&self, name: &str) -> Option<&str> {
+        self.user_properties
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Everything the guest asks of its host (WIT `output`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Publish this message.
+    Publish(OutboundMessage),
+    /// Append this record to the journal.
+    Journal(Vec<u8>),
+    /// A client broke a protocol rule; a host inside the broker disconnects it.
+    Violation {
+        /// The offending client, when known.
+        client_id: Option<String>,
+        /// What it did.
+        reason: String,
+    },
+}
+
+/// How a store is set up (WIT `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// HLC node id: stable, non-empty, no `:`.
+    pub node_id: String,
+    /// Our MQTT client id, sent as `__srcId`.
+    pub server_client_id: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: "StateStore".to_string(),
+            server_client_id: None,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the config: the node id must be non-empty printable ASCII without `:`.
+    pub fn validate(&self) -> Result<(), Error> {
+        let id = &self.node_id;
+        if id.is_empty() || id.len() > 256 {
+            return Err(Error::InvalidConfig(
+                "node-id must be 1 to 256 characters".into(),
+            ));
+        }
+        if !id.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+            return Err(Error::InvalidConfig(
+                "node-id must be printable ASCII without ':' or spaces".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Errors of the store interface (WIT `error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The configuration is not valid.
+    InvalidConfig(String),
+    /// A snapshot is damaged or not a snapshot.
+    BadSnapshot(String),
+    /// A snapshot written by a newer format version.
+    UnsupportedVersion(u32),
+    /// Anything else.
+    Other(String),
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Error::InvalidConfig(m) => write!(f, "invalid config: {m}"),
+            Error::BadSnapshot(m) => write!(f, "bad snapshot: {m}"),
+            Error::UnsupportedVersion(v) => write!(
+                f,
+                "snapshot format version {v} is newer than this build understands"
+            ),
+            Error::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,74 @@
+//! Between the guest crate's plain types and the wasmtime bindgen types.
+
+use crate::bindings::wit;
+use statestore_guest::types;
+
+pub(crate) fn config(c: &types::Config) -> wit::Config {
+    wit::Config {
+        node_id: c.node_id.clone(),
+        server_client_id: c.server_client_id.clone(),
+    }
+}
+
+pub(crate) fn message(m: &types::InboundMessage) -> wit::InboundMessage {
+    wit::InboundMessage {
+        topic: m.topic.clone(),
+        payload: m.payload.clone(),
+        qos: m.qos,
+        response_topic: m.response_topic.clone(),
+        correlation_data: m.correlation_data.clone(),
+        message_expiry_interval: m.message_expiry_interval,
+        content_type: m.content_type.clone(),
+        payload_format_indicator: m.payload_format_indicator,
+        user_properties: m
+            .user_properties
+            .iter()
+            .map(|(name, value)| wit::UserProperty {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        client_id: m.client_id.clone(),
+        received_at: m.received_at,
+    }
+}
+
+pub(crate) fn output(o: wit::Output) -> types::Output {
+    match o {
+        wit::Output::Publish(m) => types::Output::Publish(types::OutboundMessage {
+            kind: match m.kind {
+                wit::PublishKind::Response => types::PublishKind::Response,
+                wit::PublishKind::Notification => types::PublishKind::Notification,
+            },
+            topic: m.topic,
+            payload: m.payload,
+            qos: m.qos,
+            retain: m.retain,
+            correlation_data: m.correlation_data,
+            message_expiry_interval: m.message_expiry_interval,
+            content_type: m.content_type,
+            payload_format_indicator: m.payload_format_indicator,
+            response_topic: m.response_topic,
+            user_properties: m
+                .user_properties
+                .into_iter()
+                .map(|p| (p.name, p.value))
+                .collect(),
+            target_client: m.target_client,
+        }),
+        wit::Output::Journal(record) => types::Output::Journal(record),
+        wit::Output::Violation(v) => types::Output::Violation {
+            client_id: v.client_id,
+            reason: v.reason,
+        },
+    }
+}
+
+pub(crate) fn error(e: wit::Error) -> types::Error {
+    match e {
+        wit::Error::InvalidConfig(m) => types::Error::InvalidConfig(m),
+        wit::Error::BadSnapshot(m) => types::Error::BadSnapshot(m),
+        wit::Error::UnsupportedVersion(v) => types::Error::UnsupportedVersion(v),
+        wit::Error::Other(m) => types::Error::Other(m),
+    }
+}

@@ -1,0 +1,102 @@
+//! Native host for the state store component.
+//!
+//! The state store logic lives in one WebAssembly component (`guest/`,
+//! `wit/store.wit`). This crate loads it with wasmtime and drives it:
+//!
+//! ```text
+//!   Runtime (engine + compiled component, shared)
+//!      └── instantiate(config) -> WasmStore: one guest instance, one `store` resource
+//!              handle / handle_batch / client_disconnected / timeout
+//!              poll_outputs / next_deadline / snapshot / restore
+//! ```
+//!
+//! [`Backend`] is implemented by [`WasmStore`] and by [`NativeStore`] (the same
+//! state machine compiled natively), so tests and benchmarks can run the same
+//! inputs through both.
+
+mod bindings;
+mod convert;
+pub mod wasm;
+
+pub use statestore_guest::types::{
+    Config, InboundMessage, OutboundMessage, Output, PublishKind,
+};
+pub use wasm::{Runtime, WasmStore};
+
+/// The guest component built by this crate's build script (`wasm32-wasip2`).
+pub const GUEST_COMPONENT: &[u8] = include_bytes!(env!("STATESTORE_GUEST_WASM"));
+
+/// Something that runs the state store state machine: the wasm component or
+/// the native build of the same crate.
+pub trait Backend {
+    /// Handles one message received at `now`.
+    fn handle(&mut self, message: &InboundMessage, now: u64) -> anyhow::Result<()>;
+    /// Handles several messages at `now` and returns all outputs.
+    fn handle_batch(
+        &mut self,
+        messages: &[InboundMessage],
+        now: u64,
+    ) -> anyhow::Result<Vec<Output>>;
+    /// A client went away.
+    fn client_disconnected(&mut self, client_id: &str, now: u64) -> anyhow::Result<()>;
+    /// The deadline passed.
+    fn timeout(&mut self, now: u64) -> anyhow::Result<()>;
+    /// Takes pending outputs.
+    fn poll_outputs(&mut self) -> anyhow::Result<Vec<Output>>;
+    /// When `timeout` is next due.
+    fn next_deadline(&mut self) -> anyhow::Result<Option<u64>>;
+    /// The whole state.
+    fn snapshot(&mut self) -> anyhow::Result<Vec<u8>>;
+}
+
+/// The state machine compiled natively, behind [`Backend`].
+#[derive(Debug, Clone)]
+pub struct NativeStore(pub statestore_guest::StateMachine);
+
+impl NativeStore {
+    /// An empty store.
+    pub fn new(config: Config) -> anyhow::Result<NativeStore> {
+        Ok(NativeStore(statestore_guest::StateMachine::new(config)?))
+    }
+
+    /// A store restored from a snapshot.
+    pub fn restore(config: Config, snapshot: &[u8]) -> anyhow::Result<NativeStore> {
+        Ok(NativeStore(statestore_guest::StateMachine::restore(
+            config, snapshot,
+        )?))
+    }
+}
+
+impl Backend for NativeStore {
+    fn handle(&mut self, message: &InboundMessage, now: u64) -> anyhow::Result<()> {
+        self.0.handle(message, now);
+        Ok(())
+    }
+    fn handle_batch(
+        &mut self,
+        messages: &[InboundMessage],
+        now: u64,
+    ) -> anyhow::Result<Vec<Output>> {
+        for m in messages {
+            self.0.handle(m, now);
+        }
+        Ok(self.0.take_outputs())
+    }
+    fn client_disconnected(&mut self, client_id: &str, now: u64) -> anyhow::Result<()> {
+        self.0.client_disconnected(client_id, now);
+        Ok(())
+    }
+    fn timeout(&mut self, now: u64) -> anyhow::Result<()> {
+        self.0.timeout(now);
+        Ok(())
+    }
+    fn poll_outputs(&mut self) -> anyhow::Result<Vec<Output>> {
+        Ok(self.0.take_outputs())
+    }
+    fn next_deadline(&mut self) -> anyhow::Result<Option<u64>> {
+        Ok(self.0.next_deadline())
+    }
+    fn snapshot(&mut self) -> anyhow::Result<Vec<u8>> {
+        Ok(self.0.snapshot())
+    }
+}

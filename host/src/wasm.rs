@@ -1,0 +1,154 @@
+//! The guest component in wasmtime.
+
+use anyhow::{Context, Result};
+use wasmtime::component::{Component, Linker, ResourceAny};
+use wasmtime::{Engine, Store};
+
+use crate::bindings::{Guest, GuestPre};
+use crate::convert;
+use crate::{Backend, Config, InboundMessage, Output};
+
+/// A wasmtime engine with the guest component compiled and linked once;
+/// instantiate it as often as needed.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    pre: GuestPre<()>,
+}
+
+impl Runtime {
+    /// The component built with this crate ([`crate::GUEST_COMPONENT`]).
+    pub fn new() -> Result<Runtime> {
+        Runtime::from_bytes(crate::GUEST_COMPONENT)
+    }
+
+    /// A component from its binary (or WAT text) form.
+    pub fn from_bytes(wasm: &[u8]) -> Result<Runtime> {
+        let engine = Engine::new(&wasmtime::Config::new())?;
+        let component =
+            Component::new(&engine, wasm)
+            .map_err(anyhow::Error::from)
+            .context("the state store component is not valid")?;
+        Runtime::from_component(engine, component)
+    }
+
+    /// A component read from a file.
+    pub fn from_file(path: &std::path::Path) -> Result<Runtime> {
+        let wasm = std::fs::read(path)
+            .with_context(|| format!("cannot read component {}", path.display()))?;
+        Runtime::from_bytes(&wasm).with_context(|| format!("in {}", path.display()))
+    }
+
+    fn from_component(engine: Engine, component: Component) -> Result<Runtime> {
+        let mut linker = Linker::new(&engine);
+        // The guest imports only what Rust's std links for panics and stdio
+        // (wasi:cli, wasi:io); it never calls them on a normal path. Calling
+        // one traps, which a host treats like any other guest fault.
+        linker.define_unknown_imports_as_traps(&component)?;
+        let pre = GuestPre::new(linker.instantiate_pre(&component)?)?;
+        Ok(Runtime { engine, pre })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// A new instance holding an empty store.
+    pub fn instantiate(&self, config: &Config) -> Result<WasmStore> {
+        let (mut store, guest) = self.new_instance()?;
+        let api = guest.statestore_core_store().store();
+        let wit_config = convert::config(config);
+        api.call_validate_config(&mut store, &wit_config)?
+            .map_err(convert::error)?;
+        let handle = api.call_constructor(&mut store, &wit_config)?;
+        Ok(WasmStore {
+            store,
+            guest,
+            handle,
+        })
+    }
+
+    /// A new instance holding a store restored from `snapshot`.
+    pub fn restore(&self, config: &Config, snapshot: &[u8]) -> Result<WasmStore> {
+        let (mut store, guest) = self.new_instance()?;
+        let api = guest.statestore_core_store().store();
+        let handle = api
+            .call_restore(&mut store, &convert::config(config), snapshot)?
+            .map_err(convert::error)?;
+        Ok(WasmStore {
+            store,
+            guest,
+            handle,
+        })
+    }
+
+    fn new_instance(&self) -> Result<(Store<()>, Guest)> {
+        let mut store = Store::new(&self.engine, ());
+        let guest = self.pre.instantiate(&mut store)?;
+        Ok((store, guest))
+    }
+}
+
+/// One guest instance holding one `store` resource.
+pub struct WasmStore {
+    store: Store<()>,
+    guest: Guest,
+    handle: ResourceAny,
+}
+
+
+impl Backend for WasmStore {
+    fn handle(&mut self, message: &InboundMessage, now: u64) -> Result<()> {
+        let m = convert::message(message);
+        let api = self.guest.statestore_core_store().store();
+        Ok(api.call_handle(&mut self.store, self.handle, &m, now)?)
+    }
+
+    fn handle_batch(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
+        let ms: Vec<_> = messages.iter().map(convert::message).collect();
+        let api = self.guest.statestore_core_store().store();
+        let out = api.call_handle_batch(&mut self.store, self.handle, &ms, now)?;
+        Ok(out.into_iter().map(convert::output).collect())
+    }
+
+    fn client_disconnected(&mut self, client_id: &str, now: u64) -> Result<()> {
+        let api = self.guest.statestore_core_store().store();
+        Ok(api.call_client_disconnected(&mut self.store, self.handle, client_id, now)?)
+    }
+
+    fn timeout(&mut self, now: u64) -> Result<()> {
+        let api = self.guest.statestore_core_store().store();
+        Ok(api.call_timeout(&mut self.store, self.handle, now)?)
+    }
+
+    fn poll_outputs(&mut self) -> Result<Vec<Output>> {
+        let api = self.guest.statestore_core_store().store();
+        let out = api.call_poll_outputs(&mut self.store, self.handle)?;
+        Ok(out.into_iter().map(convert::output).collect())
+    }
+
+    fn next_deadline(&mut self) -> Result<Option<u64>> {
+        let api = self.guest.statestore_core_store().store();
+        Ok(api.call_next_deadline(&mut self.store, self.handle)?)
+    }
+
+    fn snapshot(&mut self) -> Result<Vec<u8>> {
+        let api = self.guest.statestore_core_store().store();
+        Ok(api.call_snapshot(&mut self.store, self.handle)?)
+    }
+}
+
+impl Drop for WasmStore {
+    fn drop(&mut self) {
+        // Runs the guest's destructor; a failure only means the instance is
+        // already broken, and it is going away with the store anyway.
+        let _ = self.handle.resource_drop(&mut self.store);
+    }
+}
+
+impl std::fmt::Debug for WasmStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmStore").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,392 @@
+//! Test support: golden conformance vectors ([`vector`]), a simulated-time
+//! harness ([`Sim`]) that records them, and a replayer that runs them against
+//! the native state machine and the wasm component.
+//!
+//! Conformance tests (`tests/conformance.rs`) drive a [`Sim`], assert exact
+//! outputs by hand, and then check that their recorded trace equals the
+//! checked-in vector in `vectors/` (or rewrite it with `STATESTORE_BLESS=1`).
+//! `tests/vectors.rs` replays every vector file against both runtimes.
+
+pub mod vector;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result, bail};
+use statestore::{Backend, Config, InboundMessage, NativeStore, OutboundMessage, Output, PublishKind};
+use statestore_guest::rpc::{CONTENT_TYPE, REQUEST_TOPIC};
+pub use vector::{Input, Step, Vector};
+
+/// Simulated wall clock at the start of every scenario (2023-11-14T22:13:20Z).
+pub const T0: u64 = 1_700_000_000_000;
+/// The server's own client id in test configs.
+pub const SERVER_ID: &str = "statestore";
+
+/// The Rust SDK's response topic for client `c`.
+pub fn response_topic(c: &str) -> String {
+    format!("clients/{c}/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response")
+}
+
+/// The config every scenario uses.
+pub fn test_config() -> Config {
+    Config {
+        node_id: "StateStore".into(),
+        server_client_id: Some(SERVER_ID.into()),
+    }
+}
+
+/// Which build of the state machine to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The guest crate compiled natively.
+    Native,
+    /// The `.wasm` component in wasmtime.
+    Wasm,
+}
+
+/// The wasm runtime, compiled once per test process.
+pub fn wasm_runtime() -> &'static statestore::Runtime {
+    static RT: OnceLock<statestore::Runtime> = OnceLock::new();
+    RT.get_or_init(|| statestore::Runtime::new().expect("the built component loads"))
+}
+
+/// A new, empty store of this kind.
+pub fn new_backend(kind: Kind, config: &Config) -> Result<Box<dyn Backend>> {
+    Ok(match kind {
+        Kind::Native => Box::new(NativeStore::new(config.clone())?),
+        Kind::Wasm => Box::new(wasm_runtime().instantiate(config)?),
+    })
+}
+
+/// A store of this kind restored from a snapshot.
+pub fn restore_backend(kind: Kind, config: &Config, snapshot: &[u8]) -> Result<Box<dyn Backend>> {
+    Ok(match kind {
+        Kind::Native => Box::new(NativeStore::restore(config.clone(), snapshot)?),
+        Kind::Wasm => Box::new(wasm_runtime().restore(config, snapshot)?),
+    })
+}
+
+/// Applies one input and returns its outputs and the next deadline.
+fn apply(
+    backend: &mut Box<dyn Backend>,
+    kind: Kind,
+    config: &Config,
+    now: u64,
+    input: &Input,
+) -> Result<(Vec<Output>, Option<u64>)> {
+    match input {
+        Input::Publish(m) => backend.handle(m, now)?,
+        Input::Disconnect(c) => backend.client_disconnected(c, now)?,
+        Input::Timeout => backend.timeout(now)?,
+        Input::Restore => {
+            let snapshot = backend.snapshot()?;
+            *backend = restore_backend(kind, config, &snapshot)?;
+        }
+    }
+    let outputs = backend.poll_outputs()?;
+    Ok((outputs, backend.next_deadline()?))
+}
+
+/// Runs a vector against a runtime; an error describes the first difference.
+pub fn replay(v: &Vector, kind: Kind) -> Result<()> {
+    let mut backend = new_backend(kind, &v.config)?;
+    for (i, step) in v.steps.iter().enumerate() {
+        let (outputs, deadline) = apply(&mut backend, kind, &v.config, step.now, &step.input)?;
+        if outputs != step.outputs {
+            bail!(
+                "{} step {i} ({kind:?}): outputs differ\n want: {}\n  got: {}",
+                v.name,
+                serde_json::Value::Array(step.outputs.iter().map(vector::output_to_json).collect()),
+                serde_json::Value::Array(outputs.iter().map(vector::output_to_json).collect()),
+            );
+        }
+        if deadline != step.next_deadline {
+            bail!(
+                "{} step {i} ({kind:?}): next deadline {deadline:?}, want {:?}",
+                v.name,
+                step.next_deadline
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Where vector files live.
+pub fn vectors_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vectors")
+}
+
+/// Every vector file, sorted by name.
+pub fn load_vectors() -> Result<Vec<Vector>> {
+    let mut paths: Vec<_> = std::fs::read_dir(vectors_dir())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p)?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{}", p.display()))?;
+            Vector::from_json(&json).with_context(|| format!("{}", p.display()))
+        })
+        .collect()
+}
+
+/// A scenario in simulated time that records itself as a vector.
+pub struct Sim {
+    name: String,
+    description: String,
+    kind: Kind,
+    config: Config,
+    backend: Box<dyn Backend>,
+    /// The current simulated time.
+    pub now: u64,
+    steps: Vec<Step>,
+    next_correlation: u128,
+}
+
+impl Sim {
+    /// A native scenario named after its vector file, starting at [`T0`].
+    pub fn new(name: &str, description: &str) -> Sim {
+        Sim::with(Kind::Native, name, description)
+    }
+
+    /// A scenario on a chosen runtime.
+    pub fn with(kind: Kind, name: &str, description: &str) -> Sim {
+        let config = test_config();
+        Sim {
+            name: name.into(),
+            description: description.into(),
+            kind,
+            backend: new_backend(kind, &config).expect("store starts"),
+            config,
+            now: T0,
+            steps: Vec::new(),
+            next_correlation: 1,
+        }
+    }
+
+    fn run(&mut self, input: Input) -> Vec<Output> {
+        let (outputs, next_deadline) =
+            apply(&mut self.backend, self.kind, &self.config, self.now, &input)
+                .expect("backend call succeeds");
+        self.steps.push(Step {
+            now: self.now,
+            input,
+            outputs: outputs.clone(),
+            next_deadline,
+        });
+        outputs
+    }
+
+    /// A request from client `c1` with every property an SDK sends: a fresh
+    /// 16-byte correlation id, expiry 10 s, `__srcId`, `__protVer`, `__ts` = now.
+    pub fn request(&mut self, parts: &[&[u8]]) -> InboundMessage {
+        self.request_from("c1", parts)
+    }
+
+    /// Like [`Sim::request`], from client `client`.
+    pub fn request_from(&mut self, client: &str, parts: &[&[u8]]) -> InboundMessage {
+        let corr = self.next_correlation.to_be_bytes().to_vec();
+        self.next_correlation += 1;
+        InboundMessage {
+            topic: REQUEST_TOPIC.into(),
+            payload: resp(parts),
+            qos: 1,
+            response_topic: Some(response_topic(client)),
+            correlation_data: Some(corr),
+            message_expiry_interval: Some(10),
+            content_type: Some(CONTENT_TYPE.into()),
+            payload_format_indicator: Some(0),
+            user_properties: vec![
+                ("__ts".into(), format!("{:015}:00000:{client}", self.now)),
+                ("__protVer".into(), "1.0".into()),
+                ("__srcId".into(), client.into()),
+            ],
+            client_id: None,
+            received_at: None,
+        }
+    }
+
+    /// Sends a message now and returns its outputs.
+    pub fn send(&mut self, message: &InboundMessage) -> Vec<Output> {
+        self.run(Input::Publish(message.clone()))
+    }
+
+    /// Sends a request from `c1` and returns its outputs.
+    pub fn call(&mut self, parts: &[&[u8]]) -> (InboundMessage, Vec<Output>) {
+        let m = self.request(parts);
+        let out = self.send(&m);
+        (m, out)
+    }
+
+    /// Moves time forward by `ms`, firing the timer at every deadline on the
+    /// way (as a host's timer would); returns the outputs of those timeouts.
+    pub fn advance(&mut self, ms: u64) -> Vec<Output> {
+        let target = self.now + ms;
+        let mut outputs = Vec::new();
+        while let Some(at) = self.backend.next_deadline().expect("deadline") {
+            if at > target {
+                break;
+            }
+            self.now = self.now.max(at);
+            outputs.extend(self.run(Input::Timeout));
+        }
+        self.now = target;
+        outputs
+    }
+
+    /// Client `c` disconnected.
+    pub fn disconnect(&mut self, c: &str) -> Vec<Output> {
+        self.run(Input::Disconnect(c.into()))
+    }
+
+    /// Snapshot, then continue on a new instance restored from it.
+    pub fn restore(&mut self) {
+        let out = self.run(Input::Restore);
+        assert!(out.is_empty());
+    }
+
+    /// Checks the recorded trace against `vectors/<name>.json`, or writes it
+    /// when `STATESTORE_BLESS=1`.
+    pub fn finish(self) {
+        let v = Vector {
+            name: self.name.clone(),
+            description: self.description,
+            config: self.config,
+            steps: self.steps,
+        };
+        let path = vectors_dir().join(format!("{}.json", self.name));
+        if std::env::var_os("STATESTORE_BLESS").is_some_and(|v| v == "1") {
+            std::fs::create_dir_all(vectors_dir()).expect("mkdir vectors");
+            std::fs::write(&path, v.to_text()).expect("write vector");
+            return;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!("{} is missing: run the tests once with STATESTORE_BLESS=1", path.display())
+        });
+        let json = serde_json::from_str(&text).expect("vector is JSON");
+        let stored = Vector::from_json(&json).expect("vector parses");
+        assert!(
+            stored == v,
+            "{} no longer matches this scenario; if the change is intended, re-record with STATESTORE_BLESS=1 and review the diff",
+            path.display()
+        );
+    }
+}
+
+/// A RESP3 array of bulk strings.
+pub fn resp(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", parts.len()).into_bytes();
+    for p in parts {
+        out.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
+        out.extend_from_slice(p);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Sets (or with `None` removes) a user property.
+pub fn set_prop(m: &mut InboundMessage, name: &str, value: Option<&str>) {
+    m.user_properties.retain(|(n, _)| n != name);
+    if let Some(v) = value {
+        m.user_properties.push((name.into(), v.into()));
+    }
+}
+
+/// The publishes among outputs.
+pub fn publishes(outputs: &[Output]) -> Vec<&OutboundMessage> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Publish(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The notifications among outputs.
+pub fn notifications(outputs: &[Output]) -> Vec<&OutboundMessage> {
+    publishes(outputs)
+        .into_iter()
+        .filter(|m| m.kind == PublishKind::Notification)
+        .collect()
+}
+
+/// The one reply among outputs, which must come last.
+pub fn reply(outputs: &[Output]) -> &OutboundMessage {
+    let replies: Vec<_> = publishes(outputs)
+        .into_iter()
+        .filter(|m| m.kind == PublishKind::Response)
+        .collect();
+    assert_eq!(replies.len(), 1, "exactly one reply expected in {outputs:#?}");
+    match outputs.last() {
+        Some(Output::Publish(m)) if m.kind == PublishKind::Response => m,
+        _ => panic!("the reply must be the last output: {outputs:#?}"),
+    }
+}
+
+/// Asserts a 200 reply to `req` with exactly this payload and `__ts`, and
+/// every property of spec §4.1 / §17 #36.
+pub fn assert_reply(outputs: &[Output], req: &InboundMessage, payload: &[u8], ts: Option<&str>) {
+    let r = reply(outputs);
+    assert_eq!(
+        String::from_utf8_lossy(&r.payload),
+        String::from_utf8_lossy(payload),
+        "reply payload"
+    );
+    assert_eq!(r.payload, payload);
+    assert_eq!(Some(&r.topic), req.response_topic.as_ref());
+    assert_eq!(r.qos, 1);
+    assert!(!r.retain);
+    assert_eq!(r.correlation_data, req.correlation_data);
+    assert_eq!(r.content_type.as_deref(), Some(CONTENT_TYPE));
+    assert_eq!(r.payload_format_indicator, Some(0));
+    assert_eq!(r.response_topic, None);
+    assert_eq!(r.target_client, None);
+    let expiry = r.message_expiry_interval.expect("reply has a message expiry");
+    assert!((1..=req.message_expiry_interval.unwrap_or(u32::MAX)).contains(&expiry));
+    let mut want = vec![("__stat".to_string(), "200".to_string()), ("__protVer".into(), "1.0".into())];
+    if let Some(ts) = ts {
+        want.push(("__ts".into(), ts.into()));
+    }
+    want.push(("__srcId".into(), SERVER_ID.into()));
+    want.push(("$high_priority".into(), String::new()));
+    assert_eq!(r.user_properties, want, "reply user properties");
+}
+
+/// Asserts a notification's topic, payload and properties (spec §11.3, §11.4).
+pub fn assert_notification(m: &OutboundMessage, client: &str, key: &[u8], payload: &[u8], ts: &str) {
+    assert_eq!(m.kind, PublishKind::Notification);
+    assert_eq!(m.topic, statestore_guest::notify::topic(client, key));
+    assert_eq!(String::from_utf8_lossy(&m.payload), String::from_utf8_lossy(payload));
+    assert_eq!(m.payload, payload);
+    assert_eq!(m.qos, 1);
+    assert!(!m.retain);
+    assert_eq!(m.correlation_data, None);
+    assert_eq!(m.message_expiry_interval, None);
+    assert_eq!(m.response_topic, None);
+    assert_eq!(m.content_type.as_deref(), Some(CONTENT_TYPE));
+    assert_eq!(m.payload_format_indicator, Some(0));
+    assert_eq!(m.target_client.as_deref(), Some(client));
+    assert_eq!(
+        m.user_properties,
+        vec![
+            ("__ts".to_string(), ts.to_string()),
+            ("__protVer".into(), "1.0".into()),
+            ("__srcId".into(), SERVER_ID.into()),
+        ]
+    );
+}
+
+/// `__ts` of an output message.
+pub fn ts_of(m: &OutboundMessage) -> Option<&str> {
+    m.user_property("__ts")
+}
+
+/// The server version text `T:c:StateStore`.
+pub fn version(wall: u64, counter: u64) -> String {
+    format!("{wall:015}:{counter:05}:StateStore")
+}

@@ -1,0 +1,334 @@
+//! The golden vector format: a runtime-neutral record of inputs (with their
+//! `now`) and the exact outputs they must produce. See `tests/vectors/README.md`.
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Map, Value, json};
+use statestore::{Config, InboundMessage, OutboundMessage, Output, PublishKind};
+
+/// One input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// An inbound MQTT message.
+    Publish(InboundMessage),
+    /// A client disconnected.
+    Disconnect(String),
+    /// The timer fired.
+    Timeout,
+    /// Snapshot the store and carry on with a new instance restored from it.
+    Restore,
+}
+
+/// One input, when it happened, and what must come out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Wall-clock ms passed with the input.
+    pub now: u64,
+    /// The input.
+    pub input: Input,
+    /// Every output, in order.
+    pub outputs: Vec<Output>,
+    /// `next-deadline` after the step.
+    pub next_deadline: Option<u64>,
+}
+
+/// A whole vector file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vector {
+    /// File stem.
+    pub name: String,
+    /// What it shows (spec section).
+    pub description: String,
+    /// Store config.
+    pub config: Config,
+    /// The steps.
+    pub steps: Vec<Step>,
+}
+
+/// Bytes: a JSON string when they are UTF-8, else `{"hex": "..."}`.
+pub fn bytes_to_json(b: &[u8]) -> Value {
+    match std::str::from_utf8(b) {
+        Ok(s) => Value::String(s.to_string()),
+        Err(_) => json!({ "hex": hex(b) }),
+    }
+}
+
+/// Bytes that are binary by nature (correlation data): always `{"hex": "..."}`.
+pub fn hex_to_json(b: &[u8]) -> Value {
+    json!({ "hex": hex(b) })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Reads bytes written by [`bytes_to_json`].
+pub fn bytes_from_json(v: &Value) -> Result<Vec<u8>> {
+    match v {
+        Value::String(s) => Ok(s.as_bytes().to_vec()),
+        Value::Object(o) => {
+            let h = o.get("hex").and_then(Value::as_str).context("bytes object needs \"hex\"")?;
+            if h.len() % 2 != 0 {
+                bail!("odd hex length");
+            }
+            (0..h.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).context("bad hex"))
+                .collect()
+        }
+        _ => bail!("bytes must be a string or {{\"hex\": ...}}"),
+    }
+}
+
+fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> Value) -> Value {
+    v.map_or(Value::Null, f)
+}
+
+fn props_to_json(p: &[(String, String)]) -> Value {
+    Value::Array(p.iter().map(|(n, v)| json!([n, v])).collect())
+}
+
+fn message_to_json(m: &InboundMessage) -> Value {
+    json!({
+        "topic": m.topic,
+        "payload": bytes_to_json(&m.payload),
+        "qos": m.qos,
+        "response_topic": m.response_topic,
+        "correlation_data": opt(m.correlation_data.as_deref(), hex_to_json),
+        "message_expiry_interval": m.message_expiry_interval,
+        "content_type": m.content_type,
+        "payload_format_indicator": m.payload_format_indicator,
+        "user_properties": props_to_json(&m.user_properties),
+        "client_id": m.client_id,
+        "received_at": m.received_at,
+    })
+}
+
+fn outbound_to_json(m: &OutboundMessage) -> Value {
+    json!({
+        "kind": match m.kind { PublishKind::Response => "response", PublishKind::Notification => "notification" },
+        "topic": m.topic,
+        "payload": bytes_to_json(&m.payload),
+        "qos": m.qos,
+        "retain": m.retain,
+        "correlation_data": opt(m.correlation_data.as_deref(), hex_to_json),
+        "message_expiry_interval": m.message_expiry_interval,
+        "content_type": m.content_type,
+        "payload_format_indicator": m.payload_format_indicator,
+        "response_topic": m.response_topic,
+        "user_properties": props_to_json(&m.user_properties),
+        "target_client": m.target_client,
+    })
+}
+
+/// An output as JSON.
+pub fn output_to_json(o: &Output) -> Value {
+    match o {
+        Output::Publish(m) => json!({ "publish": outbound_to_json(m) }),
+        Output::Journal(r) => json!({ "journal": { "hex": hex(r) } }),
+        Output::Violation { client_id, reason } => {
+            json!({ "violation": { "client_id": client_id, "reason": reason } })
+        }
+    }
+}
+
+impl Vector {
+    /// The JSON form.
+    pub fn to_json(&self) -> Value {
+        let steps: Vec<Value> = self
+            .steps
+            .iter()
+            .map(|s| {
+                let input = match &s.input {
+                    Input::Publish(m) => json!({ "publish": message_to_json(m) }),
+                    Input::Disconnect(c) => json!({ "disconnect": c }),
+                    Input::Timeout => json!("timeout"),
+                    Input::Restore => json!("restore"),
+                };
+                json!({
+                    "now": s.now,
+                    "input": input,
+                    "outputs": s.outputs.iter().map(output_to_json).collect::<Vec<_>>(),
+                    "next_deadline": s.next_deadline,
+                })
+            })
+            .collect();
+        json!({
+            "format": 1,
+            "name": self.name,
+            "description": self.description,
+            "config": {
+                "node_id": self.config.node_id,
+                "server_client_id": self.config.server_client_id,
+            },
+            "steps": steps,
+        })
+    }
+
+    /// Pretty JSON text, one trailing newline.
+    pub fn to_text(&self) -> String {
+        let mut s = serde_json::to_string_pretty(&self.to_json()).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+
+    /// Reads the JSON form.
+    pub fn from_json(v: &Value) -> Result<Vector> {
+        let o = obj(v)?;
+        if o.get("format").and_then(Value::as_u64) != Some(1) {
+            bail!("unknown vector format (expected \"format\": 1)");
+        }
+        let config = obj(field(o, "config")?)?;
+        let steps = field(o, "steps")?
+            .as_array()
+            .context("steps must be an array")?
+            .iter()
+            .enumerate()
+            .map(|(i, s)| step_from_json(s).with_context(|| format!("step {i}")))
+            .collect::<Result<_>>()?;
+        Ok(Vector {
+            name: str_field(o, "name")?,
+            description: str_field(o, "description")?,
+            config: Config {
+                node_id: str_field(config, "node_id")?,
+                server_client_id: opt_str(config, "server_client_id")?,
+            },
+            steps,
+        })
+    }
+}
+
+fn obj(v: &Value) -> Result<&Map<String, Value>> {
+    v.as_object().ok_or_else(|| anyhow!("expected an object, got {v}"))
+}
+
+fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Result<&'a Value> {
+    o.get(name).ok_or_else(|| anyhow!("missing field {name:?}"))
+}
+
+fn str_field(o: &Map<String, Value>, name: &str) -> Result<String> {
+    field(o, name)?
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("{name} must be a string"))
+}
+
+fn opt_str(o: &Map<String, Value>, name: &str) -> Result<Option<String>> {
+    match field(o, name)? {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        _ => bail!("{name} must be a string or null"),
+    }
+}
+
+fn opt_u64(o: &Map<String, Value>, name: &str) -> Result<Option<u64>> {
+    match field(o, name)? {
+        Value::Null => Ok(None),
+        v => v.as_u64().map(Some).ok_or_else(|| anyhow!("{name} must be an integer or null")),
+    }
+}
+
+fn small<T: TryFrom<u64>>(o: &Map<String, Value>, name: &str) -> Result<Option<T>> {
+    opt_u64(o, name)?
+        .map(|v| T::try_from(v).map_err(|_| anyhow!("{name} out of range")))
+        .transpose()
+}
+
+fn opt_bytes(o: &Map<String, Value>, name: &str) -> Result<Option<Vec<u8>>> {
+    match field(o, name)? {
+        Value::Null => Ok(None),
+        v => bytes_from_json(v).map(Some),
+    }
+}
+
+fn props(o: &Map<String, Value>) -> Result<Vec<(String, String)>> {
+    field(o, "user_properties")?
+        .as_array()
+        .context("user_properties must be an array")?
+        .iter()
+        .map(|p| match p.as_array().map(Vec::as_slice) {
+            Some([Value::String(n), Value::String(v)]) => Ok((n.clone(), v.clone())),
+            _ => bail!("a user property is [name, value]"),
+        })
+        .collect()
+}
+
+fn message_from_json(v: &Value) -> Result<InboundMessage> {
+    let o = obj(v)?;
+    Ok(InboundMessage {
+        topic: str_field(o, "topic")?,
+        payload: bytes_from_json(field(o, "payload")?)?,
+        qos: small(o, "qos")?.context("qos is required")?,
+        response_topic: opt_str(o, "response_topic")?,
+        correlation_data: opt_bytes(o, "correlation_data")?,
+        message_expiry_interval: small(o, "message_expiry_interval")?,
+        content_type: opt_str(o, "content_type")?,
+        payload_format_indicator: small(o, "payload_format_indicator")?,
+        user_properties: props(o)?,
+        client_id: opt_str(o, "client_id")?,
+        received_at: opt_u64(o, "received_at")?,
+    })
+}
+
+fn outbound_from_json(v: &Value) -> Result<OutboundMessage> {
+    let o = obj(v)?;
+    Ok(OutboundMessage {
+        kind: match str_field(o, "kind")?.as_str() {
+            "response" => PublishKind::Response,
+            "notification" => PublishKind::Notification,
+            k => bail!("unknown kind {k:?}"),
+        },
+        topic: str_field(o, "topic")?,
+        payload: bytes_from_json(field(o, "payload")?)?,
+        qos: small(o, "qos")?.context("qos is required")?,
+        retain: field(o, "retain")?.as_bool().context("retain must be a boolean")?,
+        correlation_data: opt_bytes(o, "correlation_data")?,
+        message_expiry_interval: small(o, "message_expiry_interval")?,
+        content_type: opt_str(o, "content_type")?,
+        payload_format_indicator: small(o, "payload_format_indicator")?,
+        response_topic: opt_str(o, "response_topic")?,
+        user_properties: props(o)?,
+        target_client: opt_str(o, "target_client")?,
+    })
+}
+
+fn output_from_json(v: &Value) -> Result<Output> {
+    let o = obj(v)?;
+    if let Some(p) = o.get("publish") {
+        return Ok(Output::Publish(outbound_from_json(p)?));
+    }
+    if let Some(j) = o.get("journal") {
+        return Ok(Output::Journal(bytes_from_json(j)?));
+    }
+    if let Some(viol) = o.get("violation") {
+        let viol = obj(viol)?;
+        return Ok(Output::Violation {
+            client_id: opt_str(viol, "client_id")?,
+            reason: str_field(viol, "reason")?,
+        });
+    }
+    bail!("unknown output {v}")
+}
+
+fn step_from_json(v: &Value) -> Result<Step> {
+    let o = obj(v)?;
+    let input = match field(o, "input")? {
+        Value::String(s) if s == "timeout" => Input::Timeout,
+        Value::String(s) if s == "restore" => Input::Restore,
+        Value::Object(i) if i.contains_key("publish") => {
+            Input::Publish(message_from_json(field(i, "publish")?)?)
+        }
+        Value::Object(i) if i.contains_key("disconnect") => Input::Disconnect(str_field(i, "disconnect")?),
+        other => bail!("unknown input {other}"),
+    };
+    Ok(Step {
+        now: field(o, "now")?.as_u64().context("now must be an integer")?,
+        input,
+        outputs: field(o, "outputs")?
+            .as_array()
+            .context("outputs must be an array")?
+            .iter()
+            .map(output_from_json)
+            .collect::<Result<_>>()?,
+        next_deadline: opt_u64(o, "next_deadline")?,
+    })
+}
