@@ -13,8 +13,17 @@ const PROFILE: &str = "guest";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let root = manifest_dir.parent().expect("host/ is inside the workspace").to_path_buf();
-    for path in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.toml", "Cargo.lock"] {
+    let root = manifest_dir
+        .parent()
+        .expect("host/ is inside the workspace")
+        .to_path_buf();
+    for path in [
+        "guest/src",
+        "guest/Cargo.toml",
+        "wit",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(path).display());
     }
     println!("cargo:rerun-if-env-changed=STATESTORE_GUEST_WASM_OVERRIDE");
@@ -51,7 +60,9 @@ fn main() {
     ] {
         cmd.env_remove(var);
     }
-    let output = cmd.output().expect("could not run cargo to build the guest component");
+    let output = cmd
+        .output()
+        .expect("could not run cargo to build the guest component");
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         if stderr.contains("target may not be installed")
@@ -70,6 +81,10 @@ fn main() {
         .join(TARGET)
         .join(PROFILE)
         .join("statestore_guest.wasm");
-    assert!(wasm.exists(), "the guest build did not produce {}", wasm.display());
+    assert!(
+        wasm.exists(),
+        "the guest build did not produce {}",
+        wasm.display()
+    );
     println!("cargo:rustc-env=STATESTORE_GUEST_WASM={}", wasm.display());
 }

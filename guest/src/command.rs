@@ -206,12 +206,22 @@ mod tests {
         let r = req(&[b"set", b"k", b"v", b"px", b"5000", b"nx"]);
         assert_eq!(
             parse(&r),
-            Ok(Command::Set { key: b"k", value: b"v", condition: Condition::Nx, px: Some(5000) })
+            Ok(Command::Set {
+                key: b"k",
+                value: b"v",
+                condition: Condition::Nx,
+                px: Some(5000)
+            })
         );
         let r = req(&[b"SET", b"k", b"v", b"NEX"]);
         assert_eq!(
             parse(&r),
-            Ok(Command::Set { key: b"k", value: b"v", condition: Condition::Nex, px: None })
+            Ok(Command::Set {
+                key: b"k",
+                value: b"v",
+                condition: Condition::Nex,
+                px: None
+            })
         );
     }
 
@@ -234,7 +244,10 @@ mod tests {
             (&[b"SET", b"k", b"v", b"PX", b"abc"], SyntaxError),
             (&[b"SET", b"k", b"v", b"PX", b"0"], SyntaxError),
             (&[b"SET", b"k", b"v", b"PX", b"-5"], SyntaxError),
-            (&[b"SET", b"k", b"v", b"PX", b"9007199254740993"], SyntaxError),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"9007199254740993"],
+                SyntaxError,
+            ),
             (&[b"SET", b"k", b"v", b"NX", b"NEX"], SyntaxError),
             (&[b"SET", b"k", b"v", b"NX", b"NX"], SyntaxError),
             (&[b"SET", b"k", b"v", b"PX", b"1", b"PX", b"2"], SyntaxError),

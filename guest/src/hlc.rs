@@ -168,9 +168,23 @@ mod tests {
 
     #[test]
     fn parse() {
-        assert_eq!(Hlc::parse("1696374425000:0:CLIENT"), Ok(hlc(1696374425000, 0, "CLIENT")));
+        assert_eq!(
+            Hlc::parse("1696374425000:0:CLIENT"),
+            Ok(hlc(1696374425000, 0, "CLIENT"))
+        );
         assert_eq!(Hlc::parse("001:00002:"), Ok(hlc(1, 2, "")));
-        for bad in ["abc", "1:2", "x:0:n", "1:2:3:4", ":1:n", "1::n", "-1:0:n", "1:+2:n", " 1:2:n", "99999999999999999999:0:n"] {
+        for bad in [
+            "abc",
+            "1:2",
+            "x:0:n",
+            "1:2:3:4",
+            ":1:n",
+            "1::n",
+            "-1:0:n",
+            "1:+2:n",
+            " 1:2:n",
+            "99999999999999999999:0:n",
+        ] {
             assert_eq!(Hlc::parse(bad), Err(MalformedTimestamp), "{bad}");
         }
     }
@@ -187,15 +201,30 @@ mod tests {
         // Article example: equal clocks give counter + 1.
         let mut c = Clock::new("StateStore".into());
         let t = 1696374425000;
-        assert_eq!(c.receive(&hlc(t, 0, "CLIENT"), t), Ok(hlc(t, 1, "StateStore")));
+        assert_eq!(
+            c.receive(&hlc(t, 0, "CLIENT"), t),
+            Ok(hlc(t, 1, "StateStore"))
+        );
         // now ahead of both: fresh ms, counter 0.
-        assert_eq!(c.receive(&hlc(t, 5, "C"), t + 10), Ok(hlc(t + 10, 0, "StateStore")));
+        assert_eq!(
+            c.receive(&hlc(t, 5, "C"), t + 10),
+            Ok(hlc(t + 10, 0, "StateStore"))
+        );
         // lw == rw: max(lc, rc) + 1.
-        assert_eq!(c.receive(&hlc(t + 10, 7, "C"), t + 5), Ok(hlc(t + 10, 8, "StateStore")));
+        assert_eq!(
+            c.receive(&hlc(t + 10, 7, "C"), t + 5),
+            Ok(hlc(t + 10, 8, "StateStore"))
+        );
         // lw > rw: lc + 1.
-        assert_eq!(c.receive(&hlc(t, 100, "C"), t + 5), Ok(hlc(t + 10, 9, "StateStore")));
+        assert_eq!(
+            c.receive(&hlc(t, 100, "C"), t + 5),
+            Ok(hlc(t + 10, 9, "StateStore"))
+        );
         // rw > lw: (rw, rc + 1).
-        assert_eq!(c.receive(&hlc(t + 20, 3, "C"), t + 5), Ok(hlc(t + 20, 4, "StateStore")));
+        assert_eq!(
+            c.receive(&hlc(t + 20, 3, "C"), t + 5),
+            Ok(hlc(t + 20, 4, "StateStore"))
+        );
         assert_eq!(c.tick(t + 5), Ok(hlc(t + 20, 5, "StateStore")));
         assert_eq!(c.tick(t + 21), Ok(hlc(t + 21, 0, "StateStore")));
     }
@@ -205,8 +234,14 @@ mod tests {
         let mut c = Clock::new("N".into());
         assert_eq!(c.receive(&hlc(5, u64::MAX, "C"), 5), Err(CounterOverflow));
         assert_eq!(c.current(), hlc(0, 0, "N"));
-        assert_eq!(c.receive(&hlc(5, MAX_COUNTER, "C"), 5), Err(CounterOverflow));
-        assert_eq!(c.receive(&hlc(5, MAX_COUNTER - 1, "C"), 5), Ok(hlc(5, MAX_COUNTER, "N")));
+        assert_eq!(
+            c.receive(&hlc(5, MAX_COUNTER, "C"), 5),
+            Err(CounterOverflow)
+        );
+        assert_eq!(
+            c.receive(&hlc(5, MAX_COUNTER - 1, "C"), 5),
+            Ok(hlc(5, MAX_COUNTER, "N"))
+        );
     }
 
     #[test]

@@ -261,17 +261,17 @@ impl StateMachine {
         identity: Option<&str>,
         now: u64,
     ) -> Reply {
-        if let Some(version) = props.protocol_version {
-            if !rpc::version_supported(version) {
-                return Reply::status(
-                    Status::VersionNotSupported,
-                    format!("protocol version {version:?} is not supported"),
-                    vec![
-                        (prop::SUPPORTED_MAJOR, "1".into()),
-                        (prop::REQUEST_VERSION, version.to_string()),
-                    ],
-                );
-            }
+        if let Some(version) = props.protocol_version
+            && !rpc::version_supported(version)
+        {
+            return Reply::status(
+                Status::VersionNotSupported,
+                format!("protocol version {version:?} is not supported"),
+                vec![
+                    (prop::SUPPORTED_MAJOR, "1".into()),
+                    (prop::REQUEST_VERSION, version.to_string()),
+                ],
+            );
         }
         let command = match command::parse(&msg.payload) {
             Ok(c) => c,
@@ -340,10 +340,7 @@ impl StateMachine {
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         };
         let node = self.config.node_id.as_str();
-        let outcome = match self
-            .table
-            .execute(&command, request, &mut self.clock, node)
-        {
+        let outcome = match self.table.execute(&command, request, &mut self.clock, node) {
             Ok(outcome) => outcome,
             Err(_) => return Reply::counter_overflow(),
         };

@@ -122,7 +122,9 @@ impl StateMachine {
         if !r.0.is_empty() {
             return Err(bad("trailing bytes after the last section"));
         }
-        Ok(StateMachine::from_parts(config, clock, table, registry, dedup))
+        Ok(StateMachine::from_parts(
+            config, clock, table, registry, dedup,
+        ))
     }
 }
 
@@ -218,7 +220,10 @@ impl<'a> Reader<'a> {
         String::from_utf8(self.bytes()?.to_vec())
             .map_err(|_| Error::BadSnapshot("a string is not UTF-8".into()))
     }
-    fn opt<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, Error>) -> Result<Option<T>, Error> {
+    fn opt<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<Option<T>, Error> {
         match self.u8()? {
             0 => Ok(None),
             1 => f(self).map(Some),

@@ -18,9 +18,7 @@ mod bindings;
 mod convert;
 pub mod wasm;
 
-pub use statestore_guest::types::{
-    Config, InboundMessage, OutboundMessage, Output, PublishKind,
-};
+pub use statestore_guest::types::{Config, InboundMessage, OutboundMessage, Output, PublishKind};
 pub use wasm::{Runtime, WasmStore};
 
 /// The guest component built by this crate's build script (`wasm32-wasip2`).

@@ -25,8 +25,7 @@ impl Runtime {
     /// A component from its binary (or WAT text) form.
     pub fn from_bytes(wasm: &[u8]) -> Result<Runtime> {
         let engine = Engine::new(&wasmtime::Config::new())?;
-        let component =
-            Component::new(&engine, wasm)
+        let component = Component::new(&engine, wasm)
             .map_err(anyhow::Error::from)
             .context("the state store component is not valid")?;
         Runtime::from_component(engine, component)
@@ -96,7 +95,6 @@ pub struct WasmStore {
     guest: Guest,
     handle: ResourceAny,
 }
-
 
 impl Backend for WasmStore {
     fn handle(&mut self, message: &InboundMessage, now: u64) -> Result<()> {

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
-use statestore::{Backend, Config, InboundMessage, NativeStore, OutboundMessage, Output, PublishKind};
+use statestore::{
+    Backend, Config, InboundMessage, NativeStore, OutboundMessage, Output, PublishKind,
+};
 use statestore_guest::rpc::{CONTENT_TYPE, REQUEST_TOPIC};
 pub use vector::{Input, Step, Vector};
 
@@ -24,7 +26,9 @@ pub const SERVER_ID: &str = "statestore";
 
 /// The Rust SDK's response topic for client `c`.
 pub fn response_topic(c: &str) -> String {
-    format!("clients/{c}/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response")
+    format!(
+        "clients/{c}/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response"
+    )
 }
 
 /// The config every scenario uses.
@@ -265,7 +269,10 @@ impl Sim {
             return;
         }
         let text = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-            panic!("{} is missing: run the tests once with STATESTORE_BLESS=1", path.display())
+            panic!(
+                "{} is missing: run the tests once with STATESTORE_BLESS=1",
+                path.display()
+            )
         });
         let json = serde_json::from_str(&text).expect("vector is JSON");
         let stored = Vector::from_json(&json).expect("vector parses");
@@ -321,7 +328,11 @@ pub fn reply(outputs: &[Output]) -> &OutboundMessage {
         .into_iter()
         .filter(|m| m.kind == PublishKind::Response)
         .collect();
-    assert_eq!(replies.len(), 1, "exactly one reply expected in {outputs:#?}");
+    assert_eq!(
+        replies.len(),
+        1,
+        "exactly one reply expected in {outputs:#?}"
+    );
     match outputs.last() {
         Some(Output::Publish(m)) if m.kind == PublishKind::Response => m,
         _ => panic!("the reply must be the last output: {outputs:#?}"),
@@ -346,9 +357,14 @@ pub fn assert_reply(outputs: &[Output], req: &InboundMessage, payload: &[u8], ts
     assert_eq!(r.payload_format_indicator, Some(0));
     assert_eq!(r.response_topic, None);
     assert_eq!(r.target_client, None);
-    let expiry = r.message_expiry_interval.expect("reply has a message expiry");
+    let expiry = r
+        .message_expiry_interval
+        .expect("reply has a message expiry");
     assert!((1..=req.message_expiry_interval.unwrap_or(u32::MAX)).contains(&expiry));
-    let mut want = vec![("__stat".to_string(), "200".to_string()), ("__protVer".into(), "1.0".into())];
+    let mut want = vec![
+        ("__stat".to_string(), "200".to_string()),
+        ("__protVer".into(), "1.0".into()),
+    ];
     if let Some(ts) = ts {
         want.push(("__ts".into(), ts.into()));
     }
@@ -358,10 +374,19 @@ pub fn assert_reply(outputs: &[Output], req: &InboundMessage, payload: &[u8], ts
 }
 
 /// Asserts a notification's topic, payload and properties (spec §11.3, §11.4).
-pub fn assert_notification(m: &OutboundMessage, client: &str, key: &[u8], payload: &[u8], ts: &str) {
+pub fn assert_notification(
+    m: &OutboundMessage,
+    client: &str,
+    key: &[u8],
+    payload: &[u8],
+    ts: &str,
+) {
     assert_eq!(m.kind, PublishKind::Notification);
     assert_eq!(m.topic, statestore_guest::notify::topic(client, key));
-    assert_eq!(String::from_utf8_lossy(&m.payload), String::from_utf8_lossy(payload));
+    assert_eq!(
+        String::from_utf8_lossy(&m.payload),
+        String::from_utf8_lossy(payload)
+    );
     assert_eq!(m.payload, payload);
     assert_eq!(m.qos, 1);
     assert!(!m.retain);

@@ -66,7 +66,10 @@ pub fn bytes_from_json(v: &Value) -> Result<Vec<u8>> {
     match v {
         Value::String(s) => Ok(s.as_bytes().to_vec()),
         Value::Object(o) => {
-            let h = o.get("hex").and_then(Value::as_str).context("bytes object needs \"hex\"")?;
+            let h = o
+                .get("hex")
+                .and_then(Value::as_str)
+                .context("bytes object needs \"hex\"")?;
             if h.len() % 2 != 0 {
                 bail!("odd hex length");
             }
@@ -198,7 +201,8 @@ impl Vector {
 }
 
 fn obj(v: &Value) -> Result<&Map<String, Value>> {
-    v.as_object().ok_or_else(|| anyhow!("expected an object, got {v}"))
+    v.as_object()
+        .ok_or_else(|| anyhow!("expected an object, got {v}"))
 }
 
 fn field<'a>(o: &'a Map<String, Value>, name: &str) -> Result<&'a Value> {
@@ -223,7 +227,10 @@ fn opt_str(o: &Map<String, Value>, name: &str) -> Result<Option<String>> {
 fn opt_u64(o: &Map<String, Value>, name: &str) -> Result<Option<u64>> {
     match field(o, name)? {
         Value::Null => Ok(None),
-        v => v.as_u64().map(Some).ok_or_else(|| anyhow!("{name} must be an integer or null")),
+        v => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| anyhow!("{name} must be an integer or null")),
     }
 }
 
@@ -280,7 +287,9 @@ fn outbound_from_json(v: &Value) -> Result<OutboundMessage> {
         topic: str_field(o, "topic")?,
         payload: bytes_from_json(field(o, "payload")?)?,
         qos: small(o, "qos")?.context("qos is required")?,
-        retain: field(o, "retain")?.as_bool().context("retain must be a boolean")?,
+        retain: field(o, "retain")?
+            .as_bool()
+            .context("retain must be a boolean")?,
         correlation_data: opt_bytes(o, "correlation_data")?,
         message_expiry_interval: small(o, "message_expiry_interval")?,
         content_type: opt_str(o, "content_type")?,
@@ -317,11 +326,15 @@ fn step_from_json(v: &Value) -> Result<Step> {
         Value::Object(i) if i.contains_key("publish") => {
             Input::Publish(message_from_json(field(i, "publish")?)?)
         }
-        Value::Object(i) if i.contains_key("disconnect") => Input::Disconnect(str_field(i, "disconnect")?),
+        Value::Object(i) if i.contains_key("disconnect") => {
+            Input::Disconnect(str_field(i, "disconnect")?)
+        }
         other => bail!("unknown input {other}"),
     };
     Ok(Step {
-        now: field(o, "now")?.as_u64().context("now must be an integer")?,
+        now: field(o, "now")?
+            .as_u64()
+            .context("now must be an integer")?,
         input,
         outputs: field(o, "outputs")?
             .as_array()

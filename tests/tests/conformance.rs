@@ -14,7 +14,10 @@ const FT_LOWER: &[u8] =
 
 #[test]
 fn s17_01_to_04_set_get_nx() {
-    let mut sim = Sim::new("s17_01_set_get_nx", "§17 #1-#4: SET, GET hit and miss, SET NX on an existing key");
+    let mut sim = Sim::new(
+        "s17_01_set_get_nx",
+        "§17 #1-#4: SET, GET hit and miss, SET NX on an existing key",
+    );
     let (m, out) = sim.call(&[b"SET", b"k1", b"v1"]);
     // #30 rule: request __ts T0:0 equals the server's now, so L = (T0, 1).
     let v1 = version(T0, 1);
@@ -34,7 +37,10 @@ fn s17_01_to_04_set_get_nx() {
 
 #[test]
 fn s17_05_to_07_nex() {
-    let mut sim = Sim::new("s17_05_nex", "§17 #5-#7: NEX applies on equal value or absent key, not on a different value");
+    let mut sim = Sim::new(
+        "s17_05_nex",
+        "§17 #5-#7: NEX applies on equal value or absent key, not on a different value",
+    );
     sim.call(&[b"SET", b"k1", b"v1"]);
     sim.advance(10);
     let (m, out) = sim.call(&[b"SET", b"k1", b"v1", b"NEX"]);
@@ -53,7 +59,10 @@ fn s17_05_to_07_nex() {
 
 #[test]
 fn s17_08_09_del_vdel() {
-    let mut sim = Sim::new("s17_08_del_vdel", "§17 #8-#9: DEL then DEL again; VDEL mismatch, match, absent");
+    let mut sim = Sim::new(
+        "s17_08_del_vdel",
+        "§17 #8-#9: DEL then DEL again; VDEL mismatch, match, absent",
+    );
     sim.call(&[b"SET", b"k1", b"v1"]);
     sim.advance(10);
     let (m, out) = sim.call(&[b"DEL", b"k1"]);
@@ -77,14 +86,20 @@ fn s17_08_09_del_vdel() {
 
 #[test]
 fn s17_10_expired_key_is_invisible() {
-    let mut sim = Sim::new("s17_10_expiry", "§17 #10: SET PX 1000, two seconds later GET misses without __ts");
+    let mut sim = Sim::new(
+        "s17_10_expiry",
+        "§17 #10: SET PX 1000, two seconds later GET misses without __ts",
+    );
     let (m, out) = sim.call(&[b"SET", b"e", b"v", b"PX", b"1000"]);
     assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
     sim.advance(999);
     let (_, out) = sim.call(&[b"GET", b"e"]);
     assert_eq!(reply(&out).payload, b"$1\r\nv\r\n");
     let timer = sim.advance(1001);
-    assert!(timer.is_empty(), "no observers, nothing to publish: {timer:?}");
+    assert!(
+        timer.is_empty(),
+        "no observers, nothing to publish: {timer:?}"
+    );
     let (m, out) = sim.call(&[b"GET", b"e"]);
     assert_reply(&out, &m, b"$-1\r\n", None);
     // NX succeeds on the expired key.
@@ -97,7 +112,10 @@ fn s17_10_expired_key_is_invisible() {
 #[test]
 fn s17_10_lazy_expiry_without_timer() {
     // A host whose timer is late: the key is already invisible at its deadline.
-    let mut sim = Sim::new("s17_10_lazy_expiry", "§10: an expired key is invisible even before the timer fires");
+    let mut sim = Sim::new(
+        "s17_10_lazy_expiry",
+        "§10: an expired key is invisible even before the timer fires",
+    );
     sim.call(&[b"SET", b"e", b"v", b"PX", b"1000"]);
     sim.now += 1000; // no timeout call
     let (m, out) = sim.call(&[b"GET", b"e"]);
@@ -117,23 +135,44 @@ fn s17_11_empty_value() {
 
 #[test]
 fn s17_12_to_20_errors() {
-    let mut sim = Sim::new("s17_12_errors", "§17 #12-#20: error replies, all with __stat 200 and no __ts");
+    let mut sim = Sim::new(
+        "s17_12_errors",
+        "§17 #12-#20: error replies, all with __stat 200 and no __ts",
+    );
     let cases: Vec<(Vec<&[u8]>, &[u8])> = vec![
         (vec![b"GET", b""], b"-ERR the key length is zero\r\n"),
         (vec![b"DEL", b""], b"-ERR the key length is zero\r\n"),
         (vec![b"MGET", b"a"], b"-ERR unknown command\r\n"),
-        (vec![b"GET", b"a", b"b"], b"-ERR wrong number of arguments\r\n"),
+        (
+            vec![b"GET", b"a", b"b"],
+            b"-ERR wrong number of arguments\r\n",
+        ),
         (vec![b"SET", b"k", b"v", b"PX"], b"-ERR syntax error\r\n"),
         (vec![b"SET", b"k", b"v", b"XX"], b"-ERR syntax error\r\n"),
-        (vec![b"SET", b"k", b"v", b"PX", b"abc"], b"-ERR syntax error\r\n"),
-        (vec![b"SET", b"k", b"v", b"NX", b"NEX"], b"-ERR syntax error\r\n"),
-        (vec![b"SET", b"k", b"v", b"PX", b"0"], b"-ERR syntax error\r\n"),
+        (
+            vec![b"SET", b"k", b"v", b"PX", b"abc"],
+            b"-ERR syntax error\r\n",
+        ),
+        (
+            vec![b"SET", b"k", b"v", b"NX", b"NEX"],
+            b"-ERR syntax error\r\n",
+        ),
+        (
+            vec![b"SET", b"k", b"v", b"PX", b"0"],
+            b"-ERR syntax error\r\n",
+        ),
     ];
     for (parts, want) in cases {
         let (m, out) = sim.call(&parts);
         assert_reply(&out, &m, want, None);
     }
-    for raw in [&b"hello"[..], b"*1\r\n$3\r\nGET", b"", b"*0\r\n", b"*1\r\n$3\r\nGET\r\nextra"] {
+    for raw in [
+        &b"hello"[..],
+        b"*1\r\n$3\r\nGET",
+        b"",
+        b"*0\r\n",
+        b"*1\r\n$3\r\nGET\r\nextra",
+    ] {
         let mut m = sim.request(&[b"GET", b"k"]);
         m.payload = raw.to_vec();
         let out = sim.send(&m);
@@ -188,7 +227,10 @@ fn s17_12_to_20_errors() {
 
 #[test]
 fn s17_17_fencing() {
-    let mut sim = Sim::new("s17_17_fencing", "§17 #17: fencing tokens required, lower rejected, equal and higher accepted");
+    let mut sim = Sim::new(
+        "s17_17_fencing",
+        "§17 #17: fencing tokens required, lower rejected, equal and higher accepted",
+    );
     let f0 = format!("{:015}:00000:lock", T0 - 1000);
     let f1 = format!("{T0:015}:00000:lock");
     let f2 = format!("{T0:015}:00001:lock");
@@ -227,7 +269,10 @@ fn s17_17_fencing() {
 
 #[test]
 fn s17_21_to_23_keynotify() {
-    let mut sim = Sim::new("s17_21_keynotify", "§17 #21-#23: KEYNOTIFY twice gives one notification; DELETE before :1; STOP");
+    let mut sim = Sim::new(
+        "s17_21_keynotify",
+        "§17 #21-#23: KEYNOTIFY twice gives one notification; DELETE before :1; STOP",
+    );
     for _ in 0..2 {
         let (m, out) = sim.call(&[b"KEYNOTIFY", b"k"]);
         assert_reply(&out, &m, b"+OK\r\n", None);
@@ -236,13 +281,25 @@ fn s17_21_to_23_keynotify() {
     assert_eq!(out.len(), 2, "one notification then the reply: {out:#?}");
     let v = version(T0, 3); // the two KEYNOTIFYs absorbed their __ts
     let notes = notifications(&out);
-    assert_notification(notes[0], "c1", b"k", b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n", &v);
+    assert_notification(
+        notes[0],
+        "c1",
+        b"k",
+        b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n",
+        &v,
+    );
     assert_reply(&out, &m, b"+OK\r\n", Some(&v));
     sim.advance(3);
     let (m, out) = sim.call(&[b"DEL", b"k"]);
     assert_eq!(out.len(), 2);
     let dv = version(T0 + 3, 1);
-    assert_notification(notifications(&out)[0], "c1", b"k", b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n", &dv);
+    assert_notification(
+        notifications(&out)[0],
+        "c1",
+        b"k",
+        b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n",
+        &dv,
+    );
     assert_reply(&out, &m, b":1\r\n", Some(&dv));
     // Nothing for a DEL that removed nothing, nor for GET.
     let (_, out) = sim.call(&[b"DEL", b"k"]);
@@ -258,7 +315,10 @@ fn s17_21_to_23_keynotify() {
 
 #[test]
 fn s17_21_no_notification_when_not_applied() {
-    let mut sim = Sim::new("s17_21_not_applied", "§11.2: no notification for :-1, :0, errors or GET; observing survives deletion");
+    let mut sim = Sim::new(
+        "s17_21_not_applied",
+        "§11.2: no notification for :-1, :0, errors or GET; observing survives deletion",
+    );
     sim.call(&[b"KEYNOTIFY", b"k"]);
     sim.call(&[b"SET", b"k", b"a"]);
     for parts in [
@@ -283,7 +343,10 @@ fn s17_21_no_notification_when_not_applied() {
 
 #[test]
 fn s17_24_notification_topic() {
-    let mut sim = Sim::new("s17_24_topic", "§17 #24: upper-case hex client id and key in the notification topic");
+    let mut sim = Sim::new(
+        "s17_24_topic",
+        "§17 #24: upper-case hex client id and key in the notification topic",
+    );
     let m = sim.request_from("client-id1", &[b"KEYNOTIFY", b"SOMEKEY"]);
     sim.send(&m);
     let m = sim.request_from("client-id1", &[b"SET", b"SOMEKEY", b"v"]);
@@ -297,7 +360,10 @@ fn s17_24_notification_topic() {
 
 #[test]
 fn s17_25_expiry_notifies_delete() {
-    let mut sim = Sim::new("s17_25_expiry_notify", "§17 #25: SET PX 1000 on an observed key: SET, then DELETE at the deadline");
+    let mut sim = Sim::new(
+        "s17_25_expiry_notify",
+        "§17 #25: SET PX 1000 on an observed key: SET, then DELETE at the deadline",
+    );
     sim.call(&[b"KEYNOTIFY", b"t"]);
     let (_, out) = sim.call(&[b"SET", b"t", b"v", b"PX", b"1000"]);
     assert_eq!(notifications(&out).len(), 1);
@@ -306,7 +372,13 @@ fn s17_25_expiry_notifies_delete() {
     let at = sim.advance(1);
     assert_eq!(at.len(), 1, "{at:#?}");
     let Output::Publish(n) = &at[0] else { panic!() };
-    assert_notification(n, "c1", b"t", b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n", &version(T0 + 1000, 0));
+    assert_notification(
+        n,
+        "c1",
+        b"t",
+        b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n",
+        &version(T0 + 1000, 0),
+    );
     // A renewal before the deadline moves it.
     sim.call(&[b"SET", b"t", b"v", b"PX", b"1000"]);
     sim.advance(600);
@@ -322,7 +394,10 @@ fn s17_25_expiry_notifies_delete() {
 
 #[test]
 fn s17_26_dedup() {
-    let mut sim = Sim::new("s17_26_dedup", "§17 #26: a redelivered SET NX gets the identical reply and is not applied twice");
+    let mut sim = Sim::new(
+        "s17_26_dedup",
+        "§17 #26: a redelivered SET NX gets the identical reply and is not applied twice",
+    );
     sim.call(&[b"KEYNOTIFY", b"d"]);
     let m = sim.request(&[b"SET", b"d", b"v", b"NX"]);
     let first = sim.send(&m);
@@ -339,7 +414,10 @@ fn s17_26_dedup() {
     let (a, b) = (reply(&first), reply(&again));
     assert_eq!(a.payload, b.payload);
     assert_eq!(a.user_properties, b.user_properties);
-    assert_eq!((a.message_expiry_interval, b.message_expiry_interval), (Some(10), Some(9)));
+    assert_eq!(
+        (a.message_expiry_interval, b.message_expiry_interval),
+        (Some(10), Some(9))
+    );
     assert_eq!(a.correlation_data, b.correlation_data);
     // A different correlation id is a new request.
     let (_, out) = sim.call(&[b"SET", b"d", b"v", b"NX"]);
@@ -360,7 +438,10 @@ fn s17_26_dedup() {
 
 #[test]
 fn s17_27_unsupported_version() {
-    let mut sim = Sim::new("s17_27_version", "§17 #27: __protVer with major != 1 gets 505");
+    let mut sim = Sim::new(
+        "s17_27_version",
+        "§17 #27: __protVer with major != 1 gets 505",
+    );
     for v in ["2.0", "x"] {
         let mut m = sim.request(&[b"SET", b"k", b"v"]);
         set_prop(&mut m, "__protVer", Some(v));
@@ -390,7 +471,10 @@ fn s17_27_unsupported_version() {
 
 #[test]
 fn s17_28_bad_response_topic() {
-    let mut sim = Sim::new("s17_28_response_topic", "§17 #28: no or forbidden response topic: nothing is published");
+    let mut sim = Sim::new(
+        "s17_28_response_topic",
+        "§17 #28: no or forbidden response topic: nothing is published",
+    );
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
     m.response_topic = None;
     assert!(sim.send(&m).is_empty());
@@ -418,7 +502,10 @@ fn s17_28_bad_response_topic() {
 
 #[test]
 fn s17_29_request_expiry() {
-    let mut sim = Sim::new("s17_29_request_expiry", "§17 #29: reply expiry is the time left; an expired request gets nothing");
+    let mut sim = Sim::new(
+        "s17_29_request_expiry",
+        "§17 #29: reply expiry is the time left; an expired request gets nothing",
+    );
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
     m.message_expiry_interval = Some(5);
     let out = sim.send(&m);
@@ -443,11 +530,17 @@ fn s17_29_request_expiry() {
 
 #[test]
 fn s17_30_31_hlc() {
-    let mut sim = Sim::new("s17_30_hlc", "§17 #30-#31: receive rule with equal clocks; fresh milliseconds give counter 0");
+    let mut sim = Sim::new(
+        "s17_30_hlc",
+        "§17 #30-#31: receive rule with equal clocks; fresh milliseconds give counter 0",
+    );
     let mut m = sim.request(&[b"SET", b"a", b"v"]);
     set_prop(&mut m, "__ts", Some(&format!("{T0}:0:cli")));
     let out = sim.send(&m);
-    assert_eq!(ts_of(reply(&out)), Some(format!("{T0:015}:00001:StateStore").as_str()));
+    assert_eq!(
+        ts_of(reply(&out)),
+        Some(format!("{T0:015}:00001:StateStore").as_str())
+    );
     // Requests far behind the server clock: versions are (now, 0).
     for i in 1..=2 {
         sim.advance(1);
@@ -463,7 +556,11 @@ fn s17_30_31_hlc() {
     assert_eq!(ts_of(reply(&out)), Some(version(T0 + 2, 2).as_str()));
     // A client clock ahead (within 60 s) pulls the server clock forward.
     let mut m = sim.request(&[b"SET", b"a", b"v"]);
-    set_prop(&mut m, "__ts", Some(&format!("{:015}:00007:c1", T0 + 30_000)));
+    set_prop(
+        &mut m,
+        "__ts",
+        Some(&format!("{:015}:00007:c1", T0 + 30_000)),
+    );
     let out = sim.send(&m);
     assert_eq!(ts_of(reply(&out)), Some(version(T0 + 30_000, 8).as_str()));
     sim.finish();
@@ -471,7 +568,10 @@ fn s17_30_31_hlc() {
 
 #[test]
 fn s17_32_lease() {
-    let mut sim = Sim::new("s17_32_lease", "§17 #32: lease acquire, held by another, released by expiry, taken by the second client");
+    let mut sim = Sim::new(
+        "s17_32_lease",
+        "§17 #32: lease acquire, held by another, released by expiry, taken by the second client",
+    );
     let m = sim.request_from("c2", &[b"KEYNOTIFY", b"L"]);
     sim.send(&m);
     let (m, out) = sim.call(&[b"SET", b"L", b"h1", b"NEX", b"PX", b"2000"]);
@@ -489,8 +589,14 @@ fn s17_32_lease() {
     assert_eq!(ts_of(reply(&out)), Some(renewed.as_str()));
     let expired = sim.advance(2000);
     assert_eq!(notifications(&expired).len(), 1);
-    assert_eq!(notifications(&expired)[0].payload, b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
-    assert_eq!(notifications(&expired)[0].target_client.as_deref(), Some("c2"));
+    assert_eq!(
+        notifications(&expired)[0].payload,
+        b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
+    );
+    assert_eq!(
+        notifications(&expired)[0].target_client.as_deref(),
+        Some("c2")
+    );
     let m = sim.request_from("c2", &[b"SET", b"L", b"h2", b"NEX", b"PX", b"2000"]);
     let out = sim.send(&m);
     assert_eq!(reply(&out).payload, b"+OK\r\n");
@@ -502,7 +608,10 @@ fn s17_32_lease() {
 
 #[test]
 fn s17_33_34_case_and_option_order() {
-    let mut sim = Sim::new("s17_33_case_order", "§17 #33-#34: lower-case verbs and options; PX before NX");
+    let mut sim = Sim::new(
+        "s17_33_case_order",
+        "§17 #33-#34: lower-case verbs and options; PX before NX",
+    );
     let mut m = sim.request(&[b"GET", b"a"]);
     m.payload = b"*4\r\n$3\r\nset\r\n$1\r\na\r\n$1\r\nb\r\n$2\r\nnx\r\n".to_vec();
     assert_reply(&sim.send(&m), &m, b"+OK\r\n", Some(&version(T0, 1)));
@@ -517,7 +626,10 @@ fn s17_33_34_case_and_option_order() {
 
 #[test]
 fn envelope_400s() {
-    let mut sim = Sim::new("envelope_400", "§4.3: missing correlation data or message expiry get 400 with __propName");
+    let mut sim = Sim::new(
+        "envelope_400",
+        "§4.3: missing correlation data or message expiry get 400 with __propName",
+    );
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
     m.correlation_data = None;
     let out = sim.send(&m);
@@ -554,7 +666,10 @@ fn envelope_400s() {
 
 #[test]
 fn identity_and_disconnect() {
-    let mut sim = Sim::new("identity_disconnect", "§3.2, §11.1: identity from the broker beats __srcId; fallbacks; a disconnect drops registrations");
+    let mut sim = Sim::new(
+        "identity_disconnect",
+        "§3.2, §11.1: identity from the broker beats __srcId; fallbacks; a disconnect drops registrations",
+    );
     // A host inside the broker passes the real client id; __srcId is ignored.
     let mut m = sim.request(&[b"KEYNOTIFY", b"k"]);
     m.client_id = Some("real".into());
@@ -566,12 +681,18 @@ fn identity_and_disconnect() {
     set_prop(&mut m, "$partition", Some("part"));
     sim.send(&m);
     let (_, out) = sim.call(&[b"SET", b"k", b"v"]);
-    let targets: Vec<_> = notifications(&out).iter().map(|n| n.target_client.clone().unwrap_or_default()).collect();
+    let targets: Vec<_> = notifications(&out)
+        .iter()
+        .map(|n| n.target_client.clone().unwrap_or_default())
+        .collect();
     assert_eq!(targets, ["part", "real"]);
     assert!(sim.disconnect("real").is_empty());
     let (_, out) = sim.call(&[b"SET", b"k", b"w"]);
     assert_eq!(notifications(&out).len(), 1);
-    assert_eq!(notifications(&out)[0].target_client.as_deref(), Some("part"));
+    assert_eq!(
+        notifications(&out)[0].target_client.as_deref(),
+        Some("part")
+    );
     // Reconnecting does not bring registrations back.
     sim.disconnect("part");
     let (_, out) = sim.call(&[b"SET", b"k", b"x"]);
@@ -581,7 +702,10 @@ fn identity_and_disconnect() {
 
 #[test]
 fn two_observers_each_notified_in_order() {
-    let mut sim = Sim::new("two_observers", "§11.2: every observer gets every change, including the writer");
+    let mut sim = Sim::new(
+        "two_observers",
+        "§11.2: every observer gets every change, including the writer",
+    );
     for c in ["c1", "c2"] {
         let m = sim.request_from(c, &[b"KEYNOTIFY", b"k"]);
         sim.send(&m);
@@ -589,14 +713,20 @@ fn two_observers_each_notified_in_order() {
     let (_, out) = sim.call(&[b"SET", b"k", b"1"]);
     assert_eq!(out.len(), 3);
     assert!(matches!(&out[2], Output::Publish(m) if m.kind == PublishKind::Response));
-    let t: Vec<_> = notifications(&out).iter().map(|n| n.target_client.clone().unwrap_or_default()).collect();
+    let t: Vec<_> = notifications(&out)
+        .iter()
+        .map(|n| n.target_client.clone().unwrap_or_default())
+        .collect();
     assert_eq!(t, ["c1", "c2"]);
     sim.finish();
 }
 
 #[test]
 fn binary_keys_and_values() {
-    let mut sim = Sim::new("binary_keys", "§5.1, §15: keys and values with NUL, CR, LF and invalid UTF-8");
+    let mut sim = Sim::new(
+        "binary_keys",
+        "§5.1, §15: keys and values with NUL, CR, LF and invalid UTF-8",
+    );
     let key: &[u8] = b"k\0\r\n\xff$*";
     let value: &[u8] = b"\r\n\0\xfe\r\n";
     sim.call(&[b"KEYNOTIFY", key]);
@@ -610,16 +740,16 @@ fn binary_keys_and_values() {
     bulk.extend_from_slice(value);
     bulk.extend_from_slice(b"\r\n");
     assert_reply(&out, &m, &bulk, Some(&version(T0, 2)));
-    assert_eq!(
-        notifications(&out).len(),
-        0
-    );
+    assert_eq!(notifications(&out).len(), 0);
     sim.finish();
 }
 
 #[test]
 fn snapshot_restore_keeps_everything() {
-    let mut sim = Sim::new("snapshot_restore", "§13.1, §11, §10 across a snapshot and restore: keys, versions, tokens, expiry, observers, dedup");
+    let mut sim = Sim::new(
+        "snapshot_restore",
+        "§13.1, §11, §10 across a snapshot and restore: keys, versions, tokens, expiry, observers, dedup",
+    );
     let ft = format!("{T0:015}:00000:lock");
     sim.call(&[b"KEYNOTIFY", b"k"]);
     let mut m = sim.request(&[b"SET", b"k", b"v", b"PX", b"5000"]);
@@ -678,9 +808,16 @@ fn large_keys_and_values_both_runtimes() {
 
 #[test]
 fn counter_overflow_is_a_500() {
-    let mut sim = Sim::new("counter_overflow", "§4.3: an HLC counter that would pass 2^31-1 gets 500 __propName Counter");
+    let mut sim = Sim::new(
+        "counter_overflow",
+        "§4.3: an HLC counter that would pass 2^31-1 gets 500 __propName Counter",
+    );
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
-    set_prop(&mut m, "__ts", Some(&format!("{:015}:2147483646:c1", T0 + 1)));
+    set_prop(
+        &mut m,
+        "__ts",
+        Some(&format!("{:015}:2147483646:c1", T0 + 1)),
+    );
     let out = sim.send(&m);
     let r = reply(&out);
     assert_eq!(r.user_property("__stat"), Some("500"));

@@ -5,7 +5,11 @@ use statestore_tests::{Kind, load_vectors, replay};
 #[test]
 fn vectors_native() {
     let vectors = load_vectors().expect("vectors load");
-    assert!(vectors.len() >= 20, "expected the conformance vectors, found {}", vectors.len());
+    assert!(
+        vectors.len() >= 20,
+        "expected the conformance vectors, found {}",
+        vectors.len()
+    );
     for v in &vectors {
         replay(v, Kind::Native).unwrap_or_else(|e| panic!("{e:#}"));
     }
@@ -14,7 +18,11 @@ fn vectors_native() {
 #[test]
 fn vectors_wasm() {
     let vectors = load_vectors().expect("vectors load");
-    assert!(vectors.len() >= 20, "expected the conformance vectors, found {}", vectors.len());
+    assert!(
+        vectors.len() >= 20,
+        "expected the conformance vectors, found {}",
+        vectors.len()
+    );
     for v in &vectors {
         replay(v, Kind::Wasm).unwrap_or_else(|e| panic!("{e:#}"));
     }
@@ -24,7 +32,11 @@ fn vectors_wasm() {
 fn a_tampered_vector_fails() {
     // The replayer must notice a wrong expectation, or it proves nothing.
     let mut v = load_vectors().expect("vectors load").remove(0);
-    let step = v.steps.iter_mut().find(|s| !s.outputs.is_empty()).expect("a step with outputs");
+    let step = v
+        .steps
+        .iter_mut()
+        .find(|s| !s.outputs.is_empty())
+        .expect("a step with outputs");
     if let statestore::Output::Publish(m) = &mut step.outputs[0] {
         m.payload.push(b'!');
     }

@@ -151,7 +151,11 @@ mod tests {
     fn every_prefix_is_partial() {
         let full = b"*2\r\n$3\r\nGET\r\n$7\r\ntestkey\r\n";
         for i in 0..full.len() {
-            assert_eq!(decode_request(&full[..i]), Ok(Decoded::Partial), "prefix {i}");
+            assert_eq!(
+                decode_request(&full[..i]),
+                Ok(Decoded::Partial),
+                "prefix {i}"
+            );
         }
     }
 
@@ -183,7 +187,12 @@ mod tests {
             (b"*1\r\n$99999999999\r\n", Overflow),
         ];
         for (input, want) in cases {
-            assert_eq!(decode_request(input), Err(*want), "{:?}", String::from_utf8_lossy(input));
+            assert_eq!(
+                decode_request(input),
+                Err(*want),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
         }
     }
 

@@ -170,9 +170,17 @@ mod tests {
 
     #[test]
     fn response_topics() {
-        assert_eq!(check_response_topic("clients/c1/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response"), TopicCheck::Valid);
+        assert_eq!(
+            check_response_topic(
+                "clients/c1/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response"
+            ),
+            TopicCheck::Valid
+        );
         assert_eq!(check_response_topic(REQUEST_TOPIC), TopicCheck::Forbidden);
-        assert_eq!(check_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"), TopicCheck::Forbidden);
+        assert_eq!(
+            check_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"),
+            TopicCheck::Forbidden
+        );
         for bad in ["", "a/+/b", "a/#", "/a", "a/", "a//b", "a\0b"] {
             assert_eq!(check_response_topic(bad), TopicCheck::Invalid, "{bad:?}");
         }

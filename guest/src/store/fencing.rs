@@ -36,15 +36,25 @@ mod tests {
     use super::*;
 
     fn t(wall: u64) -> Hlc {
-        Hlc { wall, counter: 0, node: "n".into() }
+        Hlc {
+            wall,
+            counter: 0,
+            node: "n".into(),
+        }
     }
 
     #[test]
     fn rules() {
         assert_eq!(check(None, None), Ok(()));
         assert_eq!(check(None, Some(&t(1))), Ok(()));
-        assert_eq!(check(Some(&t(5)), None), Err(ServiceError::MissingFencingToken));
-        assert_eq!(check(Some(&t(5)), Some(&t(4))), Err(ServiceError::FencingTokenLowerVersion));
+        assert_eq!(
+            check(Some(&t(5)), None),
+            Err(ServiceError::MissingFencingToken)
+        );
+        assert_eq!(
+            check(Some(&t(5)), Some(&t(4))),
+            Err(ServiceError::FencingTokenLowerVersion)
+        );
         assert_eq!(check(Some(&t(5)), Some(&t(5))), Ok(()));
         assert_eq!(check(Some(&t(5)), Some(&t(6))), Ok(()));
         assert_eq!(after_set(None, None), None);

@@ -130,10 +130,12 @@ impl Table {
     /// Inserts or replaces an entry, keeping the deadline index in step.
     pub fn put(&mut self, key: &[u8], entry: Entry) {
         let due = entry.expires_at;
-        if let Some(old) = self.entries.insert(key.into(), entry) {
-            if let Some(at) = old.expires_at {
-                self.deadlines.remove(at, &Box::from(key));
-            }
+        if let Some(at) = self
+            .entries
+            .insert(key.into(), entry)
+            .and_then(|old| old.expires_at)
+        {
+            self.deadlines.remove(at, &Box::from(key));
         }
         if let Some(at) = due {
             self.deadlines.insert(at, key.into());
@@ -260,14 +262,14 @@ impl Table {
                 if let Err(e) = fencing::check(token, req.fencing_token) {
                     return Ok(Outcome::error(e));
                 }
-                if let Command::VDel { value, .. } = *command {
-                    if *current.value != *value {
-                        return Ok(Outcome {
-                            reply: resp3::REPLY_NOT_APPLIED.to_vec(),
-                            version: Some(current.version.to_hlc(node)),
-                            change: Change::None,
-                        });
-                    }
+                if let Command::VDel { value, .. } = *command
+                    && *current.value != *value
+                {
+                    return Ok(Outcome {
+                        reply: resp3::REPLY_NOT_APPLIED.to_vec(),
+                        version: Some(current.version.to_hlc(node)),
+                        change: Change::None,
+                    });
                 }
                 let version = stamp(clock)?;
                 self.remove(key);

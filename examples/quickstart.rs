@@ -1,0 +1,67 @@
+//! Quick start: load the state store component in wasmtime, send it a few
+//! requests as an MQTT host would, and print what it asks the host to publish.
+//!
+//! Run: `cargo run -p statestore --example quickstart`
+
+use statestore::{Backend, Config, InboundMessage, Output, Runtime};
+use statestore_guest::rpc::REQUEST_TOPIC;
+
+fn request(parts: &[&[u8]], corr: u8, now: u64) -> InboundMessage {
+    let mut payload = format!("*{}\r\n", parts.len()).into_bytes();
+    for p in parts {
+        payload.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
+        payload.extend_from_slice(p);
+        payload.extend_from_slice(b"\r\n");
+    }
+    InboundMessage {
+        topic: REQUEST_TOPIC.into(),
+        payload,
+        qos: 1,
+        response_topic: Some("clients/demo/response".into()),
+        correlation_data: Some(vec![corr; 16]),
+        message_expiry_interval: Some(10),
+        user_properties: vec![
+            ("__srcId".into(), "demo".into()),
+            ("__ts".into(), format!("{now:015}:00000:demo")),
+        ],
+        ..Default::default()
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let runtime = Runtime::new()?;
+    let mut store = runtime.instantiate(&Config::default())?;
+    let now = 1_700_000_000_000;
+    let requests: [&[&[u8]]; 5] = [
+        &[b"KEYNOTIFY", b"greeting"],
+        &[b"SET", b"greeting", b"hello", b"PX", b"1000"],
+        &[b"GET", b"greeting"],
+        &[b"SET", b"greeting", b"other", b"NX"],
+        &[b"FLY", b"greeting"],
+    ];
+    for (i, parts) in requests.iter().enumerate() {
+        let shown: Vec<_> = parts.iter().map(|p| String::from_utf8_lossy(p)).collect();
+        println!("> {}", shown.join(" "));
+        store.handle(&request(parts, i as u8, now), now)?;
+        print_outputs(store.poll_outputs()?);
+    }
+    let deadline = store.next_deadline()?.expect("the key expires");
+    println!("> (timer fires at +{} ms)", deadline - now);
+    store.timeout(deadline)?;
+    print_outputs(store.poll_outputs()?);
+    Ok(())
+}
+
+fn print_outputs(outputs: Vec<Output>) {
+    for o in outputs {
+        if let Output::Publish(m) = o {
+            let ts = m.user_property("__ts").unwrap_or("-");
+            println!(
+                "  {:?} on {}: {:?} (__ts {ts})",
+                m.kind,
+                m.topic,
+                String::from_utf8_lossy(&m.payload)
+            );
+        }
+    }
+}
