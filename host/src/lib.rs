@@ -15,7 +15,10 @@
 //! inputs through both.
 
 mod bindings;
+pub mod cache;
 mod convert;
+pub mod mqtt;
+pub mod serve;
 pub mod wasm;
 
 pub use statestore_guest::types::{Config, InboundMessage, OutboundMessage, Output, PublishKind};

@@ -38,6 +38,14 @@ impl Runtime {
         Runtime::from_bytes(&wasm).with_context(|| format!("in {}", path.display()))
     }
 
+    /// Like [`Runtime::from_bytes`], but keeps the compiled code in
+    /// `cache_dir` and loads it from there next time.
+    pub fn from_bytes_cached(wasm: &[u8], cache_dir: &std::path::Path) -> Result<Runtime> {
+        let engine = Engine::new(&wasmtime::Config::new())?;
+        let component = crate::cache::load(&engine, wasm, cache_dir)?;
+        Runtime::from_component(engine, component)
+    }
+
     fn from_component(engine: Engine, component: Component) -> Result<Runtime> {
         let mut linker = Linker::new(&engine);
         // The guest imports only what Rust's std links for panics and stdio

@@ -7,6 +7,7 @@
 //! checked-in vector in `vectors/` (or rewrite it with `STATESTORE_BLESS=1`).
 //! `tests/vectors.rs` replays every vector file against both runtimes.
 
+pub mod broker;
 pub mod vector;
 
 use std::path::PathBuf;

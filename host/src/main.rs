@@ -1,0 +1,192 @@
+//! `statestore`: the MQTT broker state store.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use statestore::mqtt::BrokerUrl;
+use statestore::serve::{ClientEvents, ServeOptions, Server};
+use statestore::{Runtime, cache};
+
+/// The MQTT broker state store: the key-value service of Azure IoT Operations,
+/// as one WebAssembly component served by a native host.
+#[derive(Parser)]
+#[command(name = "statestore", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the state store to MQTT5 clients.
+    ///
+    /// With --broker, connects to that broker as one MQTT client, subscribes
+    /// to the state store request topic and answers requests. Logs go to
+    /// stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Broker to serve through: mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS.
+    #[arg(long, env = "STATESTORE_BROKER", value_parser = parse_url)]
+    broker: Option<BrokerUrl>,
+
+    /// Our MQTT client id. Keep it stable: the broker keeps queued requests in
+    /// this client's session while the server restarts.
+    #[arg(long, env = "STATESTORE_CLIENT_ID", default_value = "statestore")]
+    client_id: String,
+
+    /// MQTT user name.
+    #[arg(long, env = "STATESTORE_USERNAME")]
+    username: Option<String>,
+
+    /// File holding the MQTT password (safer than a command-line argument).
+    #[arg(long, env = "STATESTORE_PASSWORD_FILE")]
+    password_file: Option<PathBuf>,
+
+    /// CA certificate (PEM) to verify the broker with (mqtts:// only); the
+    /// system roots when absent.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+
+    /// Node id of the hybrid logical clock in every version this store
+    /// issues. Keep it stable across restarts.
+    #[arg(long, env = "STATESTORE_NODE_ID", default_value = "StateStore")]
+    node_id: String,
+
+    /// MQTT keep-alive, in seconds (at least 5).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=65535))]
+    keep_alive: u64,
+
+    /// How long the broker keeps our session and queued requests while we are
+    /// away, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    session_expiry: u64,
+
+    /// Give up if the broker does not answer within this many seconds at start.
+    #[arg(long, default_value_t = 10)]
+    connect_timeout: u64,
+
+    /// How to learn that clients disconnected, so that their KEYNOTIFY
+    /// registrations are dropped: `mosquitto-log` needs `log_dest topic` in
+    /// mosquitto.conf; `emqx` uses EMQX's system topics.
+    #[arg(long, value_enum, default_value_t = ClientEvents::None)]
+    client_events: ClientEvents,
+
+    /// Serve this component instead of the built-in one.
+    #[arg(long)]
+    component: Option<PathBuf>,
+
+    /// Do not keep or use the precompiled component cache
+    /// ($STATESTORE_CACHE_DIR, $XDG_CACHE_HOME/statestore or ~/.cache/statestore).
+    #[arg(long)]
+    no_cache: bool,
+}
+
+fn parse_url(s: &str) -> Result<BrokerUrl, String> {
+    s.parse()
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_runtime(args: &ServeArgs) -> Result<Runtime> {
+    let wasm = match &args.component {
+        Some(path) => std::fs::read(path)
+            .with_context(|| format!("cannot read the component {}", path.display()))?,
+        None => statestore::GUEST_COMPONENT.to_vec(),
+    };
+    let what = args
+        .component
+        .as_ref()
+        .map_or("the built-in component".to_string(), |p| {
+            p.display().to_string()
+        });
+    let runtime = match cache::default_dir().filter(|_| !args.no_cache) {
+        Some(dir) => Runtime::from_bytes_cached(&wasm, &dir),
+        None => Runtime::from_bytes(&wasm),
+    };
+    runtime.with_context(|| format!("cannot load {what}"))
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let Some(broker) = args.broker.clone() else {
+        bail!(
+            "no --broker given: pass --broker mqtt://HOST:PORT (the embedded broker is not built yet)"
+        );
+    };
+    let password = match &args.password_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read the password file {}", p.display()))?
+                .trim_end_matches(['\r', '\n'])
+                .to_string(),
+        ),
+        None => None,
+    };
+    let runtime = load_runtime(&args)?;
+    let opts = ServeOptions {
+        broker,
+        client_id: args.client_id,
+        username: args.username,
+        password,
+        ca_file: args.ca_file,
+        keep_alive: Duration::from_secs(args.keep_alive),
+        session_expiry: Duration::from_secs(args.session_expiry),
+        connect_timeout: Duration::from_secs(args.connect_timeout),
+        client_events: args.client_events,
+        node_id: args.node_id,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let server = Server::connect(&runtime, opts).await?;
+        server.run(shutdown_signal()).await
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,141 @@
+//! MQTT5 <-> guest types, for rumqttc (v5). Every property the spec names is
+//! carried both ways, unchanged.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
+
+use crate::{InboundMessage, OutboundMessage};
+
+/// The inbound message for a received PUBLISH. `client_id` is the publisher's
+/// id when the transport knows it (a broker hook), `None` for a plain client.
+pub fn inbound(p: &Publish, client_id: Option<String>, received_at: Option<u64>) -> InboundMessage {
+    let props = p.properties.clone().unwrap_or_default();
+    InboundMessage {
+        topic: String::from_utf8_lossy(&p.topic).into_owned(),
+        payload: p.payload.to_vec(),
+        qos: p.qos as u8,
+        response_topic: props.response_topic,
+        correlation_data: props.correlation_data.map(|b| b.to_vec()),
+        message_expiry_interval: props.message_expiry_interval,
+        content_type: props.content_type,
+        payload_format_indicator: props.payload_format_indicator,
+        user_properties: props.user_properties,
+        client_id,
+        received_at,
+    }
+}
+
+/// The PUBLISH properties for an outbound message.
+pub fn properties(m: &OutboundMessage) -> PublishProperties {
+    PublishProperties {
+        payload_format_indicator: m.payload_format_indicator,
+        message_expiry_interval: m.message_expiry_interval,
+        topic_alias: None,
+        response_topic: m.response_topic.clone(),
+        correlation_data: m.correlation_data.clone().map(Bytes::from),
+        user_properties: m.user_properties.clone(),
+        subscription_identifiers: Vec::new(),
+        content_type: m.content_type.clone(),
+    }
+}
+
+/// QoS from its number (the guest only asks for 0 or 1).
+pub fn qos(level: u8) -> QoS {
+    match level {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::ExactlyOnce,
+    }
+}
+
+/// A broker address: `mqtt://HOST:PORT` or `mqtts://HOST:PORT` (TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerUrl {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port (default 1883, or 8883 with TLS).
+    pub port: u16,
+    /// Connect with TLS.
+    pub tls: bool,
+}
+
+impl FromStr for BrokerUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("mqtt://") {
+            (false, r)
+        } else if let Some(r) = s.strip_prefix("mqtts://") {
+            (true, r)
+        } else if s.contains("://") {
+            return Err(format!("{s:?}: the scheme must be mqtt:// or mqtts://"));
+        } else {
+            (false, s)
+        };
+        let rest = rest.trim_end_matches('/');
+        let default_port = if tls { 8883 } else { 1883 };
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                let port = p
+                    .parse::<u16>()
+                    .map_err(|_| format!("{s:?}: {p:?} is not a port number"))?;
+                (h, port)
+            }
+            _ => (rest, default_port),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(format!("{s:?}: no host name"));
+        }
+        Ok(BrokerUrl {
+            host: host.to_string(),
+            port,
+            tls,
+        })
+    }
+}
+
+impl fmt::Display for BrokerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.tls { "mqtts" } else { "mqtt" };
+        if self.host.contains(':') {
+            write!(f, "{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u: BrokerUrl = "mqtt://127.0.0.1:1884"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((u.host.as_str(), u.port, u.tls), ("127.0.0.1", 1884, false));
+        let u: BrokerUrl = "mqtts://broker.local"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.tls),
+            ("broker.local", 8883, true)
+        );
+        let u: BrokerUrl = "localhost".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((u.host.as_str(), u.port), ("localhost", 1883));
+        let u: BrokerUrl = "mqtt://[::1]:1883"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.host, "::1");
+        assert_eq!(u.to_string(), "mqtt://[::1]:1883");
+        assert!("http://x".parse::<BrokerUrl>().is_err());
+        assert!("mqtt://x:99999".parse::<BrokerUrl>().is_err());
+        assert!("mqtt://:1883".parse::<BrokerUrl>().is_err());
+    }
+}

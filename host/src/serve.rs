@@ -1,0 +1,534 @@
+//! `statestore serve --broker URL`: the component served over a standard
+//! MQTT5 broker, as one MQTT client.
+//!
+//! ```text
+//!  rumqttc event loop task ──(requests, connacks, errors)──> driver (this task)
+//!        ^                                                    │ handle_batch(now)
+//!        └── publishes (notifications, then replies), then ───┘ timeout(now) at next_deadline
+//!            the manual PUBACK of each request, in arrival order
+//! ```
+//!
+//! Delivery: the session is persistent (clean start false, session expiry),
+//! so requests that arrive while we are down wait in the broker, and a
+//! request is PUBACKed only after its reply and notifications were handed to
+//! the same connection: the broker sees them before the PUBACK. A request
+//! redelivered after a crash or reconnect is answered from the dedup cache.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, SubscribeReasonCode};
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+use rumqttc::{Outgoing, TlsConfiguration, Transport};
+use statestore_guest::rpc::REQUEST_TOPIC;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::mqtt::{self, BrokerUrl};
+use crate::{Backend, Config, Output, Runtime, WasmStore};
+
+/// Largest MQTT packet (the protocol maximum): 64 KiB keys and MiB values must pass.
+pub const MAX_PACKET: u32 = 268_435_455;
+
+/// How the server learns that clients disconnected (to drop their KEYNOTIFY
+/// registrations). A plain MQTT client cannot see other clients come and go;
+/// some brokers publish it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientEvents {
+    /// Registrations stay until KEYNOTIFY STOP (spec §18 Q7).
+    None,
+    /// mosquitto with `log_dest topic`: parse `$SYS/broker/log/N` lines.
+    MosquittoLog,
+    /// EMQX system topics `$SYS/brokers/+/clients/+/disconnected`.
+    Emqx,
+}
+
+impl ClientEvents {
+    fn filter(self) -> Option<&'static str> {
+        match self {
+            ClientEvents::None => None,
+            ClientEvents::MosquittoLog => Some("$SYS/broker/log/N"),
+            ClientEvents::Emqx => Some("$SYS/brokers/+/clients/+/disconnected"),
+        }
+    }
+
+    /// The client id a system message reports as gone, if it reports one.
+    pub fn disconnected_client(self, topic: &str, payload: &[u8]) -> Option<String> {
+        match self {
+            ClientEvents::None => None,
+            ClientEvents::Emqx => {
+                let parts: Vec<&str> = topic.split('/').collect();
+                match parts.as_slice() {
+                    ["$SYS", "brokers", _, "clients", id, "disconnected"] => {
+                        Some((*id).to_string())
+                    }
+                    _ => None,
+                }
+            }
+            ClientEvents::MosquittoLog => {
+                let line = std::str::from_utf8(payload).ok()?;
+                // "<time>: Client <id> disconnected." and friends.
+                let at = line.find("Client ").or_else(|| line.find("client "))?;
+                let rest = &line[at + 7..];
+                let id = rest.split([' ', ',']).next()?.trim_end_matches('.');
+                let gone = rest.contains("disconnected")
+                    || rest.contains("closed its connection")
+                    || rest.contains(", disconnecting")
+                    || rest.contains("closing old connection");
+                (gone && !id.is_empty() && !line.contains("New client")).then(|| id.to_string())
+            }
+        }
+    }
+}
+
+/// Everything `serve` needs to know.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The broker to connect to.
+    pub broker: BrokerUrl,
+    /// Our MQTT client id (also the `__srcId` of replies).
+    pub client_id: String,
+    /// MQTT user name.
+    pub username: Option<String>,
+    /// MQTT password.
+    pub password: Option<String>,
+    /// CA certificate (PEM) for TLS; the system roots if absent.
+    pub ca_file: Option<PathBuf>,
+    /// MQTT keep-alive.
+    pub keep_alive: Duration,
+    /// How long the broker keeps our session (and queued requests) while we are away.
+    pub session_expiry: Duration,
+    /// How long to wait for the first connection.
+    pub connect_timeout: Duration,
+    /// Where disconnect events come from.
+    pub client_events: ClientEvents,
+    /// HLC node id.
+    pub node_id: String,
+}
+
+enum NetEvent {
+    Connected { session_present: bool },
+    SubAck(Vec<SubscribeReasonCode>),
+    Publish(Publish),
+    Lost(String),
+    DisconnectSent,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A connected, subscribed server; [`Server::run`] serves until shutdown.
+pub struct Server {
+    opts: ServeOptions,
+    client: AsyncClient,
+    events: mpsc::UnboundedReceiver<NetEvent>,
+    pending: VecDeque<NetEvent>,
+    net: tokio::task::JoinHandle<()>,
+    store: WasmStore,
+    deadline: Option<u64>,
+}
+
+impl Server {
+    /// Instantiates the component, connects to the broker and subscribes.
+    /// Fails with a clear message if the broker cannot be reached in time.
+    pub async fn connect(runtime: &Runtime, opts: ServeOptions) -> Result<Server> {
+        let config = Config {
+            node_id: opts.node_id.clone(),
+            server_client_id: Some(opts.client_id.clone()),
+        };
+        let store = runtime.instantiate(&config)?;
+        let mut mqtt = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);
+        mqtt.set_keep_alive(opts.keep_alive)
+            .set_clean_start(false)
+            .set_session_expiry_interval(Some(
+                u32::try_from(opts.session_expiry.as_secs()).unwrap_or(u32::MAX),
+            ))
+            .set_manual_acks(true)
+            .set_max_packet_size(Some(MAX_PACKET))
+            .set_receive_maximum(Some(256))
+            .set_connection_timeout(opts.connect_timeout.as_secs().max(1));
+        if let Some(user) = &opts.username {
+            mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
+        }
+        if opts.broker.tls {
+            let ca = match &opts.ca_file {
+                Some(path) => Some(
+                    std::fs::read(path)
+                        .with_context(|| format!("cannot read CA file {}", path.display()))?,
+                ),
+                None => None,
+            };
+            mqtt.set_transport(Transport::Tls(TlsConfiguration::SimpleNative {
+                ca: ca.unwrap_or_default(),
+                client_auth: None,
+            }));
+        }
+        let mut net_opts = rumqttc::NetworkOptions::new();
+        // Without it every round trip waits ~40 ms for Nagle and delayed ACKs.
+        net_opts.set_tcp_nodelay(true);
+        mqtt.set_network_options(net_opts);
+        let (client, eventloop) = AsyncClient::new(mqtt, 256);
+        let (tx, events) = mpsc::unbounded_channel();
+        let net = tokio::spawn(pump(eventloop, tx));
+        let mut server = Server {
+            opts,
+            client,
+            events,
+            pending: VecDeque::new(),
+            net,
+            store,
+            deadline: None,
+        };
+        let wait = tokio::time::timeout(server.opts.connect_timeout, server.first_connection());
+        match wait.await {
+            Ok(Ok(())) => Ok(server),
+            Ok(Err(e)) => {
+                server.net.abort();
+                Err(e)
+            }
+            Err(_) => {
+                server.net.abort();
+                bail!(
+                    "no answer from the broker at {} within {:?}",
+                    server.opts.broker,
+                    server.opts.connect_timeout
+                )
+            }
+        }
+    }
+
+    async fn first_connection(&mut self) -> Result<()> {
+        loop {
+            match self.events.recv().await {
+                Some(NetEvent::Connected { session_present }) => {
+                    info!(broker = %self.opts.broker, client_id = %self.opts.client_id, session_present, "connected");
+                    self.subscribe().await?;
+                    return self.await_suback().await;
+                }
+                Some(NetEvent::Lost(e)) => {
+                    bail!("cannot connect to the broker at {}: {e}", self.opts.broker)
+                }
+                Some(other) => self.pending.push_back(other),
+                None => bail!("the MQTT connection task stopped"),
+            }
+        }
+    }
+
+    async fn subscribe(&self) -> Result<()> {
+        self.client
+            .subscribe(REQUEST_TOPIC, QoS::AtLeastOnce)
+            .await
+            .context("subscribe")?;
+        if let Some(filter) = self.opts.client_events.filter() {
+            self.client
+                .subscribe(filter, QoS::AtMostOnce)
+                .await
+                .context("subscribe")?;
+        }
+        Ok(())
+    }
+
+    async fn await_suback(&mut self) -> Result<()> {
+        loop {
+            match self.events.recv().await {
+                Some(NetEvent::SubAck(codes)) => {
+                    if let Some(bad) = codes
+                        .iter()
+                        .find(|c| !matches!(c, SubscribeReasonCode::Success(_)))
+                    {
+                        bail!("the broker refused our subscription to {REQUEST_TOPIC}: {bad:?}");
+                    }
+                    info!(topic = REQUEST_TOPIC, "subscribed; serving");
+                    return Ok(());
+                }
+                Some(NetEvent::Lost(e)) => bail!("connection lost while subscribing: {e}"),
+                Some(other) => self.pending.push_back(other),
+                None => bail!("the MQTT connection task stopped"),
+            }
+        }
+    }
+
+    /// Serves requests until `shutdown` completes, then finishes what is in
+    /// hand, disconnects cleanly and returns.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        tokio::pin!(shutdown);
+        // One timer for the guest's next deadline, reset only when the
+        // deadline changes; when it fires the wall clock decides (a sleep can
+        // end early or late).
+        let timer = tokio::time::sleep(Duration::from_secs(3600));
+        tokio::pin!(timer);
+        let mut armed: Option<u64> = None;
+        self.rearm()?;
+        loop {
+            if self.deadline != armed {
+                armed = self.deadline;
+                if let Some(at) = armed {
+                    let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+                    timer.as_mut().reset(Instant::now() + wait);
+                }
+            }
+            let event = if let Some(e) = self.pending.pop_front() {
+                e
+            } else {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    e = self.events.recv() => match e {
+                        Some(e) => e,
+                        None => bail!("the MQTT connection task stopped"),
+                    },
+                    () = &mut timer, if armed.is_some() => {
+                        if self.on_timer().await? {
+                            armed = None; // woke early: arm again for the same deadline
+                        }
+                        continue;
+                    }
+                }
+            };
+            self.on_event(event).await?;
+        }
+        info!("shutting down");
+        self.client.disconnect().await.ok();
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(e) = self.events.recv().await {
+                if matches!(e, NetEvent::DisconnectSent | NetEvent::Lost(_)) {
+                    break;
+                }
+            }
+        });
+        if drained.await.is_err() {
+            warn!("the broker connection did not close within 5 s");
+        }
+        self.net.abort();
+        Ok(())
+    }
+
+    async fn on_event(&mut self, event: NetEvent) -> Result<()> {
+        match event {
+            NetEvent::Publish(first) => {
+                // Take every request already waiting: one call into the guest.
+                let mut batch = vec![first];
+                while let Ok(e) = self.events.try_recv() {
+                    match e {
+                        NetEvent::Publish(p) => batch.push(p),
+                        other => {
+                            self.pending.push_back(other);
+                            break;
+                        }
+                    }
+                }
+                self.on_publishes(batch).await
+            }
+            NetEvent::Connected { session_present } => {
+                info!(session_present, "reconnected");
+                // Requests not yet acknowledged will be redelivered; the dedup
+                // cache answers them. Subscriptions are renewed in case the
+                // broker lost the session.
+                self.subscribe().await
+            }
+            NetEvent::SubAck(codes) => {
+                if codes
+                    .iter()
+                    .any(|c| !matches!(c, SubscribeReasonCode::Success(_)))
+                {
+                    warn!(?codes, "the broker refused a subscription");
+                }
+                Ok(())
+            }
+            NetEvent::Lost(e) => {
+                warn!(error = %e, "connection to the broker lost; reconnecting");
+                Ok(())
+            }
+            NetEvent::DisconnectSent => Ok(()),
+        }
+    }
+
+    async fn on_publishes(&mut self, batch: Vec<Publish>) -> Result<()> {
+        let now = now_ms();
+        let mut requests = Vec::with_capacity(batch.len());
+        for p in &batch {
+            if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
+                requests.push(mqtt::inbound(p, None, None));
+            } else {
+                let topic = String::from_utf8_lossy(&p.topic);
+                if let Some(id) = self
+                    .opts
+                    .client_events
+                    .disconnected_client(&topic, &p.payload)
+                {
+                    // Requests before this event in the batch go first.
+                    let outputs = self
+                        .store
+                        .handle_batch(&std::mem::take(&mut requests), now)?;
+                    self.emit(outputs).await?;
+                    debug!(client_id = %id, "client disconnected: dropping its KEYNOTIFY registrations");
+                    self.store.client_disconnected(&id, now)?;
+                    let outputs = self.store.poll_outputs()?;
+                    self.emit(outputs).await?;
+                }
+            }
+        }
+        if !requests.is_empty() {
+            let outputs = self.store.handle_batch(&requests, now)?;
+            debug!(
+                requests = requests.len(),
+                outputs = outputs.len(),
+                "handled"
+            );
+            self.emit(outputs).await?;
+        }
+        // Every reply is queued on the connection ahead of these acks.
+        for p in &batch {
+            if p.qos != QoS::AtMostOnce {
+                self.client.ack(p).await.context("acknowledge a request")?;
+            }
+        }
+        self.rearm()
+    }
+
+    /// The timer fired. Returns true if it fired before the deadline.
+    async fn on_timer(&mut self) -> Result<bool> {
+        let now = now_ms();
+        if self.deadline.is_some_and(|at| now < at) {
+            return Ok(true);
+        }
+        self.store.timeout(now)?;
+        let outputs = self.store.poll_outputs()?;
+        self.emit(outputs).await?;
+        self.rearm()?;
+        Ok(false)
+    }
+
+    /// Reads the guest's next deadline; `run` resets its timer only when it changed.
+    fn rearm(&mut self) -> Result<()> {
+        self.deadline = self.store.next_deadline()?;
+        Ok(())
+    }
+
+    async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
+        for o in outputs {
+            match o {
+                Output::Publish(m) => {
+                    let props = mqtt::properties(&m);
+                    self.client
+                        .publish_with_properties(
+                            m.topic,
+                            mqtt::qos(m.qos),
+                            m.retain,
+                            Bytes::from(m.payload),
+                            props,
+                        )
+                        .await
+                        .map_err(|e| anyhow!("publish: {e}"))?;
+                }
+                Output::Violation { client_id, reason } => {
+                    // A plain client cannot disconnect another client.
+                    warn!(client_id = client_id.as_deref().unwrap_or("?"), %reason, "protocol violation; request ignored");
+                }
+                Output::Journal(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Drives the rumqttc event loop and forwards what the driver needs.
+/// Reconnects with a backoff (rumqttc itself would retry at once).
+async fn pump(mut eventloop: EventLoop, tx: mpsc::UnboundedSender<NetEvent>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let forward = match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                backoff = Duration::from_millis(100);
+                Some(NetEvent::Connected {
+                    session_present: ack.session_present,
+                })
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => Some(NetEvent::Publish(p)),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => Some(NetEvent::SubAck(ack.return_codes)),
+            Ok(Event::Incoming(Packet::Disconnect(d))) => Some(NetEvent::Lost(format!(
+                "the broker disconnected us: {:?}",
+                d.reason_code
+            ))),
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => Some(NetEvent::DisconnectSent),
+            Ok(_) => None,
+            Err(e) => {
+                let lost = NetEvent::Lost(e.to_string());
+                if tx.send(lost).is_err() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if let Some(event) = forward
+            && tx.send(event).is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mosquitto_log_lines() {
+        let e = ClientEvents::MosquittoLog;
+        let t = "$SYS/broker/log/N";
+        assert_eq!(
+            e.disconnected_client(t, b"1700000000: Client c1 disconnected."),
+            Some("c1".into())
+        );
+        assert_eq!(
+            e.disconnected_client(t, b"1700000000: Client c-2 closed its connection."),
+            Some("c-2".into())
+        );
+        assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: Client x has exceeded timeout, disconnecting."
+            ),
+            Some("x".into())
+        );
+        assert_eq!(
+            e.disconnected_client(t, b"1700000000: Socket error on client y, disconnecting."),
+            Some("y".into())
+        );
+        assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: New client connected from 127.0.0.1:5 as c1 (p5, c0, k60)."
+            ),
+            None
+        );
+        assert_eq!(
+            e.disconnected_client(t, b"1700000000: mosquitto version 2.0.11 running"),
+            None
+        );
+    }
+
+    #[test]
+    fn emqx_topics() {
+        let e = ClientEvents::Emqx;
+        assert_eq!(
+            e.disconnected_client("$SYS/brokers/emqx@127.0.0.1/clients/c1/disconnected", b"{}"),
+            Some("c1".into())
+        );
+        assert_eq!(
+            e.disconnected_client("$SYS/brokers/n/clients/c1/connected", b"{}"),
+            None
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! The `statestore` binary as a user runs it: help, clear errors with a
+//! non-zero exit, and a clean shutdown on SIGTERM while serving.
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use statestore_tests::broker::{Mosquitto, RawClient, free_port, text};
+
+fn statestore() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    c.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-cli-test-cache"),
+    );
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    statestore().args(args).output().expect("run statestore")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn help_describes_serve() {
+    let o = run(&["serve", "--help"]);
+    assert!(o.status.success());
+    let help = String::from_utf8_lossy(&o.stdout);
+    for flag in [
+        "--broker",
+        "--client-id",
+        "--node-id",
+        "--client-events",
+        "--component",
+        "--session-expiry",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn unreachable_broker_is_a_clear_error() {
+    let port = free_port(); // nothing listens there
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let started = Instant::now();
+    let o = run(&["serve", "--broker", &url, "--connect-timeout", "5"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("cannot connect to the broker at {url}")),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn bad_arguments_and_components_are_clear_errors() {
+    let o = run(&["serve", "--broker", "http://x"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("mqtt://"), "{}", stderr(&o));
+
+    let o = run(&[
+        "serve",
+        "--broker",
+        "mqtt://127.0.0.1:1",
+        "--component",
+        "/nonexistent/x.wasm",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("cannot read the component /nonexistent/x.wasm"),
+        "{}",
+        stderr(&o)
+    );
+
+    let junk = std::env::temp_dir().join(format!("statestore-junk-{}.wasm", std::process::id()));
+    std::fs::write(&junk, b"\0asm junk").expect("write junk");
+    let o = run(&[
+        "serve",
+        "--broker",
+        "mqtt://127.0.0.1:1",
+        "--component",
+        junk.to_str().expect("utf-8 path"),
+    ]);
+    let _ = std::fs::remove_file(&junk);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not valid"), "{}", stderr(&o));
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            return s;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "statestore did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Collects a child's stderr in the background.
+fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("piped stderr");
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .expect("log lock")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    log
+}
+
+fn wait_for(log: &Mutex<String>, text: &str, limit: Duration) {
+    let start = Instant::now();
+    while !log.lock().expect("log lock").contains(text) {
+        assert!(
+            start.elapsed() < limit,
+            "no {text:?} in:\n{}",
+            log.lock().expect("log lock")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_then_stops_cleanly_on_sigterm() {
+    let broker = Mosquitto::start();
+    let url = format!("mqtt://127.0.0.1:{}", broker.port);
+    let mut child = statestore()
+        .args(["serve", "--broker", &url, "--client-id", "cli-under-test"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start statestore");
+    let log = capture_stderr(&mut child);
+    wait_for(&log, "subscribed; serving", Duration::from_secs(30));
+    let mut c = RawClient::connect(broker.port, "cli-client").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    wait_for(&log, "shutting down", Duration::from_secs(2));
+    assert!(
+        status.success(),
+        "exit {status}: {}",
+        log.lock().expect("log lock")
+    );
+}

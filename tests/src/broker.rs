@@ -1,0 +1,369 @@
+//! Real brokers and real MQTT5 clients for end-to-end tests.
+//!
+//! [`Mosquitto`] starts Debian's `mosquitto` (installed by `scripts/setup`) on a
+//! free loopback port with its own config; [`Host`] runs `statestore serve`
+//! in-process against it; [`RawClient`] is a plain rumqttc v5 client.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use statestore::mqtt::BrokerUrl;
+use statestore::serve::{ClientEvents, ServeOptions, Server};
+use statestore_guest::rpc::REQUEST_TOPIC;
+use tokio::sync::{mpsc, oneshot};
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A mosquitto process on a free loopback port; killed on drop.
+pub struct Mosquitto {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    dir: PathBuf,
+    log: Arc<Mutex<String>>,
+}
+
+impl Mosquitto {
+    /// Starts mosquitto with `listener PORT 127.0.0.1`, anonymous access, no
+    /// persistence, TCP_NODELAY, and its log published on `$SYS/broker/log/#`.
+    pub fn start() -> Mosquitto {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "statestore-mosquitto-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let conf = dir.join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\n\
+                 max_queued_messages 100000\nlog_dest topic\nlog_dest stderr\n\
+                 log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+            ),
+        )
+        .expect("write mosquitto.conf");
+        let binary = ["mosquitto", "/usr/sbin/mosquitto"]
+            .into_iter()
+            .find(|b| {
+                Command::new(b)
+                    .arg("-h")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok()
+            })
+            .expect(
+                "mosquitto is not installed: run scripts/setup (it installs Debian's mosquitto)",
+            );
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mosquitto");
+        let mut m = Mosquitto {
+            child,
+            port,
+            dir,
+            log: Arc::default(),
+        };
+        // mosquitto logs to stderr (a log file would be written by the
+        // unprivileged user it switches to when started as root).
+        if let Some(mut pipe) = m.child.stderr.take() {
+            let sink = m.log.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut log) = sink.lock() {
+                        log.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    }
+                }
+            });
+        }
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("mosquitto exited ({status}): {}", m.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "mosquitto did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    /// `mqtt://127.0.0.1:PORT`.
+    pub fn url(&self) -> BrokerUrl {
+        BrokerUrl {
+            host: "127.0.0.1".into(),
+            port: self.port,
+            tls: false,
+        }
+    }
+
+    /// The broker's log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Options for a host serving through `broker`.
+pub fn serve_options(broker: BrokerUrl, client_events: ClientEvents) -> ServeOptions {
+    ServeOptions {
+        broker,
+        client_id: "statestore-under-test".into(),
+        username: None,
+        password: None,
+        ca_file: None,
+        keep_alive: Duration::from_secs(30),
+        session_expiry: Duration::from_secs(600),
+        connect_timeout: Duration::from_secs(10),
+        client_events,
+        node_id: "StateStore".into(),
+    }
+}
+
+/// `statestore serve` running in this process.
+pub struct Host {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Host {
+    /// Connects a server (built-in wasm component) and serves until stopped.
+    pub async fn start(opts: ServeOptions) -> Host {
+        let server = Server::connect(crate::wasm_runtime(), opts)
+            .await
+            .expect("the host connects");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Host {
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Shuts the server down cleanly (as SIGTERM does) and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let r = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+        r.expect("the host stops within 10 s")
+            .expect("join")
+            .expect("the host ran without error");
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A plain MQTT5 client (rumqttc) with everything it receives in a channel.
+pub struct RawClient {
+    /// Its client id.
+    pub id: String,
+    /// The rumqttc client.
+    pub client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Publish>,
+    subacks: mpsc::UnboundedReceiver<()>,
+    task: tokio::task::JoinHandle<()>,
+    next_correlation: u128,
+}
+
+impl RawClient {
+    /// Connects with a clean session and waits for the CONNACK.
+    pub async fn connect(port: u16, id: &str) -> RawClient {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        o.set_keep_alive(Duration::from_secs(30))
+            .set_clean_start(true)
+            .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        o.set_network_options(net);
+        let (client, mut eventloop) = AsyncClient::new(o, 64);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (stx, subacks) = mpsc::unbounded_channel();
+        let (ctx, connected) = oneshot::channel();
+        let mut ctx = Some(ctx);
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        if let Some(c) = ctx.take() {
+                            let _ = c.send(());
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send(p);
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = stx.send(());
+                    }
+                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), connected)
+            .await
+            .expect("the test client connects")
+            .expect("connack");
+        RawClient {
+            id: id.into(),
+            client,
+            rx,
+            subacks,
+            task,
+            next_correlation: 1,
+        }
+    }
+
+    /// Subscribes (QoS 1) and waits for the SUBACK.
+    pub async fn subscribe(&mut self, filter: &str) {
+        self.client
+            .subscribe(filter, QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        tokio::time::timeout(Duration::from_secs(5), self.subacks.recv())
+            .await
+            .expect("suback in time")
+            .expect("suback");
+    }
+
+    /// This client's response topic.
+    pub fn response_topic(&self) -> String {
+        format!(
+            "clients/{}/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response",
+            self.id
+        )
+    }
+
+    /// The properties an SDK sends with a request.
+    pub fn request_properties(&mut self) -> PublishProperties {
+        let corr = self.next_correlation.to_be_bytes().to_vec();
+        self.next_correlation += 1;
+        PublishProperties {
+            response_topic: Some(self.response_topic()),
+            correlation_data: Some(Bytes::from(corr)),
+            message_expiry_interval: Some(10),
+            content_type: Some("application/octet-stream".into()),
+            user_properties: vec![
+                ("__srcId".into(), self.id.clone()),
+                (
+                    "__ts".into(),
+                    format!("{:015}:00000:{}", statestore::serve::now_ms(), self.id),
+                ),
+                ("__protVer".into(), "1.0".into()),
+            ],
+            ..Default::default()
+        }
+    }
+
+    /// Publishes a request with these properties (QoS 1).
+    pub async fn publish_request(&self, payload: Vec<u8>, props: PublishProperties) {
+        self.client
+            .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, payload, props)
+            .await
+            .expect("publish");
+    }
+
+    /// Sends a request (subscribing to the response topic first) and waits for
+    /// the reply with the same correlation data.
+    pub async fn call(&mut self, parts: &[&[u8]]) -> Publish {
+        let props = self.request_properties();
+        self.call_with(crate::resp(parts), props)
+            .await
+            .expect("a reply within 10 s")
+    }
+
+    /// Sends a request with explicit properties and waits up to 10 s for its reply.
+    pub async fn call_with(
+        &mut self,
+        payload: Vec<u8>,
+        props: PublishProperties,
+    ) -> Option<Publish> {
+        let corr = props.correlation_data.clone();
+        self.publish_request(payload, props).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let p = self.recv(left).await?;
+            if p.properties
+                .as_ref()
+                .and_then(|x| x.correlation_data.clone())
+                == corr
+            {
+                return Some(p);
+            }
+        }
+    }
+
+    /// The next message received, if one comes within `wait`.
+    pub async fn recv(&mut self, wait: Duration) -> Option<Publish> {
+        tokio::time::timeout(wait, self.rx.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Disconnects cleanly (DISCONNECT packet).
+    pub async fn disconnect(self) {
+        let _ = self.client.disconnect().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.task.abort();
+    }
+
+    /// Drops the TCP connection without a DISCONNECT.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+}
+
+/// A user property of a received message.
+pub fn prop<'a>(p: &'a Publish, name: &str) -> Option<&'a str> {
+    p.properties
+        .as_ref()?
+        .user_properties
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The payload of a received message as text (lossy), for assertions.
+pub fn text(p: &Publish) -> String {
+    String::from_utf8_lossy(&p.payload).into_owned()
+}

@@ -1,0 +1,634 @@
+//! Interop: the unmodified Azure IoT Operations Rust SDK (crates.io
+//! `azure_iot_operations_services` with its state store and leased lock
+//! clients) against `statestore serve --broker` on a real mosquitto.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+use azure_iot_operations_mqtt::session::reconnect_policy::ExponentialBackoffWithJitter;
+use azure_iot_operations_mqtt::session::{
+    Session, SessionError, SessionExitHandle, SessionOptionsBuilder,
+};
+use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
+use azure_iot_operations_services::leased_lock::{self, lease, lock};
+use azure_iot_operations_services::state_store::{
+    self, ErrorKind, Operation, ServiceError, SetCondition, SetOptions,
+};
+use statestore::serve::ClientEvents;
+use statestore_tests::broker::{Host, Mosquitto, serve_options};
+use tokio::task::JoinHandle;
+
+const T: Duration = Duration::from_secs(5);
+
+struct Sdk {
+    ss: Arc<state_store::Client>,
+    exit: SessionExitHandle,
+    run: JoinHandle<Result<(), SessionError>>,
+    id: String,
+}
+
+impl Sdk {
+    async fn connect(port: u16, id: &str) -> Sdk {
+        let settings = MqttConnectionSettingsBuilder::default()
+            .client_id(id)
+            .hostname("127.0.0.1")
+            .tcp_port(port)
+            .use_tls(false)
+            .keep_alive(Duration::from_secs(10))
+            .clean_start(true)
+            .session_expiry(Duration::from_secs(60))
+            .build()
+            .expect("mqtt settings");
+        let options = SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .reconnect_policy(Box::new(ExponentialBackoffWithJitter {
+                max_wait: Duration::from_secs(1),
+                max_reconnect_attempts: Some(10),
+            }))
+            .aio_broker_features(None)
+            .build()
+            .expect("session options");
+        let session = Session::new(options).expect("session");
+        let monitor = session.create_session_monitor();
+        let ss = state_store::Client::new(
+            ApplicationContextBuilder::default()
+                .build()
+                .expect("application context"),
+            session.create_managed_client(),
+            session.create_session_monitor(),
+            state_store::ClientOptionsBuilder::default()
+                .build()
+                .expect("client options"),
+        )
+        .expect("state store client");
+        let exit = session.create_exit_handle();
+        let run = tokio::spawn(session.run());
+        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
+            .await
+            .expect("the SDK connects");
+        Sdk {
+            ss: Arc::new(ss),
+            exit,
+            run,
+            id: id.to_string(),
+        }
+    }
+
+    async fn close(self) {
+        let _ = self.ss.shutdown().await;
+        if self.exit.try_exit().is_err() {
+            self.exit.force_exit();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.run).await;
+    }
+}
+
+async fn setup() -> (Mosquitto, Host) {
+    let broker = Mosquitto::start();
+    let host = Host::start(serve_options(broker.url(), ClientEvents::MosquittoLog)).await;
+    (broker, host)
+}
+
+fn opts(set_condition: SetCondition, expires: Option<Duration>) -> SetOptions {
+    SetOptions {
+        set_condition,
+        expires,
+        ..Default::default()
+    }
+}
+
+/// The next notification of an observation, within the request timeout.
+async fn next(obs: &mut state_store::KeyObservation) -> state_store::KeyNotification {
+    tokio::time::timeout(T, obs.recv_notification())
+        .await
+        .expect("a notification in time")
+        .expect("observation open")
+        .0
+}
+
+fn service_error(e: &state_store::Error) -> &ServiceError {
+    match e.kind() {
+        ErrorKind::ServiceError(s) => s,
+        other => panic!("expected a service error, got {other:?}"),
+    }
+}
+
+/// `a` strictly before `b` in HLC order.
+fn older(a: &HybridLogicalClock, b: &HybridLogicalClock) -> bool {
+    (a.timestamp, a.counter) < (b.timestamp, b.counter)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_get_del_vdel_with_conditions_and_expiry() {
+    let (broker, host) = setup().await;
+    let a = Sdk::connect(broker.port, "sdk-crud").await;
+    let ss = &a.ss;
+    let r = ss
+        .set(
+            b"k1".to_vec(),
+            b"v1".to_vec(),
+            T,
+            None,
+            opts(SetCondition::OnlyIfDoesNotExist, None),
+        )
+        .await
+        .expect("set nx");
+    assert!(r.response);
+    let v1 = r.version.expect("a SET reply carries the version");
+    let r = ss
+        .set(
+            b"k1".to_vec(),
+            b"v2".to_vec(),
+            T,
+            None,
+            opts(SetCondition::OnlyIfDoesNotExist, None),
+        )
+        .await
+        .expect("set nx again");
+    assert!(!r.response);
+    assert_eq!(
+        r.version.as_ref().map(|v| v.to_string()),
+        Some(v1.to_string()),
+        "not-applied carries the stored version"
+    );
+    let r = ss
+        .set(
+            b"k1".to_vec(),
+            b"v1".to_vec(),
+            T,
+            None,
+            opts(SetCondition::OnlyIfEqualOrDoesNotExist, None),
+        )
+        .await
+        .expect("nex equal");
+    assert!(r.response);
+    let v2 = r.version.expect("version");
+    assert!(older(&v1, &v2));
+    assert_eq!(v1.node_id, v2.node_id);
+    let r = ss
+        .set(
+            b"k1".to_vec(),
+            b"zz".to_vec(),
+            T,
+            None,
+            opts(SetCondition::OnlyIfEqualOrDoesNotExist, None),
+        )
+        .await
+        .expect("nex different");
+    assert!(!r.response);
+    let r = ss
+        .set(
+            b"fresh".to_vec(),
+            b"x".to_vec(),
+            T,
+            None,
+            opts(SetCondition::OnlyIfEqualOrDoesNotExist, None),
+        )
+        .await
+        .expect("nex absent");
+    assert!(r.response);
+    let g = ss.get(b"k1".to_vec(), T).await.expect("get");
+    assert_eq!(g.response, Some(b"v1".to_vec()));
+    assert_eq!(g.version.map(|v| v.to_string()), Some(v2.to_string()));
+    let miss = ss.get(b"nothing".to_vec(), T).await.expect("get miss");
+    assert_eq!(miss.response, None);
+    assert!(miss.version.is_none(), "a miss has no version");
+    assert_eq!(
+        ss.vdel(b"k1".to_vec(), b"other".to_vec(), None, T)
+            .await
+            .expect("vdel")
+            .response,
+        -1
+    );
+    assert_eq!(
+        ss.vdel(b"k1".to_vec(), b"v1".to_vec(), None, T)
+            .await
+            .expect("vdel")
+            .response,
+        1
+    );
+    assert_eq!(
+        ss.vdel(b"k1".to_vec(), b"v1".to_vec(), None, T)
+            .await
+            .expect("vdel")
+            .response,
+        0
+    );
+    assert_eq!(
+        ss.del(b"fresh".to_vec(), None, T)
+            .await
+            .expect("del")
+            .response,
+        1
+    );
+    assert_eq!(
+        ss.del(b"fresh".to_vec(), None, T)
+            .await
+            .expect("del")
+            .response,
+        0
+    );
+    // PX: gone after it expires.
+    let r = ss
+        .set(
+            b"px".to_vec(),
+            b"v".to_vec(),
+            T,
+            None,
+            opts(
+                SetCondition::Unconditional,
+                Some(Duration::from_millis(700)),
+            ),
+        )
+        .await
+        .expect("set px");
+    assert!(r.response);
+    assert_eq!(
+        ss.get(b"px".to_vec(), T).await.expect("get").response,
+        Some(b"v".to_vec())
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let gone = ss.get(b"px".to_vec(), T).await.expect("get");
+    assert_eq!(gone.response, None);
+    assert!(gone.version.is_none());
+    // Empty keys never leave the SDK; an empty value is fine.
+    assert!(
+        ss.set(
+            b"empty".to_vec(),
+            Vec::new(),
+            T,
+            None,
+            SetOptions::default()
+        )
+        .await
+        .expect("set empty")
+        .response
+    );
+    assert_eq!(
+        ss.get(b"empty".to_vec(), T).await.expect("get").response,
+        Some(Vec::new())
+    );
+    a.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens() {
+    let (broker, host) = setup().await;
+    let a = Sdk::connect(broker.port, "sdk-fence").await;
+    let ss = &a.ss;
+    let ft = HybridLogicalClock::new();
+    let r = ss
+        .set(
+            b"fk".to_vec(),
+            b"x".to_vec(),
+            T,
+            Some(ft.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .expect("fenced set");
+    assert!(r.response);
+    let e = ss
+        .set(
+            b"fk".to_vec(),
+            b"y".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect_err("no token");
+    assert!(
+        matches!(service_error(&e), ServiceError::MissingFencingToken),
+        "{e:?}"
+    );
+    let mut stale = ft.clone();
+    stale.timestamp = SystemTime::now() - Duration::from_secs(3600);
+    let e = ss
+        .set(
+            b"fk".to_vec(),
+            b"y".to_vec(),
+            T,
+            Some(stale.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .expect_err("stale token");
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "{e:?}"
+    );
+    let e = ss
+        .del(b"fk".to_vec(), Some(stale), T)
+        .await
+        .expect_err("stale token on del");
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "{e:?}"
+    );
+    let e = ss
+        .vdel(b"fk".to_vec(), b"x".to_vec(), None, T)
+        .await
+        .expect_err("no token on vdel");
+    assert!(
+        matches!(service_error(&e), ServiceError::MissingFencingToken),
+        "{e:?}"
+    );
+    // The token the store returned is newer than the one it holds: accepted.
+    let newer = r.version.expect("version");
+    let r = ss
+        .set(
+            b"fk".to_vec(),
+            b"y".to_vec(),
+            T,
+            Some(newer.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .expect("newer token");
+    assert!(r.response);
+    assert_eq!(
+        ss.get(b"fk".to_vec(), T).await.expect("get").response,
+        Some(b"y".to_vec())
+    );
+    assert_eq!(
+        ss.del(b"fk".to_vec(), Some(newer), T)
+            .await
+            .expect("del")
+            .response,
+        1
+    );
+    // A token far in the future is refused even on a new key.
+    let mut future = HybridLogicalClock::new();
+    future.timestamp = SystemTime::now() + Duration::from_secs(10 * 365 * 86_400);
+    let e = ss
+        .set(
+            b"new".to_vec(),
+            b"v".to_vec(),
+            T,
+            Some(future),
+            SetOptions::default(),
+        )
+        .await
+        .expect_err("skewed token");
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenSkew),
+        "{e:?}"
+    );
+    a.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_set_delete_and_expiry_notifications() {
+    let (broker, host) = setup().await;
+    let a = Sdk::connect(broker.port, "sdk-writer").await;
+    let b = Sdk::connect(broker.port, "sdk-observer").await;
+    let mut obs =
+        b.ss.observe(b"watched".to_vec(), T)
+            .await
+            .expect("observe")
+            .response;
+    let r =
+        a.ss.set(
+            b"watched".to_vec(),
+            b"v1".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("set");
+    let n = next(&mut obs).await;
+    assert_eq!(n.key, b"watched".to_vec());
+    assert_eq!(n.operation, Operation::Set(b"v1".to_vec()));
+    assert_eq!(
+        n.version.to_string(),
+        r.version.expect("version").to_string()
+    );
+    assert_eq!(
+        a.ss.del(b"watched".to_vec(), None, T)
+            .await
+            .expect("del")
+            .response,
+        1
+    );
+    assert_eq!(next(&mut obs).await.operation, Operation::Del);
+    // Expiry: a SET notification, then a DELETE when the key expires.
+    let started = Instant::now();
+    a.ss.set(
+        b"watched".to_vec(),
+        b"tmp".to_vec(),
+        T,
+        None,
+        opts(SetCondition::Unconditional, Some(Duration::from_secs(1))),
+    )
+    .await
+    .expect("set px");
+    assert_eq!(
+        next(&mut obs).await.operation,
+        Operation::Set(b"tmp".to_vec())
+    );
+    assert_eq!(next(&mut obs).await.operation, Operation::Del);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "expiry after {took:?}"
+    );
+    // The writer observing too: both get every change.
+    let mut own =
+        a.ss.observe(b"watched".to_vec(), T)
+            .await
+            .expect("observe")
+            .response;
+    a.ss.set(
+        b"watched".to_vec(),
+        b"both".to_vec(),
+        T,
+        None,
+        SetOptions::default(),
+    )
+    .await
+    .expect("set");
+    assert_eq!(
+        next(&mut obs).await.operation,
+        Operation::Set(b"both".to_vec())
+    );
+    assert_eq!(
+        next(&mut own).await.operation,
+        Operation::Set(b"both".to_vec())
+    );
+    assert!(
+        b.ss.unobserve(b"watched".to_vec(), T)
+            .await
+            .expect("unobserve")
+            .response
+    );
+    assert!(
+        !b.ss
+            .unobserve(b"watched".to_vec(), T)
+            .await
+            .expect("unobserve again")
+            .response
+    );
+    a.ss.set(
+        b"watched".to_vec(),
+        b"after".to_vec(),
+        T,
+        None,
+        SetOptions::default(),
+    )
+    .await
+    .expect("set");
+    assert_eq!(
+        next(&mut own).await.operation,
+        Operation::Set(b"after".to_vec())
+    );
+    let late = tokio::time::timeout(Duration::from_millis(700), obs.recv_notification()).await;
+    assert!(
+        !matches!(late, Ok(Some(_))),
+        "no notification after unobserve"
+    );
+    a.close().await;
+    b.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_lock_acquire_renew_expire_and_takeover() {
+    let (broker, host) = setup().await;
+    let a = Sdk::connect(broker.port, "sdk-lease-a").await;
+    let b = Sdk::connect(broker.port, "sdk-lease-b").await;
+    let la = lease::Client::new(a.ss.clone(), b"L".to_vec(), a.id.clone().into_bytes())
+        .expect("lease a");
+    let lb = lease::Client::new(b.ss.clone(), b"L".to_vec(), b.id.clone().into_bytes())
+        .expect("lease b");
+    // Acquire with auto-renewal: still held well past the lease duration.
+    let t1 = la
+        .acquire(
+            Duration::from_millis(1500),
+            T,
+            Some(Duration::from_millis(500)),
+        )
+        .await
+        .expect("acquire");
+    let e = lb
+        .acquire(Duration::from_secs(5), T, None)
+        .await
+        .expect_err("held by a");
+    assert!(
+        matches!(e.kind(), leased_lock::ErrorKind::LeaseAlreadyHeld),
+        "{e:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        lb.get_holder(T).await.expect("holder"),
+        Some(a.id.clone().into_bytes())
+    );
+    let renewed = la.current_lease_fencing_token().expect("token");
+    assert!(
+        older(&t1, &renewed),
+        "renewal gives a newer token: {t1} then {renewed}"
+    );
+    assert_eq!(t1.node_id, renewed.node_id);
+    la.release(T).await.expect("release");
+    assert_eq!(lb.get_holder(T).await.expect("holder"), None);
+    // Without renewal the lease is lost on expiry, and a blocked locker takes it.
+    let t2 = la
+        .acquire(Duration::from_secs(2), T, None)
+        .await
+        .expect("acquire again");
+    let lkb =
+        lock::Client::new(b.ss.clone(), b"L".to_vec(), b.id.clone().into_bytes()).expect("lock b");
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { lkb.lock(Duration::from_secs(10), T, None).await });
+    let tb = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("b gets the lock after a's lease expires")
+        .expect("join")
+        .expect("lock");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "b must wait for the expiry, waited {waited:?}"
+    );
+    assert!(older(&t2, &tb));
+    assert_eq!(
+        lb.get_holder(T).await.expect("holder"),
+        Some(b.id.clone().into_bytes())
+    );
+    // The new holder's token fences the old holder out of a protected key.
+    assert!(
+        b.ss.set(
+            b"guarded".to_vec(),
+            b"by-b".to_vec(),
+            T,
+            Some(tb),
+            SetOptions::default()
+        )
+        .await
+        .expect("set")
+        .response
+    );
+    let e =
+        a.ss.set(
+            b"guarded".to_vec(),
+            b"by-a".to_vec(),
+            T,
+            Some(t2),
+            SetOptions::default(),
+        )
+        .await
+        .expect_err("stale holder");
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "{e:?}"
+    );
+    a.close().await;
+    b.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_long_keys_and_mib_values() {
+    let (broker, host) = setup().await;
+    let a = Sdk::connect(broker.port, "sdk-binary").await;
+    let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (b"k\0\r\n\xff*$".to_vec(), b"\r\n\0v".to_vec()),
+        (vec![0u8; 6500], vec![7u8; 65_000]),
+        (
+            (0..65_536u32).map(|i| (i % 251) as u8).collect(),
+            vec![1u8; 16],
+        ),
+        (
+            b"big".to_vec(),
+            (0..3 * 1024 * 1024u32).map(|i| (i % 253) as u8).collect(),
+        ),
+    ];
+    for (key, value) in &cases {
+        let r =
+            a.ss.set(key.clone(), value.clone(), T, None, SetOptions::default())
+                .await
+                .expect("set");
+        assert!(r.response);
+        let g = a.ss.get(key.clone(), T).await.expect("get");
+        assert_eq!(
+            g.response.as_deref(),
+            Some(value.as_slice()),
+            "key of {} bytes",
+            key.len()
+        );
+        assert_eq!(
+            a.ss.vdel(key.clone(), value.clone(), None, T)
+                .await
+                .expect("vdel")
+                .response,
+            1
+        );
+    }
+    a.close().await;
+    host.stop().await;
+}
