@@ -17,6 +17,8 @@
 mod bindings;
 pub mod cache;
 mod convert;
+pub mod driver;
+pub mod embedded;
 pub mod mqtt;
 pub mod serve;
 pub mod wasm;

@@ -1,11 +1,13 @@
 //! `statestore`: the MQTT broker state store.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use statestore::embedded::{EmbeddedOptions, EmbeddedServer};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore::{Runtime, cache};
@@ -23,15 +25,27 @@ struct Cli {
 enum Command {
     /// Serve the state store to MQTT5 clients.
     ///
-    /// With --broker, connects to that broker as one MQTT client, subscribes
-    /// to the state store request topic and answers requests. Logs go to
+    /// By default starts a complete MQTT5 broker in this process on --listen
+    /// (127.0.0.1:1883) with the state store inside it, as Azure IoT
+    /// Operations does: point the SDK clients at it. With --broker, serves
+    /// through an existing broker instead, as one MQTT client. Logs go to
     /// stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
     Serve(ServeArgs),
 }
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Broker to serve through: mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS.
+    /// Address of the embedded broker (when no --broker is given).
+    #[arg(
+        long,
+        env = "STATESTORE_LISTEN",
+        default_value = "127.0.0.1:1883",
+        conflicts_with = "broker"
+    )]
+    listen: SocketAddr,
+
+    /// Serve through this broker instead of the embedded one:
+    /// mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS.
     #[arg(long, env = "STATESTORE_BROKER", value_parser = parse_url)]
     broker: Option<BrokerUrl>,
 
@@ -95,7 +109,10 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // rmqtt logs every connection at info.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,rmqtt=warn,rmqtt_net=warn")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -132,11 +149,6 @@ fn load_runtime(args: &ServeArgs) -> Result<Runtime> {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
-    let Some(broker) = args.broker.clone() else {
-        bail!(
-            "no --broker given: pass --broker mqtt://HOST:PORT (the embedded broker is not built yet)"
-        );
-    };
     let password = match &args.password_file {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -147,6 +159,21 @@ fn serve(args: ServeArgs) -> Result<()> {
         None => None,
     };
     let runtime = load_runtime(&args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let Some(broker) = args.broker.clone() else {
+        let opts = EmbeddedOptions {
+            listen: args.listen,
+            node_id: args.node_id,
+            server_client_id: args.client_id,
+        };
+        return rt.block_on(async move {
+            let server = EmbeddedServer::start(&runtime, opts).await?;
+            server.run(shutdown_signal()).await
+        });
+    };
     let opts = ServeOptions {
         broker,
         client_id: args.client_id,
@@ -159,10 +186,6 @@ fn serve(args: ServeArgs) -> Result<()> {
         client_events: args.client_events,
         node_id: args.node_id,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     rt.block_on(async move {
         let server = Server::connect(&runtime, opts).await?;
         server.run(shutdown_signal()).await

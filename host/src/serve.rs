@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
@@ -26,11 +26,11 @@ use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use rumqttc::{Outgoing, TlsConfiguration, Transport};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+use crate::driver::Input;
 use crate::mqtt::{self, BrokerUrl};
-use crate::{Backend, Config, Output, Runtime, WasmStore};
+use crate::{Config, Output, Runtime, WasmStore};
 
 /// Largest MQTT packet (the protocol maximum): 64 KiB keys and MiB values must pass.
 pub const MAX_PACKET: u32 = 268_435_455;
@@ -111,6 +111,7 @@ pub struct ServeOptions {
     pub node_id: String,
 }
 
+// Raw events of the rumqttc connection.
 enum NetEvent {
     Connected { session_present: bool },
     SubAck(Vec<SubscribeReasonCode>),
@@ -119,22 +120,23 @@ enum NetEvent {
     DisconnectSent,
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub use crate::driver::now_ms;
 
 /// A connected, subscribed server; [`Server::run`] serves until shutdown.
 pub struct Server {
+    store: WasmStore,
+    transport: ClientTransport,
+}
+
+/// The rumqttc connection as a [`Transport`].
+struct ClientTransport {
     opts: ServeOptions,
     client: AsyncClient,
     events: mpsc::UnboundedReceiver<NetEvent>,
     pending: VecDeque<NetEvent>,
     net: tokio::task::JoinHandle<()>,
-    store: WasmStore,
-    deadline: Option<u64>,
+    /// Requests handed to the guest and not yet acknowledged, in arrival order.
+    to_ack: Vec<Publish>,
 }
 
 impl Server {
@@ -179,33 +181,41 @@ impl Server {
         let (client, eventloop) = AsyncClient::new(mqtt, 256);
         let (tx, events) = mpsc::unbounded_channel();
         let net = tokio::spawn(pump(eventloop, tx));
-        let mut server = Server {
+        let mut transport = ClientTransport {
             opts,
             client,
             events,
             pending: VecDeque::new(),
             net,
-            store,
-            deadline: None,
+            to_ack: Vec::new(),
         };
-        let wait = tokio::time::timeout(server.opts.connect_timeout, server.first_connection());
+        let wait =
+            tokio::time::timeout(transport.opts.connect_timeout, transport.first_connection());
         match wait.await {
-            Ok(Ok(())) => Ok(server),
+            Ok(Ok(())) => Ok(Server { store, transport }),
             Ok(Err(e)) => {
-                server.net.abort();
+                transport.net.abort();
                 Err(e)
             }
             Err(_) => {
-                server.net.abort();
+                transport.net.abort();
                 bail!(
                     "no answer from the broker at {} within {:?}",
-                    server.opts.broker,
-                    server.opts.connect_timeout
+                    transport.opts.broker,
+                    transport.opts.connect_timeout
                 )
             }
         }
     }
 
+    /// Serves requests until `shutdown` completes, then finishes what is in
+    /// hand, disconnects cleanly and returns.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        crate::driver::drive(&mut self.store, &mut self.transport, shutdown).await
+    }
+}
+
+impl ClientTransport {
     async fn first_connection(&mut self) -> Result<()> {
         loop {
             match self.events.recv().await {
@@ -257,83 +267,61 @@ impl Server {
         }
     }
 
-    /// Serves requests until `shutdown` completes, then finishes what is in
-    /// hand, disconnects cleanly and returns.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        tokio::pin!(shutdown);
-        // One timer for the guest's next deadline, reset only when the
-        // deadline changes; when it fires the wall clock decides (a sleep can
-        // end early or late).
-        let timer = tokio::time::sleep(Duration::from_secs(3600));
-        tokio::pin!(timer);
-        let mut armed: Option<u64> = None;
-        self.rearm()?;
-        loop {
-            if self.deadline != armed {
-                armed = self.deadline;
-                if let Some(at) = armed {
-                    let wait = Duration::from_millis(at.saturating_sub(now_ms()));
-                    timer.as_mut().reset(Instant::now() + wait);
-                }
-            }
-            let event = if let Some(e) = self.pending.pop_front() {
-                e
-            } else {
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => break,
-                    e = self.events.recv() => match e {
-                        Some(e) => e,
-                        None => bail!("the MQTT connection task stopped"),
-                    },
-                    () = &mut timer, if armed.is_some() => {
-                        if self.on_timer().await? {
-                            armed = None; // woke early: arm again for the same deadline
-                        }
-                        continue;
-                    }
-                }
-            };
-            self.on_event(event).await?;
+    /// The request (if it is one) or the client event of a received PUBLISH.
+    fn classify(&self, p: &Publish) -> Option<Input> {
+        if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
+            return Some(Input::Messages(vec![mqtt::inbound(p, None, None)]));
         }
-        info!("shutting down");
-        self.client.disconnect().await.ok();
-        let drained = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Some(e) = self.events.recv().await {
-                if matches!(e, NetEvent::DisconnectSent | NetEvent::Lost(_)) {
-                    break;
-                }
-            }
-        });
-        if drained.await.is_err() {
-            warn!("the broker connection did not close within 5 s");
+        let topic = String::from_utf8_lossy(&p.topic);
+        self.opts
+            .client_events
+            .disconnected_client(&topic, &p.payload)
+            .map(Input::ClientGone)
+    }
+}
+
+impl crate::driver::Transport for ClientTransport {
+    type Event = NetEvent;
+
+    async fn recv(&mut self) -> Option<NetEvent> {
+        match self.pending.pop_front() {
+            Some(e) => Some(e),
+            None => self.events.recv().await,
         }
-        self.net.abort();
-        Ok(())
     }
 
-    async fn on_event(&mut self, event: NetEvent) -> Result<()> {
+    async fn on_event(&mut self, event: NetEvent) -> Result<Option<Input>> {
         match event {
             NetEvent::Publish(first) => {
+                let input = self.classify(&first);
+                self.to_ack.push(first);
+                let Some(Input::Messages(mut batch)) = input else {
+                    return Ok(input);
+                };
                 // Take every request already waiting: one call into the guest.
-                let mut batch = vec![first];
                 while let Ok(e) = self.events.try_recv() {
                     match e {
-                        NetEvent::Publish(p) => batch.push(p),
+                        NetEvent::Publish(p) if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() => {
+                            batch.push(mqtt::inbound(&p, None, None));
+                            self.to_ack.push(p);
+                        }
                         other => {
                             self.pending.push_back(other);
                             break;
                         }
                     }
                 }
-                self.on_publishes(batch).await
+                Ok(Some(Input::Messages(batch)))
             }
             NetEvent::Connected { session_present } => {
                 info!(session_present, "reconnected");
-                // Requests not yet acknowledged will be redelivered; the dedup
-                // cache answers them. Subscriptions are renewed in case the
-                // broker lost the session.
-                self.subscribe().await
+                // Requests not yet acknowledged will be redelivered (the dedup
+                // cache answers them); acking them on this new connection
+                // could hit other messages' packet ids.
+                self.to_ack.clear();
+                // Subscriptions are renewed in case the broker lost the session.
+                self.subscribe().await?;
+                Ok(None)
             }
             NetEvent::SubAck(codes) => {
                 if codes
@@ -342,76 +330,14 @@ impl Server {
                 {
                     warn!(?codes, "the broker refused a subscription");
                 }
-                Ok(())
+                Ok(None)
             }
             NetEvent::Lost(e) => {
                 warn!(error = %e, "connection to the broker lost; reconnecting");
-                Ok(())
+                Ok(None)
             }
-            NetEvent::DisconnectSent => Ok(()),
+            NetEvent::DisconnectSent => Ok(None),
         }
-    }
-
-    async fn on_publishes(&mut self, batch: Vec<Publish>) -> Result<()> {
-        let now = now_ms();
-        let mut requests = Vec::with_capacity(batch.len());
-        for p in &batch {
-            if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
-                requests.push(mqtt::inbound(p, None, None));
-            } else {
-                let topic = String::from_utf8_lossy(&p.topic);
-                if let Some(id) = self
-                    .opts
-                    .client_events
-                    .disconnected_client(&topic, &p.payload)
-                {
-                    // Requests before this event in the batch go first.
-                    let outputs = self
-                        .store
-                        .handle_batch(&std::mem::take(&mut requests), now)?;
-                    self.emit(outputs).await?;
-                    debug!(client_id = %id, "client disconnected: dropping its KEYNOTIFY registrations");
-                    self.store.client_disconnected(&id, now)?;
-                    let outputs = self.store.poll_outputs()?;
-                    self.emit(outputs).await?;
-                }
-            }
-        }
-        if !requests.is_empty() {
-            let outputs = self.store.handle_batch(&requests, now)?;
-            debug!(
-                requests = requests.len(),
-                outputs = outputs.len(),
-                "handled"
-            );
-            self.emit(outputs).await?;
-        }
-        // Every reply is queued on the connection ahead of these acks.
-        for p in &batch {
-            if p.qos != QoS::AtMostOnce {
-                self.client.ack(p).await.context("acknowledge a request")?;
-            }
-        }
-        self.rearm()
-    }
-
-    /// The timer fired. Returns true if it fired before the deadline.
-    async fn on_timer(&mut self) -> Result<bool> {
-        let now = now_ms();
-        if self.deadline.is_some_and(|at| now < at) {
-            return Ok(true);
-        }
-        self.store.timeout(now)?;
-        let outputs = self.store.poll_outputs()?;
-        self.emit(outputs).await?;
-        self.rearm()?;
-        Ok(false)
-    }
-
-    /// Reads the guest's next deadline; `run` resets its timer only when it changed.
-    fn rearm(&mut self) -> Result<()> {
-        self.deadline = self.store.next_deadline()?;
-        Ok(())
     }
 
     async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
@@ -438,6 +364,31 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// Every reply is queued on the connection ahead of these acks.
+    async fn settle(&mut self) -> Result<()> {
+        for p in std::mem::take(&mut self.to_ack) {
+            if p.qos != QoS::AtMostOnce {
+                self.client.ack(&p).await.context("acknowledge a request")?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) {
+        self.client.disconnect().await.ok();
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(e) = self.events.recv().await {
+                if matches!(e, NetEvent::DisconnectSent | NetEvent::Lost(_)) {
+                    break;
+                }
+            }
+        });
+        if drained.await.is_err() {
+            warn!("the broker connection did not close within 5 s");
+        }
+        self.net.abort();
     }
 }
 

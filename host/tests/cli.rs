@@ -165,3 +165,64 @@ async fn serves_then_stops_cleanly_on_sigterm() {
         log.lock().expect("log lock")
     );
 }
+
+#[test]
+fn a_taken_port_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let o = run(&["serve", "--listen", &addr]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("cannot listen on {addr} (is the port in use?)")),
+        "{err}"
+    );
+}
+
+#[test]
+fn broker_and_listen_are_exclusive() {
+    let o = run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:1884",
+        "--broker",
+        "mqtt://127.0.0.1:1883",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_mode_is_a_complete_broker() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = statestore()
+        .args(["serve", "--listen", &listen])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start statestore");
+    let log = capture_stderr(&mut child);
+    wait_for(
+        &log,
+        "embedded MQTT broker listening",
+        Duration::from_secs(30),
+    );
+    let mut c = RawClient::connect(port, "cli-embedded").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    assert!(
+        status.success(),
+        "exit {status}: {}",
+        log.lock().expect("log lock")
+    );
+    // The port is free again.
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+}

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use statestore::embedded::{EmbeddedOptions, EmbeddedServer};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore_guest::rpc::REQUEST_TOPIC;
@@ -191,6 +192,92 @@ impl Drop for Host {
     }
 }
 
+/// The embedded broker with the store inside, on a free loopback port.
+pub struct Embedded {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    host: Host,
+}
+
+impl Embedded {
+    /// Starts it on 127.0.0.1 with an OS-chosen port.
+    pub async fn start() -> Embedded {
+        let opts = EmbeddedOptions {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            node_id: "StateStore".into(),
+            server_client_id: "statestore-under-test".into(),
+        };
+        let server = EmbeddedServer::start(crate::wasm_runtime(), opts)
+            .await
+            .expect("the embedded broker starts");
+        let port = server.local_addr().port();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Embedded {
+            port,
+            host: Host {
+                stop: Some(stop),
+                task,
+            },
+        }
+    }
+
+    /// Stops it and waits.
+    pub async fn stop(self) {
+        self.host.stop().await;
+    }
+}
+
+/// Where the store under test runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `serve --broker` through mosquitto (with its disconnect events).
+    External,
+    /// `serve` with the embedded broker.
+    Embedded,
+}
+
+/// A running store in either mode; clients connect to `port`.
+pub enum Deployment {
+    /// mosquitto and the host.
+    External(Mosquitto, Host),
+    /// The embedded broker.
+    Embedded(Embedded),
+}
+
+impl Deployment {
+    /// Starts the store in `mode`.
+    pub async fn start(mode: Mode) -> Deployment {
+        match mode {
+            Mode::External => {
+                let broker = Mosquitto::start();
+                let host =
+                    Host::start(serve_options(broker.url(), ClientEvents::MosquittoLog)).await;
+                Deployment::External(broker, host)
+            }
+            Mode::Embedded => Deployment::Embedded(Embedded::start().await),
+        }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        match self {
+            Deployment::External(b, _) => b.port,
+            Deployment::Embedded(e) => e.port,
+        }
+    }
+
+    /// Stops the store cleanly (an error in it fails the test).
+    pub async fn stop(self) {
+        match self {
+            Deployment::External(_broker, host) => host.stop().await,
+            Deployment::Embedded(e) => e.stop().await,
+        }
+    }
+}
+
 /// A plain MQTT5 client (rumqttc) with everything it receives in a channel.
 pub struct RawClient {
     /// Its client id.
@@ -201,6 +288,7 @@ pub struct RawClient {
     subacks: mpsc::UnboundedReceiver<()>,
     task: tokio::task::JoinHandle<()>,
     next_correlation: u128,
+    lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RawClient {
@@ -218,6 +306,8 @@ impl RawClient {
         let (stx, subacks) = mpsc::unbounded_channel();
         let (ctx, connected) = oneshot::channel();
         let mut ctx = Some(ctx);
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lost_flag = lost.clone();
         let task = tokio::spawn(async move {
             loop {
                 match eventloop.poll().await {
@@ -234,7 +324,10 @@ impl RawClient {
                     }
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
                     Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    Err(_) => {
+                        lost_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
                 }
             }
         });
@@ -248,7 +341,12 @@ impl RawClient {
             rx,
             subacks,
             task,
-            next_correlation: 1,
+            // Unique across connections, like the SDKs' random UUIDs: a reused
+            // (response topic, correlation) pair is a redelivery to the store.
+            next_correlation: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos()),
+            lost,
         }
     }
 
@@ -338,6 +436,11 @@ impl RawClient {
             .await
             .ok()
             .flatten()
+    }
+
+    /// Whether the connection was lost (closed by the broker) at some point.
+    pub fn was_disconnected(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Disconnects cleanly (DISCONNECT packet).

@@ -1,6 +1,8 @@
 //! Interop: the unmodified Azure IoT Operations Rust SDK (crates.io
 //! `azure_iot_operations_services` with its state store and leased lock
-//! clients) against `statestore serve --broker` on a real mosquitto.
+//! clients) against the store in both modes: `statestore serve --broker` on
+//! a real mosquitto, and `statestore serve` with its embedded broker. Every
+//! scenario runs in both.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -16,8 +18,7 @@ use azure_iot_operations_services::leased_lock::{self, lease, lock};
 use azure_iot_operations_services::state_store::{
     self, ErrorKind, Operation, ServiceError, SetCondition, SetOptions,
 };
-use statestore::serve::ClientEvents;
-use statestore_tests::broker::{Host, Mosquitto, serve_options};
+use statestore_tests::broker::{Deployment, Mode};
 use tokio::task::JoinHandle;
 
 const T: Duration = Duration::from_secs(5);
@@ -85,11 +86,35 @@ impl Sdk {
     }
 }
 
-async fn setup() -> (Mosquitto, Host) {
-    let broker = Mosquitto::start();
-    let host = Host::start(serve_options(broker.url(), ClientEvents::MosquittoLog)).await;
-    (broker, host)
+/// Runs each scenario against both modes, as `external::name` and `embedded::name`.
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod external {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Mode::External).await
+                }
+            )*
+        }
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Mode::Embedded).await
+                }
+            )*
+        }
+    };
 }
+
+in_both_modes!(
+    set_get_del_vdel_with_conditions_and_expiry,
+    fencing_tokens,
+    observe_set_delete_and_expiry_notifications,
+    leased_lock_acquire_renew_expire_and_takeover,
+    binary_long_keys_and_mib_values,
+);
 
 fn opts(set_condition: SetCondition, expires: Option<Duration>) -> SetOptions {
     SetOptions {
@@ -120,10 +145,9 @@ fn older(a: &HybridLogicalClock, b: &HybridLogicalClock) -> bool {
     (a.timestamp, a.counter) < (b.timestamp, b.counter)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn set_get_del_vdel_with_conditions_and_expiry() {
-    let (broker, host) = setup().await;
-    let a = Sdk::connect(broker.port, "sdk-crud").await;
+async fn set_get_del_vdel_with_conditions_and_expiry(mode: Mode) {
+    let store = Deployment::start(mode).await;
+    let a = Sdk::connect(store.port(), "sdk-crud").await;
     let ss = &a.ss;
     let r = ss
         .set(
@@ -271,13 +295,12 @@ async fn set_get_del_vdel_with_conditions_and_expiry() {
         Some(Vec::new())
     );
     a.close().await;
-    host.stop().await;
+    store.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_tokens() {
-    let (broker, host) = setup().await;
-    let a = Sdk::connect(broker.port, "sdk-fence").await;
+async fn fencing_tokens(mode: Mode) {
+    let store = Deployment::start(mode).await;
+    let a = Sdk::connect(store.port(), "sdk-fence").await;
     let ss = &a.ss;
     let ft = HybridLogicalClock::new();
     let r = ss
@@ -379,14 +402,13 @@ async fn fencing_tokens() {
         "{e:?}"
     );
     a.close().await;
-    host.stop().await;
+    store.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn observe_set_delete_and_expiry_notifications() {
-    let (broker, host) = setup().await;
-    let a = Sdk::connect(broker.port, "sdk-writer").await;
-    let b = Sdk::connect(broker.port, "sdk-observer").await;
+async fn observe_set_delete_and_expiry_notifications(mode: Mode) {
+    let store = Deployment::start(mode).await;
+    let a = Sdk::connect(store.port(), "sdk-writer").await;
+    let b = Sdk::connect(store.port(), "sdk-observer").await;
     let mut obs =
         b.ss.observe(b"watched".to_vec(), T)
             .await
@@ -494,14 +516,13 @@ async fn observe_set_delete_and_expiry_notifications() {
     );
     a.close().await;
     b.close().await;
-    host.stop().await;
+    store.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leased_lock_acquire_renew_expire_and_takeover() {
-    let (broker, host) = setup().await;
-    let a = Sdk::connect(broker.port, "sdk-lease-a").await;
-    let b = Sdk::connect(broker.port, "sdk-lease-b").await;
+async fn leased_lock_acquire_renew_expire_and_takeover(mode: Mode) {
+    let store = Deployment::start(mode).await;
+    let a = Sdk::connect(store.port(), "sdk-lease-a").await;
+    let b = Sdk::connect(store.port(), "sdk-lease-b").await;
     let la = lease::Client::new(a.ss.clone(), b"L".to_vec(), a.id.clone().into_bytes())
         .expect("lease a");
     let lb = lease::Client::new(b.ss.clone(), b"L".to_vec(), b.id.clone().into_bytes())
@@ -589,13 +610,12 @@ async fn leased_lock_acquire_renew_expire_and_takeover() {
     );
     a.close().await;
     b.close().await;
-    host.stop().await;
+    store.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_long_keys_and_mib_values() {
-    let (broker, host) = setup().await;
-    let a = Sdk::connect(broker.port, "sdk-binary").await;
+async fn binary_long_keys_and_mib_values(mode: Mode) {
+    let store = Deployment::start(mode).await;
+    let a = Sdk::connect(store.port(), "sdk-binary").await;
     let cases: Vec<(Vec<u8>, Vec<u8>)> = vec![
         (b"k\0\r\n\xff*$".to_vec(), b"\r\n\0v".to_vec()),
         (vec![0u8; 6500], vec![7u8; 65_000]),
@@ -630,5 +650,5 @@ async fn binary_long_keys_and_mib_values() {
         );
     }
     a.close().await;
-    host.stop().await;
+    store.stop().await;
 }

@@ -1,0 +1,219 @@
+//! What only the embedded broker can do (spec §2.2, §2.3, §3.2, §11.6):
+//! identity from the connection, notifications into the client's session
+//! whatever its subscription (the .NET way), registrations dropped on every
+//! disconnect, forbidden response topics answered by a disconnect.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use statestore_guest::notify;
+use statestore_guest::rpc::{REQUEST_TOPIC, STORE_ID};
+use statestore_tests::broker::{Embedded, RawClient, prop, text};
+use statestore_tests::resp;
+
+const SET_1: &str = "*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$1\r\n1\r\n";
+
+/// A client that can make requests (subscribed to its response topic).
+async fn client(port: u16, id: &str) -> RawClient {
+    let mut c = RawClient::connect(port, id).await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_reach_a_dotnet_style_subscription() {
+    let store = Embedded::start().await;
+    // The .NET SDK subscribes to .../<raw id>/command/notify, which never
+    // matches .../<HEX(id)>/command/notify/<HEX(key)>.
+    let mut dotnet = client(store.port, "dotnet-client").await;
+    dotnet
+        .subscribe(&format!(
+            "clients/statestore/v1/{STORE_ID}/dotnet-client/command/notify"
+        ))
+        .await;
+    assert_eq!(text(&dotnet.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
+    let mut writer = client(store.port, "writer").await;
+    assert_eq!(text(&writer.call(&[b"SET", b"k", b"1"]).await), "+OK\r\n");
+    let n = dotnet
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("the notification is delivered");
+    assert_eq!(n.topic, Bytes::from(notify::topic("dotnet-client", b"k")));
+    assert_eq!(text(&n), SET_1);
+    assert!(prop(&n, "__ts").is_some());
+    assert!(
+        dotnet.recv(Duration::from_millis(300)).await.is_none(),
+        "exactly one copy"
+    );
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribed_client_gets_exactly_one_copy() {
+    let store = Embedded::start().await;
+    let mut rust = client(store.port, "rust-client").await;
+    // The Rust and Go SDKs subscribe to the matching filter.
+    let filter =
+        notify::topic("rust-client", b"k").replace("/command/notify/6B", "/command/notify/+");
+    rust.subscribe(&filter).await;
+    assert_eq!(text(&rust.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
+    let mut writer = client(store.port, "writer").await;
+    writer.call(&[b"SET", b"k", b"1"]).await;
+    let n = rust
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("notification");
+    assert_eq!(n.topic, Bytes::from(notify::topic("rust-client", b"k")));
+    assert!(
+        rust.recv(Duration::from_millis(300)).await.is_none(),
+        "no duplicate through the subscription"
+    );
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_drops_registrations_until_observed_again() {
+    let store = Embedded::start().await;
+    let mut writer = client(store.port, "writer").await;
+    for abrupt in [false, true] {
+        let id = if abrupt {
+            "abrupt-client"
+        } else {
+            "clean-client"
+        };
+        let mut c = client(store.port, id).await;
+        assert_eq!(text(&c.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
+        writer.call(&[b"SET", b"k", b"1"]).await;
+        assert_eq!(
+            text(&c.recv(Duration::from_secs(5)).await.expect("observing")),
+            SET_1
+        );
+        if abrupt {
+            c.kill();
+        } else {
+            c.disconnect().await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut again = client(store.port, id).await;
+        writer.call(&[b"SET", b"k", b"2"]).await;
+        assert!(
+            again.recv(Duration::from_millis(500)).await.is_none(),
+            "{id}: no notification after reconnecting until it observes again"
+        );
+        assert_eq!(text(&again.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
+        writer.call(&[b"SET", b"k", b"1"]).await;
+        assert_eq!(
+            text(
+                &again
+                    .recv(Duration::from_secs(5))
+                    .await
+                    .expect("observing again")
+            ),
+            SET_1
+        );
+        again.disconnect().await;
+    }
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_observers_both_get_every_notification() {
+    let store = Embedded::start().await;
+    let mut a = client(store.port, "obs-a").await;
+    let mut b = client(store.port, "obs-b").await;
+    for c in [&mut a, &mut b] {
+        assert_eq!(text(&c.call(&[b"KEYNOTIFY", b"shared"]).await), "+OK\r\n");
+    }
+    let mut writer = client(store.port, "writer").await;
+    writer.call(&[b"SET", b"shared", b"1"]).await;
+    writer.call(&[b"DEL", b"shared"]).await;
+    for c in [&mut a, &mut b] {
+        let set = c
+            .recv(Duration::from_secs(5))
+            .await
+            .expect("SET notification");
+        assert_eq!(text(&set), SET_1);
+        let del = c
+            .recv(Duration::from_secs(5))
+            .await
+            .expect("DELETE notification");
+        assert_eq!(text(&del), "*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
+    }
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_comes_from_the_connection_not_src_id() {
+    let store = Embedded::start().await;
+    let mut alice = client(store.port, "alice").await;
+    alice
+        .subscribe(&format!(
+            "clients/statestore/v1/{STORE_ID}/+/command/notify/+"
+        ))
+        .await;
+    let mut mallory = client(store.port, "mallory").await;
+    let mut props = mallory.request_properties();
+    for (n, v) in props.user_properties.iter_mut() {
+        if n == "__srcId" {
+            *v = "alice".into();
+        }
+    }
+    let r = mallory
+        .call_with(resp(&[b"KEYNOTIFY", b"k"]), props)
+        .await
+        .expect("reply");
+    assert_eq!(text(&r), "+OK\r\n");
+    let mut writer = client(store.port, "writer").await;
+    writer.call(&[b"SET", b"k", b"1"]).await;
+    let n = mallory
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("mallory's own notification");
+    assert_eq!(n.topic, Bytes::from(notify::topic("mallory", b"k")));
+    assert!(
+        alice.recv(Duration::from_millis(500)).await.is_none(),
+        "nothing is sent in alice's name"
+    );
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_response_topic_disconnects_the_client() {
+    let store = Embedded::start().await;
+    let mut bad = client(store.port, "bad-client").await;
+    let mut props = bad.request_properties();
+    props.response_topic = Some(format!("clients/statestore/v1/{STORE_ID}/x"));
+    bad.publish_request(resp(&[b"SET", b"k", b"v"]), props)
+        .await;
+    let mut waited = 0;
+    while !bad.was_disconnected() && waited < 50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    assert!(
+        bad.was_disconnected(),
+        "the broker disconnects a client that uses a reserved response topic"
+    );
+    let mut good = client(store.port, "good-client").await;
+    assert_eq!(
+        text(&good.call(&[b"GET", b"k"]).await),
+        "$-1\r\n",
+        "and the request was not executed"
+    );
+    store.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_consumed_by_the_store() {
+    let store = Embedded::start().await;
+    let mut snoop = RawClient::connect(store.port, "snoop").await;
+    snoop.subscribe(REQUEST_TOPIC).await;
+    let mut c = client(store.port, "requester").await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    assert!(
+        snoop.recv(Duration::from_millis(500)).await.is_none(),
+        "other subscribers do not get requests"
+    );
+    store.stop().await;
+}
