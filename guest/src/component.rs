@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 
 use crate::machine::StateMachine;
+use crate::snapshot::SnapshotScope;
 use crate::types;
 
 wit_bindgen::generate!({
@@ -70,8 +71,20 @@ impl wit::GuestStore for Store {
         self.0.borrow().next_deadline()
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        self.0.borrow().snapshot()
+    fn snapshot(&self, scope: wit::SnapshotScope) -> Vec<u8> {
+        let scope = match scope {
+            wit::SnapshotScope::Everything => SnapshotScope::Everything,
+            wit::SnapshotScope::Durable => SnapshotScope::Durable,
+        };
+        self.0.borrow().snapshot_with(scope)
+    }
+
+    fn replay(&self, records: Vec<Vec<u8>>) -> Result<(), wit::Error> {
+        let mut m = self.0.borrow_mut();
+        for r in &records {
+            m.replay(r).map_err(error_out)?;
+        }
+        Ok(())
     }
 }
 
@@ -79,6 +92,11 @@ fn config_in(c: wit::Config) -> types::Config {
     types::Config {
         node_id: c.node_id,
         server_client_id: c.server_client_id,
+        persist: match c.persist {
+            wit::PersistMode::None => types::Persist::None,
+            wit::PersistMode::All => types::Persist::All,
+            wit::PersistMode::Flagged => types::Persist::Flagged,
+        },
     }
 }
 
@@ -87,6 +105,7 @@ fn error_out(e: types::Error) -> wit::Error {
         types::Error::InvalidConfig(m) => wit::Error::InvalidConfig(m),
         types::Error::BadSnapshot(m) => wit::Error::BadSnapshot(m),
         types::Error::UnsupportedVersion(v) => wit::Error::UnsupportedVersion(v),
+        types::Error::BadRecord(m) => wit::Error::BadRecord(m),
         types::Error::Other(m) => wit::Error::Other(m),
     }
 }

@@ -108,6 +108,15 @@ impl Clock {
         (self.wall, self.counter)
     }
 
+    /// Moves L up to `(wall, counter)` if that is later (journal replay: no
+    /// version issued after a restart may be older than one issued before).
+    pub fn observe(&mut self, wall: u64, counter: u64) {
+        if (wall, counter) > (self.wall, self.counter) {
+            self.wall = wall;
+            self.counter = counter;
+        }
+    }
+
     /// The receive rule of §8.4 for a request carrying `remote` (already checked
     /// for skew), at `now`. Returns the new L. L is unchanged on error.
     pub fn receive(&mut self, remote: &Hlc, now: u64) -> Result<Hlc, CounterOverflow> {

@@ -14,6 +14,7 @@
 //!     store/     keys, versions, conditional SET, fencing tokens, expiry index
 //!     notify     KEYNOTIFY registry and notification topics
 //!     snapshot   versioned, checksummed whole-state format
+//!     journal    versioned, checksummed records of every state change; replay
 //! ```
 //!
 //! The crate never reads a clock, socket, file or random source: every entry
@@ -25,6 +26,7 @@ pub mod command;
 pub mod errors;
 pub mod expiry;
 pub mod hlc;
+pub mod journal;
 mod machine;
 pub mod notify;
 pub mod resp3;
@@ -37,4 +39,5 @@ pub mod types;
 mod component;
 
 pub use machine::StateMachine;
-pub use types::{Config, Error, InboundMessage, OutboundMessage, Output, PublishKind};
+pub use snapshot::SnapshotScope;
+pub use types::{Config, Error, InboundMessage, OutboundMessage, Output, Persist, PublishKind};

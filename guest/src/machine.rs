@@ -19,12 +19,13 @@ use std::collections::VecDeque;
 use crate::command::{self, Command};
 use crate::errors::ServiceError;
 use crate::hlc::{Clock, Hlc};
+use crate::journal;
 use crate::notify::{self, Registry};
 use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
-use crate::store::{Change, Request, Table};
-use crate::types::{Config, Error, InboundMessage, OutboundMessage, Output, PublishKind};
+use crate::store::{Change, Request, Table, Version};
+use crate::types::{Config, Error, InboundMessage, OutboundMessage, Output, Persist, PublishKind};
 
 /// The whole state store.
 #[derive(Debug, Clone)]
@@ -122,19 +123,37 @@ impl StateMachine {
 
     /// Handles one inbound message at `now`. Poll outputs afterwards.
     pub fn handle(&mut self, msg: &InboundMessage, now: u64) {
+        let mark = self.outputs.len();
         self.expire_due(now);
         self.request(msg, now);
+        self.records_first(mark);
     }
 
     /// A client went away: drop its KEYNOTIFY registrations.
     pub fn client_disconnected(&mut self, client_id: &str, now: u64) {
+        let mark = self.outputs.len();
         self.expire_due(now);
         self.registry.drop_client(client_id);
+        self.records_first(mark);
     }
 
     /// The deadline has passed: expire keys and forget old dedup entries.
     pub fn timeout(&mut self, now: u64) {
+        let mark = self.outputs.len();
         self.expire_due(now);
+        self.records_first(mark);
+    }
+
+    /// Moves the journal records of the current input ahead of its other
+    /// outputs (keeping each group's order): a host makes them durable
+    /// before it publishes anything of the same input.
+    fn records_first(&mut self, mark: usize) {
+        let tail: Vec<Output> = self.outputs.drain(mark..).collect();
+        let (records, others): (Vec<Output>, Vec<Output>) = tail
+            .into_iter()
+            .partition(|o| matches!(o, Output::Journal(_)));
+        self.outputs.extend(records);
+        self.outputs.extend(others);
     }
 
     /// The oldest output not yet taken. Poll after every input until `None`.
@@ -169,16 +188,30 @@ impl StateMachine {
     }
 
     fn expire_due(&mut self, now: u64) {
-        while let Some((key, _)) = self.table.pop_expired(now) {
+        while let Some((key, entry)) = self.table.pop_expired(now) {
             // An expiry is a deletion: it gets its own HLC. On counter
             // overflow reuse L rather than fail a timer.
             let version = self
                 .clock
                 .tick(now)
                 .unwrap_or_else(|_| self.clock.current());
+            if self.journals(entry.persist) {
+                let record = journal::expire(&key, Version::of(&version));
+                self.outputs.push_back(Output::Journal(record));
+            }
             self.notify(&key, Change::Delete, &version);
         }
         self.dedup.evict(now);
+    }
+
+    /// Whether a change to a key with this persist flag is journaled (a
+    /// removal of a key that was never journaled needs no record either).
+    fn journals(&self, persist: bool) -> bool {
+        match self.config.persist {
+            Persist::None => false,
+            Persist::All => true,
+            Persist::Flagged => persist,
+        }
     }
 
     fn request(&mut self, msg: &InboundMessage, now: u64) {
@@ -246,6 +279,10 @@ impl StateMachine {
                 expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
                 reply: out.clone(),
             };
+            if self.config.persist != Persist::None {
+                let record = journal::reply(response_topic, correlation, cached.expires_at, &out);
+                self.outputs.push_back(Output::Journal(record));
+            }
             self.dedup.insert(response_topic, correlation, cached);
         }
         out.message_expiry_interval = Some(expiry);
@@ -339,17 +376,44 @@ impl StateMachine {
                 .persist
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         };
+        // Whether the key's current value was journaled (for Persist::Flagged).
+        let before = self
+            .table
+            .get(command.key(), now)
+            .is_some_and(|e| e.persist);
         let node = self.config.node_id.as_str();
         let outcome = match self.table.execute(&command, request, &mut self.clock, node) {
             Ok(outcome) => outcome,
             Err(_) => return Reply::counter_overflow(),
         };
         if let Some(version) = &outcome.version {
+            self.journal_change(command.key(), outcome.change, version, before);
             self.notify(command.key(), outcome.change, version);
         }
         let mut reply = Reply::ok(outcome.reply, outcome.version);
         reply.cache = !matches!(command, Command::Get { .. });
         reply
+    }
+
+    /// Queues the journal record of a change (before its notifications and reply).
+    fn journal_change(&mut self, key: &[u8], change: Change, version: &Hlc, was_persisted: bool) {
+        let record = match change {
+            Change::None => return,
+            Change::Set => match self.table.entry(key) {
+                Some(e) if self.journals(e.persist) => journal::put(key, e),
+                // Flagged mode, an unflagged SET over a persisted value: the
+                // old value must not come back after a restart.
+                Some(_) if self.journals(was_persisted) => {
+                    journal::delete(key, Version::of(version))
+                }
+                _ => return,
+            },
+            Change::Delete if self.journals(was_persisted) => {
+                journal::delete(key, Version::of(version))
+            }
+            Change::Delete => return,
+        };
+        self.outputs.push_back(Output::Journal(record));
     }
 
     /// Queues a notification of `change` to every observer of `key`.

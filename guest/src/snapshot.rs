@@ -27,7 +27,18 @@ use crate::machine::StateMachine;
 use crate::notify::Registry;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::store::{Entry, Table, Version};
-use crate::types::{Config, Error, OutboundMessage, PublishKind};
+use crate::types::{Config, Error, OutboundMessage, Persist, PublishKind};
+
+/// What a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotScope {
+    /// The whole state (for moving a store to a new instance).
+    Everything,
+    /// What the journal makes durable under the config's persist mode: no
+    /// KEYNOTIFY registrations, and with `Persist::Flagged` only the keys set
+    /// with `aio-persistence: true`.
+    Durable,
+}
 
 /// Leading bytes of every snapshot.
 pub const MAGIC: &[u8; 8] = b"STSTSNAP";
@@ -37,14 +48,21 @@ pub const FORMAT_VERSION: u32 = 1;
 impl StateMachine {
     /// The whole state in the snapshot format. Pending outputs are not part of it.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(64));
+        self.snapshot_with(SnapshotScope::Everything)
+    }
+
+    /// A snapshot of `scope`.
+    pub fn snapshot_with(&self, scope: SnapshotScope) -> Vec<u8> {
+        let durable = scope == SnapshotScope::Durable;
+        let keep = |e: &Entry| !durable || self.config.persist != Persist::Flagged || e.persist;
+        let mut w = Writer::new();
         w.0.extend_from_slice(MAGIC);
         w.u32(FORMAT_VERSION);
         let (wall, counter) = self.clock.parts();
         w.u64(wall);
         w.u64(counter);
-        w.u64(self.table.len() as u64);
-        for (key, e) in self.table.iter() {
+        w.u64(self.table.iter().filter(|(_, e)| keep(e)).count() as u64);
+        for (key, e) in self.table.iter().filter(|(_, e)| keep(e)) {
             w.bytes(key);
             w.bytes(&e.value);
             w.u64(e.version.wall);
@@ -53,8 +71,9 @@ impl StateMachine {
             w.opt(e.expires_at, Writer::u64);
             w.u8(u8::from(e.persist));
         }
-        w.u64(self.registry.len() as u64);
-        for (client, key) in self.registry.iter() {
+        let registrations = if durable { 0 } else { self.registry.len() };
+        w.u64(registrations as u64);
+        for (client, key) in self.registry.iter().take(registrations) {
             w.str(client);
             w.bytes(key);
         }
@@ -65,9 +84,7 @@ impl StateMachine {
             w.u64(cached.expires_at);
             w.message(&cached.reply);
         }
-        let crc = crc32fast::hash(&w.0);
-        w.u32(crc);
-        w.0
+        w.finish_with_crc()
     }
 
     /// A store with the state of `snapshot`.
@@ -77,7 +94,10 @@ impl StateMachine {
         if snapshot.len() < MAGIC.len() + 8 || &snapshot[..MAGIC.len()] != MAGIC {
             return Err(bad("not a state store snapshot"));
         }
-        let mut r = Reader(&snapshot[MAGIC.len()..snapshot.len() - 4]);
+        let mut r = Reader::new(
+            &snapshot[MAGIC.len()..snapshot.len() - 4],
+            Error::BadSnapshot,
+        );
         let version = r.u32()?;
         if version > FORMAT_VERSION {
             return Err(Error::UnsupportedVersion(version));
@@ -119,36 +139,44 @@ impl StateMachine {
             let reply = r.message()?;
             dedup.insert(&topic, &corr, Cached { expires_at, reply });
         }
-        if !r.0.is_empty() {
-            return Err(bad("trailing bytes after the last section"));
-        }
+        r.end()?;
         Ok(StateMachine::from_parts(
             config, clock, table, registry, dedup,
         ))
     }
 }
 
-struct Writer(Vec<u8>);
+/// Little-endian encoder shared by snapshots and journal records.
+pub(crate) struct Writer(Vec<u8>);
 
 impl Writer {
-    fn u8(&mut self, v: u8) {
+    pub(crate) fn new() -> Writer {
+        Writer(Vec::with_capacity(64))
+    }
+    /// The bytes written, followed by their CRC-32.
+    pub(crate) fn finish_with_crc(mut self) -> Vec<u8> {
+        let crc = crc32fast::hash(&self.0);
+        self.u32(crc);
+        self.0
+    }
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u32(&mut self, v: u32) {
+    pub(crate) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn bytes(&mut self, v: &[u8]) {
+    pub(crate) fn bytes(&mut self, v: &[u8]) {
         // Keys, values and topics come from MQTT messages (< 256 MiB).
         self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
         self.0.extend_from_slice(v);
     }
-    fn str(&mut self, v: &str) {
+    pub(crate) fn str(&mut self, v: &str) {
         self.bytes(v.as_bytes());
     }
-    fn opt<T>(&mut self, v: Option<T>, f: impl FnOnce(&mut Self, T)) {
+    pub(crate) fn opt<T>(&mut self, v: Option<T>, f: impl FnOnce(&mut Self, T)) {
         match v {
             None => self.u8(0),
             Some(v) => {
@@ -157,12 +185,12 @@ impl Writer {
             }
         }
     }
-    fn hlc(&mut self, h: &Hlc) {
+    pub(crate) fn hlc(&mut self, h: &Hlc) {
         self.u64(h.wall);
         self.u64(h.counter);
         self.str(&h.node);
     }
-    fn message(&mut self, m: &OutboundMessage) {
+    pub(crate) fn message(&mut self, m: &OutboundMessage) {
         self.u8(match m.kind {
             PublishKind::Response => 0,
             PublishKind::Notification => 1,
@@ -185,63 +213,77 @@ impl Writer {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
-
-fn truncated() -> Error {
-    Error::BadSnapshot("truncated".into())
+/// Decoder for [`Writer`]'s encodings; errors are made with `bad`.
+pub(crate) struct Reader<'a> {
+    data: &'a [u8],
+    bad: fn(String) -> Error,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
-        if self.0.len() < n {
-            return Err(truncated());
+    pub(crate) fn new(data: &'a [u8], bad: fn(String) -> Error) -> Reader<'a> {
+        Reader { data, bad }
+    }
+    fn err(&self, m: &str) -> Error {
+        (self.bad)(m.to_string())
+    }
+    /// Fails unless everything was read.
+    pub(crate) fn end(&self) -> Result<(), Error> {
+        if self.data.is_empty() {
+            Ok(())
+        } else {
+            Err(self.err("trailing bytes"))
         }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
+        if self.data.len() < n {
+            return Err(self.err("truncated"));
+        }
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
         Ok(head)
     }
-    fn u8(&mut self) -> Result<u8, Error> {
+    pub(crate) fn u8(&mut self) -> Result<u8, Error> {
         Ok(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Result<u32, Error> {
+    pub(crate) fn u32(&mut self) -> Result<u32, Error> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn u64(&mut self) -> Result<u64, Error> {
+    pub(crate) fn u64(&mut self) -> Result<u64, Error> {
         let mut a = [0; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
     }
-    fn bytes(&mut self) -> Result<&'a [u8], Error> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], Error> {
         let n = self.u32()? as usize;
         self.take(n)
     }
-    fn str(&mut self) -> Result<String, Error> {
-        String::from_utf8(self.bytes()?.to_vec())
-            .map_err(|_| Error::BadSnapshot("a string is not UTF-8".into()))
+    pub(crate) fn str(&mut self) -> Result<String, Error> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| self.err("a string is not UTF-8"))
     }
-    fn opt<T>(
+    pub(crate) fn opt<T>(
         &mut self,
         f: impl FnOnce(&mut Self) -> Result<T, Error>,
     ) -> Result<Option<T>, Error> {
         match self.u8()? {
             0 => Ok(None),
             1 => f(self).map(Some),
-            _ => Err(Error::BadSnapshot("bad option tag".into())),
+            _ => Err(self.err("bad option tag")),
         }
     }
-    fn hlc(&mut self) -> Result<Hlc, Error> {
+    pub(crate) fn hlc(&mut self) -> Result<Hlc, Error> {
         Ok(Hlc {
             wall: self.u64()?,
             counter: self.u64()?,
             node: self.str()?,
         })
     }
-    fn message(&mut self) -> Result<OutboundMessage, Error> {
+    pub(crate) fn message(&mut self) -> Result<OutboundMessage, Error> {
         let kind = match self.u8()? {
             0 => PublishKind::Response,
             1 => PublishKind::Notification,
-            _ => return Err(Error::BadSnapshot("bad message kind".into())),
+            _ => return Err(self.err("bad message kind")),
         };
         let topic = self.str()?;
         let payload = self.bytes()?.to_vec();

@@ -94,6 +94,19 @@ pub enum Output {
     },
 }
 
+/// Which state changes become journal records (WIT `persist-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Persist {
+    /// None: the store is volatile.
+    #[default]
+    None,
+    /// Every key.
+    All,
+    /// Only keys set with `aio-persistence: true`; a SET without it journals
+    /// the key's removal, so an older persisted value cannot come back.
+    Flagged,
+}
+
 /// How a store is set up (WIT `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -101,6 +114,8 @@ pub struct Config {
     pub node_id: String,
     /// Our MQTT client id, sent as `__srcId`.
     pub server_client_id: Option<String>,
+    /// Which changes are journaled.
+    pub persist: Persist,
 }
 
 impl Default for Config {
@@ -108,6 +123,7 @@ impl Default for Config {
         Config {
             node_id: "StateStore".to_string(),
             server_client_id: None,
+            persist: Persist::None,
         }
     }
 }
@@ -137,8 +153,10 @@ pub enum Error {
     InvalidConfig(String),
     /// A snapshot is damaged or not a snapshot.
     BadSnapshot(String),
-    /// A snapshot written by a newer format version.
+    /// A snapshot or journal record written by a newer format version.
     UnsupportedVersion(u32),
+    /// A journal record is damaged or is not a record.
+    BadRecord(String),
     /// Anything else.
     Other(String),
 }
@@ -148,10 +166,10 @@ impl core::fmt::Display for Error {
         match self {
             Error::InvalidConfig(m) => write!(f, "invalid config: {m}"),
             Error::BadSnapshot(m) => write!(f, "bad snapshot: {m}"),
-            Error::UnsupportedVersion(v) => write!(
-                f,
-                "snapshot format version {v} is newer than this build understands"
-            ),
+            Error::UnsupportedVersion(v) => {
+                write!(f, "format version {v} is newer than this build understands")
+            }
+            Error::BadRecord(m) => write!(f, "bad journal record: {m}"),
             Error::Other(m) => f.write_str(m),
         }
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_guest::{Config, InboundMessage, Output, PublishKind, StateMachine};
+use statestore_guest::{Config, InboundMessage, Output, Persist, PublishKind, StateMachine};
 
 const T0: u64 = 1_700_000_000_000;
 const KEYS: &[&[u8]] = &[b"a", b"b", b"c\0\r\n", b"\xff"];
@@ -76,18 +76,28 @@ struct Harness {
     keys: BTreeMap<Vec<u8>, (Vec<u8>, Option<u64>)>,
     observed: BTreeSet<Vec<u8>>,
     last_version: String,
+    /// Every journal record so far.
+    journal: Vec<Vec<u8>>,
+}
+
+fn config() -> Config {
+    Config {
+        persist: Persist::All,
+        ..Config::default()
+    }
 }
 
 impl Harness {
     fn new() -> Harness {
         Harness {
-            sm: StateMachine::new(Config::default()).expect("config"),
+            sm: StateMachine::new(config()).expect("config"),
             now: T0,
             corr: 0,
             last: None,
             keys: BTreeMap::new(),
             observed: BTreeSet::new(),
             last_version: String::new(),
+            journal: Vec::new(),
         }
     }
 
@@ -126,6 +136,10 @@ impl Harness {
                 Output::Publish(p) => {
                     assert_eq!(i, out.len() - 1, "reply must be last");
                     reply = Some(p.clone());
+                }
+                Output::Journal(r) => {
+                    assert!(reply.is_none() && notes.is_empty(), "records come first");
+                    self.journal.push(r.clone());
                 }
                 other => panic!("unexpected output {other:?}"),
             }
@@ -261,6 +275,7 @@ impl Harness {
                     self.sm.timeout(self.now);
                     for o in self.sm.take_outputs() {
                         match o {
+                            Output::Journal(r) => self.journal.push(r),
                             Output::Publish(p) => {
                                 assert_eq!(p.payload, b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
                                 let v = p.user_property("__ts").expect("ts").to_string();
@@ -303,7 +318,19 @@ impl Harness {
                 };
                 let before = self.sm.snapshot();
                 self.sm.handle(&m, self.now);
-                let out = self.sm.take_outputs();
+                let out: Vec<Output> = self
+                    .sm
+                    .take_outputs()
+                    .into_iter()
+                    .filter(|o| match o {
+                        // Expiry due at this time still happens first.
+                        Output::Journal(r) => {
+                            self.journal.push(r.clone());
+                            false
+                        }
+                        _ => true,
+                    })
+                    .collect();
                 let is_get = m.payload.starts_with(b"*2\r\n$3\r\nGET");
                 if is_get {
                     return; // GETs are re-read, not cached; checked by Op::Get.

@@ -7,6 +7,18 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
     wit::Config {
         node_id: c.node_id.clone(),
         server_client_id: c.server_client_id.clone(),
+        persist: match c.persist {
+            types::Persist::None => wit::PersistMode::None,
+            types::Persist::All => wit::PersistMode::All,
+            types::Persist::Flagged => wit::PersistMode::Flagged,
+        },
+    }
+}
+
+pub(crate) fn scope(s: statestore_guest::SnapshotScope) -> wit::SnapshotScope {
+    match s {
+        statestore_guest::SnapshotScope::Everything => wit::SnapshotScope::Everything,
+        statestore_guest::SnapshotScope::Durable => wit::SnapshotScope::Durable,
     }
 }
 
@@ -69,6 +81,7 @@ pub(crate) fn error(e: wit::Error) -> types::Error {
         wit::Error::InvalidConfig(m) => types::Error::InvalidConfig(m),
         wit::Error::BadSnapshot(m) => types::Error::BadSnapshot(m),
         wit::Error::UnsupportedVersion(v) => types::Error::UnsupportedVersion(v),
+        wit::Error::BadRecord(m) => types::Error::BadRecord(m),
         wit::Error::Other(m) => types::Error::Other(m),
     }
 }

@@ -170,6 +170,7 @@ impl EmbeddedServer {
         let store = runtime.instantiate(&Config {
             node_id: opts.node_id.clone(),
             server_client_id: Some(opts.server_client_id.clone()),
+            persist: crate::Persist::None,
         })?;
         let scx = ServerContext::new().busy_check_enable(false).build().await;
         let (tx, events) = mpsc::unbounded_channel();

@@ -23,7 +23,10 @@ pub mod mqtt;
 pub mod serve;
 pub mod wasm;
 
-pub use statestore_guest::types::{Config, InboundMessage, OutboundMessage, Output, PublishKind};
+pub use statestore_guest::SnapshotScope;
+pub use statestore_guest::types::{
+    Config, InboundMessage, OutboundMessage, Output, Persist, PublishKind,
+};
 pub use wasm::{Runtime, WasmStore};
 
 /// The guest component built by this crate's build script (`wasm32-wasip2`).
@@ -49,7 +52,13 @@ pub trait Backend {
     /// When `timeout` is next due.
     fn next_deadline(&mut self) -> anyhow::Result<Option<u64>>;
     /// The whole state.
-    fn snapshot(&mut self) -> anyhow::Result<Vec<u8>>;
+    fn snapshot(&mut self) -> anyhow::Result<Vec<u8>> {
+        self.snapshot_with(SnapshotScope::Everything)
+    }
+    /// The state of `scope`.
+    fn snapshot_with(&mut self, scope: SnapshotScope) -> anyhow::Result<Vec<u8>>;
+    /// Applies journal records in order.
+    fn replay(&mut self, records: &[Vec<u8>]) -> anyhow::Result<()>;
 }
 
 /// The state machine compiled natively, behind [`Backend`].
@@ -99,7 +108,13 @@ impl Backend for NativeStore {
     fn next_deadline(&mut self) -> anyhow::Result<Option<u64>> {
         Ok(self.0.next_deadline())
     }
-    fn snapshot(&mut self) -> anyhow::Result<Vec<u8>> {
-        Ok(self.0.snapshot())
+    fn snapshot_with(&mut self, scope: SnapshotScope) -> anyhow::Result<Vec<u8>> {
+        Ok(self.0.snapshot_with(scope))
+    }
+    fn replay(&mut self, records: &[Vec<u8>]) -> anyhow::Result<()> {
+        for r in records {
+            self.0.replay(r)?;
+        }
+        Ok(())
     }
 }

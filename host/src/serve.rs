@@ -146,6 +146,7 @@ impl Server {
         let config = Config {
             node_id: opts.node_id.clone(),
             server_client_id: Some(opts.client_id.clone()),
+            persist: crate::Persist::None,
         };
         let store = runtime.instantiate(&config)?;
         let mut mqtt = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);

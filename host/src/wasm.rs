@@ -139,9 +139,16 @@ impl Backend for WasmStore {
         Ok(api.call_next_deadline(&mut self.store, self.handle)?)
     }
 
-    fn snapshot(&mut self) -> Result<Vec<u8>> {
+    fn snapshot_with(&mut self, scope: crate::SnapshotScope) -> Result<Vec<u8>> {
         let api = self.guest.statestore_core_store().store();
-        Ok(api.call_snapshot(&mut self.store, self.handle)?)
+        Ok(api.call_snapshot(&mut self.store, self.handle, convert::scope(scope))?)
+    }
+
+    fn replay(&mut self, records: &[Vec<u8>]) -> Result<()> {
+        let api = self.guest.statestore_core_store().store();
+        api.call_replay(&mut self.store, self.handle, records)?
+            .map_err(convert::error)?;
+        Ok(())
     }
 }
 

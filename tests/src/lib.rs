@@ -37,6 +37,7 @@ pub fn test_config() -> Config {
     Config {
         node_id: "StateStore".into(),
         server_client_id: Some(SERVER_ID.into()),
+        persist: statestore::Persist::None,
     }
 }
 
@@ -160,7 +161,11 @@ impl Sim {
 
     /// A scenario on a chosen runtime.
     pub fn with(kind: Kind, name: &str, description: &str) -> Sim {
-        let config = test_config();
+        Sim::with_config(kind, name, description, test_config())
+    }
+
+    /// A scenario with its own config.
+    pub fn with_config(kind: Kind, name: &str, description: &str, config: Config) -> Sim {
         Sim {
             name: name.into(),
             description: description.into(),
@@ -302,6 +307,17 @@ pub fn set_prop(m: &mut InboundMessage, name: &str, value: Option<&str>) {
     if let Some(v) = value {
         m.user_properties.push((name.into(), v.into()));
     }
+}
+
+/// The journal records among outputs.
+pub fn records(outputs: &[Output]) -> Vec<Vec<u8>> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Journal(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The publishes among outputs.

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
-use statestore::{Config, InboundMessage, OutboundMessage, Output, PublishKind};
+use statestore::{Config, InboundMessage, OutboundMessage, Output, Persist, PublishKind};
 
 /// One input.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,6 +162,11 @@ impl Vector {
             "config": {
                 "node_id": self.config.node_id,
                 "server_client_id": self.config.server_client_id,
+                "persist": match self.config.persist {
+                    Persist::None => "none",
+                    Persist::All => "all",
+                    Persist::Flagged => "flagged",
+                },
             },
             "steps": steps,
         })
@@ -194,6 +199,12 @@ impl Vector {
             config: Config {
                 node_id: str_field(config, "node_id")?,
                 server_client_id: opt_str(config, "server_client_id")?,
+                persist: match config.get("persist").and_then(Value::as_str) {
+                    None | Some("none") => Persist::None,
+                    Some("all") => Persist::All,
+                    Some("flagged") => Persist::Flagged,
+                    Some(other) => bail!("unknown persist mode {other:?}"),
+                },
             },
             steps,
         })

@@ -828,3 +828,99 @@ fn counter_overflow_is_a_500() {
     assert_eq!(reply(&out).payload, b"$-1\r\n");
     sim.finish();
 }
+
+/// Every journal record of an input comes before its first publish.
+fn records_first(out: &[Output]) {
+    let first_publish = out.iter().position(|o| matches!(o, Output::Publish(_)));
+    let last_record = out.iter().rposition(|o| matches!(o, Output::Journal(_)));
+    if let (Some(p), Some(r)) = (first_publish, last_record) {
+        assert!(r < p, "journal records must precede publishes: {out:#?}");
+    }
+}
+
+#[test]
+fn journal_persist_all() {
+    let config = statestore::Config {
+        persist: statestore::Persist::All,
+        ..test_config()
+    };
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "journal_all",
+        "§5 durability: a record for every change (put, delete, expiry, dedup reply), before the publishes of its input",
+        config.clone(),
+    );
+    let mut all = Vec::new();
+    let mut step = |out: Vec<Output>, want: usize| {
+        records_first(&out);
+        assert_eq!(records(&out).len(), want, "{out:#?}");
+        all.extend(records(&out));
+    };
+    step(sim.call(&[b"KEYNOTIFY", b"k"]).1, 1); // its dedup reply
+    step(sim.call(&[b"SET", b"k", b"v", b"PX", b"1000"]).1, 2); // put + reply
+    step(sim.call(&[b"GET", b"k"]).1, 0); // reads change nothing
+    step(sim.call(&[b"SET", b"k", b"v", b"NX"]).1, 1); // not applied: only the reply
+    let ft = format!("{T0:015}:00000:lock");
+    let mut m = sim.request(&[b"SET", b"f", b"x"]);
+    set_prop(&mut m, "__ft", Some(&ft));
+    step(sim.send(&m), 2);
+    step(sim.call(&[b"DEL", b"nothing"]).1, 1);
+    step(sim.call(&[b"VDEL", b"f", b"x"]).1, 1); // fenced: an error reply only
+    step(sim.advance(1000), 1); // the expiry
+    let mut m = sim.request(&[b"SET", b"gone", b"soon"]);
+    step(sim.send(&m), 2);
+    m = sim.request(&[b"DEL", b"gone"]);
+    step(sim.send(&m), 2); // delete + reply
+    // Replaying the records rebuilds the same keys, versions and dedup replies.
+    let mut rebuilt = statestore::NativeStore::new(config.clone()).expect("store");
+    statestore::Backend::replay(&mut rebuilt, &all).expect("replay");
+    for key in [&b"k"[..], b"f", b"gone", b"nothing"] {
+        let mut probe = sim.request(&[b"GET", key]);
+        set_prop(&mut probe, "__ts", None);
+        let a = reply(&sim.send(&probe)).payload.clone();
+        statestore::Backend::handle(&mut rebuilt, &probe, sim.now).expect("handle");
+        let b = statestore::Backend::poll_outputs(&mut rebuilt).expect("outputs");
+        assert_eq!(reply(&b).payload, a, "{}", String::from_utf8_lossy(key));
+        assert_eq!(ts_of(reply(&b)), ts_of(reply(&sim.send(&probe))));
+    }
+    // A redelivered request after the "restart" gets its original reply.
+    let out = statestore::Backend::handle_batch(&mut rebuilt, &[m], sim.now).expect("redelivery");
+    assert_eq!(reply(&out).payload, b":1\r\n");
+    assert!(records(&out).is_empty());
+    sim.finish();
+}
+
+#[test]
+fn journal_persist_flagged() {
+    let config = statestore::Config {
+        persist: statestore::Persist::Flagged,
+        ..test_config()
+    };
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "journal_flagged",
+        "§5 durability, --persist flagged: only keys set with aio-persistence=true are journaled",
+        config,
+    );
+    let flagged = |sim: &mut Sim, parts: &[&[u8]]| {
+        let mut m = sim.request(parts);
+        set_prop(&mut m, "aio-persistence", Some("true"));
+        sim.send(&m)
+    };
+    let puts = |out: &[Output]| records(out).iter().filter(|r| r[1] == 1).count();
+    let deletes = |out: &[Output]| records(out).iter().filter(|r| r[1] == 2).count();
+    let out = sim.call(&[b"SET", b"plain", b"v"]).1;
+    assert_eq!((puts(&out), deletes(&out)), (0, 0));
+    let out = flagged(&mut sim, &[b"SET", b"kept", b"v"]);
+    assert_eq!((puts(&out), deletes(&out)), (1, 0));
+    // An unflagged SET over a persisted value journals its removal.
+    let out = sim.call(&[b"SET", b"kept", b"w"]).1;
+    assert_eq!((puts(&out), deletes(&out)), (0, 1));
+    let out = sim.call(&[b"DEL", b"plain"]).1;
+    assert_eq!((puts(&out), deletes(&out)), (0, 0));
+    let out = flagged(&mut sim, &[b"SET", b"kept", b"x", b"PX", b"10"]);
+    assert_eq!(puts(&out), 1);
+    let out = sim.advance(10);
+    assert_eq!(records(&out).len(), 1, "the expiry of a persisted key");
+    sim.finish();
+}

@@ -24,7 +24,8 @@ pub struct Version {
 }
 
 impl Version {
-    fn of(hlc: &Hlc) -> Version {
+    /// The version part of a server-issued HLC.
+    pub fn of(hlc: &Hlc) -> Version {
         // The clock never issues a counter above hlc::MAX_COUNTER < u32::MAX.
         Version {
             wall: hlc.wall,
