@@ -20,7 +20,8 @@ use anyhow::Result;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::{Backend, InboundMessage, Output};
+use crate::journal::Journal;
+use crate::{Backend, InboundMessage, OutboundMessage, Output, PublishKind, WasmStore};
 
 /// What a transport hands the state machine.
 #[derive(Debug)]
@@ -55,10 +56,81 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Makes the journal records among `outputs` durable (per the fsync
+/// policy) and returns the rest, to publish. If the records cannot be
+/// written (a full disk), nothing of the batch stays applied: the store is
+/// reloaded from disk and every reply of the batch becomes a 500.
+pub fn commit(
+    store: &mut WasmStore,
+    journal: Option<&mut Journal>,
+    outputs: Vec<Output>,
+) -> Result<Vec<Output>> {
+    let (records, publishes): (Vec<Output>, Vec<Output>) = outputs
+        .into_iter()
+        .partition(|o| matches!(o, Output::Journal(_)));
+    let Some(journal) = journal else {
+        return Ok(publishes);
+    };
+    let records: Vec<Vec<u8>> = records
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Journal(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    match journal.append(&records) {
+        Ok(()) => {
+            if journal.snapshot_due() {
+                journal.snapshot(store)?;
+            }
+            Ok(publishes)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, dir = %journal.dir().display(), "cannot write the journal: answering the batch with errors");
+            *store = journal.reload()?;
+            Ok(publishes
+                .into_iter()
+                .filter_map(|o| match o {
+                    Output::Publish(m) if m.kind == PublishKind::Response => {
+                        Some(Output::Publish(failed(m, &e)))
+                    }
+                    _ => None, // notifications of changes that did not happen
+                })
+                .collect())
+        }
+    }
+}
+
+/// A 500 reply in place of `reply` (spec §4.3).
+fn failed(reply: OutboundMessage, e: &std::io::Error) -> OutboundMessage {
+    let mut props = vec![
+        ("__stat".to_string(), "500".to_string()),
+        ("__protVer".to_string(), "1.0".to_string()),
+        (
+            "__stMsg".to_string(),
+            format!("the state store could not make the change durable: {e}"),
+        ),
+    ];
+    props.extend(
+        reply
+            .user_properties
+            .iter()
+            .filter(|(n, _)| n == "__srcId")
+            .cloned(),
+    );
+    OutboundMessage {
+        payload: Vec::new(),
+        user_properties: props,
+        ..reply
+    }
+}
+
 /// Serves `store` over `transport` until `shutdown` completes (or the
-/// transport ends), then closes the transport.
-pub async fn drive<B: Backend, T: Transport>(
-    store: &mut B,
+/// transport ends), then closes the transport. With a journal, the records
+/// of every input are durable before its outputs are published.
+pub async fn drive<T: Transport>(
+    store: &mut WasmStore,
+    mut journal: Option<&mut Journal>,
     transport: &mut T,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
@@ -98,6 +170,7 @@ pub async fn drive<B: Backend, T: Transport>(
                         store.poll_outputs()?
                     }
                 };
+                let outputs = commit(store, journal.as_deref_mut(), outputs)?;
                 transport.emit(outputs).await?;
                 transport.settle().await?;
                 deadline = store.next_deadline()?;
@@ -110,6 +183,7 @@ pub async fn drive<B: Backend, T: Transport>(
                 }
                 store.timeout(now)?;
                 let outputs = store.poll_outputs()?;
+                let outputs = commit(store, journal.as_deref_mut(), outputs)?;
                 transport.emit(outputs).await?;
                 deadline = store.next_deadline()?;
             }

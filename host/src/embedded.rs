@@ -35,7 +35,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::driver::{Input, Transport, now_ms};
-use crate::{Config, InboundMessage, OutboundMessage, Output, PublishKind, Runtime, WasmStore};
+use crate::journal::Journal;
+use crate::store::StoreOptions;
+use crate::{InboundMessage, OutboundMessage, Output, PublishKind, Runtime, WasmStore};
 
 /// A client id no client can have (MQTT client ids are never this long and
 /// `$` ids are refused): routing a request copy to it drops the copy.
@@ -49,10 +51,8 @@ const MAX_PACKET: u32 = 268_435_455;
 pub struct EmbeddedOptions {
     /// Where the broker listens.
     pub listen: SocketAddr,
-    /// HLC node id.
-    pub node_id: String,
-    /// The `__srcId` of replies and notifications.
-    pub server_client_id: String,
+    /// The store: node id, persistence.
+    pub store: StoreOptions,
 }
 
 enum BrokerEvent {
@@ -152,6 +152,7 @@ fn outbound(m: OutboundMessage) -> Publish {
 /// The broker with the store as its extension.
 pub struct EmbeddedServer {
     store: WasmStore,
+    journal: Option<Journal>,
     transport: BrokerTransport,
     local_addr: SocketAddr,
 }
@@ -167,11 +168,7 @@ impl EmbeddedServer {
     /// Instantiates the component and starts the broker listening. Fails
     /// with a clear message if the address cannot be bound (port in use).
     pub async fn start(runtime: &Runtime, opts: EmbeddedOptions) -> Result<EmbeddedServer> {
-        let store = runtime.instantiate(&Config {
-            node_id: opts.node_id.clone(),
-            server_client_id: Some(opts.server_client_id.clone()),
-            persist: crate::Persist::None,
-        })?;
+        let (store, journal) = crate::store::open(runtime, &opts.store)?;
         let scx = ServerContext::new().busy_check_enable(false).build().await;
         let (tx, events) = mpsc::unbounded_channel();
         let register = scx.extends.hook_mgr().register();
@@ -204,6 +201,7 @@ impl EmbeddedServer {
         info!(listen = %local_addr, "embedded MQTT broker listening; serving the state store");
         Ok(EmbeddedServer {
             store,
+            journal,
             transport: BrokerTransport {
                 scx,
                 events,
@@ -221,7 +219,8 @@ impl EmbeddedServer {
 
     /// Serves until `shutdown` completes, then stops the broker.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        crate::driver::drive(&mut self.store, &mut self.transport, shutdown).await
+        let journal = self.journal.as_mut();
+        crate::driver::drive(&mut self.store, journal, &mut self.transport, shutdown).await
     }
 }
 

@@ -19,8 +19,10 @@ pub mod cache;
 mod convert;
 pub mod driver;
 pub mod embedded;
+pub mod journal;
 pub mod mqtt;
 pub mod serve;
+pub mod store;
 pub mod wasm;
 
 pub use statestore_guest::SnapshotScope;

@@ -8,9 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use statestore::embedded::{EmbeddedOptions, EmbeddedServer};
+use statestore::journal::{Fsync, SnapshotPolicy};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
-use statestore::{Runtime, cache};
+use statestore::store::StoreOptions;
+use statestore::{Persist, Runtime, cache};
 
 /// The MQTT broker state store: the key-value service of Azure IoT Operations,
 /// as one WebAssembly component served by a native host.
@@ -91,6 +93,31 @@ struct ServeArgs {
     #[arg(long, value_enum, default_value_t = ClientEvents::None)]
     client_events: ClientEvents,
 
+    /// Keep the store on disk in this directory (a write-ahead log and
+    /// snapshots); it is recovered from there at start.
+    #[arg(long, env = "STATESTORE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+
+    /// Which keys survive a restart: `all`, `flagged` (only keys set with
+    /// `aio-persistence: true`) or `none` (volatile). Default: `all` with
+    /// --data-dir, else `none`.
+    #[arg(long, value_enum)]
+    persist: Option<PersistArg>,
+
+    /// When writes reach the disk: `always` (before the reply; concurrent
+    /// requests share one fsync), `everysec` (a crash loses at most ~1 s) or
+    /// `no` (the OS decides).
+    #[arg(long, value_enum, default_value_t = Fsync::Always)]
+    fsync: Fsync,
+
+    /// Snapshot and truncate the log after this many MiB of log.
+    #[arg(long, default_value_t = 64)]
+    snapshot_log_mib: u64,
+
+    /// ... or after this many seconds, if anything was written.
+    #[arg(long, default_value_t = 300)]
+    snapshot_interval: u64,
+
     /// Serve this component instead of the built-in one.
     #[arg(long)]
     component: Option<PathBuf>,
@@ -99,6 +126,14 @@ struct ServeArgs {
     /// ($STATESTORE_CACHE_DIR, $XDG_CACHE_HOME/statestore or ~/.cache/statestore).
     #[arg(long)]
     no_cache: bool,
+}
+
+/// `--persist` values.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PersistArg {
+    All,
+    Flagged,
+    None,
 }
 
 fn parse_url(s: &str) -> Result<BrokerUrl, String> {
@@ -163,11 +198,26 @@ fn serve(args: ServeArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let persist = match (args.persist, &args.data_dir) {
+        (Some(PersistArg::All), _) | (None, Some(_)) => Persist::All,
+        (Some(PersistArg::Flagged), _) => Persist::Flagged,
+        (Some(PersistArg::None), _) | (None, None) => Persist::None,
+    };
+    let store = StoreOptions {
+        node_id: args.node_id.clone(),
+        server_client_id: args.client_id.clone(),
+        persist,
+        data_dir: args.data_dir.clone(),
+        fsync: args.fsync,
+        snapshots: SnapshotPolicy {
+            max_log_bytes: args.snapshot_log_mib.saturating_mul(1 << 20).max(1),
+            max_interval: Duration::from_secs(args.snapshot_interval.max(1)),
+        },
+    };
     let Some(broker) = args.broker.clone() else {
         let opts = EmbeddedOptions {
             listen: args.listen,
-            node_id: args.node_id,
-            server_client_id: args.client_id,
+            store,
         };
         return rt.block_on(async move {
             let server = EmbeddedServer::start(&runtime, opts).await?;
@@ -184,7 +234,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         session_expiry: Duration::from_secs(args.session_expiry),
         connect_timeout: Duration::from_secs(args.connect_timeout),
         client_events: args.client_events,
-        node_id: args.node_id,
+        store,
     };
     rt.block_on(async move {
         let server = Server::connect(&runtime, opts).await?;

@@ -29,8 +29,10 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::driver::Input;
+use crate::journal::Journal;
 use crate::mqtt::{self, BrokerUrl};
-use crate::{Config, Output, Runtime, WasmStore};
+use crate::store::StoreOptions;
+use crate::{Output, Runtime, WasmStore};
 
 /// Largest MQTT packet (the protocol maximum): 64 KiB keys and MiB values must pass.
 pub const MAX_PACKET: u32 = 268_435_455;
@@ -107,8 +109,8 @@ pub struct ServeOptions {
     pub connect_timeout: Duration,
     /// Where disconnect events come from.
     pub client_events: ClientEvents,
-    /// HLC node id.
-    pub node_id: String,
+    /// The store: node id, persistence.
+    pub store: StoreOptions,
 }
 
 // Raw events of the rumqttc connection.
@@ -125,6 +127,7 @@ pub use crate::driver::now_ms;
 /// A connected, subscribed server; [`Server::run`] serves until shutdown.
 pub struct Server {
     store: WasmStore,
+    journal: Option<Journal>,
     transport: ClientTransport,
 }
 
@@ -143,12 +146,7 @@ impl Server {
     /// Instantiates the component, connects to the broker and subscribes.
     /// Fails with a clear message if the broker cannot be reached in time.
     pub async fn connect(runtime: &Runtime, opts: ServeOptions) -> Result<Server> {
-        let config = Config {
-            node_id: opts.node_id.clone(),
-            server_client_id: Some(opts.client_id.clone()),
-            persist: crate::Persist::None,
-        };
-        let store = runtime.instantiate(&config)?;
+        let (store, journal) = crate::store::open(runtime, &opts.store)?;
         let mut mqtt = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);
         mqtt.set_keep_alive(opts.keep_alive)
             .set_clean_start(false)
@@ -193,7 +191,11 @@ impl Server {
         let wait =
             tokio::time::timeout(transport.opts.connect_timeout, transport.first_connection());
         match wait.await {
-            Ok(Ok(())) => Ok(Server { store, transport }),
+            Ok(Ok(())) => Ok(Server {
+                store,
+                journal,
+                transport,
+            }),
             Ok(Err(e)) => {
                 transport.net.abort();
                 Err(e)
@@ -212,7 +214,8 @@ impl Server {
     /// Serves requests until `shutdown` completes, then finishes what is in
     /// hand, disconnects cleanly and returns.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        crate::driver::drive(&mut self.store, &mut self.transport, shutdown).await
+        let journal = self.journal.as_mut();
+        crate::driver::drive(&mut self.store, journal, &mut self.transport, shutdown).await
     }
 }
 

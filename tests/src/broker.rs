@@ -18,6 +18,7 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use statestore::embedded::{EmbeddedOptions, EmbeddedServer};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
+use statestore::store::StoreOptions;
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::{mpsc, oneshot};
 
@@ -148,7 +149,7 @@ pub fn serve_options(broker: BrokerUrl, client_events: ClientEvents) -> ServeOpt
         session_expiry: Duration::from_secs(600),
         connect_timeout: Duration::from_secs(10),
         client_events,
-        node_id: "StateStore".into(),
+        store: StoreOptions::volatile("StateStore", "statestore-under-test"),
     }
 }
 
@@ -204,8 +205,7 @@ impl Embedded {
     pub async fn start() -> Embedded {
         let opts = EmbeddedOptions {
             listen: "127.0.0.1:0".parse().expect("address"),
-            node_id: "StateStore".into(),
-            server_client_id: "statestore-under-test".into(),
+            store: StoreOptions::volatile("StateStore", "statestore-under-test"),
         };
         let server = EmbeddedServer::start(crate::wasm_runtime(), opts)
             .await

@@ -1,0 +1,490 @@
+//! The write-ahead log and snapshots of a durable store (`--data-dir`).
+//!
+//! ```text
+//! DIR/LOCK                         held (flock) while a server uses DIR
+//! DIR/snapshot-<seq>.snap          a durable-scope guest snapshot (own magic,
+//!                                  version and CRC-32)
+//! DIR/wal-<seq>.log                "STSTWAL" 0x00, u32 format version (1), then frames:
+//!                                  u32 length, u32 CRC-32 of the record, record
+//! ```
+//!
+//! The state is: the newest valid snapshot `S`, then every frame of
+//! `wal-<seq>.log` for `seq >= S` in order. A snapshot is taken between two
+//! inputs, a new segment is started at once, and the snapshot file is written
+//! in the background; older files are deleted only once it is durable, so a
+//! crash at any point leaves a readable state.
+//!
+//! Recovery stops at the first torn or corrupt frame and reports how many
+//! bytes it dropped; it then writes a fresh snapshot so the damaged tail is
+//! never appended to. A file in a format newer than this build refuses to
+//! load with a clear error.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tracing::{info, warn};
+
+use crate::{Backend, Config, Runtime, SnapshotScope, WasmStore};
+
+const WAL_MAGIC: &[u8; 8] = b"STSTWAL\0";
+/// The WAL format this build writes and reads.
+pub const WAL_VERSION: u32 = 1;
+const HEADER_LEN: u64 = 12;
+
+/// When appended records reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fsync {
+    /// fsync before any reply of the batch is published (group commit: all
+    /// requests handled together share one fsync).
+    Always,
+    /// fsync once a second in the background: a crash loses at most ~1 s.
+    Everysec,
+    /// Leave it to the OS: a crash of the machine can lose recent writes.
+    No,
+}
+
+/// When to take a snapshot and truncate the log.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotPolicy {
+    /// After this many bytes of log.
+    pub max_log_bytes: u64,
+    /// After this long, if anything was logged.
+    pub max_interval: Duration,
+}
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        SnapshotPolicy {
+            max_log_bytes: 64 << 20,
+            max_interval: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What recovery found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// The snapshot loaded, if any.
+    pub snapshot_seq: Option<u64>,
+    /// Records replayed after it.
+    pub records: u64,
+    /// Bytes of torn or corrupt log dropped.
+    pub dropped_bytes: u64,
+}
+
+/// An open data directory.
+pub struct Journal {
+    dir: PathBuf,
+    fsync: Fsync,
+    policy: SnapshotPolicy,
+    seq: u64,
+    file: File,
+    len: u64,
+    logged_since_snapshot: u64,
+    last_snapshot: Instant,
+    dirty: Arc<AtomicBool>,
+    /// The active segment, for the `everysec` syncer thread.
+    sync_target: Arc<Mutex<Option<File>>>,
+    runtime: Runtime,
+    config: Config,
+    pending_snapshot: Option<(u64, std::thread::JoinHandle<io::Result<()>>)>,
+    _lock: File,
+}
+
+fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("snapshot-{seq:020}.snap"))
+}
+
+fn wal_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("wal-{seq:020}.log"))
+}
+
+/// `(seq, path)` of the files called `<prefix>-<seq>.<ext>`, oldest first.
+fn list(dir: &Path, prefix: &str, ext: &str) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = e?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(seq) = name
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix('-'))
+            .and_then(|r| r.strip_suffix(ext))
+            .and_then(|r| r.strip_suffix('.'))
+            .and_then(|r| r.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        out.push((seq, path));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The frames of one WAL segment: its records, the length of its valid
+/// prefix, and whether anything after that was dropped.
+fn read_segment(path: &Path) -> Result<(Vec<Vec<u8>>, u64, u64)> {
+    let mut data = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if data.len() < HEADER_LEN as usize || &data[..8] != WAL_MAGIC {
+        // A segment created but not yet given its header by a crash.
+        return Ok((Vec::new(), 0, data.len() as u64));
+    }
+    let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+    if version > WAL_VERSION {
+        bail!(
+            "{} is in WAL format {version}, newer than this build reads ({WAL_VERSION}): run a newer statestore",
+            path.display()
+        );
+    }
+    let mut pos = HEADER_LEN as usize;
+    let mut records = Vec::new();
+    while data.len() - pos >= 8 {
+        let len =
+            u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
+        let crc = u32::from_le_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
+        let Some(record) = data.get(pos + 8..pos + 8 + len) else {
+            break;
+        };
+        if crc32fast::hash(record) != crc {
+            break;
+        }
+        records.push(record.to_vec());
+        pos += 8 + len;
+    }
+    Ok((records, pos as u64, (data.len() - pos) as u64))
+}
+
+impl Journal {
+    /// Opens (creating if needed) `dir`, recovers the store it holds and
+    /// returns both. Expired keys are expired at once (their records are
+    /// logged before this returns).
+    pub fn open(
+        runtime: &Runtime,
+        config: &Config,
+        dir: &Path,
+        fsync: Fsync,
+        policy: SnapshotPolicy,
+    ) -> Result<(Journal, WasmStore, Recovery)> {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .with_context(|| format!("cannot open {}/LOCK", dir.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                bail!("{} is in use by another statestore process", dir.display())
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", dir.display()));
+            }
+        }
+        let (mut store, recovery, last_seq) = recover(runtime, config, dir)?;
+        let seq = last_seq + 1;
+        let (file, len) = new_segment(dir, seq)?;
+        let mut journal = Journal {
+            dir: dir.to_path_buf(),
+            fsync,
+            policy,
+            seq,
+            file,
+            len,
+            logged_since_snapshot: 0,
+            last_snapshot: Instant::now(),
+            dirty: Arc::new(AtomicBool::new(false)),
+            sync_target: Arc::new(Mutex::new(None)),
+            runtime: runtime.clone(),
+            config: config.clone(),
+            pending_snapshot: None,
+            _lock: lock,
+        };
+        // Start from a clean snapshot: the damaged or replayed tail is
+        // never appended to, and old files can go.
+        journal.write_snapshot_now(&mut store)?;
+        store.timeout(crate::driver::now_ms())?;
+        let outputs = store.poll_outputs()?;
+        let records: Vec<Vec<u8>> = outputs
+            .into_iter()
+            .filter_map(|o| match o {
+                crate::Output::Journal(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        journal.append(&records)?;
+        if fsync == Fsync::Everysec {
+            journal.start_syncer()?;
+        }
+        Ok((journal, store, recovery))
+    }
+
+    /// Appends records; under `Fsync::Always` they are on disk when this
+    /// returns. On error nothing of this call stays in the log.
+    pub fn append(&mut self, records: &[Vec<u8>]) -> io::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::with_capacity(records.iter().map(|r| r.len() + 8).sum());
+        for r in records {
+            let len = u32::try_from(r.len()).map_err(|_| io::Error::other("record too large"))?;
+            buf.extend_from_slice(&len.to_le_bytes());
+            buf.extend_from_slice(&crc32fast::hash(r).to_le_bytes());
+            buf.extend_from_slice(r);
+        }
+        let written = self.file.write_all(&buf).and_then(|()| match self.fsync {
+            Fsync::Always => self.file.sync_data(),
+            Fsync::Everysec => {
+                self.dirty.store(true, Ordering::Release);
+                Ok(())
+            }
+            Fsync::No => Ok(()),
+        });
+        if let Err(e) = written {
+            // Take back whatever part of it reached the file.
+            if let Err(t) = self.file.set_len(self.len) {
+                warn!(error = %t, "cannot truncate the log after a failed write");
+            }
+            return Err(e);
+        }
+        self.len += buf.len() as u64;
+        self.logged_since_snapshot += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Whether a snapshot is due by size or time.
+    pub fn snapshot_due(&mut self) -> bool {
+        self.finish_snapshot();
+        self.pending_snapshot.is_none()
+            && (self.logged_since_snapshot >= self.policy.max_log_bytes
+                || (self.logged_since_snapshot > 0
+                    && self.last_snapshot.elapsed() >= self.policy.max_interval))
+    }
+
+    /// Takes a snapshot of `store` now, starts a new log segment, and writes
+    /// the snapshot file in the background.
+    pub fn snapshot(&mut self, store: &mut WasmStore) -> Result<()> {
+        let bytes = store.snapshot_with(SnapshotScope::Durable)?;
+        let seq = self.switch_segment()?;
+        let dir = self.dir.clone();
+        let handle = std::thread::spawn(move || write_snapshot_file(&dir, seq, &bytes));
+        self.pending_snapshot = Some((seq, handle));
+        Ok(())
+    }
+
+    fn write_snapshot_now(&mut self, store: &mut WasmStore) -> Result<()> {
+        let bytes = store.snapshot_with(SnapshotScope::Durable)?;
+        write_snapshot_file(&self.dir, self.seq, &bytes)
+            .with_context(|| format!("cannot write a snapshot in {}", self.dir.display()))?;
+        self.cleanup(self.seq);
+        self.logged_since_snapshot = 0;
+        self.last_snapshot = Instant::now();
+        Ok(())
+    }
+
+    fn switch_segment(&mut self) -> Result<u64> {
+        if self.fsync != Fsync::No {
+            self.file.sync_data()?;
+        }
+        let seq = self.seq + 1;
+        let (file, len) = new_segment(&self.dir, seq)?;
+        if let Ok(mut target) = self.sync_target.lock()
+            && target.is_some()
+        {
+            *target = file.try_clone().ok();
+        }
+        self.file = file;
+        self.len = len;
+        self.seq = seq;
+        self.logged_since_snapshot = 0;
+        self.last_snapshot = Instant::now();
+        Ok(seq)
+    }
+
+    /// Collects a finished background snapshot and deletes what it replaces.
+    fn finish_snapshot(&mut self) {
+        let done = self
+            .pending_snapshot
+            .as_ref()
+            .is_some_and(|(_, h)| h.is_finished());
+        if !done {
+            return;
+        }
+        if let Some((seq, handle)) = self.pending_snapshot.take() {
+            match handle.join() {
+                Ok(Ok(())) => self.cleanup(seq),
+                Ok(Err(e)) => warn!(error = %e, "snapshot failed; the log keeps everything"),
+                Err(_) => warn!("the snapshot writer panicked; the log keeps everything"),
+            }
+        }
+    }
+
+    /// Deletes snapshots and segments older than `seq`.
+    fn cleanup(&self, seq: u64) {
+        for (prefix, ext) in [("snapshot", "snap"), ("wal", "log")] {
+            if let Ok(files) = list(&self.dir, prefix, ext) {
+                for (s, path) in files {
+                    if s < seq {
+                        let _ = fs::remove_file(path);
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_syncer(&self) -> Result<()> {
+        *self
+            .sync_target
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock"))? = Some(self.file.try_clone()?);
+        let target = Arc::downgrade(&self.sync_target);
+        let dirty = self.dirty.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let Some(target) = target.upgrade() else {
+                    return;
+                }; // the journal is gone
+                if dirty.swap(false, Ordering::AcqRel)
+                    && let Ok(guard) = target.lock()
+                    && let Some(file) = guard.as_ref()
+                    && let Err(e) = file.sync_data()
+                {
+                    warn!(error = %e, "background fsync failed");
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The store as the disk has it (after a failed write: nothing of the
+    /// failed batch).
+    pub fn reload(&self) -> Result<WasmStore> {
+        let (store, _, _) = recover(&self.runtime, &self.config, &self.dir)?;
+        Ok(store)
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        if let Some((_, handle)) = self.pending_snapshot.take() {
+            let _ = handle.join();
+        }
+        if self.fsync != Fsync::No {
+            let _ = self.file.sync_data();
+        }
+    }
+}
+
+fn new_segment(dir: &Path, seq: u64) -> Result<(File, u64)> {
+    let path = wal_path(dir, seq);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    let mut header = WAL_MAGIC.to_vec();
+    header.extend_from_slice(&WAL_VERSION.to_le_bytes());
+    file.write_all(&header)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| sync_dir(dir))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok((file, HEADER_LEN))
+}
+
+fn write_snapshot_file(dir: &Path, seq: u64, bytes: &[u8]) -> io::Result<()> {
+    let path = snapshot_path(dir, seq);
+    let tmp = path.with_extension("snap.tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, &path)?;
+    sync_dir(dir)
+}
+
+/// Loads the newest valid snapshot and replays the log after it.
+fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore, Recovery, u64)> {
+    let mut recovery = Recovery::default();
+    let snapshots = list(dir, "snapshot", "snap")?;
+    let mut store = None;
+    for (seq, path) in snapshots.iter().rev() {
+        let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        match runtime.restore(config, &bytes) {
+            Ok(s) => {
+                store = Some(s);
+                recovery.snapshot_seq = Some(*seq);
+                break;
+            }
+            Err(e) => {
+                let text = format!("{e:#}");
+                if text.contains("newer than this build") {
+                    return Err(e).with_context(|| format!("cannot load {}", path.display()));
+                }
+                warn!(path = %path.display(), error = %text, "skipping an unreadable snapshot");
+            }
+        }
+    }
+    let mut store = match store {
+        Some(s) => s,
+        None => runtime.instantiate(config)?,
+    };
+    let from = recovery.snapshot_seq.unwrap_or(0);
+    let mut last_seq = from;
+    let segments: Vec<_> = list(dir, "wal", "log")?
+        .into_iter()
+        .filter(|(s, _)| *s >= from)
+        .collect();
+    let mut damaged = false;
+    for (seq, path) in &segments {
+        last_seq = last_seq.max(*seq);
+        if damaged {
+            // Everything after a damaged frame is dropped too.
+            recovery.dropped_bytes += fs::metadata(path).map_or(0, |m| m.len());
+            continue;
+        }
+        let (records, _good, dropped) = read_segment(path)?;
+        for chunk in records.chunks(1024) {
+            store
+                .replay(chunk)
+                .with_context(|| format!("cannot replay {}", path.display()))?;
+        }
+        recovery.records += records.len() as u64;
+        if dropped > 0 {
+            recovery.dropped_bytes += dropped;
+            damaged = true;
+        }
+    }
+    if recovery.dropped_bytes > 0 {
+        warn!(
+            dropped_bytes = recovery.dropped_bytes,
+            "dropped a torn or corrupt log tail"
+        );
+    }
+    info!(
+        dir = %dir.display(),
+        snapshot = ?recovery.snapshot_seq,
+        records = recovery.records,
+        dropped_bytes = recovery.dropped_bytes,
+        "recovered"
+    );
+    Ok((store, recovery, last_seq))
+}

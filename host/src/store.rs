@@ -1,0 +1,62 @@
+//! Opening the store a server runs: volatile, or durable in a data directory.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use tracing::info;
+
+use crate::journal::{Fsync, Journal, SnapshotPolicy};
+use crate::{Config, Persist, Runtime, WasmStore};
+
+/// Where and how the store keeps its state.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// HLC node id.
+    pub node_id: String,
+    /// The `__srcId` of replies and notifications.
+    pub server_client_id: String,
+    /// Which keys are made durable.
+    pub persist: Persist,
+    /// The data directory (required unless `persist` is `None`).
+    pub data_dir: Option<PathBuf>,
+    /// When records reach the disk.
+    pub fsync: Fsync,
+    /// When to snapshot and truncate the log.
+    pub snapshots: SnapshotPolicy,
+}
+
+impl StoreOptions {
+    /// A volatile store.
+    pub fn volatile(node_id: &str, server_client_id: &str) -> StoreOptions {
+        StoreOptions {
+            node_id: node_id.into(),
+            server_client_id: server_client_id.into(),
+            persist: Persist::None,
+            data_dir: None,
+            fsync: Fsync::Always,
+            snapshots: SnapshotPolicy::default(),
+        }
+    }
+}
+
+/// Instantiates the store, recovering it from its data directory if durable.
+pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option<Journal>)> {
+    let config = Config {
+        node_id: opts.node_id.clone(),
+        server_client_id: Some(opts.server_client_id.clone()),
+        persist: opts.persist,
+    };
+    match (opts.persist, &opts.data_dir) {
+        (Persist::None, _) => {
+            info!("volatile store: nothing is written to disk (--persist none)");
+            Ok((runtime.instantiate(&config)?, None))
+        }
+        (_, None) => bail!("--persist {:?} needs --data-dir", opts.persist),
+        (_, Some(dir)) => {
+            let (journal, store, _) =
+                Journal::open(runtime, &config, dir, opts.fsync, opts.snapshots)?;
+            info!(dir = %dir.display(), persist = ?opts.persist, fsync = ?opts.fsync, "durable store");
+            Ok((store, Some(journal)))
+        }
+    }
+}
