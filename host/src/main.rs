@@ -33,6 +33,50 @@ enum Command {
     /// through an existing broker instead, as one MQTT client. Logs go to
     /// stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
     Serve(ServeArgs),
+    /// Load a state store with N concurrent MQTT5 clients and print ops/s and
+    /// p50 / p99 / p99.9 latency. Bounded by --duration and --max-requests.
+    Bench(BenchArgs),
+    /// A bare MQTT5 echo responder (the baseline for `bench`): replies to
+    /// every request on --topic with its own payload.
+    Echo(EchoArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// The broker the store (or echo responder) serves on.
+    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    broker: BrokerUrl,
+    /// Concurrent clients, each with one request in flight.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Seconds to run (at most 600).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    duration: u64,
+    /// Stop after this many requests in all.
+    #[arg(long, default_value_t = 1_000_000)]
+    max_requests: u64,
+    /// Bytes per SET value.
+    #[arg(long, default_value_t = 100)]
+    value_size: usize,
+    /// Distinct keys per client.
+    #[arg(long, default_value_t = 1000)]
+    keys: usize,
+    /// Fraction of requests that are GETs (the rest are SETs).
+    #[arg(long, default_value_t = 0.0)]
+    get_ratio: f64,
+    /// Request topic: the state store's by default; an echo responder's for a baseline.
+    #[arg(long)]
+    topic: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct EchoArgs {
+    /// The broker to serve on.
+    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    broker: BrokerUrl,
+    /// Topic to answer on.
+    #[arg(long, default_value = "bench/echo")]
+    topic: String,
 }
 
 #[derive(clap::Args)]
@@ -154,6 +198,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Bench(args) => bench(args),
+        Command::Echo(args) => echo(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -240,6 +286,37 @@ fn serve(args: ServeArgs) -> Result<()> {
         let server = Server::connect(&runtime, opts).await?;
         server.run(shutdown_signal()).await
     })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
+    let opts = statestore::bench::BenchOptions {
+        broker: args.broker,
+        clients: args.clients,
+        duration: Duration::from_secs(args.duration),
+        max_requests: args.max_requests,
+        value_size: args.value_size,
+        keys: args.keys,
+        get_ratio: args.get_ratio.clamp(0.0, 1.0),
+        topic: args.topic.unwrap_or_else(statestore::bench::store_topic),
+    };
+    let report = runtime()?.block_on(statestore::bench::run(opts))?;
+    println!("{}", report.line());
+    Ok(())
+}
+
+fn echo(args: EchoArgs) -> Result<()> {
+    runtime()?.block_on(statestore::bench::echo(
+        args.broker,
+        args.topic,
+        shutdown_signal(),
+    ))
 }
 
 /// Completes on SIGINT or SIGTERM.

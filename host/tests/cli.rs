@@ -226,3 +226,62 @@ async fn the_default_mode_is_a_complete_broker() {
     // The port is free again.
     assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
 }
+
+#[test]
+fn bench_and_echo_run_against_a_real_store() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut store = statestore()
+        .args(["serve", "--listen", &listen])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let log = capture_stderr(&mut store);
+    wait_for(&log, "listening", Duration::from_secs(30));
+    let url = format!("mqtt://{listen}");
+    let o = run(&[
+        "bench",
+        "--broker",
+        &url,
+        "--clients",
+        "2",
+        "--duration",
+        "1",
+        "--max-requests",
+        "200",
+        "--get-ratio",
+        "0.5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        line.contains("requests=200 ") && line.contains("timeouts=0"),
+        "{line}"
+    );
+    // The echo baseline on the same broker.
+    let mut echo = statestore()
+        .args(["echo", "--broker", &url])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("echo");
+    std::thread::sleep(Duration::from_millis(500));
+    let o = run(&[
+        "bench",
+        "--broker",
+        &url,
+        "--clients",
+        "2",
+        "--duration",
+        "1",
+        "--max-requests",
+        "100",
+        "--topic",
+        "bench/echo",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("requests=100 "));
+    let _ = echo.kill();
+    let _ = echo.wait();
+    let _ = store.kill();
+    let _ = store.wait();
+}

@@ -414,9 +414,20 @@ impl RawClient {
         payload: Vec<u8>,
         props: PublishProperties,
     ) -> Option<Publish> {
+        self.call_within(payload, props, Duration::from_secs(10))
+            .await
+    }
+
+    /// Sends a request and waits up to `wait` for its reply.
+    pub async fn call_within(
+        &mut self,
+        payload: Vec<u8>,
+        props: PublishProperties,
+        wait: Duration,
+    ) -> Option<Publish> {
         let corr = props.correlation_data.clone();
         self.publish_request(payload, props).await;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let p = self.recv(left).await?;

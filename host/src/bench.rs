@@ -1,0 +1,277 @@
+//! `statestore bench`: a bounded load generator for a state store (or a
+//! bare echo responder) on an MQTT5 broker. Each client sends one request at
+//! a time and waits for its reply; latency is request publish to reply.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use statestore_guest::rpc::REQUEST_TOPIC;
+use tokio::sync::mpsc;
+
+use crate::mqtt::BrokerUrl;
+use crate::serve::MAX_PACKET;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The broker.
+    pub broker: BrokerUrl,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// How long to run.
+    pub duration: Duration,
+    /// Stop after this many requests in all.
+    pub max_requests: u64,
+    /// Value size for SET.
+    pub value_size: usize,
+    /// Distinct keys per client.
+    pub keys: usize,
+    /// Fraction of GETs (0.0 - 1.0).
+    pub get_ratio: f64,
+    /// Request topic (the store's, or an echo responder's).
+    pub topic: String,
+}
+
+/// Results.
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    /// Requests answered.
+    pub requests: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Sorted latencies in microseconds.
+    pub latencies_us: Vec<u32>,
+    /// Requests that got no reply within 10 s.
+    pub timeouts: u64,
+}
+
+impl BenchReport {
+    /// Requests per second.
+    pub fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// The `q` quantile latency in microseconds.
+    pub fn quantile_us(&self, q: f64) -> u32 {
+        if self.latencies_us.is_empty() {
+            return 0;
+        }
+        let i = ((self.latencies_us.len() as f64 - 1.0) * q).round() as usize;
+        self.latencies_us[i.min(self.latencies_us.len() - 1)]
+    }
+
+    /// One line: `ops/s p50 p99 p99.9`.
+    pub fn line(&self) -> String {
+        format!(
+            "requests={} seconds={:.2} ops_per_s={:.0} p50_us={} p99_us={} p999_us={} timeouts={}",
+            self.requests,
+            self.elapsed.as_secs_f64(),
+            self.rate(),
+            self.quantile_us(0.5),
+            self.quantile_us(0.99),
+            self.quantile_us(0.999),
+            self.timeouts
+        )
+    }
+}
+
+fn resp(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", parts.len()).into_bytes();
+    for p in parts {
+        out.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
+        out.extend_from_slice(p);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+async fn connect(
+    broker: &BrokerUrl,
+    id: &str,
+) -> Result<(
+    AsyncClient,
+    mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Publish>,
+)> {
+    let mut o = MqttOptions::new(id, &broker.host, broker.port);
+    o.set_keep_alive(Duration::from_secs(30))
+        .set_clean_start(true)
+        .set_max_packet_size(Some(MAX_PACKET));
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    o.set_network_options(net);
+    let (client, mut eventloop) = AsyncClient::new(o, 64);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (ready_tx, mut ready) = mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    let _ = ready_tx.try_send(());
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if tx.send(p).is_err() {
+                        return;
+                    }
+                }
+                Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    let response_topic = format!("bench/{id}/response");
+    client.subscribe(&response_topic, QoS::AtLeastOnce).await?;
+    tokio::time::timeout(Duration::from_secs(10), ready.recv())
+        .await
+        .context("no SUBACK from the broker within 10 s")?;
+    Ok((client, rx))
+}
+
+/// Runs the load and returns the merged report.
+pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
+    if opts.clients == 0 || opts.keys == 0 {
+        bail!("--clients and --keys must be at least 1");
+    }
+    let per_client = opts.max_requests.div_ceil(opts.clients as u64);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..opts.clients {
+        let opts = opts.clone();
+        let id = format!("bench-{}-{c}", std::process::id());
+        let (client, rx) = connect(&opts.broker, &id).await?;
+        tasks.push(tokio::spawn(async move {
+            one_client(opts, id, client, rx, per_client).await
+        }));
+    }
+    let mut report = BenchReport {
+        requests: 0,
+        elapsed: Duration::ZERO,
+        latencies_us: Vec::new(),
+        timeouts: 0,
+    };
+    for t in tasks {
+        let r = t.await??;
+        report.requests += r.requests;
+        report.timeouts += r.timeouts;
+        report.latencies_us.extend(r.latencies_us);
+    }
+    report.elapsed = start.elapsed();
+    report.latencies_us.sort_unstable();
+    Ok(report)
+}
+
+async fn one_client(
+    opts: BenchOptions,
+    id: String,
+    client: AsyncClient,
+    mut rx: mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Publish>,
+    max: u64,
+) -> Result<BenchReport> {
+    let response_topic = format!("bench/{id}/response");
+    let value = vec![b'v'; opts.value_size];
+    let mut lat = Vec::new();
+    let mut timeouts = 0;
+    let start = Instant::now();
+    let mut rng: u64 =
+        0x2545_F491_4F6C_DD1D ^ (id.len() as u64 * 7919) ^ u64::from(std::process::id());
+    let mut n: u64 = 0;
+    while n < max && start.elapsed() < opts.duration {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let key = format!("{id}-{}", rng % opts.keys as u64);
+        let get = (rng % 10_000) as f64 / 10_000.0 < opts.get_ratio;
+        let payload = if get {
+            resp(&[b"GET", key.as_bytes()])
+        } else {
+            resp(&[b"SET", key.as_bytes(), &value])
+        };
+        let corr = Bytes::from(n.to_be_bytes().repeat(2));
+        let props = PublishProperties {
+            response_topic: Some(response_topic.clone()),
+            correlation_data: Some(corr.clone()),
+            message_expiry_interval: Some(10),
+            content_type: Some("application/octet-stream".into()),
+            user_properties: vec![
+                ("__srcId".into(), id.clone()),
+                (
+                    "__ts".into(),
+                    format!("{:015}:00000:{id}", crate::driver::now_ms()),
+                ),
+                ("__protVer".into(), "1.0".into()),
+            ],
+            ..Default::default()
+        };
+        let sent = Instant::now();
+        client
+            .publish_with_properties(opts.topic.clone(), QoS::AtLeastOnce, false, payload, props)
+            .await?;
+        let got = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(p) = rx.recv().await {
+                if p.properties
+                    .as_ref()
+                    .and_then(|x| x.correlation_data.as_ref())
+                    == Some(&corr)
+                {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        match got {
+            Ok(true) => lat.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX)),
+            Ok(false) => bail!("the connection closed"),
+            Err(_) => timeouts += 1,
+        }
+        n += 1;
+    }
+    let _ = client.disconnect().await;
+    Ok(BenchReport {
+        requests: lat.len() as u64,
+        elapsed: start.elapsed(),
+        latencies_us: lat,
+        timeouts,
+    })
+}
+
+/// A bare echo responder: replies to every request on `topic` with the
+/// same payload, correlation data and `__stat: 200`, from one MQTT client.
+/// The baseline a store round trip is compared with.
+pub async fn echo(
+    broker: BrokerUrl,
+    topic: String,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let (client, mut rx) = connect(&broker, &format!("echo-{}", std::process::id())).await?;
+    client.subscribe(&topic, QoS::AtLeastOnce).await?;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            p = rx.recv() => {
+                let Some(p) = p else { bail!("the connection closed") };
+                let Some(props) = p.properties else { continue };
+                let Some(rt) = props.response_topic else { continue };
+                let reply = PublishProperties {
+                    correlation_data: props.correlation_data,
+                    message_expiry_interval: Some(10),
+                    content_type: Some("application/octet-stream".into()),
+                    user_properties: vec![("__stat".into(), "200".into())],
+                    ..Default::default()
+                };
+                client.publish_with_properties(rt, QoS::AtLeastOnce, false, p.payload, reply).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The store's request topic (the default for `bench`).
+pub fn store_topic() -> String {
+    REQUEST_TOPIC.to_string()
+}

@@ -1,0 +1,312 @@
+//! Crash tests a user would believe: the real binary, a real data directory,
+//! SIGKILL at random moments under load, and a really full disk.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use statestore_tests::broker::{RawClient, free_port, prop, text};
+use statestore_tests::resp;
+
+fn statestore() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    c.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-crash-test-cache"),
+    );
+    c
+}
+
+struct Server {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn spawn(mut cmd: Command) -> Server {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start statestore");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .expect("lock")
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let s = Server { child, log };
+        let start = Instant::now();
+        while !s.log().contains("embedded MQTT broker listening") {
+            if let Ok(Some(status)) = { s.child_status() } {
+                panic!("statestore exited ({status}):\n{}", s.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not ready:\n{}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn child_status(&self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        // try_wait needs &mut; the pid check is enough here.
+        let alive = Command::new("kill")
+            .args(["-0", &self.child.id().to_string()])
+            .status()?;
+        Ok(if alive.success() { None } else { Some(alive) })
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().expect("lock").clone()
+    }
+
+    fn kill9(self) {} // Drop sends SIGKILL
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+fn durable(port: u16, dir: &std::path::Path) -> Command {
+    let mut c = statestore();
+    c.args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(dir)
+    .args(["--fsync", "always"]);
+    c
+}
+
+/// What a key may hold after a crash: its last acknowledged state, or the
+/// result of an operation in flight when the server died.
+#[derive(Debug, Clone, Default)]
+struct KeyState {
+    /// `(value, version)` acknowledged last; `None` = deleted or never set.
+    acked: Option<(String, String)>,
+    /// An unacknowledged SET value (`Some(None)` = an unacknowledged DEL).
+    in_flight: Option<Option<String>>,
+}
+
+/// One client writing its own keys until the server dies or the budget ends.
+async fn writer(
+    port: u16,
+    id: usize,
+    round: usize,
+    keys: Arc<Mutex<BTreeMap<String, KeyState>>>,
+    seed: u64,
+) {
+    let mut c = RawClient::connect(port, &format!("crash-writer-{id}-{round}")).await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    let mut rng = seed;
+    let started = Instant::now();
+    for n in 0..2000u32 {
+        if started.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let key = format!("c{id}-k{}", rng % 8);
+        let set = rng % 10 < 7;
+        let value = format!("c{id}-r{round}-n{n}");
+        keys.lock()
+            .expect("lock")
+            .entry(key.clone())
+            .or_default()
+            .in_flight = Some(set.then(|| value.clone()));
+        let parts: Vec<&[u8]> = if set {
+            vec![b"SET", key.as_bytes(), value.as_bytes()]
+        } else {
+            vec![b"DEL", key.as_bytes()]
+        };
+        let props = c.request_properties();
+        let Some(r) = c
+            .call_within(resp(&parts), props, Duration::from_secs(2))
+            .await
+        else {
+            return; // the server is gone; this operation stays in flight
+        };
+        let mut k = keys.lock().expect("lock");
+        let st = k.entry(key).or_default();
+        st.in_flight = None;
+        match (set, text(&r).as_str()) {
+            (true, "+OK\r\n") => {
+                st.acked = Some((value, prop(&r, "__ts").expect("version").to_string()))
+            }
+            (false, ":1\r\n" | ":0\r\n") => st.acked = None,
+            (_, other) => panic!("unexpected reply {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_sigkill() {
+    let dir = std::env::temp_dir().join(format!("statestore-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let keys: Arc<Mutex<BTreeMap<String, KeyState>>> = Arc::default();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    eprintln!("seed {seed}");
+    for round in 0..4 {
+        let port = free_port();
+        let server = Server::spawn(durable(port, &dir));
+        let tasks: Vec<_> = (0..4)
+            .map(|id| {
+                tokio::spawn(writer(
+                    port,
+                    id,
+                    round,
+                    keys.clone(),
+                    seed.wrapping_mul(id as u64 + 7),
+                ))
+            })
+            .collect();
+        seed = seed.rotate_left(11) ^ 0x9E37_79B9_7F4A_7C15;
+        let delay = 300 + seed % 700;
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        server.kill9();
+        for t in tasks {
+            t.await.expect("writer");
+        }
+        // Restart on the same data dir and check every key.
+        let port = free_port();
+        let server = Server::spawn(durable(port, &dir));
+        let mut reader = RawClient::connect(port, &format!("crash-reader-{round}")).await;
+        let rt = reader.response_topic();
+        reader.subscribe(&rt).await;
+        let mut k = keys.lock().expect("lock").clone();
+        assert!(
+            k.values().any(|s| s.acked.is_some()),
+            "the load wrote something"
+        );
+        for (key, st) in k.iter_mut() {
+            let r = reader.call(&[b"GET", key.as_bytes()]).await;
+            let got = text(&r);
+            let acked = match &st.acked {
+                Some((v, ver)) => {
+                    got == format!("${}\r\n{v}\r\n", v.len())
+                        && prop(&r, "__ts") == Some(ver.as_str())
+                }
+                None => got == "$-1\r\n",
+            };
+            let in_flight = match &st.in_flight {
+                Some(Some(v)) => got == format!("${}\r\n{v}\r\n", v.len()),
+                Some(None) => got == "$-1\r\n",
+                None => false,
+            };
+            assert!(
+                acked || in_flight,
+                "round {round}: {key} reads {got:?} ({:?}); expected {st:?}\n{}",
+                prop(&r, "__ts"),
+                server.log()
+            );
+            // Whatever was read is now the acknowledged state.
+            if in_flight && !acked {
+                st.acked = match &st.in_flight {
+                    Some(Some(v)) => {
+                        Some((v.clone(), prop(&r, "__ts").unwrap_or_default().to_string()))
+                    }
+                    _ => None,
+                };
+            }
+            st.in_flight = None;
+        }
+        *keys.lock().expect("lock") = k;
+        reader.disconnect().await;
+        server.kill9();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_gets_error_replies_and_nothing_half_applied() {
+    // A real 160 KiB tmpfs as the data dir, in a private mount namespace
+    // (unshare maps us to root in it, so this also works unprivileged).
+    let dir = std::env::temp_dir().join(format!("statestore-full-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let port = free_port();
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "-rm",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs -o size=160k tmpfs "$1" && shift && exec "$@""#,
+        "sh",
+    ])
+    .arg(&dir)
+    .arg(env!("CARGO_BIN_EXE_statestore"))
+    .args([
+        "serve",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(&dir)
+    .env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-crash-test-cache"),
+    );
+    let server = Server::spawn(cmd);
+    let mut c = RawClient::connect(port, "filler").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    let value = vec![b'x'; 24 * 1024];
+    let mut failed_at = None;
+    for i in 0..40 {
+        let key = format!("big-{i}");
+        let r = c.call(&[b"SET", key.as_bytes(), &value]).await;
+        match prop(&r, "__stat") {
+            Some("200") => assert_eq!(text(&r), "+OK\r\n"),
+            Some("500") => {
+                assert!(
+                    prop(&r, "__stMsg").is_some_and(|m| m.contains("durable")),
+                    "{r:?}"
+                );
+                failed_at = Some(i);
+                break;
+            }
+            other => panic!("unexpected status {other:?}"),
+        }
+    }
+    let failed_at = failed_at.expect("the disk fills up");
+    assert!(failed_at > 0, "some writes fit");
+    // Still serving; acknowledged keys intact; the failed one not applied.
+    let r = c.call(&[b"GET", b"big-0"]).await;
+    let mut want = format!("${}\r\n", value.len()).into_bytes();
+    want.extend_from_slice(&value);
+    want.extend_from_slice(b"\r\n");
+    assert!(r.payload == want, "big-0 is intact");
+    let r = c
+        .call(&[b"GET", format!("big-{failed_at}").as_bytes()])
+        .await;
+    assert_eq!(text(&r), "$-1\r\n", "nothing half-applied");
+    assert!(
+        server.log().contains("cannot write the journal"),
+        "{}",
+        server.log()
+    );
+    server.kill9();
+    let _ = std::fs::remove_dir(&dir);
+}
