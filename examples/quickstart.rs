@@ -7,15 +7,9 @@ use statestore::{Backend, Config, InboundMessage, Output, Runtime};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
 fn request(parts: &[&[u8]], corr: u8, now: u64) -> InboundMessage {
-    let mut payload = format!("*{}\r\n", parts.len()).into_bytes();
-    for p in parts {
-        payload.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
-        payload.extend_from_slice(p);
-        payload.extend_from_slice(b"\r\n");
-    }
     InboundMessage {
         topic: REQUEST_TOPIC.into(),
-        payload,
+        payload: statestore_guest::resp3::request(parts),
         qos: 1,
         response_topic: Some("clients/demo/response".into()),
         correlation_data: Some(vec![corr; 16]),

@@ -192,13 +192,7 @@ mod tests {
     use super::*;
 
     fn req(parts: &[&[u8]]) -> Vec<u8> {
-        let mut out = format!("*{}\r\n", parts.len()).into_bytes();
-        for p in parts {
-            out.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
-            out.extend_from_slice(p);
-            out.extend_from_slice(b"\r\n");
-        }
-        out
+        crate::resp3::request(parts)
     }
 
     #[test]

@@ -39,15 +39,7 @@ fn frame(kind: u8, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
 
 /// A put of `key` with this entry.
 pub fn put(key: &[u8], e: &Entry) -> Vec<u8> {
-    frame(PUT, |w| {
-        w.bytes(key);
-        w.bytes(&e.value);
-        w.u64(e.version.wall);
-        w.u32(e.version.counter);
-        w.opt(e.fencing_token.as_deref(), |w, ft| w.hlc(ft));
-        w.opt(e.expires_at, Writer::u64);
-        w.u8(u8::from(e.persist));
-    })
+    frame(PUT, |w| w.entry(key, e))
 }
 
 /// A DEL / VDEL of `key` at `version`.
@@ -102,17 +94,7 @@ impl StateMachine {
         let mut r = Reader::new(&body[2..], Error::BadRecord);
         match body[1] {
             PUT => {
-                let key = r.bytes()?;
-                let entry = Entry {
-                    value: r.bytes()?.into(),
-                    version: Version {
-                        wall: r.u64()?,
-                        counter: r.u32()?,
-                    },
-                    fencing_token: r.opt(Reader::hlc)?.map(Box::new),
-                    expires_at: r.opt(Reader::u64)?,
-                    persist: r.u8()? != 0,
-                };
+                let (key, entry) = r.entry()?;
                 r.end()?;
                 self.clock
                     .observe(entry.version.wall, u64::from(entry.version.counter));

@@ -63,13 +63,7 @@ impl StateMachine {
         w.u64(counter);
         w.u64(self.table.iter().filter(|(_, e)| keep(e)).count() as u64);
         for (key, e) in self.table.iter().filter(|(_, e)| keep(e)) {
-            w.bytes(key);
-            w.bytes(&e.value);
-            w.u64(e.version.wall);
-            w.u32(e.version.counter);
-            w.opt(e.fencing_token.as_deref(), |w, ft| w.hlc(ft));
-            w.opt(e.expires_at, Writer::u64);
-            w.u8(u8::from(e.persist));
+            w.entry(key, e);
         }
         let registrations = if durable { 0 } else { self.registry.len() };
         w.u64(registrations as u64);
@@ -113,17 +107,7 @@ impl StateMachine {
         let clock = Clock::restored(config.node_id.clone(), r.u64()?, r.u64()?);
         let mut table = Table::default();
         for _ in 0..r.u64()? {
-            let key = r.bytes()?;
-            let entry = Entry {
-                value: r.bytes()?.into(),
-                version: Version {
-                    wall: r.u64()?,
-                    counter: r.u32()?,
-                },
-                fencing_token: r.opt(Reader::hlc)?.map(Box::new),
-                expires_at: r.opt(Reader::u64)?,
-                persist: r.u8()? != 0,
-            };
+            let (key, entry) = r.entry()?;
             table.put(key, entry);
         }
         let mut registry = Registry::default();
@@ -184,6 +168,16 @@ impl Writer {
                 f(self, v);
             }
         }
+    }
+    /// A key and its entry (snapshots and put records share it).
+    pub(crate) fn entry(&mut self, key: &[u8], e: &Entry) {
+        self.bytes(key);
+        self.bytes(&e.value);
+        self.u64(e.version.wall);
+        self.u32(e.version.counter);
+        self.opt(e.fencing_token.as_deref(), |w, ft| w.hlc(ft));
+        self.opt(e.expires_at, Writer::u64);
+        self.u8(u8::from(e.persist));
     }
     pub(crate) fn hlc(&mut self, h: &Hlc) {
         self.u64(h.wall);
@@ -271,6 +265,21 @@ impl<'a> Reader<'a> {
             1 => f(self).map(Some),
             _ => Err(self.err("bad option tag")),
         }
+    }
+    /// What [`Writer::entry`] wrote.
+    pub(crate) fn entry(&mut self) -> Result<(&'a [u8], Entry), Error> {
+        let key = self.bytes()?;
+        let entry = Entry {
+            value: self.bytes()?.into(),
+            version: Version {
+                wall: self.u64()?,
+                counter: self.u32()?,
+            },
+            fencing_token: self.opt(Reader::hlc)?.map(Box::new),
+            expires_at: self.opt(Reader::u64)?,
+            persist: self.u8()? != 0,
+        };
+        Ok((key, entry))
     }
     pub(crate) fn hlc(&mut self) -> Result<Hlc, Error> {
         Ok(Hlc {

@@ -79,16 +79,6 @@ impl BenchReport {
     }
 }
 
-fn resp(parts: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", parts.len()).into_bytes();
-    for p in parts {
-        out.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
-        out.extend_from_slice(p);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
 async fn connect(
     broker: &BrokerUrl,
     id: &str,
@@ -186,9 +176,9 @@ async fn one_client(
         let key = format!("{id}-{}", rng % opts.keys as u64);
         let get = (rng % 10_000) as f64 / 10_000.0 < opts.get_ratio;
         let payload = if get {
-            resp(&[b"GET", key.as_bytes()])
+            statestore_guest::resp3::request(&[b"GET", key.as_bytes()])
         } else {
-            resp(&[b"SET", key.as_bytes(), &value])
+            statestore_guest::resp3::request(&[b"SET", key.as_bytes(), &value])
         };
         let corr = Bytes::from(n.to_be_bytes().repeat(2));
         let props = PublishProperties {

@@ -1,12 +1,12 @@
 //! The `statestore` binary as a user runs it: help, clear errors with a
 //! non-zero exit, and a clean shutdown on SIGTERM while serving.
 
-use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
 use statestore_tests::broker::{Mosquitto, RawClient, free_port, text};
+use statestore_tests::process::{capture_stderr, wait_for};
 
 fn statestore() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
@@ -100,37 +100,6 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
         assert!(
             start.elapsed() < limit,
             "statestore did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Collects a child's stderr in the background.
-fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut pipe = child.stderr.take().expect("piped stderr");
-    let sink = log.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .expect("log lock")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    log
-}
-
-fn wait_for(log: &Mutex<String>, text: &str, limit: Duration) {
-    let start = Instant::now();
-    while !log.lock().expect("log lock").contains(text) {
-        assert!(
-            start.elapsed() < limit,
-            "no {text:?} in:\n{}",
-            log.lock().expect("log lock")
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -2,12 +2,12 @@
 //! SIGKILL at random moments under load, and a really full disk.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use statestore_tests::broker::{RawClient, free_port, prop, text};
+use statestore_tests::process::capture_stderr;
 use statestore_tests::resp;
 
 fn statestore() -> Command {
@@ -31,20 +31,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start statestore");
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("stderr");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .expect("lock")
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let log = capture_stderr(&mut child);
         let s = Server { child, log };
         let start = Instant::now();
         while !s.log().contains("embedded MQTT broker listening") {

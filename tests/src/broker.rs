@@ -408,7 +408,7 @@ impl RawClient {
             .expect("a reply within 10 s")
     }
 
-    /// Sends a request with explicit properties and waits up to 10 s for its reply.
+    /// Sends a request with explicit properties and waits up to 20 s for its reply.
     pub async fn call_with(
         &mut self,
         payload: Vec<u8>,

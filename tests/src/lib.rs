@@ -8,6 +8,7 @@
 //! `tests/vectors.rs` replays every vector file against both runtimes.
 
 pub mod broker;
+pub mod process;
 pub mod vector;
 
 use std::path::PathBuf;
@@ -290,15 +291,9 @@ impl Sim {
     }
 }
 
-/// A RESP3 array of bulk strings.
+/// A RESP3 array of bulk strings (a request).
 pub fn resp(parts: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", parts.len()).into_bytes();
-    for p in parts {
-        out.extend_from_slice(format!("${}\r\n", p.len()).as_bytes());
-        out.extend_from_slice(p);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
+    statestore_guest::resp3::request(parts)
 }
 
 /// Sets (or with `None` removes) a user property.

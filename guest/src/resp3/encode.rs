@@ -11,6 +11,18 @@ pub const REPLY_NOT_FOUND: &[u8] = b":0\r\n";
 /// `$-1\r\n`: GET miss.
 pub const REPLY_NIL: &[u8] = b"$-1\r\n";
 
+/// A request: a RESP3 array of bulk strings (what clients send).
+pub fn request(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len() + 16).sum::<usize>() + 8);
+    out.push(b'*');
+    out.extend_from_slice(parts.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for p in parts {
+        push_bulk(&mut out, p);
+    }
+    out
+}
+
 /// `$<n>\r\n<bytes>\r\n`.
 pub fn bulk(value: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(value.len() + 16);

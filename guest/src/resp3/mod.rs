@@ -12,5 +12,5 @@ mod encode;
 pub use decode::{DecodeError, Decoded, decode_request};
 pub use encode::{
     REPLY_DELETED, REPLY_NIL, REPLY_NOT_APPLIED, REPLY_NOT_FOUND, REPLY_OK, bulk, error,
-    notify_delete, notify_set,
+    notify_delete, notify_set, request,
 };
