@@ -405,7 +405,7 @@ impl RawClient {
         let props = self.request_properties();
         self.call_with(crate::resp(parts), props)
             .await
-            .expect("a reply within 10 s")
+            .expect("a reply within 20 s")
     }
 
     /// Sends a request with explicit properties and waits up to 20 s for its reply.
