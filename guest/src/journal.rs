@@ -15,6 +15,7 @@
 //! format ([`crate::snapshot`]). A record of a newer format version is refused
 //! with [`Error::UnsupportedVersion`], never guessed at.
 
+use crate::hlc::Hlc;
 use crate::machine::StateMachine;
 use crate::rpc::dedup::Cached;
 use crate::snapshot::{Reader, Writer};
@@ -76,6 +77,12 @@ pub fn reply(
 }
 
 impl StateMachine {
+    fn observe_own(&mut self, hlc: &Hlc) {
+        if hlc.node == self.config.node_id {
+            self.clock.observe(hlc.wall, hlc.counter);
+        }
+    }
+
     /// Applies one journal record to the state (no outputs). Used to rebuild
     /// a store from a snapshot plus the records written after it.
     pub fn replay(&mut self, record: &[u8]) -> Result<(), Error> {
@@ -96,6 +103,9 @@ impl StateMachine {
             PUT => {
                 let (key, entry) = r.entry()?;
                 r.end()?;
+                if let Some(ft) = entry.fencing_token.as_deref() {
+                    self.observe_own(ft);
+                }
                 self.clock
                     .observe(entry.version.wall, u64::from(entry.version.counter));
                 self.table.put(key, entry);
@@ -113,6 +123,11 @@ impl StateMachine {
                 let expires_at = r.u64()?;
                 let reply = r.message()?;
                 r.end()?;
+                // A published version (also of keys not journaled) must stay
+                // older than every version issued after a restart.
+                if let Some(ts) = reply.user_property("__ts").and_then(|t| Hlc::parse(t).ok()) {
+                    self.observe_own(&ts);
+                }
                 self.dedup
                     .insert(&topic, &corr, Cached { expires_at, reply });
             }

@@ -80,8 +80,11 @@ pub fn commit(
         .collect();
     match journal.append(&records) {
         Ok(()) => {
-            if journal.snapshot_due() {
-                journal.snapshot(store)?;
+            if journal.snapshot_due()
+                && let Err(e) = journal.snapshot(store)
+            {
+                // The log keeps everything; the next due check tries again.
+                tracing::warn!(error = %format!("{e:#}"), "cannot take a snapshot");
             }
             Ok(publishes)
         }
@@ -186,6 +189,12 @@ pub async fn drive<T: Transport>(
                 let outputs = commit(store, journal.as_deref_mut(), outputs)?;
                 transport.emit(outputs).await?;
                 deadline = store.next_deadline()?;
+                if deadline.is_some_and(|at| at <= now) {
+                    // The expiry could not be journaled (a full disk) and the
+                    // reloaded store has it due again: retry in a second, not
+                    // in a hot loop.
+                    deadline = Some(now + 1000);
+                }
             }
         }
     };

@@ -20,7 +20,7 @@
 //! load with a clear error.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,6 +93,9 @@ pub struct Journal {
     runtime: Runtime,
     config: Config,
     pending_snapshot: Option<(u64, std::thread::JoinHandle<io::Result<()>>)>,
+    /// Set when a failed write could not be cleanly taken back: every later
+    /// append fails rather than write after damaged bytes.
+    broken: bool,
     _lock: File,
 }
 
@@ -155,6 +158,11 @@ fn read_segment(path: &Path) -> Result<(Vec<Vec<u8>>, u64, u64)> {
         let len =
             u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
         let crc = u32::from_le_bytes([data[pos + 4], data[pos + 5], data[pos + 6], data[pos + 7]]);
+        // The smallest record is 6 bytes: a shorter frame (a zero-filled
+        // tail after a machine crash) is torn, not an empty record.
+        if len < 6 {
+            break;
+        }
         let Some(record) = data.get(pos + 8..pos + 8 + len) else {
             break;
         };
@@ -194,7 +202,36 @@ impl Journal {
                 return Err(e).with_context(|| format!("cannot lock {}", dir.display()));
             }
         }
-        let (mut store, recovery, last_seq) = recover(runtime, config, dir)?;
+        // Left by a snapshot write that did not finish.
+        for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = e?.path();
+            if path.extension().is_some_and(|x| x == "tmp") {
+                let _ = fs::remove_file(path);
+            }
+        }
+        let (mut store, recovery, last_seq, repairs) = recover_with_repairs(runtime, config, dir)?;
+        // Make the damaged tail clean (shrinking needs no free space), and
+        // keep what followed it aside rather than delete it.
+        for repair in repairs {
+            match repair {
+                Repair::Truncate(path, len) => {
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .and_then(|f| f.set_len(len).and_then(|()| f.sync_all()))
+                        .with_context(|| {
+                            format!("cannot cut the damaged tail of {}", path.display())
+                        })?;
+                    warn!(path = %path.display(), "cut the damaged tail");
+                }
+                Repair::MoveAside(path) => {
+                    let aside = path.with_extension("log.dropped");
+                    fs::rename(&path, &aside)
+                        .with_context(|| format!("cannot move {} aside", path.display()))?;
+                    warn!(path = %aside.display(), "kept a log segment that followed damage aside");
+                }
+            }
+        }
         let seq = last_seq + 1;
         let (file, len) = new_segment(dir, seq)?;
         let mut journal = Journal {
@@ -211,11 +248,14 @@ impl Journal {
             runtime: runtime.clone(),
             config: config.clone(),
             pending_snapshot: None,
+            broken: false,
             _lock: lock,
         };
-        // Start from a clean snapshot: the damaged or replayed tail is
-        // never appended to, and old files can go.
-        journal.write_snapshot_now(&mut store)?;
+        // Start from a fresh snapshot when there is room for one, so that
+        // old files can go; on a full disk carry on with the old ones.
+        if let Err(e) = journal.write_snapshot_now(&mut store) {
+            warn!(error = %format!("{e:#}"), "cannot write a snapshot at start; keeping the existing snapshot and log");
+        }
         store.timeout(crate::driver::now_ms())?;
         let outputs = store.poll_outputs()?;
         let records: Vec<Vec<u8>> = outputs
@@ -238,6 +278,11 @@ impl Journal {
         if records.is_empty() {
             return Ok(());
         }
+        if self.broken {
+            return Err(io::Error::other(
+                "the journal is unusable after an earlier write error; restart the server",
+            ));
+        }
         let mut buf = Vec::with_capacity(records.iter().map(|r| r.len() + 8).sum());
         for r in records {
             let len = u32::try_from(r.len()).map_err(|_| io::Error::other("record too large"))?;
@@ -254,9 +299,19 @@ impl Journal {
             Fsync::No => Ok(()),
         });
         if let Err(e) = written {
-            // Take back whatever part of it reached the file.
-            if let Err(t) = self.file.set_len(self.len) {
-                warn!(error = %t, "cannot truncate the log after a failed write");
+            // Take back whatever part of it reached the file, and write the
+            // next batch exactly where this one started.
+            let undone = self
+                .file
+                .set_len(self.len)
+                .and_then(|()| self.file.seek(SeekFrom::Start(self.len)))
+                .and_then(|_| match self.fsync {
+                    Fsync::No => Ok(()),
+                    _ => self.file.sync_data(),
+                });
+            if let Err(t) = undone {
+                warn!(error = %t, "cannot take back a failed log write: refusing further writes");
+                self.broken = true;
             }
             return Err(e);
         }
@@ -422,7 +477,25 @@ fn write_snapshot_file(dir: &Path, seq: u64, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Loads the newest valid snapshot and replays the log after it.
+/// What to do to a damaged log so that appending after it is safe.
+enum Repair {
+    /// Cut a segment back to its valid prefix.
+    Truncate(PathBuf, u64),
+    /// Keep a segment that follows a damaged one, under another name.
+    MoveAside(PathBuf),
+}
+
 fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore, Recovery, u64)> {
+    let (store, recovery, last_seq, _) = recover_with_repairs(runtime, config, dir)?;
+    Ok((store, recovery, last_seq))
+}
+
+fn recover_with_repairs(
+    runtime: &Runtime,
+    config: &Config,
+    dir: &Path,
+) -> Result<(WasmStore, Recovery, u64, Vec<Repair>)> {
+    let mut repairs = Vec::new();
     let mut recovery = Recovery::default();
     let snapshots = list(dir, "snapshot", "snap")?;
     let mut store = None;
@@ -443,6 +516,14 @@ fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore,
             }
         }
     }
+    if store.is_none() && !snapshots.is_empty() {
+        bail!(
+            "none of the {} snapshots in {} can be loaded (see the warnings above); refusing to \
+             start without them. Move the directory aside to start empty.",
+            snapshots.len(),
+            dir.display()
+        );
+    }
     let mut store = match store {
         Some(s) => s,
         None => runtime.instantiate(config)?,
@@ -453,15 +534,29 @@ fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore,
         .into_iter()
         .filter(|(s, _)| *s >= from)
         .collect();
+    // The log must continue the snapshot without a gap.
+    let mut expect = recovery.snapshot_seq;
+    for (seq, path) in &segments {
+        if let Some(e) = expect
+            && *seq != e
+        {
+            bail!(
+                "{} does not follow on from the snapshot (log {e} is missing); refusing to start",
+                path.display()
+            );
+        }
+        expect = Some(seq + 1);
+    }
     let mut damaged = false;
     for (seq, path) in &segments {
         last_seq = last_seq.max(*seq);
         if damaged {
             // Everything after a damaged frame is dropped too.
             recovery.dropped_bytes += fs::metadata(path).map_or(0, |m| m.len());
+            repairs.push(Repair::MoveAside(path.clone()));
             continue;
         }
-        let (records, _good, dropped) = read_segment(path)?;
+        let (records, good, dropped) = read_segment(path)?;
         for chunk in records.chunks(1024) {
             store
                 .replay(chunk)
@@ -471,6 +566,7 @@ fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore,
         if dropped > 0 {
             recovery.dropped_bytes += dropped;
             damaged = true;
+            repairs.push(Repair::Truncate(path.clone(), good));
         }
     }
     if recovery.dropped_bytes > 0 {
@@ -486,5 +582,5 @@ fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore,
         dropped_bytes = recovery.dropped_bytes,
         "recovered"
     );
-    Ok((store, recovery, last_seq))
+    Ok((store, recovery, last_seq, repairs))
 }

@@ -194,6 +194,8 @@ fn main() -> ExitCode {
                 }),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: not in log files or journald.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -230,28 +230,20 @@ async fn acknowledged_writes_survive_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_gets_error_replies_and_nothing_half_applied() {
     // A real 160 KiB tmpfs as the data dir, in a private mount namespace
-    // (unshare maps us to root in it, so this also works unprivileged).
+    // (unshare maps us to root in it, so this also works unprivileged). The
+    // shell runs a second server on the same (full) filesystem once the
+    // first stops: a restart must recover exactly what was acknowledged.
     let dir = std::env::temp_dir().join(format!("statestore-full-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let port = free_port();
+    let (port, port2) = (free_port(), free_port());
+    let bin = env!("CARGO_BIN_EXE_statestore");
+    let script = format!(
+        r#"mount -t tmpfs -o size=160k tmpfs "$1" || exit 1
+"{bin}" serve --listen 127.0.0.1:{port} --data-dir "$1"
+exec "{bin}" serve --listen 127.0.0.1:{port2} --data-dir "$1""#
+    );
     let mut cmd = Command::new("unshare");
-    cmd.args([
-        "-rm",
-        "sh",
-        "-c",
-        r#"mount -t tmpfs -o size=160k tmpfs "$1" && shift && exec "$@""#,
-        "sh",
-    ])
-    .arg(&dir)
-    .arg(env!("CARGO_BIN_EXE_statestore"))
-    .args([
-        "serve",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--data-dir",
-    ])
-    .arg(&dir)
-    .env(
+    cmd.args(["-rm", "sh", "-c", &script, "sh"]).arg(&dir).env(
         "STATESTORE_CACHE_DIR",
         std::env::temp_dir().join("statestore-crash-test-cache"),
     );
@@ -280,20 +272,60 @@ async fn a_full_disk_gets_error_replies_and_nothing_half_applied() {
     let failed_at = failed_at.expect("the disk fills up");
     assert!(failed_at > 0, "some writes fit");
     // Still serving; acknowledged keys intact; the failed one not applied.
-    let r = c.call(&[b"GET", b"big-0"]).await;
     let mut want = format!("${}\r\n", value.len()).into_bytes();
     want.extend_from_slice(&value);
     want.extend_from_slice(b"\r\n");
+    let r = c.call(&[b"GET", b"big-0"]).await;
     assert!(r.payload == want, "big-0 is intact");
-    let r = c
-        .call(&[b"GET", format!("big-{failed_at}").as_bytes()])
-        .await;
-    assert_eq!(text(&r), "$-1\r\n", "nothing half-applied");
+    let failed_key = format!("big-{failed_at}");
+    assert_eq!(
+        text(&c.call(&[b"GET", failed_key.as_bytes()]).await),
+        "$-1\r\n",
+        "nothing half-applied"
+    );
     assert!(
         server.log().contains("cannot write the journal"),
         "{}",
         server.log()
     );
+    // A small write still fits where the failed one was taken back.
+    assert_eq!(text(&c.call(&[b"SET", b"small", b"fits"]).await), "+OK\r\n");
+    // Restart on the same filesystem: exactly the acknowledged writes.
+    let term = Command::new("pkill")
+        // Anchored: the wrapping shell's command line holds the same words.
+        .args([
+            "-TERM",
+            "-f",
+            &format!("^{bin} serve --listen 127.0.0.1:{port} "),
+        ])
+        .status()
+        .expect("pkill");
+    assert!(term.success());
+    let start = Instant::now();
+    while !server.log().contains(&format!("listen=127.0.0.1:{port2}")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no restart:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = RawClient::connect(port2, "checker").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    for i in 0..failed_at {
+        let r = c.call(&[b"GET", format!("big-{i}").as_bytes()]).await;
+        assert!(
+            r.payload == want,
+            "big-{i} after the restart:\n{}",
+            server.log()
+        );
+    }
+    assert_eq!(
+        text(&c.call(&[b"GET", failed_key.as_bytes()]).await),
+        "$-1\r\n"
+    );
+    assert_eq!(text(&c.call(&[b"GET", b"small"]).await), "$4\r\nfits\r\n");
     server.kill9();
     let _ = std::fs::remove_dir(&dir);
 }

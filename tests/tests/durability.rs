@@ -393,3 +393,50 @@ fn the_version_1_fixture_still_reads() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_zero_filled_tail_is_torn_not_fatal() {
+    // After a machine crash a file can end in zeros where blocks were allocated.
+    let dir = temp_dir("zeros");
+    write_three(&dir);
+    let wal = wal_files(&dir).pop().expect("segment");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&wal)
+        .expect("open");
+    std::io::Write::write_all(&mut f, &[0u8; 64]).expect("zeros");
+    drop(f);
+    let (mut s, rec) = Store::open(&dir, SnapshotPolicy::default());
+    assert_eq!(rec.dropped_bytes, 64, "{rec:?}");
+    assert_eq!(s.call(&[b"GET", b"c"], now()).0, "$1\r\n3\r\n");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unloadable_snapshot_stops_the_start_instead_of_losing_it() {
+    let dir = temp_dir("bad-snapshot");
+    write_three(&dir);
+    let snap = std::fs::read_dir(&dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|x| x == "snap"))
+        .expect("a snapshot");
+    let mut data = std::fs::read(&snap).expect("read");
+    let mid = data.len() / 2;
+    data[mid] ^= 0x55;
+    std::fs::write(&snap, &data).expect("write");
+    let err = Journal::open(
+        wasm_runtime(),
+        &config(),
+        &dir,
+        Fsync::Always,
+        SnapshotPolicy::default(),
+    )
+    .err()
+    .expect("refused");
+    assert!(format!("{err:#}").contains("refusing to start"), "{err:#}");
+    // Nothing was deleted.
+    assert!(snap.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,189 @@
+//! The state machine natively and through the wasm component, operation by
+//! operation, so the cost of the component boundary is a ratio measured in
+//! the same run. `cargo bench -p statestore --bench guest`.
+//!
+//! Every request is a complete MQTT message as a host hands it over (topic,
+//! properties, RESP3 payload), and every iteration takes all outputs, as a
+//! host must. "per op" = one request handled and its outputs taken.
+
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use statestore::{Backend, Config, InboundMessage, NativeStore, Runtime, WasmStore};
+use statestore_guest::hlc::{Clock, Hlc};
+use statestore_guest::resp3;
+use statestore_guest::rpc::REQUEST_TOPIC;
+
+const T0: u64 = 1_700_000_000_000;
+
+fn request(parts: &[&[u8]], corr: u64, now: u64) -> InboundMessage {
+    InboundMessage {
+        topic: REQUEST_TOPIC.into(),
+        payload: resp3::request(parts),
+        qos: 1,
+        response_topic: Some("clients/bench/services/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response".into()),
+        correlation_data: Some(corr.to_be_bytes().repeat(2)),
+        message_expiry_interval: Some(10),
+        content_type: Some("application/octet-stream".into()),
+        payload_format_indicator: Some(0),
+        user_properties: vec![
+            ("__srcId".into(), "bench".into()),
+            ("__ts".into(), format!("{now:015}:00000:bench")),
+            ("__protVer".into(), "1.0".into()),
+        ],
+        client_id: None,
+        received_at: None,
+    }
+}
+
+fn stores(rt: &Runtime) -> Vec<(&'static str, Box<dyn Backend>)> {
+    let config = Config::default();
+    let wasm: WasmStore = rt.instantiate(&config).expect("instantiate");
+    vec![
+        ("native", Box::new(NativeStore::new(config).expect("store"))),
+        ("wasm", Box::new(wasm)),
+    ]
+}
+
+/// Requests handled in batches of `batch` per call (wasm: one call crossing).
+fn bench_requests(
+    c: &mut Criterion,
+    rt: &Runtime,
+    name: &str,
+    make: &dyn Fn(u64) -> Vec<&'static [u8]>,
+) {
+    let mut g = c.benchmark_group(name);
+    for batch in [1usize, 16, 64] {
+        g.throughput(Throughput::Elements(batch as u64));
+        for (kind, mut store) in stores(rt) {
+            // Pre-fill so GET / DEL find keys.
+            let fill: Vec<InboundMessage> = (0..1000u64)
+                .map(|i| request(&[b"SET", key(i), b"value-of-100-bytes"], 1_000_000 + i, T0))
+                .collect();
+            store.handle_batch(&fill, T0).expect("fill");
+            let mut n = 0u64;
+            g.bench_with_input(BenchmarkId::new(kind, batch), &batch, |b, &batch| {
+                b.iter_batched(
+                    || {
+                        (0..batch)
+                            .map(|_| {
+                                n += 1;
+                                request(&make(n), n, T0)
+                            })
+                            .collect::<Vec<_>>()
+                    },
+                    |msgs| store.handle_batch(&msgs, T0).expect("handle"),
+                    criterion::BatchSize::SmallInput,
+                );
+            });
+        }
+    }
+    g.finish();
+}
+
+static KEYS: std::sync::LazyLock<Vec<Vec<u8>>> = std::sync::LazyLock::new(|| {
+    (0..1000)
+        .map(|i| format!("key-{i:04}").into_bytes())
+        .collect()
+});
+
+fn key(i: u64) -> &'static [u8] {
+    &KEYS[(i % 1000) as usize]
+}
+
+fn benches(c: &mut Criterion) {
+    let rt = Runtime::new().expect("component");
+    // RESP3 decode of a small SET (native only: inside the guest it is part of every request).
+    let set = resp3::request(&[
+        b"SET",
+        b"key-0001",
+        b"value-of-100-bytes",
+        b"NX",
+        b"PX",
+        b"1000",
+    ]);
+    c.bench_function("resp3_decode/set", |b| {
+        b.iter(|| resp3::decode_request(std::hint::black_box(&set)))
+    });
+    // HLC receive + format.
+    c.bench_function("hlc/receive_format", |b| {
+        let mut clock = Clock::new("StateStore".into());
+        let remote = Hlc {
+            wall: T0,
+            counter: 0,
+            node: "client".into(),
+        };
+        let mut now = T0;
+        b.iter(|| {
+            now += 1;
+            clock.receive(&remote, now).map(|h| h.to_string())
+        })
+    });
+    bench_requests(c, &rt, "set", &|_| {
+        vec![b"SET", key(0), b"value-of-100-bytes"]
+    });
+    bench_requests(c, &rt, "get", &|n| vec![b"GET", key(n)]);
+    bench_requests(c, &rt, "del", &|n| vec![b"DEL", key(n)]);
+    // Notification fan-out: a SET on a key 100 clients observe.
+    let mut g = c.benchmark_group("notify_fanout_100");
+    for (kind, mut store) in stores(&rt) {
+        let observe: Vec<InboundMessage> = (0..100u64)
+            .map(|i| {
+                let mut m = request(&[b"KEYNOTIFY", b"hot"], 5_000_000 + i, T0);
+                m.client_id = Some(format!("observer-{i}"));
+                m
+            })
+            .collect();
+        store.handle_batch(&observe, T0).expect("observe");
+        let mut n = 0u64;
+        g.bench_function(kind, |b| {
+            b.iter(|| {
+                n += 1;
+                store
+                    .handle_batch(&[request(&[b"SET", b"hot", b"v"], n, T0)], T0)
+                    .expect("set")
+            })
+        });
+    }
+    g.finish();
+    // Expiry of 10,000 keys at one timeout.
+    let mut g = c.benchmark_group("expire_10k");
+    g.throughput(Throughput::Elements(10_000));
+    for (kind, _) in stores(&rt) {
+        g.bench_function(kind, |b| {
+            b.iter_batched(
+                || {
+                    let mut store: Box<dyn Backend> = if kind == "wasm" {
+                        Box::new(rt.instantiate(&Config::default()).expect("instantiate"))
+                    } else {
+                        Box::new(NativeStore::new(Config::default()).expect("store"))
+                    };
+                    let msgs: Vec<InboundMessage> = (0..10_000u64)
+                        .map(|i| {
+                            let k = format!("exp-{i}");
+                            request(&[b"SET", k.as_bytes(), b"v", b"PX", b"1000"], i, T0)
+                        })
+                        .collect();
+                    store.handle_batch(&msgs, T0).expect("fill");
+                    store
+                },
+                |mut store| {
+                    store.timeout(T0 + 1000).expect("timeout");
+                    store.poll_outputs().expect("outputs")
+                },
+                criterion::BatchSize::LargeInput,
+            );
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = guest;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
+    targets = benches
+}
+criterion_main!(guest);
