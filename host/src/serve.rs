@@ -161,17 +161,16 @@ impl Server {
             mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
         }
         if opts.broker.tls {
-            let ca = match &opts.ca_file {
-                Some(path) => Some(
-                    std::fs::read(path)
+            let tls = match &opts.ca_file {
+                Some(path) => TlsConfiguration::SimpleNative {
+                    ca: std::fs::read(path)
                         .with_context(|| format!("cannot read CA file {}", path.display()))?,
-                ),
-                None => None,
+                    client_auth: None,
+                },
+                // The system's trusted roots.
+                None => TlsConfiguration::Native,
             };
-            mqtt.set_transport(Transport::Tls(TlsConfiguration::SimpleNative {
-                ca: ca.unwrap_or_default(),
-                client_auth: None,
-            }));
+            mqtt.set_transport(Transport::Tls(tls));
         }
         let mut net_opts = rumqttc::NetworkOptions::new();
         // Without it every round trip waits ~40 ms for Nagle and delayed ACKs.

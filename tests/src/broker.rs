@@ -47,16 +47,17 @@ impl Mosquitto {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
+        let conf = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\n\
+             max_queued_messages 100000\nlog_dest topic\nlog_dest stderr\n\
+             log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+        );
+        Mosquitto::start_with(port, dir, &conf)
+    }
+
+    fn start_with(port: u16, dir: PathBuf, config: &str) -> Mosquitto {
         let conf = dir.join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\n\
-                 max_queued_messages 100000\nlog_dest topic\nlog_dest stderr\n\
-                 log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
-            ),
-        )
-        .expect("write mosquitto.conf");
+        std::fs::write(&conf, config).expect("write mosquitto.conf");
         let binary = ["mosquitto", "/usr/sbin/mosquitto"]
             .into_iter()
             .find(|b| {
@@ -112,6 +113,55 @@ impl Mosquitto {
             std::thread::sleep(Duration::from_millis(20));
         }
         m
+    }
+
+    /// Starts mosquitto with a TLS listener on a free port, using a fresh
+    /// self-signed certificate for `localhost` (made with `openssl`), beside
+    /// a plain listener on `port` for test clients. Returns it, the TLS port
+    /// and the certificate (PEM) to trust.
+    pub fn start_tls() -> (Mosquitto, u16, PathBuf) {
+        let port = free_port();
+        let tls_port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "statestore-mosquitto-tls-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let ok = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=localhost",
+            ])
+            .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl is installed");
+        assert!(ok.success(), "openssl could not make a certificate");
+        // mosquitto drops root privileges: let its user read the key.
+        for f in [&cert, &key] {
+            let _ = Command::new("chmod").arg("644").arg(f).status();
+        }
+        let _ = Command::new("chmod").arg("755").arg(&dir).status();
+        let conf = format!(
+            "allow_anonymous true\npersistence false\nset_tcp_nodelay true\nlog_dest stderr\n\
+             listener {tls_port} 127.0.0.1\ncertfile {}\nkeyfile {}\nlistener {port} 127.0.0.1\n",
+            cert.display(),
+            key.display()
+        );
+        (Mosquitto::start_with(port, dir, &conf), tls_port, cert)
     }
 
     /// `mqtt://127.0.0.1:PORT`.

@@ -238,3 +238,33 @@ async fn mosquitto_disconnect_events_drop_registrations() {
     }
     host.stop().await;
 }
+
+#[tokio::test]
+async fn serves_through_a_tls_listener() {
+    let (broker, tls_port, cert) = Mosquitto::start_tls();
+    let url = statestore::mqtt::BrokerUrl {
+        host: "localhost".into(),
+        port: tls_port,
+        tls: true,
+    };
+    // The system roots do not trust a fresh self-signed certificate.
+    let untrusted = statestore::serve::Server::connect(
+        statestore_tests::wasm_runtime(),
+        serve_options(url.clone(), ClientEvents::None),
+    )
+    .await;
+    assert!(
+        untrusted.is_err(),
+        "an untrusted certificate must be refused"
+    );
+    // With --ca-file it is trusted.
+    let mut opts = serve_options(url, ClientEvents::None);
+    opts.ca_file = Some(cert);
+    let host = Host::start(opts).await;
+    let mut c = RawClient::connect(broker.port, "tls-client").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"over-tls"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$8\r\nover-tls\r\n");
+    host.stop().await;
+}
