@@ -91,6 +91,21 @@ fn bad_arguments_and_components_are_clear_errors() {
     assert!(stderr(&o).contains("not valid"), "{}", stderr(&o));
 }
 
+/// A SET and a GET through the serving binary, then SIGTERM; its exit status.
+async fn set_get_then_sigterm(port: u16, child: &mut Child) -> std::process::ExitStatus {
+    let mut c = RawClient::connect(port, "cli-client").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    wait_exit(child, Duration::from_secs(10))
+}
+
 fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
@@ -116,17 +131,7 @@ async fn serves_then_stops_cleanly_on_sigterm() {
         .expect("start statestore");
     let log = capture_stderr(&mut child);
     wait_for(&log, "subscribed; serving", Duration::from_secs(30));
-    let mut c = RawClient::connect(broker.port, "cli-client").await;
-    let rt = c.response_topic();
-    c.subscribe(&rt).await;
-    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
-    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
-    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let status = set_get_then_sigterm(broker.port, &mut child).await;
     wait_for(&log, "shutting down", Duration::from_secs(2));
     assert!(
         status.success(),
@@ -176,17 +181,7 @@ async fn the_default_mode_is_a_complete_broker() {
         "embedded MQTT broker listening",
         Duration::from_secs(30),
     );
-    let mut c = RawClient::connect(port, "cli-embedded").await;
-    let rt = c.response_topic();
-    c.subscribe(&rt).await;
-    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
-    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
-    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let status = set_get_then_sigterm(port, &mut child).await;
     assert!(
         status.success(),
         "exit {status}: {}",

@@ -76,6 +76,20 @@ impl Store {
     }
 }
 
+/// The error of opening `dir`, which must fail.
+fn open_error(dir: &Path, why: &str) -> anyhow::Error {
+    match Journal::open(
+        wasm_runtime(),
+        &config(),
+        dir,
+        Fsync::Always,
+        SnapshotPolicy::default(),
+    ) {
+        Ok(_) => panic!("opening {} must fail: {why}", dir.display()),
+        Err(e) => e,
+    }
+}
+
 fn now() -> u64 {
     statestore::driver::now_ms()
 }
@@ -258,15 +272,7 @@ fn a_redelivered_request_gets_its_reply_after_a_restart() {
 fn a_directory_is_used_by_one_process_at_a_time() {
     let dir = temp_dir("lock");
     let (_s, _) = Store::open(&dir, SnapshotPolicy::default());
-    let err = Journal::open(
-        wasm_runtime(),
-        &config(),
-        &dir,
-        Fsync::Always,
-        SnapshotPolicy::default(),
-    )
-    .err()
-    .expect("a second open fails");
+    let err = open_error(&dir, "a second open fails");
     assert!(
         format!("{err:#}").contains("in use by another statestore process"),
         "{err:#}"
@@ -281,15 +287,7 @@ fn newer_formats_are_refused_with_a_clear_error() {
     let mut data = std::fs::read(&wal).expect("read");
     data[8] = 2; // WAL format 2
     std::fs::write(&wal, &data).expect("write");
-    let err = Journal::open(
-        wasm_runtime(),
-        &config(),
-        &dir,
-        Fsync::Always,
-        SnapshotPolicy::default(),
-    )
-    .err()
-    .expect("refused");
+    let err = open_error(&dir, "refused");
     let text = format!("{err:#}");
     assert!(
         text.contains("WAL format 2, newer than this build reads (1)"),
@@ -310,15 +308,7 @@ fn newer_formats_are_refused_with_a_clear_error() {
     let crc = crc32(&data[..n]);
     data[n..].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&snap, &data).expect("write");
-    let err = Journal::open(
-        wasm_runtime(),
-        &config(),
-        &dir,
-        Fsync::Always,
-        SnapshotPolicy::default(),
-    )
-    .err()
-    .expect("refused");
+    let err = open_error(&dir, "refused");
     assert!(
         format!("{err:#}").contains("format version 2 is newer than this build understands"),
         "{err:#}"
@@ -426,15 +416,7 @@ fn an_unloadable_snapshot_stops_the_start_instead_of_losing_it() {
     let mid = data.len() / 2;
     data[mid] ^= 0x55;
     std::fs::write(&snap, &data).expect("write");
-    let err = Journal::open(
-        wasm_runtime(),
-        &config(),
-        &dir,
-        Fsync::Always,
-        SnapshotPolicy::default(),
-    )
-    .err()
-    .expect("refused");
+    let err = open_error(&dir, "refused");
     assert!(format!("{err:#}").contains("refusing to start"), "{err:#}");
     // Nothing was deleted.
     assert!(snap.exists());
