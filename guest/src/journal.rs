@@ -19,7 +19,7 @@ use crate::hlc::Hlc;
 use crate::machine::StateMachine;
 use crate::rpc::dedup::Cached;
 use crate::snapshot::{Reader, Writer};
-use crate::store::{Entry, Version};
+use crate::store::{EntryRef, Version};
 use crate::types::{Error, OutboundMessage};
 
 /// The record format this build writes and reads.
@@ -39,7 +39,7 @@ fn frame(kind: u8, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
 }
 
 /// A put of `key` with this entry.
-pub fn put(key: &[u8], e: &Entry) -> Vec<u8> {
+pub fn put(key: &[u8], e: EntryRef<'_>) -> Vec<u8> {
     frame(PUT, |w| w.entry(key, e))
 }
 
@@ -108,7 +108,7 @@ impl StateMachine {
                 }
                 self.clock
                     .observe(entry.version.wall, u64::from(entry.version.counter));
-                self.table.put(key, entry);
+                self.table.put(key, entry.as_ref());
             }
             DELETE | EXPIRE => {
                 let key = r.bytes()?;

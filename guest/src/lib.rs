@@ -15,6 +15,7 @@
 //!     notify     KEYNOTIFY registry and notification topics
 //!     snapshot   versioned, checksummed whole-state format
 //!     journal    versioned, checksummed records of every state change; replay
+//!     wire       flat encoding of message batches and outputs for the component boundary
 //! ```
 //!
 //! The crate never reads a clock, socket, file or random source: every entry
@@ -34,6 +35,7 @@ pub mod rpc;
 pub mod snapshot;
 pub mod store;
 pub mod types;
+pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
 mod component;

@@ -26,6 +26,7 @@ use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
 use crate::store::{Change, Request, Table, Version};
 use crate::types::{Config, Error, InboundMessage, OutboundMessage, Output, Persist, PublishKind};
+use crate::wire::MessageRef;
 
 /// The whole state store.
 #[derive(Debug, Clone)]
@@ -123,6 +124,12 @@ impl StateMachine {
 
     /// Handles one inbound message at `now`. Poll outputs afterwards.
     pub fn handle(&mut self, msg: &InboundMessage, now: u64) {
+        self.handle_ref(&MessageRef::of(msg), now);
+    }
+
+    /// [`StateMachine::handle`] for a borrowed message (as decoded from a
+    /// [`crate::wire`] batch).
+    pub fn handle_ref(&mut self, msg: &MessageRef<'_>, now: u64) {
         let mark = self.outputs.len();
         self.expire_due(now);
         self.request(msg, now);
@@ -184,18 +191,18 @@ impl StateMachine {
     pub fn peek(&self, key: &[u8], now: u64) -> Option<(&[u8], Hlc)> {
         self.table
             .get(key, now)
-            .map(|e| (&*e.value, e.version.to_hlc(&self.config.node_id)))
+            .map(|e| (e.value, e.version.to_hlc(&self.config.node_id)))
     }
 
     fn expire_due(&mut self, now: u64) {
-        while let Some((key, entry)) = self.table.pop_expired(now) {
+        while let Some((key, persist)) = self.table.pop_expired(now) {
             // An expiry is a deletion: it gets its own HLC. On counter
             // overflow reuse L rather than fail a timer.
             let version = self
                 .clock
                 .tick(now)
                 .unwrap_or_else(|_| self.clock.current());
-            if self.journals(entry.persist) {
+            if self.journals(persist) {
                 let record = journal::expire(&key, Version::of(&version));
                 self.outputs.push_back(Output::Journal(record));
             }
@@ -214,13 +221,13 @@ impl StateMachine {
         }
     }
 
-    fn request(&mut self, msg: &InboundMessage, now: u64) {
+    fn request(&mut self, msg: &MessageRef<'_>, now: u64) {
         if msg.topic != rpc::REQUEST_TOPIC || msg.qos != 1 {
             return;
         }
-        let props = RequestProps::of(&msg.user_properties);
-        let identity = msg.client_id.as_deref().or_else(|| props.identity());
-        let Some(response_topic) = msg.response_topic.as_deref() else {
+        let props = msg.props;
+        let identity = msg.client_id.or_else(|| props.identity());
+        let Some(response_topic) = msg.response_topic else {
             return;
         };
         match rpc::check_response_topic(response_topic) {
@@ -244,7 +251,7 @@ impl StateMachine {
             return; // Expired before we got to it: nobody waits for the answer.
         }
         let expiry = deadline.map(|d| rpc::remaining_secs(d, now));
-        let Some(correlation) = msg.correlation_data.as_deref() else {
+        let Some(correlation) = msg.correlation_data else {
             let reply = Reply::status(
                 Status::BadRequest,
                 "the request has no correlation data".into(),
@@ -293,7 +300,7 @@ impl StateMachine {
     /// the reply is returned.
     fn execute(
         &mut self,
-        msg: &InboundMessage,
+        msg: &MessageRef<'_>,
         props: &RequestProps<'_>,
         identity: Option<&str>,
         now: u64,
@@ -310,7 +317,7 @@ impl StateMachine {
                 ],
             );
         }
-        let command = match command::parse(&msg.payload) {
+        let command = match command::parse(msg.payload) {
             Ok(c) => c,
             Err(e) => return Reply::error(e),
         };
@@ -425,12 +432,12 @@ impl StateMachine {
             Change::None => return,
             Change::Delete => resp3::notify_delete(),
             Change::Set => match self.table.entry(key) {
-                Some(e) => resp3::notify_set(&e.value),
+                Some(e) => resp3::notify_set(e.value),
                 None => return,
             },
         };
         let mut user_properties = vec![
-            (prop::TIMESTAMP.to_string(), version.to_string()),
+            (prop::TIMESTAMP.to_string(), version.encode()),
             (
                 prop::PROTOCOL_VERSION.to_string(),
                 rpc::PROTOCOL_VERSION.to_string(),
@@ -472,7 +479,7 @@ impl StateMachine {
             ),
         ];
         if let Some(version) = &reply.version {
-            user_properties.push((prop::TIMESTAMP.to_string(), version.to_string()));
+            user_properties.push((prop::TIMESTAMP.to_string(), version.encode()));
         }
         user_properties.extend(reply.extra.into_iter().map(|(n, v)| (n.to_string(), v)));
         if let Some(id) = &self.config.server_client_id {

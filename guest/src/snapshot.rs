@@ -26,7 +26,7 @@ use crate::hlc::{Clock, Hlc};
 use crate::machine::StateMachine;
 use crate::notify::Registry;
 use crate::rpc::dedup::{Cached, DedupCache};
-use crate::store::{Entry, Table, Version};
+use crate::store::{Entry, EntryRef, Table, Version};
 use crate::types::{Config, Error, OutboundMessage, Persist, PublishKind};
 
 /// What a snapshot holds.
@@ -54,15 +54,17 @@ impl StateMachine {
     /// A snapshot of `scope`.
     pub fn snapshot_with(&self, scope: SnapshotScope) -> Vec<u8> {
         let durable = scope == SnapshotScope::Durable;
-        let keep = |e: &Entry| !durable || self.config.persist != Persist::Flagged || e.persist;
+        let keep =
+            |e: &EntryRef<'_>| !durable || self.config.persist != Persist::Flagged || e.persist;
         let mut w = Writer::new();
         w.0.extend_from_slice(MAGIC);
         w.u32(FORMAT_VERSION);
         let (wall, counter) = self.clock.parts();
         w.u64(wall);
         w.u64(counter);
-        w.u64(self.table.iter().filter(|(_, e)| keep(e)).count() as u64);
-        for (key, e) in self.table.iter().filter(|(_, e)| keep(e)) {
+        let kept: Vec<_> = self.table.iter().filter(|(_, e)| keep(e)).collect();
+        w.u64(kept.len() as u64);
+        for (key, e) in kept {
             w.entry(key, e);
         }
         let registrations = if durable { 0 } else { self.registry.len() };
@@ -108,7 +110,7 @@ impl StateMachine {
         let mut table = Table::default();
         for _ in 0..r.u64()? {
             let (key, entry) = r.entry()?;
-            table.put(key, entry);
+            table.put(key, entry.as_ref());
         }
         let mut registry = Registry::default();
         for _ in 0..r.u64()? {
@@ -170,12 +172,12 @@ impl Writer {
         }
     }
     /// A key and its entry (snapshots and put records share it).
-    pub(crate) fn entry(&mut self, key: &[u8], e: &Entry) {
+    pub(crate) fn entry(&mut self, key: &[u8], e: EntryRef<'_>) {
         self.bytes(key);
-        self.bytes(&e.value);
+        self.bytes(e.value);
         self.u64(e.version.wall);
         self.u32(e.version.counter);
-        self.opt(e.fencing_token.as_deref(), |w, ft| w.hlc(ft));
+        self.opt(e.fencing_token, |w, ft| w.hlc(ft));
         self.opt(e.expires_at, Writer::u64);
         self.u8(u8::from(e.persist));
     }

@@ -39,9 +39,12 @@ fn request(parts: &[&[u8]], corr: u64, now: u64) -> InboundMessage {
 fn stores(rt: &Runtime) -> Vec<(&'static str, Box<dyn Backend>)> {
     let config = Config::default();
     let wasm: WasmStore = rt.instantiate(&config).expect("instantiate");
+    let mut typed: WasmStore = rt.instantiate(&config).expect("instantiate");
+    typed.use_typed_calls(true);
     vec![
         ("native", Box::new(NativeStore::new(config).expect("store"))),
         ("wasm", Box::new(wasm)),
+        ("wasm-typed", Box::new(typed)),
     ]
 }
 
@@ -149,7 +152,7 @@ fn benches(c: &mut Criterion) {
     // Expiry of 10,000 keys at one timeout.
     let mut g = c.benchmark_group("expire_10k");
     g.throughput(Throughput::Elements(10_000));
-    for (kind, _) in stores(&rt) {
+    for (kind, _) in stores(&rt).into_iter().filter(|(k, _)| *k != "wasm-typed") {
         g.bench_function(kind, |b| {
             b.iter_batched(
                 || {

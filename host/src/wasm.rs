@@ -13,7 +13,7 @@ use crate::{Backend, Config, InboundMessage, Output};
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
-    pre: GuestPre<()>,
+    pre: GuestPre<Limits>,
 }
 
 impl Runtime {
@@ -24,7 +24,7 @@ impl Runtime {
 
     /// A component from its binary (or WAT text) form.
     pub fn from_bytes(wasm: &[u8]) -> Result<Runtime> {
-        let engine = Engine::new(&wasmtime::Config::new())?;
+        let engine = Engine::new(&engine_config())?;
         let component = Component::new(&engine, wasm)
             .map_err(anyhow::Error::from)
             .context("the state store component is not valid")?;
@@ -41,7 +41,7 @@ impl Runtime {
     /// Like [`Runtime::from_bytes`], but keeps the compiled code in
     /// `cache_dir` and loads it from there next time.
     pub fn from_bytes_cached(wasm: &[u8], cache_dir: &std::path::Path) -> Result<Runtime> {
-        let engine = Engine::new(&wasmtime::Config::new())?;
+        let engine = Engine::new(&engine_config())?;
         let component = crate::cache::load(&engine, wasm, cache_dir)?;
         Runtime::from_component(engine, component)
     }
@@ -73,6 +73,7 @@ impl Runtime {
             store,
             guest,
             handle,
+            typed: false,
         })
     }
 
@@ -87,21 +88,80 @@ impl Runtime {
             store,
             guest,
             handle,
+            typed: false,
         })
     }
 
-    fn new_instance(&self) -> Result<(Store<()>, Guest)> {
-        let mut store = Store::new(&self.engine, ());
+    fn new_instance(&self) -> Result<(Store<Limits>, Guest)> {
+        let mut store = Store::new(&self.engine, Limits::default());
+        store.limiter(|limits| limits);
         let guest = self.pre.instantiate(&mut store)?;
         Ok((store, guest))
     }
 }
 
+/// The resources one guest instance holds, kept by wasmtime's
+/// [`wasmtime::ResourceLimiter`] hooks.
+#[derive(Debug, Default)]
+pub struct Limits {
+    /// Bytes of linear memory (all memories of the instance).
+    memory_bytes: usize,
+}
+
+impl wasmtime::ResourceLimiter for Limits {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.memory_bytes = self.memory_bytes - current.min(self.memory_bytes) + desired;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        _desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(true)
+    }
+}
+
+/// The wasmtime settings every runtime uses. `STATESTORE_PERF_MAP=1` writes
+/// `/tmp/perf-<pid>.map` so that `perf report` names the guest's functions.
+fn engine_config() -> wasmtime::Config {
+    let mut config = wasmtime::Config::new();
+    if std::env::var_os("STATESTORE_PERF_MAP").is_some_and(|v| v == "1") {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
+    config
+}
+
 /// One guest instance holding one `store` resource.
 pub struct WasmStore {
-    store: Store<()>,
+    store: Store<Limits>,
     guest: Guest,
     handle: ResourceAny,
+    typed: bool,
+}
+
+impl WasmStore {
+    /// Whether [`Backend::handle_batch`] and [`Backend::poll_outputs`] cross
+    /// with the typed WIT functions (`handle-batch`, `poll-outputs`: a record
+    /// per message and per output) instead of the flat `handle-wire` and
+    /// `poll-wire` (the default). The outputs are the same; this is for tests
+    /// of both paths and to measure what the flat encoding saves.
+    pub fn use_typed_calls(&mut self, typed: bool) {
+        self.typed = typed;
+    }
+
+    /// Bytes of linear memory the instance holds (it only ever grows: the
+    /// high-water mark of the guest's heap, rounded up to 64 KiB pages).
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().memory_bytes
+    }
 }
 
 impl Backend for WasmStore {
@@ -112,10 +172,20 @@ impl Backend for WasmStore {
     }
 
     fn handle_batch(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
-        let ms: Vec<_> = messages.iter().map(convert::message).collect();
+        if self.typed {
+            let ms: Vec<_> = messages.iter().map(convert::message).collect();
+            let api = self.guest.statestore_core_store().store();
+            let out = api.call_handle_batch(&mut self.store, self.handle, &ms, now)?;
+            return Ok(out.into_iter().map(convert::output).collect());
+        }
+        // One flat list<u8> each way (the guest's `wire` encoding): far
+        // cheaper to lower and lift than a record of strings per message.
+        let batch = statestore_guest::wire::encode_batch(messages);
         let api = self.guest.statestore_core_store().store();
-        let out = api.call_handle_batch(&mut self.store, self.handle, &ms, now)?;
-        Ok(out.into_iter().map(convert::output).collect())
+        let out = api
+            .call_handle_wire(&mut self.store, self.handle, &batch, now)?
+            .map_err(convert::error)?;
+        Ok(statestore_guest::wire::decode_outputs(&out)?)
     }
 
     fn client_disconnected(&mut self, client_id: &str, now: u64) -> Result<()> {
@@ -130,8 +200,12 @@ impl Backend for WasmStore {
 
     fn poll_outputs(&mut self) -> Result<Vec<Output>> {
         let api = self.guest.statestore_core_store().store();
-        let out = api.call_poll_outputs(&mut self.store, self.handle)?;
-        Ok(out.into_iter().map(convert::output).collect())
+        if self.typed {
+            let out = api.call_poll_outputs(&mut self.store, self.handle)?;
+            return Ok(out.into_iter().map(convert::output).collect());
+        }
+        let out = api.call_poll_wire(&mut self.store, self.handle)?;
+        Ok(statestore_guest::wire::decode_outputs(&out)?)
     }
 
     fn next_deadline(&mut self) -> Result<Option<u64>> {

@@ -47,8 +47,12 @@ pub fn test_config() -> Config {
 pub enum Kind {
     /// The guest crate compiled natively.
     Native,
-    /// The `.wasm` component in wasmtime.
+    /// The `.wasm` component in wasmtime, through the flat `handle-wire`
+    /// and `poll-wire` (what the hosts use).
     Wasm,
+    /// The `.wasm` component through the typed `handle-batch` and
+    /// `poll-outputs`.
+    WasmTyped,
 }
 
 /// The wasm runtime, compiled once per test process.
@@ -62,6 +66,11 @@ pub fn new_backend(kind: Kind, config: &Config) -> Result<Box<dyn Backend>> {
     Ok(match kind {
         Kind::Native => Box::new(NativeStore::new(config.clone())?),
         Kind::Wasm => Box::new(wasm_runtime().instantiate(config)?),
+        Kind::WasmTyped => {
+            let mut store = wasm_runtime().instantiate(config)?;
+            store.use_typed_calls(true);
+            Box::new(store)
+        }
     })
 }
 
@@ -70,6 +79,11 @@ pub fn restore_backend(kind: Kind, config: &Config, snapshot: &[u8]) -> Result<B
     Ok(match kind {
         Kind::Native => Box::new(NativeStore::restore(config.clone(), snapshot)?),
         Kind::Wasm => Box::new(wasm_runtime().restore(config, snapshot)?),
+        Kind::WasmTyped => {
+            let mut store = wasm_runtime().restore(config, snapshot)?;
+            store.use_typed_calls(true);
+            Box::new(store)
+        }
     })
 }
 
@@ -81,8 +95,10 @@ fn apply(
     now: u64,
     input: &Input,
 ) -> Result<(Vec<Output>, Option<u64>)> {
+    let mut outputs = Vec::new();
     match input {
-        Input::Publish(m) => backend.handle(m, now)?,
+        // A batch of one: the wire path for `Wasm`, the typed one for `WasmTyped`.
+        Input::Publish(m) => outputs = backend.handle_batch(std::slice::from_ref(m), now)?,
         Input::Disconnect(c) => backend.client_disconnected(c, now)?,
         Input::Timeout => backend.timeout(now)?,
         Input::Restore => {
@@ -90,7 +106,7 @@ fn apply(
             *backend = restore_backend(kind, config, &snapshot)?;
         }
     }
-    let outputs = backend.poll_outputs()?;
+    outputs.extend(backend.poll_outputs()?);
     Ok((outputs, backend.next_deadline()?))
 }
 

@@ -29,6 +29,14 @@ fn vectors_wasm() {
 }
 
 #[test]
+fn vectors_wasm_typed() {
+    let vectors = load_vectors().expect("vectors load");
+    for v in &vectors {
+        replay(v, Kind::WasmTyped).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+}
+
+#[test]
 fn a_tampered_vector_fails() {
     // The replayer must notice a wrong expectation, or it proves nothing.
     let mut v = load_vectors().expect("vectors load").remove(0);
@@ -42,4 +50,5 @@ fn a_tampered_vector_fails() {
     }
     assert!(replay(&v, Kind::Native).is_err());
     assert!(replay(&v, Kind::Wasm).is_err());
+    assert!(replay(&v, Kind::WasmTyped).is_err());
 }

@@ -5,8 +5,8 @@
 //! request's deadline plus [`super::DEDUP_BUFFER_MS`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use crate::expiry::Deadlines;
 use crate::types::OutboundMessage;
 
 /// A cached reply and when it is forgotten.
@@ -18,11 +18,23 @@ pub struct Cached {
     pub reply: OutboundMessage,
 }
 
+/// One topic's replies by correlation data, with their insertion numbers.
+type ByCorrelation = BTreeMap<Box<[u8]>, (Cached, u64)>;
+
+/// (response topic, correlation data).
+type Key = (Arc<str>, Box<[u8]>);
+
 /// Replies by response topic, then correlation data.
+///
+/// The deadline index is ordered by (deadline, insertion number), so that
+/// keeping it in step compares integers, never the topics and correlation
+/// data (which are long and often share a prefix).
 #[derive(Debug, Clone, Default)]
 pub struct DedupCache {
-    entries: BTreeMap<String, BTreeMap<Box<[u8]>, Cached>>,
-    deadlines: Deadlines<(String, Box<[u8]>)>,
+    entries: BTreeMap<Arc<str>, ByCorrelation>,
+    /// (deadline, insertion number) -> (topic, correlation).
+    deadlines: BTreeMap<(u64, u64), Key>,
+    seq: u64,
     len: usize,
 }
 
@@ -32,28 +44,41 @@ impl DedupCache {
         self.entries
             .get(response_topic)?
             .get(correlation)
+            .map(|(c, _)| c)
             .filter(|c| now < c.expires_at)
     }
 
     /// Remembers a reply.
     pub fn insert(&mut self, response_topic: &str, correlation: &[u8], cached: Cached) {
         let at = cached.expires_at;
+        let topic = match self.entries.get_key_value(response_topic) {
+            Some((topic, _)) => topic.clone(),
+            None => Arc::from(response_topic),
+        };
+        self.seq += 1;
+        let seq = self.seq;
         let old = self
             .entries
-            .entry(response_topic.to_string())
+            .entry(topic.clone())
             .or_default()
-            .insert(correlation.into(), cached);
-        let key = (response_topic.to_string(), Box::<[u8]>::from(correlation));
+            .insert(correlation.into(), (cached, seq));
         match old {
-            Some(old) => self.deadlines.remove(old.expires_at, &key),
+            Some((old, old_seq)) => {
+                self.deadlines.remove(&(old.expires_at, old_seq));
+            }
             None => self.len += 1,
         }
-        self.deadlines.insert(at, key);
+        self.deadlines
+            .insert((at, seq), (topic, correlation.into()));
     }
 
     /// Forgets everything that expired at `now`.
     pub fn evict(&mut self, now: u64) {
-        while let Some((_, (topic, corr))) = self.deadlines.pop_due(now) {
+        while let Some(entry) = self.deadlines.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let (topic, corr) = entry.remove();
             if let Some(by_corr) = self.entries.get_mut(&topic) {
                 if by_corr.remove(&corr).is_some() {
                     self.len -= 1;
@@ -67,7 +92,7 @@ impl DedupCache {
 
     /// When the next entry is forgotten.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.deadlines.next()
+        self.deadlines.first_key_value().map(|((at, _), _)| *at)
     }
 
     /// Every entry, ordered by response topic then correlation data.
@@ -75,7 +100,7 @@ impl DedupCache {
         self.entries.iter().flat_map(|(topic, by_corr)| {
             by_corr
                 .iter()
-                .map(move |(corr, cached)| (topic.as_str(), &**corr, cached))
+                .map(move |(corr, (cached, _))| (&**topic, &**corr, cached))
         })
     }
 

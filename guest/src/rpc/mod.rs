@@ -87,12 +87,16 @@ pub fn check_response_topic(topic: &str) -> TopicCheck {
     if topic == REQUEST_TOPIC || topic.starts_with(RESERVED_PREFIX) {
         return TopicCheck::Forbidden;
     }
-    let invalid = topic.is_empty()
-        || topic.len() > crate::notify::MAX_TOPIC_LEN
-        || topic.contains(['+', '#', '\0'])
-        || topic.starts_with('/')
-        || topic.ends_with('/')
-        || topic.contains("//");
+    // One pass over the bytes (this runs for every request).
+    let b = topic.as_bytes();
+    let invalid = b.is_empty()
+        || b.len() > crate::notify::MAX_TOPIC_LEN
+        || b[0] == b'/'
+        || b[b.len() - 1] == b'/'
+        || b.iter()
+            .zip(&b[1..])
+            .any(|(&p, &c)| matches!(c, b'+' | b'#' | 0) || (p == b'/' && c == b'/'))
+        || matches!(b[0], b'+' | b'#' | 0);
     if invalid {
         TopicCheck::Invalid
     } else {
@@ -134,24 +138,29 @@ pub struct RequestProps<'a> {
 
 impl<'a> RequestProps<'a> {
     /// Picks the reserved properties out of a request's user properties.
-    pub fn of(user_properties: &'a [(String, String)]) -> Self {
+    pub fn of(user_properties: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let mut p = RequestProps::default();
         for (name, value) in user_properties {
-            let slot = match name.as_str() {
-                prop::TIMESTAMP => &mut p.timestamp,
-                prop::FENCING_TOKEN => &mut p.fencing_token,
-                prop::PROTOCOL_VERSION => &mut p.protocol_version,
-                prop::SOURCE_ID => &mut p.source_id,
-                prop::PARTITION => &mut p.partition,
-                prop::INVOKER_ID => &mut p.invoker_id,
-                prop::PERSIST => &mut p.persist,
-                _ => continue,
-            };
-            if slot.is_none() {
-                *slot = Some(value.as_str());
-            }
+            p.add(name, value);
         }
         p
+    }
+
+    /// Takes one user property into account (the first occurrence wins).
+    pub fn add(&mut self, name: &str, value: &'a str) {
+        let slot = match name {
+            prop::TIMESTAMP => &mut self.timestamp,
+            prop::FENCING_TOKEN => &mut self.fencing_token,
+            prop::PROTOCOL_VERSION => &mut self.protocol_version,
+            prop::SOURCE_ID => &mut self.source_id,
+            prop::PARTITION => &mut self.partition,
+            prop::INVOKER_ID => &mut self.invoker_id,
+            prop::PERSIST => &mut self.persist,
+            _ => return,
+        };
+        if slot.is_none() {
+            *slot = Some(value);
+        }
     }
 
     /// The requester's identity when the host does not know it (spec §3.2):

@@ -6,7 +6,9 @@
 
 pub mod fencing;
 
-use std::collections::BTreeMap;
+use foldhash::fast::FixedState;
+use hashbrown::HashTable;
+use std::hash::BuildHasher;
 
 use crate::command::{Command, Condition};
 use crate::errors::ServiceError;
@@ -43,7 +45,7 @@ impl Version {
     }
 }
 
-/// One stored key.
+/// One stored key, owned (as read from a snapshot or a journal record).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The value.
@@ -59,9 +61,48 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// A borrowed view, as [`Table::put`] takes it.
+    pub fn as_ref(&self) -> EntryRef<'_> {
+        EntryRef {
+            value: &self.value,
+            version: self.version,
+            fencing_token: self.fencing_token.as_deref(),
+            expires_at: self.expires_at,
+            persist: self.persist,
+        }
+    }
+}
+
+/// One stored key, borrowed from the table (or from an [`Entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRef<'a> {
+    /// The value.
+    pub value: &'a [u8],
+    /// Its version (the HLC of the SET that wrote it).
+    pub version: Version,
+    /// The fencing token protecting it.
+    pub fencing_token: Option<&'a Hlc>,
+    /// When it expires (ms), if ever.
+    pub expires_at: Option<u64>,
+    /// Set with `aio-persistence: true`.
+    pub persist: bool,
+}
+
+impl EntryRef<'_> {
     /// Whether the entry is visible at `now` (expired keys are invisible at once).
     pub fn live_at(&self, now: u64) -> bool {
         self.expires_at.is_none_or(|at| now < at)
+    }
+
+    /// An owned copy.
+    pub fn to_owned(&self) -> Entry {
+        Entry {
+            value: self.value.into(),
+            version: self.version,
+            fencing_token: self.fencing_token.cloned().map(Box::new),
+            expires_at: self.expires_at,
+            persist: self.persist,
+        }
     }
 }
 
@@ -110,32 +151,174 @@ pub struct Request<'r> {
     pub persist: bool,
 }
 
+/// Seed of the table's hash function. Fixed, so that the guest stays
+/// deterministic (it has no random source); see DESIGN note in `Table`.
+const HASH_SEED: u64 = 0x5157_4154_4553_5453;
+
+/// Bit of [`Slot::counter`] that holds the persist flag (HLC counters stay
+/// below 2^31).
+const PERSIST_BIT: u32 = 1 << 31;
+
+/// One key in the table, laid out for memory: the key and value share one
+/// allocation, the version is inline, and what few keys have (an expiry, a
+/// fencing token) hangs off an optional box. 24 bytes on wasm32.
+#[derive(Debug, Clone)]
+struct Slot {
+    /// LEB128 key length, the key, then the value.
+    blob: Box<[u8]>,
+    /// HLC wall time of the version.
+    wall: u64,
+    /// HLC counter of the version, and [`PERSIST_BIT`].
+    counter: u32,
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Debug, Clone)]
+struct Extra {
+    expires_at: Option<u64>,
+    fencing_token: Option<Box<Hlc>>,
+}
+
+impl Slot {
+    fn new(key: &[u8], e: EntryRef<'_>) -> Slot {
+        let mut blob = Vec::with_capacity(5 + key.len() + e.value.len());
+        let mut n = key.len();
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                blob.push(byte);
+                break;
+            }
+            blob.push(byte | 0x80);
+        }
+        blob.extend_from_slice(key);
+        blob.extend_from_slice(e.value);
+        let extra = (e.expires_at.is_some() || e.fencing_token.is_some()).then(|| {
+            Box::new(Extra {
+                expires_at: e.expires_at,
+                fencing_token: e.fencing_token.cloned().map(Box::new),
+            })
+        });
+        Slot {
+            blob: blob.into_boxed_slice(),
+            wall: e.version.wall,
+            counter: (e.version.counter & !PERSIST_BIT) | if e.persist { PERSIST_BIT } else { 0 },
+            extra,
+        }
+    }
+
+    /// (key, value), split at the length prefix.
+    fn parts(&self) -> (&[u8], &[u8]) {
+        let mut len = 0usize;
+        let mut i = 0;
+        while let Some(&b) = self.blob.get(i) {
+            len |= usize::from(b & 0x7f) << (7 * i);
+            i += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        self.blob[i..].split_at(len)
+    }
+
+    fn key(&self) -> &[u8] {
+        self.parts().0
+    }
+
+    fn view(&self) -> EntryRef<'_> {
+        let extra = self.extra.as_deref();
+        EntryRef {
+            value: self.parts().1,
+            version: Version {
+                wall: self.wall,
+                counter: self.counter & !PERSIST_BIT,
+            },
+            fencing_token: extra.and_then(|x| x.fencing_token.as_deref()),
+            expires_at: extra.and_then(|x| x.expires_at),
+            persist: self.counter & PERSIST_BIT != 0,
+        }
+    }
+}
+
 /// All keys, with an index of their deadlines.
-#[derive(Debug, Clone, Default)]
+///
+/// The slots are one dense `Vec` (24 bytes a key on wasm32) and a hash table
+/// of their positions (4 bytes and a control byte a bucket), as `indexmap`
+/// does: about a third of the memory of an ordered map of boxed keys and
+/// entries, a growth step copies only the small index, and a lookup compares
+/// one key. The hash is seeded with a constant (the guest is deterministic
+/// and has no random source), so a client that can choose keys can make them
+/// collide and slow its own store down; it cannot reach anything else.
+#[derive(Clone)]
 pub struct Table {
-    entries: BTreeMap<Box<[u8]>, Entry>,
+    slots: Vec<Slot>,
+    index: HashTable<u32>,
+    hasher: FixedState,
     deadlines: Deadlines<Box<[u8]>>,
 }
 
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            slots: Vec::new(),
+            index: HashTable::new(),
+            hasher: FixedState::with_seed(HASH_SEED),
+            deadlines: Deadlines::new(),
+        }
+    }
+}
+
+impl core::fmt::Debug for Table {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Table")
+            .field("keys", &self.slots.len())
+            .field("deadlines", &self.deadlines.len())
+            .finish()
+    }
+}
+
 impl Table {
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn position(&self, key: &[u8]) -> Option<usize> {
+        let slots = &self.slots;
+        self.index
+            .find(self.hash(key), |&i| slots[i as usize].key() == key)
+            .map(|&i| i as usize)
+    }
+
     /// The entry for `key` if it is live at `now`.
-    pub fn get(&self, key: &[u8], now: u64) -> Option<&Entry> {
-        self.entries.get(key).filter(|e| e.live_at(now))
+    pub fn get(&self, key: &[u8], now: u64) -> Option<EntryRef<'_>> {
+        self.entry(key).filter(|e| e.live_at(now))
     }
 
     /// The entry for `key`, live or not.
-    pub fn entry(&self, key: &[u8]) -> Option<&Entry> {
-        self.entries.get(key)
+    pub fn entry(&self, key: &[u8]) -> Option<EntryRef<'_>> {
+        self.position(key).map(|i| self.slots[i].view())
     }
 
     /// Inserts or replaces an entry, keeping the deadline index in step.
-    pub fn put(&mut self, key: &[u8], entry: Entry) {
+    pub fn put(&mut self, key: &[u8], entry: EntryRef<'_>) {
         let due = entry.expires_at;
-        if let Some(at) = self
-            .entries
-            .insert(key.into(), entry)
-            .and_then(|old| old.expires_at)
-        {
+        let slot = Slot::new(key, entry);
+        let old = match self.position(key) {
+            Some(i) => Some(core::mem::replace(&mut self.slots[i], slot)),
+            None => {
+                // Positions are u32: four billion keys is far past any memory
+                // a guest gets.
+                let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(slot);
+                let (slots, hasher) = (&self.slots, &self.hasher);
+                self.index.insert_unique(hasher.hash_one(key), i, |&j| {
+                    hasher.hash_one(slots[j as usize].key())
+                });
+                None
+            }
+        };
+        if let Some(at) = old.and_then(|old| old.view().expires_at) {
             self.deadlines.remove(at, &Box::from(key));
         }
         if let Some(at) = due {
@@ -143,13 +326,33 @@ impl Table {
         }
     }
 
-    /// Removes an entry.
-    pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
-        let old = self.entries.remove(key)?;
-        if let Some(at) = old.expires_at {
+    /// Takes the slot of `key` out: the last slot moves into its place.
+    fn take(&mut self, key: &[u8]) -> Option<Slot> {
+        let hash = self.hash(key);
+        let slots = &self.slots;
+        let (i, _) = self
+            .index
+            .find_entry(hash, |&i| slots[i as usize].key() == key)
+            .ok()?
+            .remove();
+        let last = self.slots.len() - 1;
+        if i as usize != last {
+            let moved = self.hash(self.slots[last].key());
+            if let Some(at) = self.index.find_mut(moved, |&j| j as usize == last) {
+                *at = i;
+            }
+        }
+        Some(self.slots.swap_remove(i as usize))
+    }
+
+    /// Removes an entry; returns whether it was persisted.
+    pub fn remove(&mut self, key: &[u8]) -> Option<bool> {
+        let old = self.take(key)?;
+        let view = old.view();
+        if let Some(at) = view.expires_at {
             self.deadlines.remove(at, &Box::from(key));
         }
-        Some(old)
+        Some(view.persist)
     }
 
     /// The earliest expiry deadline.
@@ -157,28 +360,31 @@ impl Table {
         self.deadlines.next()
     }
 
-    /// Removes and returns one key whose deadline is `<= now`.
-    pub fn pop_expired(&mut self, now: u64) -> Option<(Box<[u8]>, Entry)> {
+    /// Removes one key whose deadline is `<= now`; returns it and whether
+    /// it was persisted.
+    pub fn pop_expired(&mut self, now: u64) -> Option<(Box<[u8]>, bool)> {
         let (_, key) = self.deadlines.pop_due(now)?;
         // The index only holds deadlines of present entries (put/remove keep it
         // in step), so the entry exists.
-        let entry = self.entries.remove(&key)?;
-        Some((key, entry))
+        let old = self.take(&key)?;
+        Some((key, old.view().persist))
     }
 
     /// Number of keys, including expired ones not yet removed.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.slots.len()
     }
 
     /// Whether there are no keys.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.slots.is_empty()
     }
 
-    /// Every entry in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &Entry)> {
-        self.entries.iter().map(|(k, e)| (&**k, e))
+    /// Every entry in key order (sorted on each call: for snapshots).
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], EntryRef<'_>)> {
+        let mut all: Vec<&Slot> = self.slots.iter().collect();
+        all.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+        all.into_iter().map(|s| (s.key(), s.view()))
     }
 
     /// Applies GET / SET / DEL / VDEL (spec §5.4 steps 9 to 11).
@@ -200,7 +406,7 @@ impl Table {
         Ok(match *command {
             Command::Get { key } => match self.get(key, now) {
                 Some(e) => Outcome {
-                    reply: resp3::bulk(&e.value),
+                    reply: resp3::bulk(e.value),
                     version: Some(e.version.to_hlc(node)),
                     change: Change::None,
                 },
@@ -217,14 +423,14 @@ impl Table {
                 px,
             } => {
                 let current = self.get(key, now);
-                let token = current.and_then(|e| e.fencing_token.as_deref());
+                let token = current.and_then(|e| e.fencing_token);
                 if let Err(e) = fencing::check(token, req.fencing_token) {
                     return Ok(Outcome::error(e));
                 }
                 let applies = match (condition, current) {
                     (Condition::Always, _) | (_, None) => true,
                     (Condition::Nx, Some(_)) => false,
-                    (Condition::Nex, Some(e)) => *e.value == *value,
+                    (Condition::Nex, Some(e)) => e.value == value,
                 };
                 if !applies {
                     return Ok(Outcome {
@@ -237,10 +443,10 @@ impl Table {
                 let token = fencing::after_set(token.cloned(), req.fencing_token);
                 self.put(
                     key,
-                    Entry {
-                        value: value.into(),
+                    EntryRef {
+                        value,
                         version: Version::of(&version),
-                        fencing_token: token.map(Box::new),
+                        fencing_token: token.as_ref(),
                         expires_at: px.map(|ms| now.saturating_add(ms)),
                         persist: req.persist,
                     },
@@ -259,12 +465,12 @@ impl Table {
                         change: Change::None,
                     });
                 };
-                let token = current.fencing_token.as_deref();
+                let token = current.fencing_token;
                 if let Err(e) = fencing::check(token, req.fencing_token) {
                     return Ok(Outcome::error(e));
                 }
                 if let Command::VDel { value, .. } = *command
-                    && *current.value != *value
+                    && current.value != value
                 {
                     return Ok(Outcome {
                         reply: resp3::REPLY_NOT_APPLIED.to_vec(),
@@ -283,5 +489,85 @@ impl Table {
             // The registry, not the table, handles KEYNOTIFY.
             Command::KeyNotify { .. } => Outcome::error(ServiceError::UnknownCommand),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(value: &[u8], counter: u32, persist: bool) -> Entry {
+        Entry {
+            value: value.into(),
+            version: Version { wall: 42, counter },
+            fencing_token: None,
+            expires_at: None,
+            persist,
+        }
+    }
+
+    #[test]
+    fn slots_keep_every_field_for_any_key_length() {
+        let mut t = Table::default();
+        let token = Hlc {
+            wall: 7,
+            counter: 1,
+            node: "lock".into(),
+        };
+        let long_key = vec![b'k'; 300]; // a two-byte length prefix
+        let huge_key = vec![b'h'; 20_000]; // three bytes
+        let mut fenced = entry(b"v3", (1 << 31) - 1, true);
+        fenced.fencing_token = Some(Box::new(token.clone()));
+        fenced.expires_at = Some(99);
+        let cases: Vec<(&[u8], Entry)> = vec![
+            (b"", entry(b"", 0, false)),
+            (b"a", entry(b"value", 5, true)),
+            (&long_key, entry(&[0u8; 1000], 6, false)),
+            (&huge_key, fenced),
+        ];
+        for (k, e) in &cases {
+            t.put(k, e.as_ref());
+        }
+        assert_eq!(t.len(), cases.len());
+        for (k, e) in &cases {
+            assert_eq!(t.entry(k).map(|v| v.to_owned()).as_ref(), Some(e));
+        }
+        assert_eq!(t.get(&huge_key, 99), None, "expired at its deadline");
+        assert_eq!(t.next_deadline(), Some(99));
+        // Replacing drops the old deadline; removing reports the persist flag.
+        t.put(&huge_key, entry(b"x", 1, false).as_ref());
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(t.remove(b"a"), Some(true));
+        assert_eq!(t.remove(b"a"), None);
+        let keys: Vec<&[u8]> = t.iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            keys,
+            vec![&b""[..], &huge_key[..], &long_key[..]],
+            "key order"
+        );
+    }
+
+    #[test]
+    fn removing_moves_the_last_slot_and_keeps_every_key_findable() {
+        let mut t = Table::default();
+        let key = |i: u32| format!("k{i}").into_bytes();
+        for i in 0..1000 {
+            t.put(&key(i), entry(&i.to_le_bytes(), i, false).as_ref());
+        }
+        for i in (0..1000).filter(|i| i % 3 == 0) {
+            assert_eq!(t.remove(&key(i)), Some(false));
+        }
+        for i in 0..1000 {
+            let got = t.entry(&key(i)).map(|e| e.value.to_vec());
+            let want = (i % 3 != 0).then(|| i.to_le_bytes().to_vec());
+            assert_eq!(got, want, "key {i}");
+        }
+        assert_eq!(t.len(), 666);
+        // Put back and overwrite after the moves.
+        for i in 0..1000 {
+            t.put(&key(i), entry(b"again", i, true).as_ref());
+        }
+        assert_eq!(t.len(), 1000);
+        assert!((0..1000).all(|i| t.entry(&key(i)).is_some_and(|e| e.value == b"again")));
     }
 }
