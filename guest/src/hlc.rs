@@ -31,12 +31,15 @@ impl Hlc {
     /// Parses the text form (§8.2): exactly three `:`-separated parts, the first
     /// two non-empty ASCII digits that fit in a u64, the third kept as is.
     pub fn parse(text: &str) -> Result<Hlc, MalformedTimestamp> {
-        let mut parts = text.split(':');
-        let (Some(wall), Some(counter), Some(node), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        // Byte searches rather than `split`: this runs for every request.
+        let colon = |s: &str| s.bytes().position(|b| b == b':');
+        let first = colon(text).ok_or(MalformedTimestamp)?;
+        let (wall, rest) = (&text[..first], &text[first + 1..]);
+        let second = colon(rest).ok_or(MalformedTimestamp)?;
+        let (counter, node) = (&rest[..second], &rest[second + 1..]);
+        if colon(node).is_some() {
             return Err(MalformedTimestamp);
-        };
+        }
         Ok(Hlc {
             wall: digits(wall)?,
             counter: digits(counter)?,
@@ -54,7 +57,13 @@ fn digits(s: &str) -> Result<u64, MalformedTimestamp> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(MalformedTimestamp);
     }
-    s.parse().map_err(|_| MalformedTimestamp)
+    if s.len() > 19 {
+        // Could overflow: the checked (slower) parse.
+        return s.parse().map_err(|_| MalformedTimestamp);
+    }
+    // Up to 19 digits fit in a u64: no overflow checks (in wasm, 64-bit
+    // overflow checks call a 128-bit multiply).
+    Ok(s.bytes().fold(0u64, |v, b| v * 10 + u64::from(b - b'0')))
 }
 
 /// Appends `v` in decimal, zero-padded to at least `width` digits (what
@@ -62,15 +71,30 @@ fn digits(s: &str) -> Result<u64, MalformedTimestamp> {
 /// of every reply).
 fn push_padded(out: &mut String, v: u64, width: usize) {
     let mut digits = [b'0'; 20];
-    let mut n = v;
     let mut i = digits.len();
+    // 64-bit division in wasm32 goes through a 128-bit multiply: peel off
+    // nine digits at a time with it, then use 32-bit arithmetic.
+    let mut n = v;
     loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
+        let (mut chunk, rest) = if n >= 1_000_000_000 {
+            ((n % 1_000_000_000) as u32, n / 1_000_000_000)
+        } else {
+            (n as u32, 0)
+        };
+        let mut produced = 0;
+        while chunk != 0 || (rest != 0 && produced < 9) || produced == 0 {
+            i -= 1;
+            digits[i] = b'0' + (chunk % 10) as u8;
+            chunk /= 10;
+            produced += 1;
+            if rest == 0 && chunk == 0 {
+                break;
+            }
+        }
+        if rest == 0 {
             break;
         }
+        n = rest;
     }
     let len = (digits.len() - i).max(width.min(digits.len()));
     for &d in &digits[digits.len() - len..] {
@@ -210,6 +234,40 @@ mod tests {
             assert_eq!(h.encode(), format!("{wall:015}:{counter:05}:n1"));
             assert_eq!(h.to_string(), h.encode());
         }
+        // Powers of ten and their neighbours, and pseudo-random values.
+        let mut values = vec![u64::MAX, u64::MAX - 1];
+        let mut p = 1u64;
+        for _ in 0..20 {
+            values.extend([
+                p - 1,
+                p,
+                p.saturating_add(1),
+                p.saturating_mul(3).saturating_add(7),
+            ]);
+            p = p.saturating_mul(10);
+        }
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push(x >> (x % 64));
+        }
+        for v in values {
+            for width in [0, 5, 15] {
+                let mut s = String::new();
+                push_padded(&mut s, v, width);
+                assert_eq!(s, format!("{v:0width$}"), "{v} width {width}");
+            }
+            let text = format!("{v}:{}:n", v % 100_000);
+            let h = Hlc::parse(&text).expect("parses");
+            assert_eq!((h.wall, h.counter), (v, v % 100_000));
+        }
+        assert!(
+            Hlc::parse("18446744073709551616:0:n").is_err(),
+            "u64 overflow"
+        );
+        assert!(Hlc::parse("99999999999999999999:0:n").is_err());
     }
 
     fn hlc(wall: u64, counter: u64, node: &str) -> Hlc {

@@ -25,7 +25,9 @@ use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
 use crate::store::{Change, Request, Table, Version};
-use crate::types::{Config, Error, InboundMessage, OutboundMessage, Output, Persist, PublishKind};
+use crate::types::{
+    Config, Error, InboundMessage, OutboundMessage, Output, Persist, Property, PublishKind,
+};
 use crate::wire::MessageRef;
 
 /// The whole state store.
@@ -155,6 +157,15 @@ impl StateMachine {
     /// outputs (keeping each group's order): a host makes them durable
     /// before it publishes anything of the same input.
     fn records_first(&mut self, mark: usize) {
+        // Most inputs journal nothing (or only a record): nothing to move.
+        let records = self
+            .outputs
+            .range(mark..)
+            .filter(|o| matches!(o, Output::Journal(_)))
+            .count();
+        if records == 0 || records == self.outputs.len() - mark {
+            return;
+        }
         let tail: Vec<Output> = self.outputs.drain(mark..).collect();
         let (records, others): (Vec<Output>, Vec<Output>) = tail
             .into_iter()
@@ -436,15 +447,12 @@ impl StateMachine {
                 None => return,
             },
         };
-        let mut user_properties = vec![
-            (prop::TIMESTAMP.to_string(), version.encode()),
-            (
-                prop::PROTOCOL_VERSION.to_string(),
-                rpc::PROTOCOL_VERSION.to_string(),
-            ),
+        let mut user_properties: Vec<Property> = vec![
+            (prop::TIMESTAMP.into(), version.encode().into()),
+            (prop::PROTOCOL_VERSION.into(), rpc::PROTOCOL_VERSION.into()),
         ];
         if let Some(id) = &self.config.server_client_id {
-            user_properties.push((prop::SOURCE_ID.to_string(), id.clone()));
+            user_properties.push((prop::SOURCE_ID.into(), id.clone().into()));
         }
         for client in self.registry.observers(key) {
             self.outputs.push_back(Output::Publish(OutboundMessage {
@@ -455,7 +463,7 @@ impl StateMachine {
                 retain: false,
                 correlation_data: None,
                 message_expiry_interval: None,
-                content_type: Some(rpc::CONTENT_TYPE.to_string()),
+                content_type: Some(rpc::CONTENT_TYPE.into()),
                 payload_format_indicator: Some(0),
                 response_topic: None,
                 user_properties: user_properties.clone(),
@@ -471,21 +479,17 @@ impl StateMachine {
         expiry: Option<u32>,
         reply: Reply,
     ) -> OutboundMessage {
-        let mut user_properties = vec![
-            (prop::STATUS.to_string(), reply.status.code().to_string()),
-            (
-                prop::PROTOCOL_VERSION.to_string(),
-                rpc::PROTOCOL_VERSION.to_string(),
-            ),
-        ];
+        let mut user_properties: Vec<Property> = Vec::with_capacity(6 + reply.extra.len());
+        user_properties.push((prop::STATUS.into(), reply.status.code().into()));
+        user_properties.push((prop::PROTOCOL_VERSION.into(), rpc::PROTOCOL_VERSION.into()));
         if let Some(version) = &reply.version {
-            user_properties.push((prop::TIMESTAMP.to_string(), version.encode()));
+            user_properties.push((prop::TIMESTAMP.into(), version.encode().into()));
         }
-        user_properties.extend(reply.extra.into_iter().map(|(n, v)| (n.to_string(), v)));
+        user_properties.extend(reply.extra.into_iter().map(|(n, v)| (n.into(), v.into())));
         if let Some(id) = &self.config.server_client_id {
-            user_properties.push((prop::SOURCE_ID.to_string(), id.clone()));
+            user_properties.push((prop::SOURCE_ID.into(), id.clone().into()));
         }
-        user_properties.push((prop::HIGH_PRIORITY.to_string(), String::new()));
+        user_properties.push((prop::HIGH_PRIORITY.into(), "".into()));
         OutboundMessage {
             kind: PublishKind::Response,
             topic: topic.to_string(),
@@ -494,7 +498,7 @@ impl StateMachine {
             retain: false,
             correlation_data: correlation.map(<[u8]>::to_vec),
             message_expiry_interval: expiry,
-            content_type: Some(rpc::CONTENT_TYPE.to_string()),
+            content_type: Some(rpc::CONTENT_TYPE.into()),
             payload_format_indicator: Some(0),
             response_topic: None,
             user_properties,

@@ -27,7 +27,7 @@ use crate::machine::StateMachine;
 use crate::notify::Registry;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::store::{Entry, EntryRef, Table, Version};
-use crate::types::{Config, Error, OutboundMessage, Persist, PublishKind};
+use crate::types::{Config, Error, OutboundMessage, Persist, PublishKind, interned};
 
 /// What a snapshot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,13 +302,13 @@ impl<'a> Reader<'a> {
         let retain = self.u8()? != 0;
         let correlation_data = self.opt(|r| r.bytes().map(<[u8]>::to_vec))?;
         let message_expiry_interval = self.opt(Reader::u32)?;
-        let content_type = self.opt(Reader::str)?;
+        let content_type = self.opt(Reader::str)?.map(|s| interned(&s));
         let payload_format_indicator = self.opt(Reader::u8)?;
         let response_topic = self.opt(Reader::str)?;
         let n = self.u32()?;
         let mut user_properties = Vec::new();
         for _ in 0..n {
-            user_properties.push((self.str()?, self.str()?));
+            user_properties.push((interned(&self.str()?), interned(&self.str()?)));
         }
         let target_client = self.opt(Reader::str)?;
         Ok(OutboundMessage {

@@ -3,6 +3,42 @@
 //! The state machine speaks these natively; `component.rs` converts them to
 //! and from the wit-bindgen types when the crate is built as a component.
 
+use std::borrow::Cow;
+
+/// A user property of an outbound message, (name, value). The names and the
+/// common values are static strings, so a reply is built (and decoded by a
+/// host, see [`interned`]) without allocating them.
+pub type Property = (Cow<'static, str>, Cow<'static, str>);
+
+/// `s` as a static string if it is one the guest sends often (property
+/// names, status codes, the protocol version, the content type), else owned.
+pub fn interned(s: &str) -> Cow<'static, str> {
+    use crate::rpc::{self, prop};
+    const KNOWN: &[&str] = &[
+        prop::STATUS,
+        prop::STATUS_MESSAGE,
+        prop::PROTOCOL_VERSION,
+        prop::TIMESTAMP,
+        prop::SOURCE_ID,
+        prop::PROPERTY_NAME,
+        prop::SUPPORTED_MAJOR,
+        prop::REQUEST_VERSION,
+        prop::HIGH_PRIORITY,
+        rpc::CONTENT_TYPE,
+        rpc::PROTOCOL_VERSION,
+        "200",
+        "400",
+        "500",
+        "505",
+        "1",
+        "",
+    ];
+    match KNOWN.iter().find(|k| **k == s) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(s.to_string()),
+    }
+}
+
 /// An inbound MQTT5 PUBLISH (WIT `inbound-message`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InboundMessage {
@@ -57,13 +93,13 @@ pub struct OutboundMessage {
     /// MQTT5 Message Expiry Interval, seconds.
     pub message_expiry_interval: Option<u32>,
     /// MQTT5 Content Type.
-    pub content_type: Option<String>,
+    pub content_type: Option<Cow<'static, str>>,
     /// MQTT5 Payload Format Indicator.
     pub payload_format_indicator: Option<u8>,
     /// MQTT5 Response Topic.
     pub response_topic: Option<String>,
     /// MQTT5 user properties, in order.
-    pub user_properties: Vec<(String, String)>,
+    pub user_properties: Vec<Property>,
     /// For a notification, the client it is addressed to.
     pub target_client: Option<String>,
 }
@@ -74,7 +110,7 @@ impl OutboundMessage {
         self.user_properties
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| &**v)
     }
 }
 

@@ -23,7 +23,7 @@
 //! ```
 
 use crate::rpc::RequestProps;
-use crate::types::{Error, InboundMessage, OutboundMessage, Output, PublishKind};
+use crate::types::{Error, InboundMessage, OutboundMessage, Output, PublishKind, interned};
 
 /// Version byte that starts every batch and output list.
 pub const WIRE_VERSION: u8 = 1;
@@ -185,17 +185,20 @@ impl Encoder {
         self.opt(m.content_type.as_deref(), Self::str);
         self.opt(m.payload_format_indicator, Self::u8);
         self.opt(m.response_topic.as_deref(), Self::str);
-        self.props(
-            m.user_properties
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str())),
-        );
+        self.props(m.user_properties.iter().map(|(n, v)| (&**n, &**v)));
         self.opt(m.target_client.as_deref(), Self::str);
     }
 }
 
 /// Encodes a batch of inbound messages.
 pub fn encode_batch(messages: &[InboundMessage]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    encode_batch_into(&mut buf, messages);
+    buf
+}
+
+/// [`encode_batch`] into a buffer that is cleared first (a host reuses one).
+pub fn encode_batch_into(buf: &mut Vec<u8>, messages: &[InboundMessage]) {
     let size: usize = messages
         .iter()
         .map(|m| {
@@ -211,16 +214,45 @@ pub fn encode_batch(messages: &[InboundMessage]) -> Vec<u8> {
                     .sum::<usize>()
         })
         .sum();
-    let mut e = Encoder::start(5 + size);
+    buf.clear();
+    buf.reserve(5 + size);
+    buf.push(WIRE_VERSION);
+    buf.extend_from_slice(&0u32.to_le_bytes());
+    let mut e = Encoder {
+        buf: std::mem::take(buf),
+    };
     for m in messages {
         e.message(m);
     }
-    e.finish(messages.len())
+    *buf = e.finish(messages.len());
+}
+
+/// An upper bound of the encoded size of an output (so that the buffer is
+/// allocated once).
+fn output_size(o: &Output) -> usize {
+    let props = |p: &[crate::types::Property]| -> usize {
+        p.iter().map(|(n, v)| 8 + n.len() + v.len()).sum()
+    };
+    match o {
+        Output::Publish(m) => {
+            64 + m.topic.len()
+                + m.payload.len()
+                + m.correlation_data.as_ref().map_or(0, Vec::len)
+                + m.content_type.as_ref().map_or(0, |c| c.len())
+                + m.response_topic.as_ref().map_or(0, String::len)
+                + m.target_client.as_ref().map_or(0, String::len)
+                + props(&m.user_properties)
+        }
+        Output::Journal(r) => 8 + r.len(),
+        Output::Violation { client_id, reason } => {
+            16 + client_id.as_ref().map_or(0, String::len) + reason.len()
+        }
+    }
 }
 
 /// Encodes a list of outputs.
-pub fn encode_outputs<'o>(outputs: impl IntoIterator<Item = &'o Output>) -> Vec<u8> {
-    let mut e = Encoder::start(256);
+pub fn encode_outputs(outputs: &[Output]) -> Vec<u8> {
+    let mut e = Encoder::start(5 + outputs.iter().map(output_size).sum::<usize>());
     let mut n = 0;
     for o in outputs {
         e.output(o);
@@ -356,11 +388,11 @@ impl<'a> Decoder<'a> {
         let retain = self.u8()? != 0;
         let correlation_data = self.opt(Self::bytes)?.map(<[u8]>::to_vec);
         let message_expiry_interval = self.opt(Self::u32)?;
-        let content_type = self.opt(Self::str)?.map(str::to_string);
+        let content_type = self.opt(Self::str)?.map(interned);
         let payload_format_indicator = self.opt(Self::u8)?;
         let response_topic = self.opt(Self::str)?.map(str::to_string);
-        let mut user_properties = Vec::new();
-        self.props(|n, v| user_properties.push((n.to_string(), v.to_string())))?;
+        let mut user_properties = Vec::with_capacity(6);
+        self.props(|n, v| user_properties.push((interned(n), interned(v))))?;
         let target_client = self.opt(Self::str)?.map(str::to_string);
         Ok(OutboundMessage {
             kind,

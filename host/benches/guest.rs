@@ -122,6 +122,25 @@ fn benches(c: &mut Criterion) {
             clock.receive(&remote, now).map(|h| h.to_string())
         })
     });
+    // The floor of a call: an empty batch through handle-wire (lowering,
+    // the call, lifting, post-return), and the host's share of a GET: encoding
+    // the request and decoding its outputs.
+    let mut empty = rt.instantiate(&Config::default()).expect("instantiate");
+    c.bench_function("call/empty_batch_wasm", |b| {
+        b.iter(|| empty.handle_batch(&[], T0).expect("call"))
+    });
+    let get = request(&[b"GET", key(1)], 1, T0);
+    let mut probe = NativeStore::new(Config::default()).expect("store");
+    let get_outputs = probe
+        .handle_batch(std::slice::from_ref(&get), T0)
+        .expect("get");
+    c.bench_function("wire/host_encode_get", |b| {
+        b.iter(|| statestore_guest::wire::encode_batch(std::slice::from_ref(&get)))
+    });
+    let encoded = statestore_guest::wire::encode_outputs(&get_outputs);
+    c.bench_function("wire/host_decode_get_reply", |b| {
+        b.iter(|| statestore_guest::wire::decode_outputs(&encoded).expect("decode"))
+    });
     bench_requests(c, &rt, "set", &|_| {
         vec![b"SET", key(0), b"value-of-100-bytes"]
     });

@@ -58,13 +58,13 @@ pub(crate) fn output(o: wit::Output) -> types::Output {
             retain: m.retain,
             correlation_data: m.correlation_data,
             message_expiry_interval: m.message_expiry_interval,
-            content_type: m.content_type,
+            content_type: m.content_type.as_deref().map(types::interned),
             payload_format_indicator: m.payload_format_indicator,
             response_topic: m.response_topic,
             user_properties: m
                 .user_properties
                 .into_iter()
-                .map(|p| (p.name, p.value))
+                .map(|p| (types::interned(&p.name), types::interned(&p.value)))
                 .collect(),
             target_client: m.target_client,
         }),

@@ -106,12 +106,12 @@ pub fn commit(
 
 /// A 500 reply in place of `reply` (spec §4.3).
 fn failed(reply: OutboundMessage, e: &std::io::Error) -> OutboundMessage {
-    let mut props = vec![
-        ("__stat".to_string(), "500".to_string()),
-        ("__protVer".to_string(), "1.0".to_string()),
+    let mut props: Vec<statestore_guest::types::Property> = vec![
+        ("__stat".into(), "500".into()),
+        ("__protVer".into(), "1.0".into()),
         (
-            "__stMsg".to_string(),
-            format!("the state store could not make the change durable: {e}"),
+            "__stMsg".into(),
+            format!("the state store could not make the change durable: {e}").into(),
         ),
     ];
     props.extend(

@@ -123,11 +123,11 @@ fn outbound(m: OutboundMessage) -> Publish {
         topic_alias: None,
         correlation_data: m.correlation_data.map(Bytes::from),
         message_expiry_interval: m.message_expiry_interval.and_then(NonZeroU32::new),
-        content_type: m.content_type.map(Into::into),
+        content_type: m.content_type.map(|t| t.into_owned().into()),
         user_properties: m
             .user_properties
             .into_iter()
-            .map(|(n, v)| (n.into(), v.into()))
+            .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
             .collect(),
         is_utf8_payload: m.payload_format_indicator == Some(1),
         response_topic: m.response_topic.map(Into::into),

@@ -37,9 +37,13 @@ pub fn properties(m: &OutboundMessage) -> PublishProperties {
         topic_alias: None,
         response_topic: m.response_topic.clone(),
         correlation_data: m.correlation_data.clone().map(Bytes::from),
-        user_properties: m.user_properties.clone(),
+        user_properties: m
+            .user_properties
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect(),
         subscription_identifiers: Vec::new(),
-        content_type: m.content_type.clone(),
+        content_type: m.content_type.as_deref().map(str::to_string),
     }
 }
 

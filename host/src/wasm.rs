@@ -74,6 +74,7 @@ impl Runtime {
             guest,
             handle,
             typed: false,
+            scratch: Vec::new(),
         })
     }
 
@@ -89,6 +90,7 @@ impl Runtime {
             guest,
             handle,
             typed: false,
+            scratch: Vec::new(),
         })
     }
 
@@ -145,6 +147,8 @@ pub struct WasmStore {
     guest: Guest,
     handle: ResourceAny,
     typed: bool,
+    /// The encoding buffer of `handle_batch`, reused.
+    scratch: Vec<u8>,
 }
 
 impl WasmStore {
@@ -180,10 +184,10 @@ impl Backend for WasmStore {
         }
         // One flat list<u8> each way (the guest's `wire` encoding): far
         // cheaper to lower and lift than a record of strings per message.
-        let batch = statestore_guest::wire::encode_batch(messages);
+        statestore_guest::wire::encode_batch_into(&mut self.scratch, messages);
         let api = self.guest.statestore_core_store().store();
         let out = api
-            .call_handle_wire(&mut self.store, self.handle, &batch, now)?
+            .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)?
             .map_err(convert::error)?;
         Ok(statestore_guest::wire::decode_outputs(&out)?)
     }

@@ -389,15 +389,15 @@ pub fn assert_reply(outputs: &[Output], req: &InboundMessage, payload: &[u8], ts
         .message_expiry_interval
         .expect("reply has a message expiry");
     assert!((1..=req.message_expiry_interval.unwrap_or(u32::MAX)).contains(&expiry));
-    let mut want = vec![
-        ("__stat".to_string(), "200".to_string()),
+    let mut want: Vec<statestore_guest::types::Property> = vec![
+        ("__stat".into(), "200".into()),
         ("__protVer".into(), "1.0".into()),
     ];
     if let Some(ts) = ts {
-        want.push(("__ts".into(), ts.into()));
+        want.push(("__ts".into(), ts.to_string().into()));
     }
     want.push(("__srcId".into(), SERVER_ID.into()));
-    want.push(("$high_priority".into(), String::new()));
+    want.push(("$high_priority".into(), "".into()));
     assert_eq!(r.user_properties, want, "reply user properties");
 }
 
@@ -427,10 +427,10 @@ pub fn assert_notification(
     assert_eq!(
         m.user_properties,
         vec![
-            ("__ts".to_string(), ts.to_string()),
+            ("__ts".into(), ts.to_string().into()),
             ("__protVer".into(), "1.0".into()),
             ("__srcId".into(), SERVER_ID.into()),
-        ]
+        ] as Vec<statestore_guest::types::Property>
     );
 }
 

@@ -86,8 +86,12 @@ fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> Value) -> Value {
     v.map_or(Value::Null, f)
 }
 
-fn props_to_json(p: &[(String, String)]) -> Value {
-    Value::Array(p.iter().map(|(n, v)| json!([n, v])).collect())
+fn props_to_json<N: AsRef<str>, V: AsRef<str>>(p: &[(N, V)]) -> Value {
+    Value::Array(
+        p.iter()
+            .map(|(n, v)| json!([n.as_ref(), v.as_ref()]))
+            .collect(),
+    )
 }
 
 fn message_to_json(m: &InboundMessage) -> Value {
@@ -303,10 +307,13 @@ fn outbound_from_json(v: &Value) -> Result<OutboundMessage> {
             .context("retain must be a boolean")?,
         correlation_data: opt_bytes(o, "correlation_data")?,
         message_expiry_interval: small(o, "message_expiry_interval")?,
-        content_type: opt_str(o, "content_type")?,
+        content_type: opt_str(o, "content_type")?.map(Into::into),
         payload_format_indicator: small(o, "payload_format_indicator")?,
         response_topic: opt_str(o, "response_topic")?,
-        user_properties: props(o)?,
+        user_properties: props(o)?
+            .into_iter()
+            .map(|(n, v)| (n.into(), v.into()))
+            .collect(),
         target_client: opt_str(o, "target_client")?,
     })
 }
