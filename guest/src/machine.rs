@@ -394,11 +394,14 @@ impl StateMachine {
                 .persist
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         };
-        // Whether the key's current value was journaled (for Persist::Flagged).
-        let before = self
-            .table
-            .get(command.key(), now)
-            .is_some_and(|e| e.persist);
+        // Whether the key's current value was journaled (only Persist::Flagged
+        // asks; a GET changes nothing).
+        let before = self.config.persist == Persist::Flagged
+            && !matches!(command, Command::Get { .. })
+            && self
+                .table
+                .get(command.key(), now)
+                .is_some_and(|e| e.persist);
         let node = self.config.node_id.as_str();
         let outcome = match self.table.execute(&command, request, &mut self.clock, node) {
             Ok(outcome) => outcome,

@@ -22,7 +22,7 @@
 //! str, bytes = u32 length, bytes    opt<T> = u8 0 | u8 1, T    integers little-endian
 //! ```
 
-use crate::rpc::RequestProps;
+use crate::rpc::{REQUEST_TOPIC, RequestProps};
 use crate::types::{Error, InboundMessage, OutboundMessage, Output, PublishKind, interned};
 
 /// Version byte that starts every batch and output list.
@@ -339,7 +339,11 @@ impl<'a> Decoder<'a> {
     }
 
     fn message_ref(&mut self) -> Result<MessageRef<'a>, Error> {
-        let topic = self.str()?;
+        // The request topic needs no UTF-8 check: equal bytes are the constant.
+        let topic = match self.bytes()? {
+            t if t == REQUEST_TOPIC.as_bytes() => REQUEST_TOPIC,
+            t => core::str::from_utf8(t).map_err(|_| bad("a string is not UTF-8"))?,
+        };
         let payload = self.bytes()?;
         let qos = self.u8()?;
         let response_topic = self.opt(Self::str)?;
