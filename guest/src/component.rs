@@ -108,6 +108,7 @@ fn config_in(c: wit::Config) -> types::Config {
             wit::PersistMode::All => types::Persist::All,
             wit::PersistMode::Flagged => types::Persist::Flagged,
         },
+        hash_seed: c.hash_seed,
     }
 }
 

@@ -92,10 +92,11 @@ impl StateMachine {
     /// An empty store.
     pub fn new(config: Config) -> Result<StateMachine, Error> {
         config.validate()?;
+        let seed = config.hash_seed;
         Ok(StateMachine {
             clock: Clock::new(config.node_id.clone()),
             config,
-            table: Table::default(),
+            table: Table::with_seed(seed),
             registry: Registry::default(),
             dedup: DedupCache::default(),
             outputs: VecDeque::new(),

@@ -107,7 +107,7 @@ impl StateMachine {
             return Err(bad("checksum mismatch"));
         }
         let clock = Clock::restored(config.node_id.clone(), r.u64()?, r.u64()?);
-        let mut table = Table::default();
+        let mut table = Table::with_seed(config.hash_seed);
         for _ in 0..r.u64()? {
             let (key, entry) = r.entry()?;
             table.put(key, entry.as_ref());

@@ -151,6 +151,9 @@ pub struct Config {
     pub server_client_id: Option<String>,
     /// Which changes are journaled.
     pub persist: Persist,
+    /// Seed of the key table's hash (WIT `hash-seed`): random in a host, so
+    /// that clients cannot make keys collide. Nothing observable depends on it.
+    pub hash_seed: u64,
 }
 
 impl Default for Config {
@@ -159,6 +162,7 @@ impl Default for Config {
             node_id: "StateStore".to_string(),
             server_client_id: None,
             persist: Persist::None,
+            hash_seed: 0,
         }
     }
 }

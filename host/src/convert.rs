@@ -12,6 +12,7 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
             types::Persist::All => wit::PersistMode::All,
             types::Persist::Flagged => wit::PersistMode::Flagged,
         },
+        hash_seed: c.hash_seed,
     }
 }
 

@@ -45,6 +45,7 @@ pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option
         node_id: opts.node_id.clone(),
         server_client_id: Some(opts.server_client_id.clone()),
         persist: opts.persist,
+        hash_seed: random_seed(),
     };
     match (opts.persist, &opts.data_dir) {
         (Persist::None, _) => {
@@ -58,5 +59,22 @@ pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option
             info!(dir = %dir.display(), persist = ?opts.persist, fsync = ?opts.fsync, "durable store");
             Ok((store, Some(journal)))
         }
+    }
+}
+
+/// A random u64 from std's per-process random hasher keys (no extra
+/// dependency): the guest's hash seed.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(crate::driver::now_ms());
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seeds_differ_between_stores() {
+        assert_ne!(super::random_seed(), super::random_seed());
     }
 }

@@ -15,6 +15,7 @@ fn config() -> Config {
         node_id: "StateStore".into(),
         server_client_id: None,
         persist: Persist::All,
+        hash_seed: 0,
     }
 }
 

@@ -151,8 +151,7 @@ pub struct Request<'r> {
     pub persist: bool,
 }
 
-/// Seed of the table's hash function. Fixed, so that the guest stays
-/// deterministic (it has no random source); see DESIGN note in `Table`.
+/// Mixed into the host's seed (and the whole seed when a host passes 0).
 const HASH_SEED: u64 = 0x5157_4154_4553_5453;
 
 /// Bit of [`Slot::counter`] that holds the persist flag (HLC counters stay
@@ -247,9 +246,10 @@ impl Slot {
 /// of their positions (4 bytes and a control byte a bucket), as `indexmap`
 /// does: about a third of the memory of an ordered map of boxed keys and
 /// entries, a growth step copies only the small index, and a lookup compares
-/// one key. The hash is seeded with a constant (the guest is deterministic
-/// and has no random source), so a client that can choose keys can make them
-/// collide and slow its own store down; it cannot reach anything else.
+/// one key. The hash seed comes from the host (`Config::hash_seed`, random in
+/// `statestore serve`): the guest has no random source, and with a known seed
+/// a client that chooses keys could make them collide. Nothing observable
+/// depends on the seed: snapshots sort, expiry has its own ordered index.
 #[derive(Clone)]
 pub struct Table {
     slots: Vec<Slot>,
@@ -260,12 +260,7 @@ pub struct Table {
 
 impl Default for Table {
     fn default() -> Self {
-        Table {
-            slots: Vec::new(),
-            index: HashTable::new(),
-            hasher: FixedState::with_seed(HASH_SEED),
-            deadlines: Deadlines::new(),
-        }
+        Table::with_seed(0)
     }
 }
 
@@ -279,6 +274,16 @@ impl core::fmt::Debug for Table {
 }
 
 impl Table {
+    /// An empty table whose hash is seeded with `seed`.
+    pub fn with_seed(seed: u64) -> Table {
+        Table {
+            slots: Vec::new(),
+            index: HashTable::new(),
+            hasher: FixedState::with_seed(seed ^ HASH_SEED),
+            deadlines: Deadlines::new(),
+        }
+    }
+
     fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }
