@@ -109,6 +109,12 @@ fn config_in(c: wit::Config) -> types::Config {
             wit::PersistMode::Flagged => types::Persist::Flagged,
         },
         hash_seed: c.hash_seed,
+        quota: types::Quota {
+            max_keys: c.quota.max_keys,
+            max_bytes: c.quota.max_bytes,
+            max_key_bytes: c.quota.max_key_bytes,
+            max_value_bytes: c.quota.max_value_bytes,
+        },
     }
 }
 

@@ -26,6 +26,8 @@
 pub mod command;
 pub mod errors;
 pub mod expiry;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod hlc;
 pub mod journal;
 mod machine;
@@ -40,6 +42,6 @@ pub mod wire;
 #[cfg(target_arch = "wasm32")]
 mod component;
 
-pub use machine::StateMachine;
+pub use machine::{HostReply, StateMachine};
 pub use snapshot::SnapshotScope;
 pub use types::{Config, Error, InboundMessage, OutboundMessage, Output, Persist, PublishKind};

@@ -92,11 +92,12 @@ impl StateMachine {
     /// An empty store.
     pub fn new(config: Config) -> Result<StateMachine, Error> {
         config.validate()?;
-        let seed = config.hash_seed;
+        let mut table = Table::with_seed(config.hash_seed);
+        table.set_quota(config.quota);
         Ok(StateMachine {
             clock: Clock::new(config.node_id.clone()),
             config,
-            table: Table::with_seed(seed),
+            table,
             registry: Registry::default(),
             dedup: DedupCache::default(),
             outputs: VecDeque::new(),
@@ -106,10 +107,11 @@ impl StateMachine {
     pub(crate) fn from_parts(
         config: Config,
         clock: Clock,
-        table: Table,
+        mut table: Table,
         registry: Registry,
         dedup: DedupCache,
     ) -> StateMachine {
+        table.set_quota(config.quota);
         StateMachine {
             config,
             clock,
@@ -333,6 +335,10 @@ impl StateMachine {
             Ok(c) => c,
             Err(e) => return Reply::error(e),
         };
+        #[cfg(feature = "fault-injection")]
+        if let Some(payload) = crate::fault::inject(&command) {
+            return Reply::ok(payload, None);
+        }
         let timestamp = match props.timestamp.map(Hlc::parse) {
             None if matches!(command, Command::Set { .. }) => {
                 return Reply::error(ServiceError::TimestampMissing);
@@ -483,6 +489,69 @@ impl StateMachine {
         expiry: Option<u32>,
         reply: Reply,
     ) -> OutboundMessage {
+        envelope(&self.config, topic, correlation, expiry, reply)
+    }
+
+    /// The reply a host sends for a request that no state machine could
+    /// handle (the tenant's guest failed, or the client belongs to no
+    /// tenant), with the same envelope rules as a handled request: `None`
+    /// where a handled request would get no reply either (not a QoS 1
+    /// request, no or a forbidden response topic, already expired). Uses
+    /// no state: the host calls it on the native build.
+    pub fn host_reply(
+        config: &Config,
+        msg: &InboundMessage,
+        now: u64,
+        reply: HostReply,
+    ) -> Option<OutboundMessage> {
+        if msg.topic != rpc::REQUEST_TOPIC || msg.qos != 1 {
+            return None;
+        }
+        let topic = msg.response_topic.as_deref()?;
+        if rpc::check_response_topic(topic) != TopicCheck::Valid {
+            return None;
+        }
+        let received = msg.received_at.map_or(now, |at| at.min(now));
+        let deadline = msg
+            .message_expiry_interval
+            .map(|secs| received.saturating_add(u64::from(secs) * 1000));
+        if deadline.is_some_and(|d| now >= d) {
+            return None;
+        }
+        let reply = match reply {
+            HostReply::InternalError(message) => {
+                Reply::status(Status::InternalError, message, Vec::new())
+            }
+            HostReply::NotAuthorized => Reply::error(ServiceError::NotAuthorized),
+        };
+        Some(envelope(
+            config,
+            topic,
+            msg.correlation_data.as_deref(),
+            deadline.map(|d| rpc::remaining_secs(d, now)),
+            reply,
+        ))
+    }
+}
+
+/// What [`StateMachine::host_reply`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostReply {
+    /// 500 with this `__stMsg`.
+    InternalError(String),
+    /// 200 with `-ERR not authorized`.
+    NotAuthorized,
+}
+
+/// A reply as an MQTT message (spec §4.1).
+fn envelope(
+    config: &Config,
+    topic: &str,
+    correlation: Option<&[u8]>,
+    expiry: Option<u32>,
+    reply: Reply,
+) -> OutboundMessage {
+    {
         let mut user_properties: Vec<Property> = Vec::with_capacity(6 + reply.extra.len());
         user_properties.push((prop::STATUS.into(), reply.status.code().into()));
         user_properties.push((prop::PROTOCOL_VERSION.into(), rpc::PROTOCOL_VERSION.into()));
@@ -490,7 +559,7 @@ impl StateMachine {
             user_properties.push((prop::TIMESTAMP.into(), version.encode().into()));
         }
         user_properties.extend(reply.extra.into_iter().map(|(n, v)| (n.into(), v.into())));
-        if let Some(id) = &self.config.server_client_id {
+        if let Some(id) = &config.server_client_id {
             user_properties.push((prop::SOURCE_ID.into(), id.clone().into()));
         }
         user_properties.push((prop::HIGH_PRIORITY.into(), "".into()));

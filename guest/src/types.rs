@@ -154,6 +154,8 @@ pub struct Config {
     /// Seed of the key table's hash (WIT `hash-seed`): random in a host, so
     /// that clients cannot make keys collide. Nothing observable depends on it.
     pub hash_seed: u64,
+    /// Limits on what clients may store (WIT `quota`).
+    pub quota: Quota,
 }
 
 impl Default for Config {
@@ -163,8 +165,29 @@ impl Default for Config {
             server_client_id: None,
             persist: Persist::None,
             hash_seed: 0,
+            quota: Quota::default(),
         }
     }
+}
+
+/// Limits on what clients may store (WIT `quota`); `None` is no limit.
+///
+/// A SET that would create a key beyond `max_keys` or `max_bytes` is answered
+/// `-ERR the quota has been exceeded` (spec §15, §5.4 step 8); updates of
+/// existing keys are allowed whatever their size, except that no value may
+/// be longer than `max_value_bytes` and no new key longer than
+/// `max_key_bytes`, answered the same way. Snapshots and journal replay are
+/// never refused: a store whose limits were lowered keeps what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quota {
+    /// Most keys the store holds.
+    pub max_keys: Option<u64>,
+    /// Most bytes of keys and values together.
+    pub max_bytes: Option<u64>,
+    /// Longest key a SET may create.
+    pub max_key_bytes: Option<u32>,
+    /// Longest value a SET may write.
+    pub max_value_bytes: Option<u32>,
 }
 
 impl Config {

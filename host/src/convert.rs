@@ -13,6 +13,12 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
             types::Persist::Flagged => wit::PersistMode::Flagged,
         },
         hash_seed: c.hash_seed,
+        quota: wit::Quota {
+            max_keys: c.quota.max_keys,
+            max_bytes: c.quota.max_bytes,
+            max_key_bytes: c.quota.max_key_bytes,
+            max_value_bytes: c.quota.max_value_bytes,
+        },
     }
 }
 

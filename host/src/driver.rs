@@ -10,18 +10,26 @@
 //!                     transport.emit(outputs) <──────────┘ then transport.settle()
 //! ```
 //!
-//! `recv` must be cancel-safe (it races the timer and shutdown); `on_event`,
-//! `emit` and `settle` always run to completion.
+//! `recv` must be cancel-safe (it races the timer, control commands and
+//! shutdown); `on_event`, `emit` and `settle` always run to completion.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
+use statestore_guest::types::Quota;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::journal::Journal;
-use crate::{Backend, InboundMessage, OutboundMessage, Output, PublishKind, WasmStore};
+use crate::tenant::Tenant;
+use crate::{InboundMessage, OutboundMessage, Output, PublishKind, Runtime, WasmStore};
+
+/// The most requests a transport hands the guest in one call: bounds the
+/// time of one call (and so what a CPU deadline must allow) and the latency
+/// of the requests behind it.
+pub const MAX_BATCH: usize = 256;
 
 /// What a transport hands the state machine.
 #[derive(Debug)]
@@ -128,13 +136,40 @@ fn failed(reply: OutboundMessage, e: &std::io::Error) -> OutboundMessage {
     }
 }
 
-/// Serves `store` over `transport` until `shutdown` completes (or the
-/// transport ends), then closes the transport. With a journal, the records
-/// of every input are durable before its outputs are published.
+/// Something to do to a running tenant between two inputs.
+pub enum Control {
+    /// Switch to another build of the component (or other limits): see
+    /// [`Tenant::upgrade`]. Requests that arrive meanwhile wait.
+    Upgrade {
+        /// The new component, with the tenant's limits.
+        runtime: Runtime,
+        /// The quota from now on.
+        quota: Quota,
+        /// Told the outcome.
+        done: oneshot::Sender<Result<()>>,
+    },
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Control::Upgrade { quota, .. } => f
+                .debug_struct("Upgrade")
+                .field("quota", quota)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// Serves `tenant` over `transport` until `shutdown` completes (or the
+/// transport ends), then closes the transport. The journal records of every
+/// input are durable before its outputs are published; a failing guest is
+/// restarted by the tenant (see [`Tenant::handle`]); `control` commands run
+/// between inputs.
 pub async fn drive<T: Transport>(
-    store: &mut WasmStore,
-    mut journal: Option<&mut Journal>,
+    tenant: &mut Tenant,
     transport: &mut T,
+    control: &mut mpsc::UnboundedReceiver<Control>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     tokio::pin!(shutdown);
@@ -143,7 +178,8 @@ pub async fn drive<T: Transport>(
     let timer = tokio::time::sleep(Duration::from_secs(3600));
     tokio::pin!(timer);
     let mut armed: Option<u64> = None;
-    let mut deadline = store.next_deadline()?;
+    let mut deadline = tenant.next_deadline()?;
+    let mut control_open = true;
     let result = loop {
         if deadline != armed {
             armed = deadline;
@@ -155,6 +191,19 @@ pub async fn drive<T: Transport>(
         tokio::select! {
             biased;
             () = &mut shutdown => break Ok(()),
+            command = control.recv(), if control_open => {
+                match command {
+                    None => control_open = false,
+                    Some(Control::Upgrade { runtime, quota, done }) => {
+                        let outcome = tenant.upgrade(runtime, quota);
+                        if let Err(e) = &outcome {
+                            tracing::error!(tenant = tenant.name(), error = %format!("{e:#}"), "upgrade refused; the running component keeps serving");
+                        }
+                        let _ = done.send(outcome);
+                        deadline = tenant.next_deadline()?;
+                    }
+                }
+            }
             event = transport.recv() => {
                 let Some(event) = event else {
                     break Err(anyhow::anyhow!("the transport stopped"));
@@ -163,20 +212,18 @@ pub async fn drive<T: Transport>(
                 let now = now_ms();
                 let outputs = match input {
                     Input::Messages(messages) => {
-                        let outputs = store.handle_batch(&messages, now)?;
-                        debug!(requests = messages.len(), outputs = outputs.len(), "handled");
+                        let outputs = tenant.handle(&messages, now)?;
+                        debug!(tenant = tenant.name(), requests = messages.len(), outputs = outputs.len(), "handled");
                         outputs
                     }
                     Input::ClientGone(id) => {
-                        debug!(client_id = %id, "client gone: dropping its KEYNOTIFY registrations");
-                        store.client_disconnected(&id, now)?;
-                        store.poll_outputs()?
+                        debug!(tenant = tenant.name(), client_id = %id, "client gone: dropping its KEYNOTIFY registrations");
+                        tenant.client_gone(&id, now)?
                     }
                 };
-                let outputs = commit(store, journal.as_deref_mut(), outputs)?;
                 transport.emit(outputs).await?;
                 transport.settle().await?;
-                deadline = store.next_deadline()?;
+                deadline = tenant.next_deadline()?;
             }
             () = &mut timer, if armed.is_some() => {
                 let now = now_ms();
@@ -184,22 +231,20 @@ pub async fn drive<T: Transport>(
                     armed = None; // woke early: arm again for the same deadline
                     continue;
                 }
-                store.timeout(now)?;
-                let outputs = store.poll_outputs()?;
-                let outputs = commit(store, journal.as_deref_mut(), outputs)?;
+                let outputs = tenant.timeout(now)?;
                 transport.emit(outputs).await?;
-                deadline = store.next_deadline()?;
+                deadline = tenant.next_deadline()?;
                 if deadline.is_some_and(|at| at <= now) {
-                    // The expiry could not be journaled (a full disk) and the
-                    // reloaded store has it due again: retry in a second, not
-                    // in a hot loop.
+                    // The expiry could not be journaled (a full disk) or the
+                    // guest failed on it, and the restarted store has it due
+                    // again: retry in a second, not in a hot loop.
                     deadline = Some(now + 1000);
                 }
             }
         }
     };
     if result.is_ok() {
-        info!("shutting down");
+        info!(tenant = tenant.name(), "shutting down");
     }
     transport.close().await;
     result

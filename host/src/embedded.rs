@@ -15,6 +15,13 @@
 //! Requests are consumed by the store: other subscribers of the request topic
 //! do not see them. The requester's identity is its connection's client id,
 //! never the spoofable `__srcId`.
+//!
+//! Tenants: each client belongs to the first tenant whose [`Matcher`] takes
+//! its MQTT user name or client id, else to the default tenant; a client of
+//! no tenant gets `-ERR not authorized`. Each tenant runs its own driver
+//! task, so a tenant whose guest is slow or failing delays only its own
+//! clients. A tenant with a password makes the broker refuse its user names
+//! without it.
 
 use std::net::SocketAddr;
 use std::num::{NonZeroU16, NonZeroU32};
@@ -29,15 +36,17 @@ use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
 use rmqtt::net::Builder;
 use rmqtt::server::MqttServer;
 use rmqtt::session::SessionState;
-use rmqtt::types::{ClientId, CodecPublish, From as MsgFrom, Id, Publish};
+use rmqtt::types::{AuthResult, ClientId, CodecPublish, From as MsgFrom, Id, Publish};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::driver::{Input, Transport, now_ms};
-use crate::journal::Journal;
+use crate::config::Matcher;
+use crate::driver::{Control, Input, MAX_BATCH, Transport, now_ms};
 use crate::store::StoreOptions;
-use crate::{InboundMessage, OutboundMessage, Output, PublishKind, Runtime, WasmStore};
+use crate::tenant::Tenant;
+use crate::{Config, InboundMessage, OutboundMessage, Output, PublishKind, Runtime};
+use statestore_guest::{HostReply, StateMachine};
 
 /// A client id no client can have (MQTT client ids are never this long and
 /// `$` ids are refused): routing a request copy to it drops the copy.
@@ -46,7 +55,7 @@ const CONSUMED: &str = "$statestore/consumed";
 /// Largest packet the listener accepts and sends (the MQTT maximum).
 const MAX_PACKET: u32 = 268_435_455;
 
-/// Everything the embedded mode needs to know.
+/// Everything the embedded mode needs to know (one tenant).
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
     /// Where the broker listens.
@@ -55,25 +64,98 @@ pub struct EmbeddedOptions {
     pub store: StoreOptions,
 }
 
+/// Which clients are a tenant's.
+#[derive(Debug, Clone, Default)]
+pub struct Route {
+    /// Recognises its clients.
+    pub matcher: Matcher,
+    /// Takes the clients no other tenant takes.
+    pub default: bool,
+}
+
+/// A way to reach a running tenant.
+#[derive(Debug, Clone)]
+pub struct TenantHandle {
+    /// The tenant's name.
+    pub name: String,
+    /// Commands run between its inputs (upgrades).
+    pub control: mpsc::UnboundedSender<Control>,
+}
+
 enum BrokerEvent {
     Request(InboundMessage),
     Gone(String),
 }
 
-/// The broker hooks: hand requests and disconnects to the driver.
+/// Which tenant's channel a client's events go to.
+struct Router {
+    routes: Vec<Route>,
+    default: Option<usize>,
+    tenants: Vec<mpsc::UnboundedSender<BrokerEvent>>,
+    /// Requests of clients that belong to no tenant.
+    strangers: mpsc::UnboundedSender<InboundMessage>,
+}
+
+impl Router {
+    fn tenant_of(&self, username: Option<&str>, client_id: &str) -> Option<usize> {
+        self.routes
+            .iter()
+            .position(|r| r.matcher.matches(username, client_id))
+            .or(self.default)
+    }
+
+    /// The verdict on a client's credentials: `None` if no tenant claims
+    /// its user name with a password.
+    fn authenticate(&self, username: &str, password: Option<&[u8]>) -> Option<AuthResult> {
+        let route = self
+            .routes
+            .iter()
+            .find(|r| r.matcher.usernames.iter().any(|u| u == username))?;
+        let expected = route.matcher.password.as_deref()?;
+        Some(if password == Some(expected.as_bytes()) {
+            AuthResult::Allow(false, None)
+        } else {
+            AuthResult::BadUsernameOrPassword
+        })
+    }
+}
+
+/// The broker hooks: hand requests and disconnects to the tenants' drivers.
 struct Hooks {
-    tx: mpsc::UnboundedSender<BrokerEvent>,
+    router: std::sync::Arc<Router>,
+}
+
+fn username(id: &Id) -> Option<&str> {
+    id.username.as_ref().map(|u| u.as_ref() as &str)
 }
 
 #[async_trait::async_trait]
 impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
         match param {
+            Parameter::ClientAuthenticate(info) => {
+                let Some(user) = info.username() else {
+                    return (true, acc);
+                };
+                let password = info.password().map(|p| p.as_ref());
+                match self.router.authenticate(user.as_ref(), password) {
+                    Some(verdict) => (false, Some(HookResult::AuthResult(verdict))),
+                    None => (true, acc),
+                }
+            }
             Parameter::MessagePublish(_, from, publish)
                 if from.is_custom() && publish.topic.as_ref() as &str == REQUEST_TOPIC =>
             {
-                let message = inbound(from.id.client_id.as_ref(), publish);
-                let _ = self.tx.send(BrokerEvent::Request(message));
+                let client_id: &str = from.id.client_id.as_ref();
+                let message = inbound(client_id, publish);
+                match self.router.tenant_of(username(&from.id), client_id) {
+                    Some(t) => {
+                        let _ = self.router.tenants[t].send(BrokerEvent::Request(message));
+                    }
+                    None => {
+                        let _ = self.router.strangers.send(message);
+                    }
+                }
                 // Consume it: route the copy only to a client that cannot exist.
                 let mut copy = match acc {
                     Some(HookResult::Publish(p)) => p,
@@ -86,7 +168,9 @@ impl Handler for Hooks {
                 // A takeover (same client id connecting again) is not a departure.
                 if !reason.is_kicked(false) {
                     let id = session.id.client_id.to_string();
-                    let _ = self.tx.send(BrokerEvent::Gone(id));
+                    if let Some(t) = self.router.tenant_of(username(&session.id), &id) {
+                        let _ = self.router.tenants[t].send(BrokerEvent::Gone(id));
+                    }
                 }
                 (true, acc)
             }
@@ -149,36 +233,94 @@ fn outbound(m: OutboundMessage) -> Publish {
     Publish::from(codec).create_time(rmqtt::utils::timestamp_millis())
 }
 
-/// The broker with the store as its extension.
+/// The broker with the tenants' stores as its extension.
 pub struct EmbeddedServer {
-    store: WasmStore,
-    journal: Option<Journal>,
-    transport: BrokerTransport,
+    scx: ServerContext,
+    accept: tokio::task::JoinHandle<()>,
+    tenants: Vec<(Tenant, BrokerTransport, mpsc::UnboundedReceiver<Control>)>,
+    handles: Vec<TenantHandle>,
+    strangers: mpsc::UnboundedReceiver<InboundMessage>,
+    /// For the replies to clients of no tenant.
+    reply_config: Config,
     local_addr: SocketAddr,
 }
 
+/// One tenant's side of the broker.
 struct BrokerTransport {
     scx: ServerContext,
     events: mpsc::UnboundedReceiver<BrokerEvent>,
-    accept: tokio::task::JoinHandle<()>,
     pending: Option<BrokerEvent>,
 }
 
 impl EmbeddedServer {
-    /// Instantiates the component and starts the broker listening. Fails
-    /// with a clear message if the address cannot be bound (port in use).
+    /// Instantiates the component as the only tenant and starts the broker
+    /// listening. Fails with a clear message if the address cannot be bound
+    /// (port in use).
     pub async fn start(runtime: &Runtime, opts: EmbeddedOptions) -> Result<EmbeddedServer> {
-        let (store, journal) = crate::store::open(runtime, &opts.store)?;
+        let tenant = Tenant::open("default", runtime.clone(), &opts.store)?;
+        let route = Route {
+            matcher: Matcher::default(),
+            default: true,
+        };
+        let server_id = opts.store.server_client_id.clone();
+        EmbeddedServer::start_tenants(opts.listen, &server_id, vec![(tenant, route)]).await
+    }
+
+    /// Starts the broker on `listen` serving `tenants`, each with the route
+    /// that says which clients are its. `server_client_id` is the `__srcId`
+    /// of replies to clients of no tenant.
+    pub async fn start_tenants(
+        listen: SocketAddr,
+        server_client_id: &str,
+        tenants: Vec<(Tenant, Route)>,
+    ) -> Result<EmbeddedServer> {
         let scx = ServerContext::new().busy_check_enable(false).build().await;
-        let (tx, events) = mpsc::unbounded_channel();
+        let (strangers_tx, strangers) = mpsc::unbounded_channel();
+        let mut senders = Vec::new();
+        let mut routes = Vec::new();
+        let mut running = Vec::new();
+        let mut handles = Vec::new();
+        for (tenant, route) in tenants {
+            let (tx, events) = mpsc::unbounded_channel();
+            let (control, control_rx) = mpsc::unbounded_channel();
+            senders.push(tx);
+            routes.push(route);
+            handles.push(TenantHandle {
+                name: tenant.name().to_string(),
+                control,
+            });
+            let transport = BrokerTransport {
+                scx: scx.clone(),
+                events,
+                pending: None,
+            };
+            running.push((tenant, transport, control_rx));
+        }
+        let router = std::sync::Arc::new(Router {
+            default: routes.iter().position(|r| r.default),
+            routes,
+            tenants: senders,
+            strangers: strangers_tx,
+        });
         let register = scx.extends.hook_mgr().register();
-        for t in [Type::MessagePublish, Type::ClientDisconnected] {
-            register.add(t, Box::new(Hooks { tx: tx.clone() })).await;
+        for t in [
+            Type::ClientAuthenticate,
+            Type::MessagePublish,
+            Type::ClientDisconnected,
+        ] {
+            register
+                .add(
+                    t,
+                    Box::new(Hooks {
+                        router: router.clone(),
+                    }),
+                )
+                .await;
         }
         register.start().await;
         let listener = Builder::new()
             .name("statestore/tcp")
-            .laddr(opts.listen)
+            .laddr(listen)
             .nodelay(true)
             .reuseaddr(Some(true))
             .max_packet_size(MAX_PACKET)
@@ -187,7 +329,7 @@ impl EmbeddedServer {
             // Do not give messages without an expiry one of 300 s.
             .message_expiry_interval(Duration::ZERO)
             .bind()
-            .with_context(|| format!("cannot listen on {} (is the port in use?)", opts.listen))?
+            .with_context(|| format!("cannot listen on {listen} (is the port in use?)"))?
             .tcp()?;
         let local_addr = listener.local_addr()?;
         let server = MqttServer::new(scx.clone())
@@ -198,15 +340,16 @@ impl EmbeddedServer {
                 warn!(error = %e, "the embedded broker stopped");
             }
         });
-        info!(listen = %local_addr, "embedded MQTT broker listening; serving the state store");
+        info!(listen = %local_addr, tenants = handles.len(), "embedded MQTT broker listening; serving the state store");
         Ok(EmbeddedServer {
-            store,
-            journal,
-            transport: BrokerTransport {
-                scx,
-                events,
-                accept,
-                pending: None,
+            scx,
+            accept,
+            tenants: running,
+            handles,
+            strangers,
+            reply_config: Config {
+                server_client_id: Some(server_client_id.to_string()),
+                ..Config::default()
             },
             local_addr,
         })
@@ -217,23 +360,131 @@ impl EmbeddedServer {
         self.local_addr
     }
 
-    /// Serves until `shutdown` completes, then stops the broker.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        let journal = self.journal.as_mut();
-        crate::driver::drive(&mut self.store, journal, &mut self.transport, shutdown).await
+    /// The running tenants, to send them commands (upgrades).
+    pub fn tenants(&self) -> &[TenantHandle] {
+        &self.handles
+    }
+
+    /// Serves until `shutdown` completes, then stops the tenants and the
+    /// broker. Each tenant runs in its own task; one that stops with an
+    /// error (its journal failed) is logged and the others go on; the first
+    /// such error is returned at the end.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        let EmbeddedServer {
+            scx,
+            mut accept,
+            tenants,
+            handles: _,
+            mut strangers,
+            reply_config,
+            ..
+        } = self;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (mut tenant, mut transport, mut control) in tenants {
+            let mut stop = stop_rx.clone();
+            tasks.spawn(async move {
+                let stopped = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                let r =
+                    crate::driver::drive(&mut tenant, &mut transport, &mut control, stopped).await;
+                (tenant.name().to_string(), r)
+            });
+        }
+        let scx_strangers = scx.clone();
+        let refuse = tokio::spawn(async move {
+            while let Some(m) = strangers.recv().await {
+                warn!(
+                    client_id = m.client_id.as_deref().unwrap_or("?"),
+                    "a client of no tenant sent a request: not authorized"
+                );
+                let reply =
+                    StateMachine::host_reply(&reply_config, &m, now_ms(), HostReply::NotAuthorized);
+                if let Some(reply) = reply
+                    && let Err(e) = SessionState::forwards(
+                        &scx_strangers,
+                        system_from(&scx_strangers),
+                        outbound(reply),
+                        false,
+                        None,
+                    )
+                    .await
+                {
+                    debug!(error = %e, "could not publish a reply");
+                }
+            }
+        });
+        tokio::pin!(shutdown);
+        let mut first_error = None;
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                done = tasks.join_next() => match done {
+                    None => break,
+                    Some(Ok((name, Err(e)))) => {
+                        tracing::error!(tenant = %name, error = %format!("{e:#}"), "the tenant stopped; the others go on");
+                        first_error.get_or_insert(e.context(format!("tenant {name:?}")));
+                    }
+                    Some(Ok((_, Ok(())))) => {}
+                    Some(Err(e)) => {
+                        tracing::error!(error = %e, "a tenant task failed");
+                    }
+                },
+            }
+        }
+        let _ = stop_tx.send(true);
+        while let Some(done) = tasks.join_next().await {
+            if let Ok((name, Err(e))) = done {
+                first_error.get_or_insert(e.context(format!("tenant {name:?}")));
+            }
+        }
+        refuse.abort();
+        accept.abort();
+        let _ = (&mut accept).await;
+        let ids: Vec<ClientId> = {
+            let shared = scx.extends.shared().await;
+            shared.iter().map(|e| e.id().client_id.clone()).collect()
+        };
+        for id in ids {
+            kick(&scx, &id).await;
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The sender of what the store publishes.
+fn system_from(scx: &ServerContext) -> MsgFrom {
+    MsgFrom::from_system(Id::new(
+        scx.node.id(),
+        0,
+        None,
+        None,
+        ClientId::from("$statestore"),
+        None,
+    ))
+}
+
+/// Disconnects a client.
+async fn kick(scx: &ServerContext, client: &str) {
+    let mut entry = scx
+        .extends
+        .shared()
+        .await
+        .entry(Id::from(scx.node.id(), ClientId::from(client)));
+    if entry.exist()
+        && let Err(e) = entry.kick(true, true, true).await
+    {
+        warn!(client_id = client, error = %e, "could not disconnect a client");
     }
 }
 
 impl BrokerTransport {
     fn from(&self) -> MsgFrom {
-        MsgFrom::from_system(Id::new(
-            self.scx.node.id(),
-            0,
-            None,
-            None,
-            ClientId::from("$statestore"),
-            None,
-        ))
+        system_from(&self.scx)
     }
 
     /// Puts a notification straight into `client`'s session, whatever its
@@ -253,17 +504,7 @@ impl BrokerTransport {
     }
 
     async fn kick(&self, client: &str) {
-        let mut entry = self
-            .scx
-            .extends
-            .shared()
-            .await
-            .entry(Id::from(self.scx.node.id(), ClientId::from(client)));
-        if entry.exist()
-            && let Err(e) = entry.kick(true, true, true).await
-        {
-            warn!(client_id = client, error = %e, "could not disconnect a client");
-        }
+        kick(&self.scx, client).await;
     }
 }
 
@@ -281,7 +522,9 @@ impl Transport for BrokerTransport {
         Ok(Some(match event {
             BrokerEvent::Request(first) => {
                 let mut batch = vec![first];
-                while let Ok(e) = self.events.try_recv() {
+                while batch.len() < MAX_BATCH
+                    && let Ok(e) = self.events.try_recv()
+                {
                     match e {
                         BrokerEvent::Request(m) => batch.push(m),
                         other => {
@@ -327,15 +570,6 @@ impl Transport for BrokerTransport {
         Ok(())
     }
 
-    async fn close(&mut self) {
-        self.accept.abort();
-        let _ = (&mut self.accept).await;
-        let ids: Vec<ClientId> = {
-            let shared = self.scx.extends.shared().await;
-            shared.iter().map(|e| e.id().client_id.clone()).collect()
-        };
-        for id in ids {
-            self.kick(&id).await;
-        }
-    }
+    /// The server closes the broker once every tenant has stopped.
+    async fn close(&mut self) {}
 }

@@ -432,6 +432,13 @@ impl Journal {
         Ok(store)
     }
 
+    /// Makes [`Journal::reload`] and snapshots use `runtime` (a new build
+    /// of the component, or new limits) and `config` from now on.
+    pub fn set_runtime(&mut self, runtime: Runtime, config: Config) {
+        self.runtime = runtime;
+        self.config = config;
+    }
+
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.dir

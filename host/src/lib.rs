@@ -17,6 +17,7 @@
 pub mod bench;
 mod bindings;
 pub mod cache;
+pub mod config;
 mod convert;
 pub mod driver;
 pub mod embedded;
@@ -24,13 +25,14 @@ pub mod journal;
 pub mod mqtt;
 pub mod serve;
 pub mod store;
+pub mod tenant;
 pub mod wasm;
 
 pub use statestore_guest::SnapshotScope;
 pub use statestore_guest::types::{
     Config, InboundMessage, OutboundMessage, Output, Persist, PublishKind,
 };
-pub use wasm::{Runtime, WasmStore};
+pub use wasm::{EngineOptions, PoolOptions, Runtime, StoreLimits, WasmStore};
 
 /// The guest component built by this crate's build script (`wasm32-wasip2`).
 pub const GUEST_COMPONENT: &[u8] = include_bytes!(env!("STATESTORE_GUEST_WASM"));

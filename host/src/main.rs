@@ -7,12 +7,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use statestore::embedded::{EmbeddedOptions, EmbeddedServer};
+use statestore::config::{self, Matcher, TenantBroker, TenantSpec};
+use statestore::driver::Control;
+use statestore::embedded::{EmbeddedServer, Route};
 use statestore::journal::{Fsync, SnapshotPolicy};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore::store::StoreOptions;
-use statestore::{Persist, Runtime, cache};
+use statestore::tenant::{ComponentSource, Fleet, Tenant, WASM32_MAX_MEMORY, component_hash};
+use statestore::{Persist, StoreLimits, cache};
+use tokio::sync::mpsc;
 
 /// The MQTT broker state store: the key-value service of Azure IoT Operations,
 /// as one WebAssembly component served by a native host.
@@ -162,9 +166,21 @@ struct ServeArgs {
     #[arg(long, default_value_t = 300)]
     snapshot_interval: u64,
 
-    /// Serve this component instead of the built-in one.
+    /// Serve this component instead of the built-in one. SIGHUP reads it
+    /// again and, if it changed, switches to it while serving (hot upgrade).
     #[arg(long)]
     component: Option<PathBuf>,
+
+    /// Serve the tenants declared in this TOML file: each an isolated store
+    /// with its own guest instance, journal and limits (see the README).
+    /// SIGHUP reads it again and applies new components and limits.
+    #[arg(long, env = "STATESTORE_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// Longest time one call into the guest may run, in ms, before the
+    /// call is stopped and the store restarted (without --config).
+    #[arg(long, default_value_t = config::DEFAULT_CALL_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    call_ms: u64,
 
     /// Do not keep or use the precompiled component cache
     /// ($STATESTORE_CACHE_DIR, $XDG_CACHE_HOME/statestore or ~/.cache/statestore).
@@ -212,82 +228,299 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_runtime(args: &ServeArgs) -> Result<Runtime> {
-    let wasm = match &args.component {
-        Some(path) => std::fs::read(path)
-            .with_context(|| format!("cannot read the component {}", path.display()))?,
-        None => statestore::GUEST_COMPONENT.to_vec(),
-    };
-    let what = args
-        .component
-        .as_ref()
-        .map_or("the built-in component".to_string(), |p| {
-            p.display().to_string()
-        });
-    let runtime = match cache::default_dir().filter(|_| !args.no_cache) {
-        Some(dir) => Runtime::from_bytes_cached(&wasm, &dir),
-        None => Runtime::from_bytes(&wasm),
-    };
-    runtime.with_context(|| format!("cannot load {what}"))
-}
-
-fn serve(args: ServeArgs) -> Result<()> {
-    let password = match &args.password_file {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read the password file {}", p.display()))?
-                .trim_end_matches(['\r', '\n'])
-                .to_string(),
-        ),
-        None => None,
-    };
-    let runtime = load_runtime(&args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+/// The one tenant of a server started without --config.
+fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
     let persist = match (args.persist, &args.data_dir) {
         (Some(PersistArg::All), _) | (None, Some(_)) => Persist::All,
         (Some(PersistArg::Flagged), _) => Persist::Flagged,
         (Some(PersistArg::None), _) | (None, None) => Persist::None,
     };
-    let store = StoreOptions {
-        node_id: args.node_id.clone(),
-        server_client_id: args.client_id.clone(),
-        persist,
-        data_dir: args.data_dir.clone(),
-        fsync: args.fsync,
-        snapshots: SnapshotPolicy {
-            max_log_bytes: args.snapshot_log_mib.saturating_mul(1 << 20).max(1),
-            max_interval: Duration::from_secs(args.snapshot_interval.max(1)),
+    TenantSpec {
+        name: "default".into(),
+        default: true,
+        matcher: Matcher::default(),
+        store: StoreOptions {
+            node_id: args.node_id.clone(),
+            server_client_id: args.client_id.clone(),
+            persist,
+            data_dir: args.data_dir.clone(),
+            fsync: args.fsync,
+            snapshots: SnapshotPolicy {
+                max_log_bytes: args.snapshot_log_mib.saturating_mul(1 << 20).max(1),
+                max_interval: Duration::from_secs(args.snapshot_interval.max(1)),
+            },
+            quota: Default::default(),
         },
+        limits: StoreLimits {
+            memory_bytes: None,
+            call_ms: Some(args.call_ms),
+        },
+        component: match &args.component {
+            Some(p) => ComponentSource::File(p.clone()),
+            None => ComponentSource::BuiltIn,
+        },
+        broker: TenantBroker {
+            url: args.broker.clone(),
+            client_id: args.client_id.clone(),
+            username: args.username.clone(),
+            password,
+        },
+    }
+}
+
+/// The tenants to serve: from --config, or the one the flags describe.
+fn tenant_specs(args: &ServeArgs, password: Option<String>) -> Result<Vec<TenantSpec>> {
+    match &args.config {
+        Some(path) => {
+            let mut specs = config::load(path, &args.client_id)?;
+            for spec in &mut specs {
+                // Broker credentials default to the command line's.
+                if spec.broker.username.is_none() {
+                    spec.broker.username.clone_from(&args.username);
+                    spec.broker.password.clone_from(&password);
+                }
+            }
+            Ok(specs)
+        }
+        None => Ok(vec![cli_tenant(args, password)]),
+    }
+}
+
+/// What a running tenant was last set up with.
+struct Running {
+    spec: TenantSpec,
+    component: u64,
+    control: mpsc::UnboundedSender<Control>,
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let password = match &args.password_file {
+        Some(p) => Some(config::read_secret(p)?),
+        None => None,
     };
-    let Some(broker) = args.broker.clone() else {
-        let opts = EmbeddedOptions {
-            listen: args.listen,
-            store,
-        };
+    let specs = tenant_specs(&args, password.clone())?;
+    let max_memory = specs
+        .iter()
+        .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
+        .max()
+        .unwrap_or(WASM32_MAX_MEMORY);
+    let cache_dir = cache::default_dir().filter(|_| !args.no_cache);
+    let mut fleet = Fleet::new(specs.len(), max_memory, cache_dir)?;
+    let started = std::time::Instant::now();
+    let mut tenants = Vec::new();
+    for spec in &specs {
+        let wasm = spec.component.read()?;
+        let runtime = fleet
+            .runtime_from_bytes(&wasm, spec.limits)
+            .with_context(|| format!("cannot load {}", spec.component))?;
+        let tenant = Tenant::open(&spec.name, runtime, &spec.store)?;
+        tenants.push((spec.clone(), component_hash(&wasm), tenant));
+    }
+    if specs.len() > 1 {
+        tracing::info!(
+            tenants = specs.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "tenants started"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let Some(default_broker) = args.broker.clone() else {
         return rt.block_on(async move {
-            let server = EmbeddedServer::start(&runtime, opts).await?;
+            let mut with_routes = Vec::new();
+            let mut running = Vec::new();
+            for (spec, hash, tenant) in tenants {
+                let route = Route {
+                    matcher: spec.matcher.clone(),
+                    default: spec.default,
+                };
+                with_routes.push((tenant, route));
+                running.push((spec, hash));
+            }
+            let server =
+                EmbeddedServer::start_tenants(args.listen, &args.client_id, with_routes).await?;
+            let running = running
+                .into_iter()
+                .zip(server.tenants())
+                .map(|((spec, component), h)| Running {
+                    spec,
+                    component,
+                    control: h.control.clone(),
+                })
+                .collect();
+            spawn_reloader(args, password, fleet, running)?;
             server.run(shutdown_signal()).await
         });
     };
-    let opts = ServeOptions {
-        broker,
-        client_id: args.client_id,
-        username: args.username,
-        password,
-        ca_file: args.ca_file,
-        keep_alive: Duration::from_secs(args.keep_alive),
-        session_expiry: Duration::from_secs(args.session_expiry),
-        connect_timeout: Duration::from_secs(args.connect_timeout),
-        client_events: args.client_events,
-        store,
-    };
     rt.block_on(async move {
-        let server = Server::connect(&runtime, opts).await?;
-        server.run(shutdown_signal()).await
+        let mut servers = Vec::new();
+        let mut running = Vec::new();
+        for (spec, component, tenant) in tenants {
+            let opts = ServeOptions {
+                broker: spec.broker.url.clone().unwrap_or_else(|| default_broker.clone()),
+                client_id: spec.broker.client_id.clone(),
+                username: spec.broker.username.clone(),
+                password: spec.broker.password.clone(),
+                ca_file: args.ca_file.clone(),
+                keep_alive: Duration::from_secs(args.keep_alive),
+                session_expiry: Duration::from_secs(args.session_expiry),
+                connect_timeout: Duration::from_secs(args.connect_timeout),
+                client_events: args.client_events,
+                store: spec.store.clone(),
+            };
+            let server = Server::connect_tenant(tenant, opts)
+                .await
+                .with_context(|| format!("tenant {:?}", spec.name))?;
+            running.push(Running {
+                control: server.control(),
+                spec,
+                component,
+            });
+            servers.push(server);
+        }
+        spawn_reloader(args, password, fleet, running)?;
+        // Every tenant's connection stops on the same signal.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        for server in servers {
+            let mut stop = stop_rx.clone();
+            let name = server.tenant_name().to_string();
+            tasks.spawn(async move {
+                let r = server
+                    .run(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                r.with_context(|| format!("tenant {name:?}"))
+            });
+        }
+        let mut first_error = None;
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                done = tasks.join_next() => match done {
+                    None => break,
+                    Some(Ok(Err(e))) => {
+                        tracing::error!(error = %format!("{e:#}"), "a tenant stopped; the others go on");
+                        first_error.get_or_insert(e);
+                    }
+                    Some(_) => {}
+                },
+            }
+        }
+        let _ = stop_tx.send(true);
+        while let Some(done) = tasks.join_next().await {
+            if let Ok(Err(e)) = done {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     })
+}
+
+/// On SIGHUP: read the config (or --component) again and move every tenant
+/// whose component or limits changed to the new ones while it serves (see
+/// `Tenant::upgrade`). Compiling happens on this thread, not a server's.
+fn spawn_reloader(
+    args: ServeArgs,
+    password: Option<String>,
+    mut fleet: Fleet,
+    mut running: Vec<Running>,
+) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot listen for SIGHUP")?;
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        std::thread::Builder::new()
+            .name("statestore-reload".into())
+            .spawn(move || {
+                while rx.recv().is_ok() {
+                    tracing::info!("SIGHUP: reloading components and limits");
+                    if let Err(e) = reload(&args, password.clone(), &mut fleet, &mut running) {
+                        tracing::error!(error = %format!("{e:#}"), "reload failed; everything keeps running as it was");
+                    }
+                }
+            })
+            .context("cannot start the reload thread")?;
+    }
+    #[cfg(not(unix))]
+    let _ = (args, password, fleet, running);
+    Ok(())
+}
+
+fn reload(
+    args: &ServeArgs,
+    password: Option<String>,
+    fleet: &mut Fleet,
+    running: &mut [Running],
+) -> Result<()> {
+    let specs = tenant_specs(args, password)?;
+    for spec in &specs {
+        if !running.iter().any(|r| r.spec.name == spec.name) {
+            tracing::warn!(tenant = %spec.name, "a new tenant takes a restart to start");
+        }
+    }
+    for r in running.iter_mut() {
+        let Some(spec) = specs.iter().find(|s| s.name == r.spec.name) else {
+            tracing::warn!(tenant = %r.spec.name, "a removed tenant keeps running until a restart");
+            continue;
+        };
+        let wasm = match spec.component.read() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(tenant = %spec.name, error = %format!("{e:#}"), "upgrade skipped");
+                continue;
+            }
+        };
+        let hash = component_hash(&wasm);
+        let same_limits = spec.limits == r.spec.limits && spec.store.quota == r.spec.store.quota;
+        if hash == r.component && same_limits {
+            continue;
+        }
+        let runtime = match fleet.runtime_from_bytes(&wasm, spec.limits) {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(tenant = %spec.name, component = %spec.component, error = %format!("{e:#}"), "upgrade skipped");
+                continue;
+            }
+        };
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let sent = r.control.send(Control::Upgrade {
+            runtime,
+            quota: spec.store.quota,
+            done,
+        });
+        if sent.is_err() {
+            tracing::warn!(tenant = %spec.name, "the tenant is not running");
+            continue;
+        }
+        match outcome.blocking_recv() {
+            Ok(Ok(())) => {
+                tracing::info!(tenant = %spec.name, component = %spec.component, hash = format!("{hash:016x}"), "upgraded");
+                r.component = hash;
+                r.spec.limits = spec.limits;
+                r.spec.store.quota = spec.store.quota;
+            }
+            Ok(Err(_)) => {} // logged by the tenant
+            Err(_) => tracing::warn!(tenant = %spec.name, "the tenant stopped during the upgrade"),
+        }
+    }
+    Ok(())
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -28,11 +28,11 @@ use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::driver::Input;
-use crate::journal::Journal;
+use crate::driver::{Control, Input, MAX_BATCH};
 use crate::mqtt::{self, BrokerUrl};
 use crate::store::StoreOptions;
-use crate::{Output, Runtime, WasmStore};
+use crate::tenant::Tenant;
+use crate::{Output, Runtime};
 
 /// Largest MQTT packet (the protocol maximum): 64 KiB keys and MiB values must pass.
 pub const MAX_PACKET: u32 = 268_435_455;
@@ -124,11 +124,13 @@ enum NetEvent {
 
 pub use crate::driver::now_ms;
 
-/// A connected, subscribed server; [`Server::run`] serves until shutdown.
+/// A connected, subscribed server of one tenant; [`Server::run`] serves
+/// until shutdown.
 pub struct Server {
-    store: WasmStore,
-    journal: Option<Journal>,
+    tenant: Tenant,
     transport: ClientTransport,
+    control: mpsc::UnboundedSender<Control>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
 }
 
 /// The rumqttc connection as a [`Transport`].
@@ -146,7 +148,13 @@ impl Server {
     /// Instantiates the component, connects to the broker and subscribes.
     /// Fails with a clear message if the broker cannot be reached in time.
     pub async fn connect(runtime: &Runtime, opts: ServeOptions) -> Result<Server> {
-        let (store, journal) = crate::store::open(runtime, &opts.store)?;
+        let tenant = Tenant::open("default", runtime.clone(), &opts.store)?;
+        Server::connect_tenant(tenant, opts).await
+    }
+
+    /// Connects `tenant`'s own connection (`opts.store` is not used: the
+    /// tenant is open already).
+    pub async fn connect_tenant(tenant: Tenant, opts: ServeOptions) -> Result<Server> {
         let mut mqtt = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);
         mqtt.set_keep_alive(opts.keep_alive)
             .set_clean_start(false)
@@ -190,11 +198,15 @@ impl Server {
         let wait =
             tokio::time::timeout(transport.opts.connect_timeout, transport.first_connection());
         match wait.await {
-            Ok(Ok(())) => Ok(Server {
-                store,
-                journal,
-                transport,
-            }),
+            Ok(Ok(())) => {
+                let (control, control_rx) = mpsc::unbounded_channel();
+                Ok(Server {
+                    tenant,
+                    transport,
+                    control,
+                    control_rx,
+                })
+            }
             Ok(Err(e)) => {
                 transport.net.abort();
                 Err(e)
@@ -213,8 +225,23 @@ impl Server {
     /// Serves requests until `shutdown` completes, then finishes what is in
     /// hand, disconnects cleanly and returns.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        let journal = self.journal.as_mut();
-        crate::driver::drive(&mut self.store, journal, &mut self.transport, shutdown).await
+        crate::driver::drive(
+            &mut self.tenant,
+            &mut self.transport,
+            &mut self.control_rx,
+            shutdown,
+        )
+        .await
+    }
+
+    /// Where to send commands (upgrades) to the running tenant.
+    pub fn control(&self) -> mpsc::UnboundedSender<Control> {
+        self.control.clone()
+    }
+
+    /// The tenant's name.
+    pub fn tenant_name(&self) -> &str {
+        self.tenant.name()
     }
 }
 
@@ -302,7 +329,9 @@ impl crate::driver::Transport for ClientTransport {
                     return Ok(input);
                 };
                 // Take every request already waiting: one call into the guest.
-                while let Ok(e) = self.events.try_recv() {
+                while batch.len() < MAX_BATCH
+                    && let Ok(e) = self.events.try_recv()
+                {
                     match e {
                         NetEvent::Publish(p) if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() => {
                             batch.push(mqtt::inbound(&p, None, None));

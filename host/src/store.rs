@@ -7,6 +7,7 @@ use tracing::info;
 
 use crate::journal::{Fsync, Journal, SnapshotPolicy};
 use crate::{Config, Persist, Runtime, WasmStore};
+use statestore_guest::types::Quota;
 
 /// Where and how the store keeps its state.
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub struct StoreOptions {
     pub fsync: Fsync,
     /// When to snapshot and truncate the log.
     pub snapshots: SnapshotPolicy,
+    /// What clients may store.
+    pub quota: Quota,
 }
 
 impl StoreOptions {
@@ -35,27 +38,42 @@ impl StoreOptions {
             data_dir: None,
             fsync: Fsync::Always,
             snapshots: SnapshotPolicy::default(),
+            quota: Quota::default(),
         }
     }
 }
 
 /// Instantiates the store, recovering it from its data directory if durable.
 pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option<Journal>)> {
-    let config = Config {
+    open_with(runtime, opts, &guest_config(opts))
+}
+
+/// The guest config for `opts`, with a fresh random hash seed.
+pub fn guest_config(opts: &StoreOptions) -> Config {
+    Config {
         node_id: opts.node_id.clone(),
         server_client_id: Some(opts.server_client_id.clone()),
         persist: opts.persist,
         hash_seed: random_seed(),
-    };
+        quota: opts.quota,
+    }
+}
+
+/// [`open`] with a given guest config.
+pub fn open_with(
+    runtime: &Runtime,
+    opts: &StoreOptions,
+    config: &Config,
+) -> Result<(WasmStore, Option<Journal>)> {
     match (opts.persist, &opts.data_dir) {
         (Persist::None, _) => {
             info!("volatile store: nothing is written to disk (--persist none)");
-            Ok((runtime.instantiate(&config)?, None))
+            Ok((runtime.instantiate(config)?, None))
         }
         (_, None) => bail!("--persist {:?} needs --data-dir", opts.persist),
         (_, Some(dir)) => {
             let (journal, store, _) =
-                Journal::open(runtime, &config, dir, opts.fsync, opts.snapshots)?;
+                Journal::open(runtime, config, dir, opts.fsync, opts.snapshots)?;
             info!(dir = %dir.display(), persist = ?opts.persist, fsync = ?opts.fsync, "durable store");
             Ok((store, Some(journal)))
         }

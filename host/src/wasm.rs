@@ -1,4 +1,14 @@
 //! The guest component in wasmtime.
+//!
+//! ```text
+//!   Engine (EngineOptions: pooling allocator, epoch interruption)
+//!     └── Runtime: the compiled component + StoreLimits, cheap to clone
+//!           └── instantiate / restore -> WasmStore: one instance, one `store`,
+//!                 memory capped by its ResourceLimiter, every call bounded by
+//!                 an epoch deadline (a guest that loops traps)
+//! ```
+
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use wasmtime::component::{Component, Linker, ResourceAny};
@@ -14,6 +24,95 @@ use crate::{Backend, Config, InboundMessage, Output};
 pub struct Runtime {
     engine: Engine,
     pre: GuestPre<Limits>,
+    limits: StoreLimits,
+    epoch: bool,
+}
+
+/// How an [`Engine`] is set up for many instances.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineOptions {
+    /// Use wasmtime's pooling allocator, sized for this many instances,
+    /// each with at most this much linear memory.
+    pub pool: Option<PoolOptions>,
+    /// Bound every call by an epoch deadline ([`StoreLimits::call_ms`]):
+    /// a ticker thread advances the engine's epoch every [`EPOCH_TICK`].
+    pub epoch_interruption: bool,
+}
+
+/// Sizes of the pooling allocator.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolOptions {
+    /// Instances that can live at once (one per tenant, plus one per
+    /// upgrade or restart in progress).
+    pub instances: u32,
+    /// Largest linear memory of one instance, bytes: also the address space
+    /// reserved per instance.
+    pub max_memory: usize,
+}
+
+/// Limits of each instance a [`Runtime`] creates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Most bytes of linear memory; a guest that needs more fails to
+    /// allocate, which traps.
+    pub memory_bytes: Option<usize>,
+    /// Most wall-clock milliseconds one call may run (handle, timeout,
+    /// disconnect); needs an engine with epoch interruption. Snapshots,
+    /// restores and replays get [`BULK_CALL`] instead.
+    pub call_ms: Option<u64>,
+}
+
+/// How often the epoch advances.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The time a snapshot, restore or replay may take (they are proportional to
+/// the state, not to one request).
+pub const BULK_CALL: Duration = Duration::from_secs(120);
+
+/// An engine for `opts`. With epoch interruption a thread advances its
+/// epoch every [`EPOCH_TICK`] for as long as the engine lives.
+pub fn engine(opts: &EngineOptions) -> Result<Engine> {
+    let mut config = engine_config();
+    if let Some(pool) = opts.pool {
+        let mut p = wasmtime::PoolingAllocationConfig::new();
+        let n = pool.instances.max(1);
+        // A component instance of the guest holds a few core instances (the
+        // module and wit-component's shims), one memory and a few tables.
+        p.total_component_instances(n)
+            .total_core_instances(n.saturating_mul(4))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(4))
+            .max_memory_size(pool.max_memory)
+            // Return memory to the OS when an instance goes: idle tenants
+            // should not keep a dead tenant's pages.
+            .max_unused_warm_slots(16);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(p));
+        // Small reservations: address space for what an instance may use,
+        // not wasmtime's default 4 GiB each (bounds are then checked
+        // explicitly).
+        let reservation = u64::try_from(pool.max_memory).unwrap_or(u64::MAX);
+        config.memory_reservation(reservation);
+        config.memory_reservation_for_growth(0);
+        config.memory_guard_size(64 << 10);
+    }
+    if opts.epoch_interruption {
+        config.epoch_interruption(true);
+    }
+    let engine = Engine::new(&config)?;
+    if opts.epoch_interruption {
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("statestore-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })
+            .context("cannot start the epoch thread")?;
+    }
+    Ok(engine)
 }
 
 impl Runtime {
@@ -25,10 +124,36 @@ impl Runtime {
     /// A component from its binary (or WAT text) form.
     pub fn from_bytes(wasm: &[u8]) -> Result<Runtime> {
         let engine = Engine::new(&engine_config())?;
-        let component = Component::new(&engine, wasm)
-            .map_err(anyhow::Error::from)
-            .context("the state store component is not valid")?;
-        Runtime::from_component(engine, component)
+        Runtime::load(&engine, wasm, None)
+    }
+
+    /// Compiles `wasm` for `engine` (an [`engine`] shared by many
+    /// components), or loads it from the precompiled cache in `cache_dir`.
+    pub fn load(
+        engine: &Engine,
+        wasm: &[u8],
+        cache_dir: Option<&std::path::Path>,
+    ) -> Result<Runtime> {
+        let component = match cache_dir {
+            Some(dir) => crate::cache::load(engine, wasm, dir)?,
+            None => Component::new(engine, wasm)
+                .map_err(anyhow::Error::from)
+                .context("the state store component is not valid")?,
+        };
+        Runtime::from_component(engine.clone(), component)
+    }
+
+    /// The same component, creating instances with `limits`.
+    pub fn with_limits(&self, limits: StoreLimits) -> Runtime {
+        Runtime {
+            limits,
+            ..self.clone()
+        }
+    }
+
+    /// The limits of the instances this runtime creates.
+    pub fn limits(&self) -> StoreLimits {
+        self.limits
     }
 
     /// A component read from a file.
@@ -42,8 +167,7 @@ impl Runtime {
     /// `cache_dir` and loads it from there next time.
     pub fn from_bytes_cached(wasm: &[u8], cache_dir: &std::path::Path) -> Result<Runtime> {
         let engine = Engine::new(&engine_config())?;
-        let component = crate::cache::load(&engine, wasm, cache_dir)?;
-        Runtime::from_component(engine, component)
+        Runtime::load(&engine, wasm, Some(cache_dir))
     }
 
     fn from_component(engine: Engine, component: Component) -> Result<Runtime> {
@@ -53,7 +177,13 @@ impl Runtime {
         // one traps, which a host treats like any other guest fault.
         linker.define_unknown_imports_as_traps(&component)?;
         let pre = GuestPre::new(linker.instantiate_pre(&component)?)?;
-        Ok(Runtime { engine, pre })
+        let epoch = engine.get_epoch_interruption();
+        Ok(Runtime {
+            engine,
+            pre,
+            limits: StoreLimits::default(),
+            epoch,
+        })
     }
 
     /// The engine.
@@ -69,13 +199,23 @@ impl Runtime {
         api.call_validate_config(&mut store, &wit_config)?
             .map_err(convert::error)?;
         let handle = api.call_constructor(&mut store, &wit_config)?;
-        Ok(WasmStore {
+        Ok(self.wrap(store, guest, handle))
+    }
+
+    fn wrap(&self, store: Store<Limits>, guest: Guest, handle: ResourceAny) -> WasmStore {
+        let ticks = |d: Duration| {
+            u64::try_from(d.as_millis().div_ceil(EPOCH_TICK.as_millis())).unwrap_or(u64::MAX) + 1
+        };
+        WasmStore {
             store,
             guest,
             handle,
             typed: false,
             scratch: Vec::new(),
-        })
+            epoch: self.epoch,
+            call_ticks: ticks(self.limits.call_ms.map_or(BULK_CALL, Duration::from_millis)),
+            bulk_ticks: ticks(BULK_CALL),
+        }
     }
 
     /// A new instance holding a store restored from `snapshot`.
@@ -85,18 +225,23 @@ impl Runtime {
         let handle = api
             .call_restore(&mut store, &convert::config(config), snapshot)?
             .map_err(convert::error)?;
-        Ok(WasmStore {
-            store,
-            guest,
-            handle,
-            typed: false,
-            scratch: Vec::new(),
-        })
+        Ok(self.wrap(store, guest, handle))
     }
 
     fn new_instance(&self) -> Result<(Store<Limits>, Guest)> {
-        let mut store = Store::new(&self.engine, Limits::default());
+        let mut store = Store::new(
+            &self.engine,
+            Limits {
+                memory_bytes: 0,
+                max_memory: self.limits.memory_bytes,
+            },
+        );
         store.limiter(|limits| limits);
+        if self.epoch {
+            // The constructor or restore runs with the bulk budget.
+            let bulk = BULK_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis());
+            store.set_epoch_deadline(u64::try_from(bulk).unwrap_or(u64::MAX) + 1);
+        }
         let guest = self.pre.instantiate(&mut store)?;
         Ok((store, guest))
     }
@@ -108,6 +253,8 @@ impl Runtime {
 pub struct Limits {
     /// Bytes of linear memory (all memories of the instance).
     memory_bytes: usize,
+    /// The cap on `memory_bytes`, if any.
+    max_memory: Option<usize>,
 }
 
 impl wasmtime::ResourceLimiter for Limits {
@@ -117,7 +264,13 @@ impl wasmtime::ResourceLimiter for Limits {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        self.memory_bytes = self.memory_bytes - current.min(self.memory_bytes) + desired;
+        let total = self.memory_bytes - current.min(self.memory_bytes) + desired;
+        if self.max_memory.is_some_and(|max| total > max) {
+            // memory.grow answers -1: the guest's allocator fails, and the
+            // guest aborts (a trap) unless it copes.
+            return Ok(false);
+        }
+        self.memory_bytes = total;
         Ok(true)
     }
 
@@ -149,6 +302,12 @@ pub struct WasmStore {
     typed: bool,
     /// The encoding buffer of `handle_batch`, reused.
     scratch: Vec<u8>,
+    /// Whether the engine interrupts calls at an epoch deadline.
+    epoch: bool,
+    /// Epoch ticks a request call may take.
+    call_ticks: u64,
+    /// Epoch ticks a snapshot, restore or replay may take.
+    bulk_ticks: u64,
 }
 
 impl WasmStore {
@@ -166,16 +325,30 @@ impl WasmStore {
     pub fn memory_bytes(&self) -> usize {
         self.store.data().memory_bytes
     }
+
+    /// Arms the deadline of the next call: a request's, or a bulk one's.
+    fn arm(&mut self, bulk: bool) {
+        if self.epoch {
+            let ticks = if bulk {
+                self.bulk_ticks
+            } else {
+                self.call_ticks
+            };
+            self.store.set_epoch_deadline(ticks);
+        }
+    }
 }
 
 impl Backend for WasmStore {
     fn handle(&mut self, message: &InboundMessage, now: u64) -> Result<()> {
+        self.arm(false);
         let m = convert::message(message);
         let api = self.guest.statestore_core_store().store();
         Ok(api.call_handle(&mut self.store, self.handle, &m, now)?)
     }
 
     fn handle_batch(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
+        self.arm(false);
         if self.typed {
             let ms: Vec<_> = messages.iter().map(convert::message).collect();
             let api = self.guest.statestore_core_store().store();
@@ -193,16 +366,19 @@ impl Backend for WasmStore {
     }
 
     fn client_disconnected(&mut self, client_id: &str, now: u64) -> Result<()> {
+        self.arm(false);
         let api = self.guest.statestore_core_store().store();
         Ok(api.call_client_disconnected(&mut self.store, self.handle, client_id, now)?)
     }
 
     fn timeout(&mut self, now: u64) -> Result<()> {
+        self.arm(false);
         let api = self.guest.statestore_core_store().store();
         Ok(api.call_timeout(&mut self.store, self.handle, now)?)
     }
 
     fn poll_outputs(&mut self) -> Result<Vec<Output>> {
+        self.arm(false);
         let api = self.guest.statestore_core_store().store();
         if self.typed {
             let out = api.call_poll_outputs(&mut self.store, self.handle)?;
@@ -213,16 +389,19 @@ impl Backend for WasmStore {
     }
 
     fn next_deadline(&mut self) -> Result<Option<u64>> {
+        self.arm(false);
         let api = self.guest.statestore_core_store().store();
         Ok(api.call_next_deadline(&mut self.store, self.handle)?)
     }
 
     fn snapshot_with(&mut self, scope: crate::SnapshotScope) -> Result<Vec<u8>> {
+        self.arm(true);
         let api = self.guest.statestore_core_store().store();
         Ok(api.call_snapshot(&mut self.store, self.handle, convert::scope(scope))?)
     }
 
     fn replay(&mut self, records: &[Vec<u8>]) -> Result<()> {
+        self.arm(true);
         let api = self.guest.statestore_core_store().store();
         api.call_replay(&mut self.store, self.handle, records)?
             .map_err(convert::error)?;
@@ -234,6 +413,7 @@ impl Drop for WasmStore {
     fn drop(&mut self) {
         // Runs the guest's destructor; a failure only means the instance is
         // already broken, and it is going away with the store anyway.
+        self.arm(false);
         let _ = self.handle.resource_drop(&mut self.store);
     }
 }

@@ -40,6 +40,7 @@ pub fn test_config() -> Config {
         server_client_id: Some(SERVER_ID.into()),
         persist: statestore::Persist::None,
         hash_seed: 0,
+        quota: Default::default(),
     }
 }
 

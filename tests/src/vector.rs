@@ -4,6 +4,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
 use statestore::{Config, InboundMessage, OutboundMessage, Output, Persist, PublishKind};
+use statestore_guest::types::Quota;
 
 /// One input.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,19 +160,29 @@ impl Vector {
                 })
             })
             .collect();
+        let mut config = json!({
+            "node_id": self.config.node_id,
+            "server_client_id": self.config.server_client_id,
+            "persist": match self.config.persist {
+                Persist::None => "none",
+                Persist::All => "all",
+                Persist::Flagged => "flagged",
+            },
+        });
+        let q = self.config.quota;
+        if q != Quota::default() {
+            config["quota"] = json!({
+                "max_keys": q.max_keys,
+                "max_bytes": q.max_bytes,
+                "max_key_bytes": q.max_key_bytes,
+                "max_value_bytes": q.max_value_bytes,
+            });
+        }
         json!({
             "format": 1,
             "name": self.name,
             "description": self.description,
-            "config": {
-                "node_id": self.config.node_id,
-                "server_client_id": self.config.server_client_id,
-                "persist": match self.config.persist {
-                    Persist::None => "none",
-                    Persist::All => "all",
-                    Persist::Flagged => "flagged",
-                },
-            },
+            "config": config,
             "steps": steps,
         })
     }
@@ -212,6 +223,10 @@ impl Vector {
                 // Not part of the format: no output depends on the seed
                 // (`Kind::WasmTyped` replays every vector with another one).
                 hash_seed: 0,
+                quota: match config.get("quota") {
+                    None | Some(Value::Null) => Quota::default(),
+                    Some(q) => quota_from_json(q).context("quota")?,
+                },
             },
             steps,
         })
@@ -250,6 +265,31 @@ fn opt_u64(o: &Map<String, Value>, name: &str) -> Result<Option<u64>> {
             .map(Some)
             .ok_or_else(|| anyhow!("{name} must be an integer or null")),
     }
+}
+
+/// A `quota` object: each limit an integer, or null / absent for none.
+fn quota_from_json(v: &Value) -> Result<Quota> {
+    let o = obj(v)?;
+    let limit = |name: &str| -> Result<Option<u64>> {
+        match o.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| anyhow!("{name} must be an integer or null")),
+        }
+    };
+    let small = |name: &str| -> Result<Option<u32>> {
+        limit(name)?
+            .map(|v| u32::try_from(v).map_err(|_| anyhow!("{name} out of range")))
+            .transpose()
+    };
+    Ok(Quota {
+        max_keys: limit("max_keys")?,
+        max_bytes: limit("max_bytes")?,
+        max_key_bytes: small("max_key_bytes")?,
+        max_value_bytes: small("max_value_bytes")?,
+    })
 }
 
 fn small<T: TryFrom<u64>>(o: &Map<String, Value>, name: &str) -> Result<Option<T>> {

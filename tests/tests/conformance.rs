@@ -924,3 +924,57 @@ fn journal_persist_flagged() {
     assert_eq!(records(&out).len(), 1, "the expiry of a persisted key");
     sim.finish();
 }
+
+#[test]
+fn s15_quota() {
+    let config = statestore::Config {
+        quota: statestore_guest::types::Quota {
+            max_keys: Some(2),
+            max_bytes: Some(20),
+            max_key_bytes: Some(4),
+            max_value_bytes: Some(8),
+        },
+        ..test_config()
+    };
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "s15_quota",
+        "§15 quota: new keys beyond the key count or byte budget, over-long new keys and over-long values get -ERR the quota has been exceeded; updates of existing keys are allowed",
+        config,
+    );
+    const QUOTA: &[u8] = b"-ERR the quota has been exceeded\r\n";
+    let (m, out) = sim.call(&[b"SET", b"a", b"1"]);
+    assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
+    let (_, out) = sim.call(&[b"SET", b"bb", b"22"]);
+    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    // A third key: over max_keys (2). Nothing is stored, no version.
+    let (m, out) = sim.call(&[b"SET", b"c", b"3"]);
+    assert_reply(&out, &m, QUOTA, None);
+    let (_, out) = sim.call(&[b"GET", b"c"]);
+    assert_eq!(reply(&out).payload, b"$-1\r\n");
+    // Updating an existing key is allowed, up to max_value_bytes (8).
+    sim.advance(1);
+    let (_, out) = sim.call(&[b"SET", b"a", b"12345678"]);
+    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    let (m, out) = sim.call(&[b"SET", b"a", b"123456789"]);
+    assert_reply(&out, &m, QUOTA, None);
+    let (_, out) = sim.call(&[b"GET", b"a"]);
+    assert_eq!(reply(&out).payload, b"$8\r\n12345678\r\n");
+    // A deletion makes room; a new key longer than max_key_bytes (4) is refused.
+    let (_, out) = sim.call(&[b"DEL", b"bb"]);
+    assert_eq!(reply(&out).payload, b":1\r\n");
+    let (m, out) = sim.call(&[b"SET", b"ccccc", b"1"]);
+    assert_reply(&out, &m, QUOTA, None);
+    // a (1 + 8) + c (1 + 8) = 18 bytes <= 20.
+    let (_, out) = sim.call(&[b"SET", b"c", b"12345678"]);
+    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    let (_, out) = sim.call(&[b"DEL", b"c"]);
+    assert_eq!(reply(&out).payload, b":1\r\n");
+    // a (9) + dddd (4 + 8) = 21 bytes > 20: the byte budget.
+    let (m, out) = sim.call(&[b"SET", b"dddd", b"12345678"]);
+    assert_reply(&out, &m, QUOTA, None);
+    // NX on a new key over quota: the quota answers first (§5.4 step 8 before 10).
+    let (m, out) = sim.call(&[b"SET", b"dddd", b"12345678", b"NX"]);
+    assert_reply(&out, &m, QUOTA, None);
+    sim.finish();
+}

@@ -16,6 +16,7 @@ fn config() -> Config {
         server_client_id: None,
         persist: Persist::All,
         hash_seed: 0,
+        quota: Default::default(),
     }
 }
 

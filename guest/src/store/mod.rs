@@ -15,6 +15,7 @@ use crate::errors::ServiceError;
 use crate::expiry::Deadlines;
 use crate::hlc::{Clock, CounterOverflow, Hlc};
 use crate::resp3;
+use crate::types::Quota;
 
 /// A server-issued version: the node id is always the store's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -225,6 +226,12 @@ impl Slot {
         self.parts().0
     }
 
+    /// Bytes of key and value (what [`Quota::max_bytes`] counts).
+    fn data_len(&self) -> u64 {
+        let (k, v) = self.parts();
+        u64::try_from(k.len() + v.len()).unwrap_or(u64::MAX)
+    }
+
     fn view(&self) -> EntryRef<'_> {
         let extra = self.extra.as_deref();
         EntryRef {
@@ -256,6 +263,9 @@ pub struct Table {
     index: HashTable<u32>,
     hasher: FixedState,
     deadlines: Deadlines<Box<[u8]>>,
+    /// Bytes of every key and value, for [`Quota::max_bytes`].
+    bytes: u64,
+    quota: Quota,
 }
 
 impl Default for Table {
@@ -269,6 +279,7 @@ impl core::fmt::Debug for Table {
         f.debug_struct("Table")
             .field("keys", &self.slots.len())
             .field("deadlines", &self.deadlines.len())
+            .field("bytes", &self.bytes)
             .finish()
     }
 }
@@ -281,7 +292,41 @@ impl Table {
             index: HashTable::new(),
             hasher: FixedState::with_seed(seed ^ HASH_SEED),
             deadlines: Deadlines::new(),
+            bytes: 0,
+            quota: Quota::default(),
         }
+    }
+
+    /// The limits enforced by [`Table::execute`] from now on.
+    pub fn set_quota(&mut self, quota: Quota) {
+        self.quota = quota;
+    }
+
+    /// Bytes of every key and value held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether a SET of `key` to `value` may proceed (spec §5.4 step 8):
+    /// `new` says the key does not exist yet.
+    fn admits(&self, key: &[u8], value: &[u8], new: bool) -> bool {
+        let q = &self.quota;
+        let len = |b: &[u8]| u64::try_from(b.len()).unwrap_or(u64::MAX);
+        let over = |n: u64, max: Option<u32>| max.is_some_and(|m| n > u64::from(m));
+        if over(len(value), q.max_value_bytes) {
+            return false;
+        }
+        if !new {
+            return true;
+        }
+        let keys = u64::try_from(self.slots.len()).unwrap_or(u64::MAX);
+        let bytes = self
+            .bytes
+            .saturating_add(len(key))
+            .saturating_add(len(value));
+        !(over(len(key), q.max_key_bytes)
+            || q.max_keys.is_some_and(|m| keys >= m)
+            || q.max_bytes.is_some_and(|m| bytes > m))
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -309,6 +354,7 @@ impl Table {
     pub fn put(&mut self, key: &[u8], entry: EntryRef<'_>) {
         let due = entry.expires_at;
         let slot = Slot::new(key, entry);
+        self.bytes = self.bytes.saturating_add(slot.data_len());
         let old = match self.position(key) {
             Some(i) => Some(core::mem::replace(&mut self.slots[i], slot)),
             None => {
@@ -323,6 +369,9 @@ impl Table {
                 None
             }
         };
+        if let Some(old) = &old {
+            self.bytes = self.bytes.saturating_sub(old.data_len());
+        }
         if let Some(at) = old.and_then(|old| old.view().expires_at) {
             self.deadlines.remove(at, &Box::from(key));
         }
@@ -347,7 +396,9 @@ impl Table {
                 *at = i;
             }
         }
-        Some(self.slots.swap_remove(i as usize))
+        let slot = self.slots.swap_remove(i as usize);
+        self.bytes = self.bytes.saturating_sub(slot.data_len());
+        Some(slot)
     }
 
     /// Removes an entry; returns whether it was persisted.
@@ -392,7 +443,7 @@ impl Table {
         all.into_iter().map(|s| (s.key(), s.view()))
     }
 
-    /// Applies GET / SET / DEL / VDEL (spec §5.4 steps 9 to 11).
+    /// Applies GET / SET / DEL / VDEL (spec §5.4 steps 8 to 11).
     ///
     /// `node` is the clock's node id, for versions in replies.
     pub fn execute(
@@ -428,6 +479,9 @@ impl Table {
                 px,
             } => {
                 let current = self.get(key, now);
+                if !self.admits(key, value, current.is_none()) {
+                    return Ok(Outcome::error(ServiceError::QuotaExceeded));
+                }
                 let token = current.and_then(|e| e.fencing_token);
                 if let Err(e) = fencing::check(token, req.fencing_token) {
                     return Ok(Outcome::error(e));

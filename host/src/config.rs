@@ -1,0 +1,506 @@
+//! The tenant config file (`statestore serve --config FILE`, TOML).
+//!
+//! ```toml
+//! [defaults]                    # every tenant starts from these
+//! memory_mib = 64               # linear memory cap of its guest
+//! call_ms = 1000                # longest one call into its guest may run
+//! max_keys = 100000             # quota: keys ...
+//! max_bytes = 67108864          #   ... and bytes of keys and values
+//! max_key_bytes = 65536         # longest key a SET may create
+//! max_value_bytes = 4194304     # longest value a SET may write
+//! data_root = "/var/lib/statestore"   # each tenant in data_root/<name>
+//! persist = "all"               # all | flagged | none
+//! fsync = "always"              # always | everysec | no
+//!
+//! [[tenant]]
+//! name = "factory-a"
+//! usernames = ["factory-a"]     # embedded broker: clients with these MQTT user names
+//! password_file = "/etc/statestore/factory-a.password"
+//! client_id_prefixes = ["fa-"]  # ... or whose client id starts with one of these
+//! memory_mib = 256              # any default can be overridden
+//!
+//! [[tenant]]
+//! name = "everyone-else"
+//! default = true                # clients that match no other tenant
+//! ```
+//!
+//! With an external broker (`--broker`) each tenant is one connection:
+//! `broker` (default: `--broker`), `client_id` (default `statestore-<name>`),
+//! `broker_username` and `broker_password_file`.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use statestore_guest::types::Quota;
+
+use crate::journal::{Fsync, SnapshotPolicy};
+use crate::mqtt::BrokerUrl;
+use crate::store::StoreOptions;
+use crate::tenant::{ComponentSource, WASM32_MAX_MEMORY};
+use crate::{Persist, StoreLimits};
+
+/// Default linear memory cap of a tenant from a config file, MiB.
+pub const DEFAULT_MEMORY_MIB: u64 = 256;
+/// Default longest call into a guest, ms.
+pub const DEFAULT_CALL_MS: u64 = 1000;
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    defaults: Settings,
+    #[serde(default, rename = "tenant")]
+    tenants: Vec<TenantEntry>,
+}
+
+/// Settings a tenant inherits from `[defaults]` and may override.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    memory_mib: Option<u64>,
+    call_ms: Option<u64>,
+    max_keys: Option<u64>,
+    max_bytes: Option<u64>,
+    max_key_bytes: Option<u32>,
+    max_value_bytes: Option<u32>,
+    data_root: Option<PathBuf>,
+    persist: Option<String>,
+    fsync: Option<String>,
+    snapshot_log_mib: Option<u64>,
+    snapshot_interval: Option<u64>,
+    component: Option<PathBuf>,
+    broker: Option<String>,
+    node_id: Option<String>,
+}
+
+// serde cannot deny unknown fields next to `flatten`: `check_keys` does.
+#[derive(Debug, Deserialize)]
+struct TenantEntry {
+    name: String,
+    #[serde(default)]
+    default: bool,
+    #[serde(default)]
+    usernames: Vec<String>,
+    password_file: Option<PathBuf>,
+    #[serde(default)]
+    client_id_prefixes: Vec<String>,
+    data_dir: Option<PathBuf>,
+    client_id: Option<String>,
+    broker_username: Option<String>,
+    broker_password_file: Option<PathBuf>,
+    #[serde(flatten)]
+    settings: Settings,
+}
+
+/// How the embedded broker recognises a tenant's clients.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matcher {
+    /// MQTT user names.
+    pub usernames: Vec<String>,
+    /// The password those user names must give, if any.
+    pub password: Option<String>,
+    /// Client id prefixes.
+    pub client_id_prefixes: Vec<String>,
+}
+
+impl Matcher {
+    /// Whether a client with this user name and client id is the tenant's.
+    pub fn matches(&self, username: Option<&str>, client_id: &str) -> bool {
+        username.is_some_and(|u| self.usernames.iter().any(|n| n == u))
+            || self
+                .client_id_prefixes
+                .iter()
+                .any(|p| client_id.starts_with(p.as_str()))
+    }
+}
+
+/// A tenant's own connection to an external broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantBroker {
+    /// The broker (default: `--broker`).
+    pub url: Option<BrokerUrl>,
+    /// Our client id on that connection.
+    pub client_id: String,
+    /// MQTT user name.
+    pub username: Option<String>,
+    /// MQTT password.
+    pub password: Option<String>,
+}
+
+/// Everything about one tenant, resolved.
+#[derive(Debug, Clone)]
+pub struct TenantSpec {
+    /// Its name (logs, data directory).
+    pub name: String,
+    /// Whether clients that match no tenant are its.
+    pub default: bool,
+    /// How its clients are recognised (embedded broker).
+    pub matcher: Matcher,
+    /// Its store: node id, persistence, data directory, quota.
+    pub store: StoreOptions,
+    /// Memory and CPU limits of its guest.
+    pub limits: StoreLimits,
+    /// The component it runs.
+    pub component: ComponentSource,
+    /// Its connection to an external broker.
+    pub broker: TenantBroker,
+}
+
+/// Reads and checks a config file. `server_client_id` is the `__srcId` of
+/// replies in the embedded mode.
+pub fn load(path: &Path, server_client_id: &str) -> Result<Vec<TenantSpec>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    parse(
+        &text,
+        path.parent().unwrap_or(Path::new(".")),
+        server_client_id,
+    )
+    .with_context(|| format!("in the config file {}", path.display()))
+}
+
+/// Parses config text; relative paths are taken from `base`.
+pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<TenantSpec>> {
+    let raw: toml::Table = toml::from_str(text)?;
+    check_keys(&raw)?;
+    let file: File = toml::from_str(text)?;
+    if file.tenants.is_empty() {
+        bail!("no [[tenant]] is declared");
+    }
+    let mut names = HashSet::new();
+    let mut dirs = HashSet::new();
+    let mut client_ids = HashSet::new();
+    let mut usernames = HashSet::new();
+    let mut specs = Vec::new();
+    for t in file.tenants {
+        let s = merge(&file.defaults, &t.settings);
+        let name = t.name.clone();
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            bail!("tenant name {name:?}: use 1 to 64 letters, digits, '-' or '_'");
+        }
+        if !names.insert(name.clone()) {
+            bail!("two tenants are called {name:?}");
+        }
+        let ctx = || format!("tenant {name:?}");
+        let persist = match s.persist.as_deref() {
+            Some("all") => Some(Persist::All),
+            Some("flagged") => Some(Persist::Flagged),
+            Some("none") => Some(Persist::None),
+            None => None,
+            Some(other) => bail!(
+                "{}: persist must be all, flagged or none, not {other:?}",
+                ctx()
+            ),
+        };
+        let fsync = match s.fsync.as_deref() {
+            Some("always") | None => Fsync::Always,
+            Some("everysec") => Fsync::Everysec,
+            Some("no") => Fsync::No,
+            Some(other) => bail!(
+                "{}: fsync must be always, everysec or no, not {other:?}",
+                ctx()
+            ),
+        };
+        let data_dir = t
+            .data_dir
+            .clone()
+            .or_else(|| s.data_root.as_ref().map(|r| r.join(&name)))
+            .map(|d| base.join(d));
+        let persist = match (persist, &data_dir) {
+            (Some(p), _) => p,
+            (None, Some(_)) => Persist::All,
+            (None, None) => Persist::None,
+        };
+        if persist != Persist::None && data_dir.is_none() {
+            bail!(
+                "{}: persist = {persist:?} needs data_dir or data_root",
+                ctx()
+            );
+        }
+        if let Some(d) = &data_dir
+            && !dirs.insert(d.clone())
+        {
+            bail!(
+                "{}: data directory {} is another tenant's",
+                ctx(),
+                d.display()
+            );
+        }
+        let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
+        if memory_mib == 0 || memory_mib > (WASM32_MAX_MEMORY >> 20) as u64 {
+            bail!("{}: memory_mib must be 1 to 4096", ctx());
+        }
+        let call_ms = s.call_ms.unwrap_or(DEFAULT_CALL_MS);
+        if call_ms == 0 {
+            bail!("{}: call_ms must be at least 1", ctx());
+        }
+        let password = match &t.password_file {
+            Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
+            None => None,
+        };
+        for u in &t.usernames {
+            if !usernames.insert(u.clone()) {
+                bail!("{}: user name {u:?} is another tenant's too", ctx());
+            }
+        }
+        if !t.default && t.usernames.is_empty() && t.client_id_prefixes.is_empty() {
+            bail!(
+                "{}: say how its clients are recognised (usernames, client_id_prefixes) or make it the default tenant",
+                ctx()
+            );
+        }
+        let client_id = t
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("statestore-{name}"));
+        if !client_ids.insert(client_id.clone()) {
+            bail!("{}: client_id {client_id:?} is another tenant's too", ctx());
+        }
+        let url = match &s.broker {
+            Some(u) => Some(u.parse().map_err(anyhow::Error::msg).with_context(ctx)?),
+            None => None,
+        };
+        let broker_password = match &t.broker_password_file {
+            Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
+            None => None,
+        };
+        specs.push(TenantSpec {
+            default: t.default,
+            matcher: Matcher {
+                usernames: t.usernames,
+                password,
+                client_id_prefixes: t.client_id_prefixes,
+            },
+            store: StoreOptions {
+                node_id: s.node_id.clone().unwrap_or_else(|| "StateStore".into()),
+                server_client_id: server_client_id.to_string(),
+                persist,
+                data_dir,
+                fsync,
+                snapshots: SnapshotPolicy {
+                    max_log_bytes: s
+                        .snapshot_log_mib
+                        .unwrap_or(64)
+                        .saturating_mul(1 << 20)
+                        .max(1),
+                    max_interval: Duration::from_secs(s.snapshot_interval.unwrap_or(300).max(1)),
+                },
+                quota: Quota {
+                    max_keys: s.max_keys,
+                    max_bytes: s.max_bytes,
+                    max_key_bytes: s.max_key_bytes,
+                    max_value_bytes: s.max_value_bytes,
+                },
+            },
+            limits: StoreLimits {
+                memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),
+                call_ms: Some(call_ms),
+            },
+            component: match &s.component {
+                Some(p) => ComponentSource::File(base.join(p)),
+                None => ComponentSource::BuiltIn,
+            },
+            broker: TenantBroker {
+                url,
+                client_id,
+                username: t.broker_username,
+                password: broker_password,
+            },
+            name,
+        });
+    }
+    if specs.iter().filter(|t| t.default).count() > 1 {
+        bail!("more than one tenant has default = true");
+    }
+    Ok(specs)
+}
+
+/// Keys a `[[tenant]]` may have besides those of `[defaults]`.
+const TENANT_KEYS: &[&str] = &[
+    "name",
+    "default",
+    "usernames",
+    "password_file",
+    "client_id_prefixes",
+    "data_dir",
+    "client_id",
+    "broker_username",
+    "broker_password_file",
+];
+
+/// Keys of `[defaults]`, which a tenant may override.
+const SETTINGS_KEYS: &[&str] = &[
+    "memory_mib",
+    "call_ms",
+    "max_keys",
+    "max_bytes",
+    "max_key_bytes",
+    "max_value_bytes",
+    "data_root",
+    "persist",
+    "fsync",
+    "snapshot_log_mib",
+    "snapshot_interval",
+    "component",
+    "broker",
+    "node_id",
+];
+
+/// Refuses a misspelt key in a `[[tenant]]` rather than ignore it.
+fn check_keys(raw: &toml::Table) -> Result<()> {
+    let Some(toml::Value::Array(tenants)) = raw.get("tenant") else {
+        return Ok(());
+    };
+    for t in tenants {
+        let Some(t) = t.as_table() else { continue };
+        for key in t.keys() {
+            if !TENANT_KEYS.contains(&key.as_str()) && !SETTINGS_KEYS.contains(&key.as_str()) {
+                let name = t.get("name").and_then(toml::Value::as_str).unwrap_or("?");
+                bail!(
+                    "tenant {name:?}: unknown key {key:?} (known: {}, {})",
+                    TENANT_KEYS.join(", "),
+                    SETTINGS_KEYS.join(", ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn merge(defaults: &Settings, own: &Settings) -> Settings {
+    let d = defaults.clone();
+    let o = own.clone();
+    Settings {
+        memory_mib: o.memory_mib.or(d.memory_mib),
+        call_ms: o.call_ms.or(d.call_ms),
+        max_keys: o.max_keys.or(d.max_keys),
+        max_bytes: o.max_bytes.or(d.max_bytes),
+        max_key_bytes: o.max_key_bytes.or(d.max_key_bytes),
+        max_value_bytes: o.max_value_bytes.or(d.max_value_bytes),
+        data_root: o.data_root.or(d.data_root),
+        persist: o.persist.or(d.persist),
+        fsync: o.fsync.or(d.fsync),
+        snapshot_log_mib: o.snapshot_log_mib.or(d.snapshot_log_mib),
+        snapshot_interval: o.snapshot_interval.or(d.snapshot_interval),
+        component: o.component.or(d.component),
+        broker: o.broker.or(d.broker),
+        node_id: o.node_id.or(d.node_id),
+    }
+}
+
+/// A password file's first line.
+pub fn read_secret(path: &Path) -> Result<String> {
+    Ok(std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the password file {}", path.display()))?
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_ok(text: &str) -> Vec<TenantSpec> {
+        match parse(text, Path::new("/base"), "statestore") {
+            Ok(s) => s,
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    fn parse_err(text: &str) -> String {
+        match parse(text, Path::new("/base"), "statestore") {
+            Ok(_) => panic!("accepted:\n{text}"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_inherited_and_overridden() {
+        let specs = parse_ok(
+            r#"
+            [defaults]
+            memory_mib = 32
+            max_keys = 10
+            data_root = "data"
+            fsync = "everysec"
+
+            [[tenant]]
+            name = "a"
+            usernames = ["ua"]
+            memory_mib = 8
+
+            [[tenant]]
+            name = "b"
+            default = true
+            persist = "none"
+            call_ms = 50
+            "#,
+        );
+        let a = &specs[0];
+        assert_eq!(a.limits.memory_bytes, Some(8 << 20));
+        assert_eq!(a.limits.call_ms, Some(DEFAULT_CALL_MS));
+        assert_eq!(a.store.quota.max_keys, Some(10));
+        assert_eq!(a.store.data_dir.as_deref(), Some(Path::new("/base/data/a")));
+        assert_eq!(a.store.persist, Persist::All);
+        assert_eq!(a.store.fsync, Fsync::Everysec);
+        assert_eq!(a.broker.client_id, "statestore-a");
+        assert!(a.matcher.matches(Some("ua"), "x"));
+        assert!(!a.matcher.matches(Some("ub"), "x"));
+        let b = &specs[1];
+        assert!(b.default);
+        assert_eq!(b.limits.memory_bytes, Some(32 << 20));
+        assert_eq!(b.limits.call_ms, Some(50));
+        assert_eq!(b.store.persist, Persist::None);
+        assert_eq!(b.component, ComponentSource::BuiltIn);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        assert!(parse_err("").contains("no [[tenant]]"));
+        assert!(parse_err("[[tenant]]\nname = \"a\"\n").contains("recognised"));
+        assert!(parse_err("[[tenant]]\nname = \"a b\"\ndefault = true\n").contains("tenant name"));
+        assert!(
+            parse_err("[[tenant]]\nname = \"a\"\ndefault = true\n[[tenant]]\nname = \"a\"\ndefault = true\n")
+                .contains("two tenants")
+        );
+        assert!(
+            parse_err("[[tenant]]\nname = \"a\"\ndefault = true\nmemroy_mib = 3\n")
+                .contains("memroy_mib")
+        );
+        assert!(
+            parse_err("[[tenant]]\nname = \"a\"\ndefault = true\npersist = \"all\"\n")
+                .contains("needs data_dir")
+        );
+        assert!(
+            parse_err("[[tenant]]\nname = \"a\"\ndefault = true\nmemory_mib = 5000\n")
+                .contains("memory_mib")
+        );
+        assert!(
+            parse_err(
+                "[[tenant]]\nname = \"a\"\nusernames = [\"u\"]\n[[tenant]]\nname = \"b\"\nusernames = [\"u\"]\n"
+            )
+            .contains("another tenant's")
+        );
+    }
+
+    #[test]
+    fn client_id_prefixes_match() {
+        let m = Matcher {
+            client_id_prefixes: vec!["fa-".into()],
+            ..Matcher::default()
+        };
+        assert!(m.matches(None, "fa-1"));
+        assert!(!m.matches(None, "fb-1"));
+    }
+}

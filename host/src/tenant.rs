@@ -1,0 +1,394 @@
+//! Tenants: independent state stores in one process, each in its own guest
+//! instance with its own journal and limits.
+//!
+//! ```text
+//!   Fleet: one wasmtime Engine (pooling allocator, epoch interruption) and
+//!          each distinct component compiled once
+//!     └── Tenant "a": WasmStore (memory cap, CPU deadline per call, quota)
+//!     │               + Journal (its own data directory)
+//!     └── Tenant "b": ...
+//!
+//!   a guest call fails (trap, CPU deadline, memory cap, panic)
+//!     -> the instance is dropped and the tenant restarts from its journal
+//!     -> the failed batch is retried one request at a time on the fresh
+//!        instance, so only the request that faults gets a 500 reply
+//!     -> no other tenant is touched: they have their own instances and tasks
+//! ```
+//!
+//! A tenant without a data directory is volatile: after a fault it restarts
+//! empty (there is no journal to restart from), and says so in the log.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow};
+use statestore_guest::types::Quota;
+use statestore_guest::{HostReply, StateMachine};
+use tracing::{error, info};
+use wasmtime::Engine;
+
+use crate::journal::Journal;
+use crate::store::StoreOptions;
+use crate::wasm::{EngineOptions, PoolOptions};
+use crate::{Backend, Config, InboundMessage, Output, Runtime, StoreLimits, WasmStore};
+
+/// The largest linear memory a wasm32 instance can have.
+pub const WASM32_MAX_MEMORY: usize = 4 << 30;
+
+/// Which component a tenant runs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ComponentSource {
+    /// The component built into this binary.
+    BuiltIn,
+    /// A component file, read again on every reload.
+    File(PathBuf),
+}
+
+impl ComponentSource {
+    /// The component's bytes.
+    pub fn read(&self) -> Result<Vec<u8>> {
+        match self {
+            ComponentSource::BuiltIn => Ok(crate::GUEST_COMPONENT.to_vec()),
+            ComponentSource::File(path) => std::fs::read(path)
+                .with_context(|| format!("cannot read the component {}", path.display())),
+        }
+    }
+}
+
+impl std::fmt::Display for ComponentSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ComponentSource::BuiltIn => f.write_str("the built-in component"),
+            ComponentSource::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// One wasmtime engine for every tenant, and each distinct component
+/// compiled once for it.
+pub struct Fleet {
+    engine: Engine,
+    cache_dir: Option<PathBuf>,
+    compiled: HashMap<u64, Runtime>,
+    max_memory: usize,
+}
+
+impl Fleet {
+    /// An engine with a pooling allocator for `tenants` tenants (two
+    /// instance slots each: a restart or an upgrade holds the old and the
+    /// new one for a moment) of at most `max_memory` bytes each, and epoch
+    /// interruption for the CPU deadlines.
+    pub fn new(tenants: usize, max_memory: usize, cache_dir: Option<PathBuf>) -> Result<Fleet> {
+        let instances = u32::try_from(tenants.saturating_mul(2).saturating_add(4))
+            .context("too many tenants")?;
+        let max_memory = max_memory.min(WASM32_MAX_MEMORY);
+        let engine = crate::wasm::engine(&EngineOptions {
+            pool: Some(PoolOptions {
+                instances,
+                max_memory,
+            }),
+            epoch_interruption: true,
+        })
+        .context("cannot set up the wasm engine")?;
+        Ok(Fleet {
+            engine,
+            cache_dir,
+            compiled: HashMap::new(),
+            max_memory,
+        })
+    }
+
+    /// The largest memory cap a tenant may have in this fleet.
+    pub fn max_memory(&self) -> usize {
+        self.max_memory
+    }
+
+    /// `source` compiled for this fleet (once per distinct content), making
+    /// instances with `limits`.
+    pub fn runtime(&mut self, source: &ComponentSource, limits: StoreLimits) -> Result<Runtime> {
+        let wasm = source.read()?;
+        self.runtime_from_bytes(&wasm, limits)
+            .with_context(|| format!("cannot load {source}"))
+    }
+
+    /// Like [`Fleet::runtime`] from the component's bytes.
+    pub fn runtime_from_bytes(&mut self, wasm: &[u8], limits: StoreLimits) -> Result<Runtime> {
+        if limits.memory_bytes.is_some_and(|m| m > self.max_memory) {
+            anyhow::bail!(
+                "a memory cap of {} MiB is more than this server was started with ({} MiB); restart it to raise it",
+                limits.memory_bytes.unwrap_or(0) >> 20,
+                self.max_memory >> 20
+            );
+        }
+        let mut h = DefaultHasher::new();
+        wasm.hash(&mut h);
+        let key = h.finish();
+        let runtime = match self.compiled.get(&key) {
+            Some(r) => r.clone(),
+            None => {
+                let r = Runtime::load(&self.engine, wasm, self.cache_dir.as_deref())?;
+                self.compiled.insert(key, r.clone());
+                r
+            }
+        };
+        Ok(runtime.with_limits(limits))
+    }
+}
+
+/// The content hash of a component, to tell builds apart in logs and reloads.
+pub fn component_hash(wasm: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    wasm.hash(&mut h);
+    h.finish()
+}
+
+/// One tenant's store: its guest instance and journal, restarted from the
+/// journal when the guest fails.
+pub struct Tenant {
+    name: String,
+    runtime: Runtime,
+    config: Config,
+    store: WasmStore,
+    journal: Option<Journal>,
+    faults: u64,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.name)
+            .field("faults", &self.faults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tenant {
+    /// Instantiates the tenant's store with `runtime` (which carries its
+    /// limits), recovering it from its data directory if it has one.
+    pub fn open(name: &str, runtime: Runtime, opts: &StoreOptions) -> Result<Tenant> {
+        let config = crate::store::guest_config(opts);
+        let (store, journal) = crate::store::open_with(&runtime, opts, &config)
+            .with_context(|| format!("tenant {name:?}"))?;
+        Ok(Tenant {
+            name: name.to_string(),
+            runtime,
+            config,
+            store,
+            journal,
+            faults: 0,
+        })
+    }
+
+    /// The tenant's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How often its guest failed and was restarted.
+    pub fn faults(&self) -> u64 {
+        self.faults
+    }
+
+    /// The guest instance (for tests and tools).
+    pub fn store_mut(&mut self) -> &mut WasmStore {
+        &mut self.store
+    }
+
+    /// Handles requests received together and returns the outputs to
+    /// publish, in order; the journal records among them are already
+    /// durable (per the fsync policy). If the guest fails, it is restarted
+    /// and the requests are handled again one at a time: the one that fails
+    /// again gets a 500 reply, the others their normal replies.
+    pub fn handle(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
+        match self.store.handle_batch(messages, now) {
+            Ok(outputs) => self.commit(outputs),
+            Err(e) => {
+                self.restart(&e)?;
+                if let [one] = messages {
+                    return Ok(self.failure_replies(std::slice::from_ref(one), now, &e));
+                }
+                let mut all = Vec::new();
+                for m in messages {
+                    let one = std::slice::from_ref(m);
+                    match self.store.handle_batch(one, now) {
+                        Ok(outputs) => all.extend(self.commit(outputs)?),
+                        Err(e) => {
+                            self.restart(&e)?;
+                            all.extend(self.failure_replies(one, now, &e));
+                        }
+                    }
+                }
+                Ok(all)
+            }
+        }
+    }
+
+    /// A client went away: its KEYNOTIFY registrations are dropped.
+    pub fn client_gone(&mut self, client_id: &str, now: u64) -> Result<Vec<Output>> {
+        let outputs = self
+            .store
+            .client_disconnected(client_id, now)
+            .and_then(|()| self.store.poll_outputs());
+        match outputs {
+            Ok(outputs) => self.commit(outputs),
+            Err(e) => {
+                self.restart(&e)?;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// The deadline passed: expire keys, evict dedup entries.
+    pub fn timeout(&mut self, now: u64) -> Result<Vec<Output>> {
+        let outputs = self
+            .store
+            .timeout(now)
+            .and_then(|()| self.store.poll_outputs());
+        match outputs {
+            Ok(outputs) => self.commit(outputs),
+            Err(e) => {
+                self.restart(&e)?;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// When [`Tenant::timeout`] is next due.
+    pub fn next_deadline(&mut self) -> Result<Option<u64>> {
+        match self.store.next_deadline() {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                self.restart(&e)?;
+                self.store.next_deadline()
+            }
+        }
+    }
+
+    /// Moves the tenant to `runtime` (a newer build of the component, or
+    /// new limits) with `quota`: a snapshot of the whole state from the old
+    /// instance is restored into a new one, and only then does the new one
+    /// take over. On any failure the old instance keeps serving.
+    pub fn upgrade(&mut self, runtime: Runtime, quota: Quota) -> Result<()> {
+        let started = std::time::Instant::now();
+        let snapshot = self
+            .store
+            .snapshot()
+            .context("cannot take a snapshot from the running instance")?;
+        let config = Config {
+            quota,
+            ..self.config.clone()
+        };
+        let store = runtime
+            .restore(&config, &snapshot)
+            .context("the new component cannot restore the running state")?;
+        if let Some(journal) = &mut self.journal {
+            journal.set_runtime(runtime.clone(), config.clone());
+        }
+        self.store = store;
+        self.runtime = runtime;
+        self.config = config;
+        info!(tenant = %self.name, snapshot_bytes = snapshot.len(), elapsed_ms = started.elapsed().as_millis() as u64, "switched to the new component");
+        Ok(())
+    }
+
+    /// Makes the journal records among `outputs` durable and returns the
+    /// rest (see [`crate::driver::commit`]).
+    fn commit(&mut self, outputs: Vec<Output>) -> Result<Vec<Output>> {
+        crate::driver::commit(&mut self.store, self.journal.as_mut(), outputs)
+    }
+
+    /// Replaces a failed instance: from the journal, or empty if volatile.
+    fn restart(&mut self, cause: &anyhow::Error) -> Result<()> {
+        self.faults += 1;
+        let cause = describe(cause);
+        match &self.journal {
+            Some(journal) => {
+                error!(tenant = %self.name, faults = self.faults, %cause, "the tenant's guest failed; restarting it from its journal");
+                self.store = journal.reload().with_context(|| {
+                    format!("tenant {:?}: cannot restart from its journal", self.name)
+                })?;
+            }
+            None => {
+                error!(tenant = %self.name, faults = self.faults, %cause, "the tenant's guest failed; restarting it EMPTY (volatile: no data directory)");
+                self.store = self.runtime.instantiate(&self.config).with_context(|| {
+                    format!("tenant {:?}: cannot start a new instance", self.name)
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// 500 replies for requests the guest failed on.
+    fn failure_replies(
+        &self,
+        messages: &[InboundMessage],
+        now: u64,
+        cause: &anyhow::Error,
+    ) -> Vec<Output> {
+        let text = format!(
+            "the state store failed while handling this request ({})",
+            describe(cause)
+        );
+        messages
+            .iter()
+            .filter_map(|m| {
+                StateMachine::host_reply(
+                    &self.config,
+                    m,
+                    now,
+                    HostReply::InternalError(text.clone()),
+                )
+            })
+            .map(Output::Publish)
+            .collect()
+    }
+}
+
+/// A short account of a guest failure: the trap's reason rather than the
+/// whole backtrace.
+pub fn describe(e: &anyhow::Error) -> String {
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        return match trap {
+            wasmtime::Trap::Interrupt => "it ran past its CPU deadline".to_string(),
+            wasmtime::Trap::UnreachableCodeReached => {
+                "it trapped: a panic, or an allocation beyond its memory cap".to_string()
+            }
+            other => format!("it trapped: {other}"),
+        };
+    }
+    let text = format!("{e:#}");
+    text.lines().next().unwrap_or("unknown failure").to_string()
+}
+
+/// Whether `dir` is where a tenant keeps its journal (for config checks).
+pub fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// An error for a tenant that is gone.
+pub fn gone(name: &str) -> anyhow::Error {
+    anyhow!("tenant {name:?} is not running")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_traps_briefly() {
+        let e = anyhow::Error::from(wasmtime::Trap::Interrupt);
+        assert_eq!(describe(&e), "it ran past its CPU deadline");
+        let e = anyhow!("first line\nsecond");
+        assert_eq!(describe(&e), "first line");
+    }
+
+    #[test]
+    fn component_hash_tells_builds_apart() {
+        assert_ne!(component_hash(b"a"), component_hash(b"b"));
+        assert_eq!(component_hash(b"a"), component_hash(b"a"));
+    }
+}
