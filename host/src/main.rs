@@ -36,7 +36,7 @@ enum Command {
     /// Operations does: point the SDK clients at it. With --broker, serves
     /// through an existing broker instead, as one MQTT client. Logs go to
     /// stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Load a state store with N concurrent MQTT5 clients and print ops/s and
     /// p50 / p99 / p99.9 latency. Bounded by --duration and --max-requests.
     Bench(BenchArgs),
@@ -215,7 +215,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
     };

@@ -20,9 +20,9 @@
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use statestore_guest::types::Quota;
 use statestore_guest::{HostReply, StateMachine};
 use tracing::{error, info};
@@ -204,9 +204,9 @@ impl Tenant {
         match self.store.handle_batch(messages, now) {
             Ok(outputs) => self.commit(outputs),
             Err(e) => {
-                self.restart(&e)?;
+                let why = self.restart(&e)?;
                 if let [one] = messages {
-                    return Ok(self.failure_replies(std::slice::from_ref(one), now, &e));
+                    return Ok(self.failure_replies(std::slice::from_ref(one), now, &why));
                 }
                 let mut all = Vec::new();
                 for m in messages {
@@ -214,8 +214,8 @@ impl Tenant {
                     match self.store.handle_batch(one, now) {
                         Ok(outputs) => all.extend(self.commit(outputs)?),
                         Err(e) => {
-                            self.restart(&e)?;
-                            all.extend(self.failure_replies(one, now, &e));
+                            let why = self.restart(&e)?;
+                            all.extend(self.failure_replies(one, now, &why));
                         }
                     }
                 }
@@ -299,9 +299,13 @@ impl Tenant {
     }
 
     /// Replaces a failed instance: from the journal, or empty if volatile.
-    fn restart(&mut self, cause: &anyhow::Error) -> Result<()> {
+    /// Returns what went wrong, in a few words.
+    fn restart(&mut self, cause: &anyhow::Error) -> Result<String> {
         self.faults += 1;
-        let cause = describe(cause);
+        let cause = match self.store.memory_refused() {
+            Some(cap) => format!("it reached its memory cap of {} MiB", cap >> 20),
+            None => describe(cause),
+        };
         match &self.journal {
             Some(journal) => {
                 error!(tenant = %self.name, faults = self.faults, %cause, "the tenant's guest failed; restarting it from its journal");
@@ -316,20 +320,12 @@ impl Tenant {
                 })?;
             }
         }
-        Ok(())
+        Ok(cause)
     }
 
     /// 500 replies for requests the guest failed on.
-    fn failure_replies(
-        &self,
-        messages: &[InboundMessage],
-        now: u64,
-        cause: &anyhow::Error,
-    ) -> Vec<Output> {
-        let text = format!(
-            "the state store failed while handling this request ({})",
-            describe(cause)
-        );
+    fn failure_replies(&self, messages: &[InboundMessage], now: u64, why: &str) -> Vec<Output> {
+        let text = format!("the state store failed while handling this request: {why}");
         messages
             .iter()
             .filter_map(|m| {
@@ -348,30 +344,19 @@ impl Tenant {
 /// A short account of a guest failure: the trap's reason rather than the
 /// whole backtrace.
 pub fn describe(e: &anyhow::Error) -> String {
-    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+    if let Some(trap) = e.chain().find_map(|c| c.downcast_ref::<wasmtime::Trap>()) {
         return match trap {
             wasmtime::Trap::Interrupt => "it ran past its CPU deadline".to_string(),
-            wasmtime::Trap::UnreachableCodeReached => {
-                "it trapped: a panic, or an allocation beyond its memory cap".to_string()
-            }
-            other => format!("it trapped: {other}"),
+            wasmtime::Trap::UnreachableCodeReached => "it trapped (a panic)".to_string(),
+            other => format!("it trapped ({other})"),
         };
     }
-    let text = format!("{e:#}");
-    text.lines().next().unwrap_or("unknown failure").to_string()
-}
-
-/// Whether `dir` is where a tenant keeps its journal (for config checks).
-pub fn same_dir(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
+    let root = e.root_cause().to_string();
+    if root.starts_with("unknown import") {
+        // Its std writing a panic message: the host gives it no stderr.
+        return "it trapped (a panic: it tried to write to stderr)".to_string();
     }
-}
-
-/// An error for a tenant that is gone.
-pub fn gone(name: &str) -> anyhow::Error {
-    anyhow!("tenant {name:?} is not running")
+    root.lines().next().unwrap_or("unknown failure").to_string()
 }
 
 #[cfg(test)]
@@ -382,7 +367,10 @@ mod tests {
     fn describes_traps_briefly() {
         let e = anyhow::Error::from(wasmtime::Trap::Interrupt);
         assert_eq!(describe(&e), "it ran past its CPU deadline");
-        let e = anyhow!("first line\nsecond");
+        let e =
+            anyhow::Error::from(wasmtime::Trap::UnreachableCodeReached).context("while executing");
+        assert_eq!(describe(&e), "it trapped (a panic)");
+        let e = anyhow::anyhow!("first line\nsecond").context("outer");
         assert_eq!(describe(&e), "first line");
     }
 

@@ -234,6 +234,7 @@ impl Runtime {
             Limits {
                 memory_bytes: 0,
                 max_memory: self.limits.memory_bytes,
+                refused: false,
             },
         );
         store.limiter(|limits| limits);
@@ -255,6 +256,8 @@ pub struct Limits {
     memory_bytes: usize,
     /// The cap on `memory_bytes`, if any.
     max_memory: Option<usize>,
+    /// Whether a growth past the cap was refused.
+    refused: bool,
 }
 
 impl wasmtime::ResourceLimiter for Limits {
@@ -268,6 +271,7 @@ impl wasmtime::ResourceLimiter for Limits {
         if self.max_memory.is_some_and(|max| total > max) {
             // memory.grow answers -1: the guest's allocator fails, and the
             // guest aborts (a trap) unless it copes.
+            self.refused = true;
             return Ok(false);
         }
         self.memory_bytes = total;
@@ -324,6 +328,13 @@ impl WasmStore {
     /// high-water mark of the guest's heap, rounded up to 64 KiB pages).
     pub fn memory_bytes(&self) -> usize {
         self.store.data().memory_bytes
+    }
+
+    /// The memory cap, if the instance ever asked for more than it: what
+    /// made it fail, when it failed.
+    pub fn memory_refused(&self) -> Option<usize> {
+        let limits = self.store.data();
+        limits.max_memory.filter(|_| limits.refused)
     }
 
     /// Arms the deadline of the next call: a request's, or a bulk one's.

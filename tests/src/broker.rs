@@ -344,7 +344,23 @@ pub struct RawClient {
 impl RawClient {
     /// Connects with a clean session and waits for the CONNACK.
     pub async fn connect(port: u16, id: &str) -> RawClient {
+        match RawClient::try_connect(port, id, None).await {
+            Ok(c) => c,
+            Err(e) => panic!("the test client connects: {e}"),
+        }
+    }
+
+    /// Connects with these credentials, if any; a refused or failed
+    /// connection is an error.
+    pub async fn try_connect(
+        port: u16,
+        id: &str,
+        credentials: Option<(&str, &str)>,
+    ) -> Result<RawClient, String> {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = credentials {
+            o.set_credentials(user, password);
+        }
         o.set_keep_alive(Duration::from_secs(30))
             .set_clean_start(true)
             .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
@@ -354,7 +370,7 @@ impl RawClient {
         let (client, mut eventloop) = AsyncClient::new(o, 64);
         let (tx, rx) = mpsc::unbounded_channel();
         let (stx, subacks) = mpsc::unbounded_channel();
-        let (ctx, connected) = oneshot::channel();
+        let (ctx, connected) = oneshot::channel::<Result<(), String>>();
         let mut ctx = Some(ctx);
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let lost_flag = lost.clone();
@@ -363,7 +379,7 @@ impl RawClient {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
                         if let Some(c) = ctx.take() {
-                            let _ = c.send(());
+                            let _ = c.send(Ok(()));
                         }
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
@@ -374,18 +390,24 @@ impl RawClient {
                     }
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
                     Ok(_) => {}
-                    Err(_) => {
+                    Err(e) => {
+                        if let Some(c) = ctx.take() {
+                            let _ = c.send(Err(e.to_string()));
+                            return;
+                        }
                         lost_flag.store(true, std::sync::atomic::Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(50)).await
                     }
                 }
             }
         });
-        tokio::time::timeout(Duration::from_secs(10), connected)
-            .await
-            .expect("the test client connects")
-            .expect("connack");
-        RawClient {
+        match tokio::time::timeout(Duration::from_secs(10), connected).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => return Err(e),
+            Ok(Err(_)) => return Err("the connection task ended".into()),
+            Err(_) => return Err("no CONNACK within 10 s".into()),
+        }
+        Ok(RawClient {
             id: id.into(),
             client,
             rx,
@@ -397,7 +419,7 @@ impl RawClient {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos()),
             lost,
-        }
+        })
     }
 
     /// Subscribes (QoS 1) and waits for the SUBACK.

@@ -1,0 +1,567 @@
+//! Tenants (issue: a sandboxed multi-tenant store in one process): isolation
+//! of faults, limits and quotas, routing of clients, and hot upgrades under
+//! load, with the embedded broker and real MQTT5 clients.
+//!
+//! The faulty tenants run the guest built with its `fault-injection` feature
+//! (`guest/src/fault.rs`, built by this crate's build script): `SET
+//! __fault/loop` spins forever, `SET __fault/grow` allocates without bound,
+//! `SET __fault/trap` panics, and `GET __fault/build` tells that build apart.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use statestore::config::Matcher;
+use statestore::driver::Control;
+use statestore::embedded::{EmbeddedServer, Route, TenantHandle};
+use statestore::journal::{Fsync, SnapshotPolicy};
+use statestore::store::StoreOptions;
+use statestore::tenant::{Fleet, Tenant};
+use statestore::{InboundMessage, Output, Persist, PublishKind, StoreLimits};
+use statestore_guest::rpc::REQUEST_TOPIC;
+use statestore_guest::types::Quota;
+use statestore_tests::broker::{RawClient, prop, text};
+use statestore_tests::{resp, response_topic};
+use tokio::sync::oneshot;
+
+/// The guest with deliberate faults.
+fn faulty_wasm() -> Vec<u8> {
+    std::fs::read(env!("STATESTORE_FAULTY_WASM")).expect("the faulty component was built")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "statestore-tenants-{name}-{}-{}",
+        std::process::id(),
+        statestore::serve::now_ms()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn durable(dir: PathBuf) -> StoreOptions {
+    StoreOptions {
+        persist: Persist::All,
+        data_dir: Some(dir),
+        fsync: Fsync::Always,
+        snapshots: SnapshotPolicy::default(),
+        ..StoreOptions::volatile("StateStore", "statestore-under-test")
+    }
+}
+
+fn prefix(p: &str) -> Route {
+    Route {
+        matcher: Matcher {
+            client_id_prefixes: vec![p.into()],
+            ..Matcher::default()
+        },
+        default: false,
+    }
+}
+
+/// What a tenant runs and how it is limited.
+struct Def {
+    name: &'static str,
+    route: Route,
+    wasm: Vec<u8>,
+    limits: StoreLimits,
+    store: StoreOptions,
+}
+
+/// The embedded broker serving `defs`, on a free port.
+struct Server {
+    port: u16,
+    tenants: Vec<TenantHandle>,
+    fleet: Fleet,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    async fn start(defs: Vec<Def>) -> Server {
+        let mut fleet = Fleet::new(defs.len(), 64 << 20, None).expect("engine");
+        let mut tenants = Vec::new();
+        for d in defs {
+            let runtime = fleet
+                .runtime_from_bytes(&d.wasm, d.limits)
+                .expect("the component loads");
+            let tenant = Tenant::open(d.name, runtime, &d.store).expect("the tenant opens");
+            tenants.push((tenant, d.route));
+        }
+        let server = EmbeddedServer::start_tenants(
+            "127.0.0.1:0".parse().expect("address"),
+            "statestore-under-test",
+            tenants,
+        )
+        .await
+        .expect("the broker starts");
+        let port = server.local_addr().port();
+        let handles = server.tenants().to_vec();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Server {
+            port,
+            tenants: handles,
+            fleet,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task)
+            .await
+            .expect("stops within 10 s")
+            .expect("join")
+            .expect("ran without error");
+    }
+}
+
+async fn client(port: u16, id: &str) -> RawClient {
+    let mut c = RawClient::connect(port, id).await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    c
+}
+
+/// SETs and GETs of its own keys until `stop` (at least `min` and at most
+/// `max` rounds); every reply must be right. Returns the rounds done.
+async fn healthy_load(
+    port: u16,
+    id: String,
+    min: usize,
+    max: usize,
+    stop: Arc<AtomicBool>,
+) -> usize {
+    let mut c = client(port, &id).await;
+    let mut n = 0;
+    while n < max && (n < min || !stop.load(Ordering::SeqCst)) {
+        let key = format!("{id}/k{}", n % 50);
+        let value = format!("v{n}");
+        let r = c.call(&[b"SET", key.as_bytes(), value.as_bytes()]).await;
+        assert_eq!(prop(&r, "__stat"), Some("200"), "{id}: SET #{n}: {r:?}");
+        assert_eq!(text(&r), "+OK\r\n", "{id}: SET #{n}");
+        let r = c.call(&[b"GET", key.as_bytes()]).await;
+        assert_eq!(
+            text(&r),
+            format!("${}\r\n{value}\r\n", value.len()),
+            "{id}: GET #{n}"
+        );
+        n += 1;
+    }
+    c.disconnect().await;
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faulty_tenants_restart_alone_while_a_healthy_tenant_is_under_load() {
+    let dir = temp_dir("isolation");
+    let faulty = faulty_wasm();
+    let def = |name: &'static str, wasm: Vec<u8>, limits: StoreLimits| Def {
+        name,
+        route: prefix(&format!("{name}-")),
+        wasm,
+        limits,
+        store: durable(dir.join(name)),
+    };
+    let server = Server::start(vec![
+        def(
+            "good",
+            statestore::GUEST_COMPONENT.to_vec(),
+            StoreLimits {
+                memory_bytes: Some(64 << 20),
+                call_ms: Some(1000),
+            },
+        ),
+        def(
+            "looper",
+            faulty.clone(),
+            StoreLimits {
+                memory_bytes: Some(64 << 20),
+                call_ms: Some(200),
+            },
+        ),
+        def(
+            "hog",
+            faulty.clone(),
+            StoreLimits {
+                memory_bytes: Some(32 << 20),
+                call_ms: Some(5000),
+            },
+        ),
+        def(
+            "crasher",
+            faulty,
+            StoreLimits {
+                memory_bytes: Some(64 << 20),
+                call_ms: Some(1000),
+            },
+        ),
+    ])
+    .await;
+    let port = server.port;
+    let done = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(healthy_load(
+                port,
+                format!("good-{i}"),
+                20,
+                2000,
+                done.clone(),
+            ))
+        })
+        .collect();
+
+    for (tenant, fault, why) in [
+        ("looper", "loop", "CPU deadline"),
+        ("hog", "grow", "memory cap of 32 MiB"),
+        ("crasher", "trap", "a panic"),
+    ] {
+        let mut c = client(port, &format!("{tenant}-1")).await;
+        for round in 0..2 {
+            let before = format!("before{round}");
+            assert_eq!(
+                text(&c.call(&[b"SET", before.as_bytes(), b"1"]).await),
+                "+OK\r\n"
+            );
+            let key = format!("__fault/{fault}");
+            let started = Instant::now();
+            let r = c.call(&[b"SET", key.as_bytes(), b"x"]).await;
+            assert_eq!(prop(&r, "__stat"), Some("500"), "{tenant}: {r:?}");
+            let msg = prop(&r, "__stMsg").unwrap_or_default();
+            assert!(msg.contains(why), "{tenant}: {msg}");
+            assert!(r.payload.is_empty());
+            assert!(
+                started.elapsed() < Duration::from_secs(8),
+                "{tenant}: the fault was stopped"
+            );
+            // Restarted from its journal: what it acknowledged is there.
+            for k in 0..=round {
+                let r = c.call(&[b"GET", format!("before{k}").as_bytes()]).await;
+                assert_eq!(text(&r), "$1\r\n1\r\n", "{tenant} after fault {round}");
+            }
+            let r = c.call(&[b"GET", key.as_bytes()]).await;
+            assert_eq!(text(&r), "$-1\r\n", "nothing of the failed request stayed");
+        }
+        c.disconnect().await;
+    }
+    done.store(true, Ordering::SeqCst);
+    for l in load {
+        let rounds = l.await.expect("the healthy clients saw only right answers");
+        assert!(rounds >= 20);
+    }
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A request to the state store from `client`.
+fn request(client: &str, corr: u32, parts: &[&[u8]]) -> InboundMessage {
+    InboundMessage {
+        topic: REQUEST_TOPIC.into(),
+        payload: resp(parts),
+        qos: 1,
+        response_topic: Some(response_topic(client)),
+        correlation_data: Some(corr.to_be_bytes().to_vec()),
+        message_expiry_interval: Some(10),
+        content_type: Some("application/octet-stream".into()),
+        payload_format_indicator: Some(0),
+        user_properties: vec![
+            (
+                "__ts".into(),
+                format!("{:015}:00000:{client}", statestore::serve::now_ms()),
+            ),
+            ("__protVer".into(), "1.0".into()),
+            ("__srcId".into(), client.into()),
+        ],
+        client_id: Some(client.into()),
+        received_at: None,
+    }
+}
+
+fn replies(outputs: &[Output]) -> Vec<(Vec<u8>, String, Vec<u8>)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Publish(m) if m.kind == PublishKind::Response => Some((
+                m.correlation_data.clone().unwrap_or_default(),
+                m.user_property("__stat").unwrap_or("").to_string(),
+                m.payload.clone(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_with_a_faulty_request_fails_only_that_request() {
+    let dir = temp_dir("batch");
+    let mut fleet = Fleet::new(1, 64 << 20, None).expect("engine");
+    let runtime = fleet
+        .runtime_from_bytes(&faulty_wasm(), StoreLimits::default())
+        .expect("loads");
+    let mut tenant = Tenant::open("t", runtime, &durable(dir.clone())).expect("opens");
+    let now = statestore::serve::now_ms();
+    let batch = [
+        request("c", 1, &[b"SET", b"a", b"1"]),
+        request("c", 2, &[b"SET", b"__fault/trap", b"x"]),
+        request("c", 3, &[b"SET", b"b", b"2"]),
+    ];
+    let out = tenant.handle(&batch, now).expect("handled");
+    let r = replies(&out);
+    assert_eq!(r.len(), 3, "{r:?}");
+    assert_eq!(
+        r[0],
+        (
+            1u32.to_be_bytes().to_vec(),
+            "200".into(),
+            b"+OK\r\n".to_vec()
+        )
+    );
+    assert_eq!(
+        r[1],
+        (2u32.to_be_bytes().to_vec(), "500".into(), Vec::new())
+    );
+    assert_eq!(
+        r[2],
+        (
+            3u32.to_be_bytes().to_vec(),
+            "200".into(),
+            b"+OK\r\n".to_vec()
+        )
+    );
+    assert_eq!(tenant.faults(), 2, "the batch, then the request alone");
+    let out = tenant
+        .handle(
+            &[
+                request("c", 4, &[b"GET", b"a"]),
+                request("c", 5, &[b"GET", b"b"]),
+            ],
+            now,
+        )
+        .expect("handled");
+    let r = replies(&out);
+    assert_eq!(r[0].2, b"$1\r\n1\r\n");
+    assert_eq!(r[1].2, b"$1\r\n2\r\n");
+    drop(tenant);
+    // The journal has both writes, and nothing of the fault.
+    let runtime = fleet
+        .runtime_from_bytes(statestore::GUEST_COMPONENT, StoreLimits::default())
+        .expect("loads");
+    let mut again = Tenant::open("t", runtime, &durable(dir.clone())).expect("reopens");
+    let out = again
+        .handle(&[request("c", 6, &[b"GET", b"b"])], now)
+        .expect("handled");
+    assert_eq!(replies(&out)[0].2, b"$1\r\n2\r\n");
+    drop(again);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_memory_cap_below_the_guest_minimum_is_a_clear_error() {
+    let mut fleet = Fleet::new(1, 64 << 20, None).expect("engine");
+    let runtime = fleet
+        .runtime_from_bytes(
+            statestore::GUEST_COMPONENT,
+            StoreLimits {
+                memory_bytes: Some(64 << 10),
+                call_ms: None,
+            },
+        )
+        .expect("loads");
+    let e = Tenant::open(
+        "tiny",
+        runtime,
+        &StoreOptions::volatile("StateStore", "statestore"),
+    )
+    .expect_err("64 KiB is too little");
+    assert!(format!("{e:#}").contains("tiny"), "{e:#}");
+    // A cap above the fleet's is refused up front.
+    let e = fleet
+        .runtime_from_bytes(
+            statestore::GUEST_COMPONENT,
+            StoreLimits {
+                memory_bytes: Some(128 << 20),
+                call_ms: None,
+            },
+        )
+        .err()
+        .expect("refused");
+    assert!(format!("{e:#}").contains("restart"), "{e:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_separate_quotas_hold_and_strangers_are_refused() {
+    let limits = StoreLimits {
+        memory_bytes: Some(64 << 20),
+        call_ms: Some(1000),
+    };
+    let server = Server::start(vec![
+        Def {
+            name: "a",
+            route: prefix("a-"),
+            wasm: statestore::GUEST_COMPONENT.to_vec(),
+            limits,
+            store: StoreOptions {
+                quota: Quota {
+                    max_keys: Some(2),
+                    ..Quota::default()
+                },
+                ..StoreOptions::volatile("StateStore", "statestore-under-test")
+            },
+        },
+        Def {
+            name: "b",
+            route: Route {
+                matcher: Matcher {
+                    usernames: vec!["bob".into()],
+                    password: Some("secret".into()),
+                    ..Matcher::default()
+                },
+                default: false,
+            },
+            wasm: statestore::GUEST_COMPONENT.to_vec(),
+            limits,
+            store: StoreOptions::volatile("StateStore", "statestore-under-test"),
+        },
+    ])
+    .await;
+    let port = server.port;
+    let mut a = client(port, "a-1").await;
+    assert_eq!(text(&a.call(&[b"SET", b"k", b"A"]).await), "+OK\r\n");
+    let mut b = RawClient::try_connect(port, "bobs-device", Some(("bob", "secret")))
+        .await
+        .expect("bob connects with his password");
+    let rt = b.response_topic();
+    b.subscribe(&rt).await;
+    assert_eq!(
+        text(&b.call(&[b"GET", b"k"]).await),
+        "$-1\r\n",
+        "b cannot see a's key"
+    );
+    assert_eq!(text(&b.call(&[b"SET", b"k", b"B"]).await), "+OK\r\n");
+    assert_eq!(text(&a.call(&[b"GET", b"k"]).await), "$1\r\nA\r\n");
+    // a's quota: two keys.
+    assert_eq!(text(&a.call(&[b"SET", b"k2", b"2"]).await), "+OK\r\n");
+    assert_eq!(
+        text(&a.call(&[b"SET", b"k3", b"3"]).await),
+        "-ERR the quota has been exceeded\r\n"
+    );
+    assert_eq!(text(&a.call(&[b"SET", b"k", b"updated"]).await), "+OK\r\n");
+    // b has no quota.
+    for i in 0..5 {
+        let k = format!("b{i}");
+        assert_eq!(
+            text(&b.call(&[b"SET", k.as_bytes(), b"v"]).await),
+            "+OK\r\n"
+        );
+    }
+    // Nobody's client: there is no default tenant.
+    let mut x = client(port, "x-1").await;
+    let r = x.call(&[b"GET", b"k"]).await;
+    assert_eq!(text(&r), "-ERR not authorized\r\n");
+    assert_eq!(prop(&r, "__stat"), Some("200"));
+    // bob's user name without his password.
+    let refused = RawClient::try_connect(port, "mallory", Some(("bob", "guess"))).await;
+    assert!(refused.is_err(), "a wrong password is refused");
+    x.disconnect().await;
+    a.disconnect().await;
+    b.disconnect().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_under_load_loses_no_write_and_drops_no_request() {
+    let dir = temp_dir("upgrade");
+    let limits = StoreLimits {
+        memory_bytes: Some(64 << 20),
+        call_ms: Some(1000),
+    };
+    let mut server = Server::start(vec![Def {
+        name: "up",
+        route: Route {
+            matcher: Matcher::default(),
+            default: true,
+        },
+        wasm: statestore::GUEST_COMPONENT.to_vec(),
+        limits,
+        store: durable(dir.clone()),
+    }])
+    .await;
+    let port = server.port;
+    let mut probe = client(port, "probe").await;
+    assert_eq!(
+        text(&probe.call(&[b"GET", b"__fault/build"]).await),
+        "$-1\r\n"
+    );
+    // Writers: each SETs its own keys and keeps what was acknowledged.
+    let writers: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("writer-{i}");
+                let mut c = client(port, &id).await;
+                let mut acked = Vec::new();
+                for n in 0..150 {
+                    let key = format!("{id}/{n}");
+                    let value = format!("value-{n}");
+                    let props = c.request_properties();
+                    let r = c
+                        .call_within(
+                            resp(&[b"SET", key.as_bytes(), value.as_bytes()]),
+                            props,
+                            Duration::from_secs(10),
+                        )
+                        .await
+                        .unwrap_or_else(|| panic!("{id}: request {n} got no reply"));
+                    assert_eq!(text(&r), "+OK\r\n", "{id}: {n}");
+                    acked.push((key, value));
+                }
+                c.disconnect().await;
+                acked
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let runtime = server
+        .fleet
+        .runtime_from_bytes(&faulty_wasm(), limits)
+        .expect("the new build loads");
+    let (done, outcome) = oneshot::channel();
+    server.tenants[0]
+        .control
+        .send(Control::Upgrade {
+            runtime,
+            quota: Quota::default(),
+            done,
+        })
+        .expect("the tenant runs");
+    outcome
+        .await
+        .expect("answered")
+        .expect("the upgrade succeeds");
+    // The new build serves.
+    let r = probe.call(&[b"GET", b"__fault/build"]).await;
+    assert_eq!(text(&r), "$15\r\nfault-injection\r\n");
+    let mut all = Vec::new();
+    for w in writers {
+        all.extend(w.await.expect("every writer got every reply"));
+    }
+    assert_eq!(all.len(), 450);
+    for (key, value) in &all {
+        let r = probe.call(&[b"GET", key.as_bytes()]).await;
+        assert_eq!(
+            text(&r),
+            format!("${}\r\n{value}\r\n", value.len()),
+            "{key} after the upgrade"
+        );
+    }
+    probe.disconnect().await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
