@@ -249,3 +249,132 @@ fn bench_and_echo_run_against_a_real_store() {
     let _ = store.kill();
     let _ = store.wait();
 }
+
+/// The built-in component with a custom section appended: a different build
+/// (another content hash) that behaves the same.
+fn rebuilt_component() -> Vec<u8> {
+    let mut wasm = statestore::GUEST_COMPONENT.to_vec();
+    // Custom section: id 0, size 9, name "test" (length 4), 4 bytes.
+    wasm.extend_from_slice(&[0, 9, 4, b't', b'e', b's', b't', 1, 2, 3, 4]);
+    wasm
+}
+
+fn tenants_config(dir: &std::path::Path, alpha_max_keys: u32) -> String {
+    format!(
+        r#"
+[defaults]
+data_root = "{data}"
+memory_mib = 64
+
+[[tenant]]
+name = "alpha"
+client_id_prefixes = ["alpha-"]
+component = "{component}"
+max_keys = {alpha_max_keys}
+
+[[tenant]]
+name = "beta"
+default = true
+"#,
+        data = dir.join("data").display(),
+        component = dir.join("alpha.wasm").display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_tenants_and_a_sighup_upgrade() {
+    let dir = std::env::temp_dir().join(format!("statestore-cli-tenants-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("alpha.wasm"), statestore::GUEST_COMPONENT).expect("component");
+    let config = dir.join("tenants.toml");
+    std::fs::write(&config, tenants_config(&dir, 1)).expect("config");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = statestore()
+        .args(["serve", "--listen", &listen, "--config"])
+        .arg(&config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start statestore");
+    let log = capture_stderr(&mut child);
+    wait_for(&log, "tenants started", Duration::from_secs(60));
+    wait_for(&log, "listening", Duration::from_secs(10));
+    let client = |id: &'static str| async move {
+        let mut c = RawClient::connect(port, id).await;
+        let rt = c.response_topic();
+        c.subscribe(&rt).await;
+        c
+    };
+    let mut alpha = client("alpha-1").await;
+    let mut beta = client("someone").await;
+    assert_eq!(text(&alpha.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    assert_eq!(
+        text(&alpha.call(&[b"SET", b"k2", b"v"]).await),
+        "-ERR the quota has been exceeded\r\n"
+    );
+    assert_eq!(
+        text(&beta.call(&[b"GET", b"k"]).await),
+        "$-1\r\n",
+        "beta is separate"
+    );
+    assert_eq!(text(&beta.call(&[b"SET", b"k2", b"v"]).await), "+OK\r\n");
+
+    // A new build of alpha's component and a larger quota, applied on SIGHUP.
+    std::fs::write(dir.join("alpha.wasm"), rebuilt_component()).expect("new component");
+    std::fs::write(&config, tenants_config(&dir, 3)).expect("config");
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    wait_for(&log, "upgraded", Duration::from_secs(30));
+    assert!(log.lock().expect("log").contains("tenant=alpha"));
+    assert_eq!(
+        text(&alpha.call(&[b"GET", b"k"]).await),
+        "$1\r\nv\r\n",
+        "state kept"
+    );
+    assert_eq!(
+        text(&alpha.call(&[b"SET", b"k2", b"v"]).await),
+        "+OK\r\n",
+        "new quota"
+    );
+    assert_eq!(text(&beta.call(&[b"GET", b"k2"]).await), "$1\r\nv\r\n");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    assert!(
+        status.success(),
+        "exit {status}: {}",
+        log.lock().expect("log")
+    );
+    // Each tenant kept its own journal.
+    assert!(dir.join("data/alpha").is_dir() && dir.join("data/beta").is_dir());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_config_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("statestore-cli-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("tenants.toml");
+    std::fs::write(
+        &config,
+        "[[tenant]]\nname = \"a\"\ndefault = true\nmax_kyes = 3\n",
+    )
+    .expect("config");
+    let o = statestore()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("unknown key \"max_kyes\""), "{err}");
+    assert!(err.contains("tenants.toml"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
