@@ -6,6 +6,7 @@
 //! ```text
 //! cargo bench -p statestore --bench tenants            # 2,000 tenants
 //! cargo bench -p statestore --bench tenants -- --quick # 1,000 tenants
+//! TENANTS=5000 cargo bench -p statestore --bench tenants
 //! ```
 //!
 //! Under `cargo test --benches` (no `--bench` argument) it runs once with 20.
@@ -51,12 +52,16 @@ fn request(n: u32, parts: &[&[u8]]) -> InboundMessage {
 }
 
 fn ok(outputs: &[Output]) -> bool {
-    outputs.iter().any(|o| matches!(o, Output::Publish(m) if m.payload == b"+OK\r\n"))
+    outputs
+        .iter()
+        .any(|o| matches!(o, Output::Publish(m) if m.payload == b"+OK\r\n"))
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let n: usize = if !args.iter().any(|a| a == "--bench") {
+    let n: usize = if let Some(n) = std::env::var("TENANTS").ok().and_then(|v| v.parse().ok()) {
+        n
+    } else if !args.iter().any(|a| a == "--bench") {
         20
     } else if args.iter().any(|a| a == "--quick") {
         1_000
@@ -74,7 +79,11 @@ fn main() {
     let rounds = 50.min(n);
     let t = Instant::now();
     for _ in 0..rounds {
-        black_box(plain.instantiate(&statestore::Config::default()).expect("instantiate"));
+        black_box(
+            plain
+                .instantiate(&statestore::Config::default())
+                .expect("instantiate"),
+        );
     }
     let plain_us = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
 
@@ -103,7 +112,11 @@ fn main() {
             .handle(&[request(id, &[b"SET", b"k", b"v"])], now)
             .expect("SET");
         assert!(ok(&out), "tenant {i} answered");
-        black_box(tenant.handle(&[request(id, &[b"GET", b"k"])], now).expect("GET"));
+        black_box(
+            tenant
+                .handle(&[request(id, &[b"GET", b"k"])], now)
+                .expect("GET"),
+        );
     }
     let spread_us = t.elapsed().as_secs_f64() * 1e6 / (2 * n) as f64;
     let rss3 = status_bytes("VmRSS:");
@@ -112,8 +125,14 @@ fn main() {
     let t = Instant::now();
     for i in 0..n {
         let id = u32::try_from(i + n).unwrap_or(u32::MAX);
-        black_box(one.handle(&[request(id, &[b"SET", b"k", b"v"])], now).expect("SET"));
-        black_box(one.handle(&[request(id, &[b"GET", b"k"])], now).expect("GET"));
+        black_box(
+            one.handle(&[request(id, &[b"SET", b"k", b"v"])], now)
+                .expect("SET"),
+        );
+        black_box(
+            one.handle(&[request(id, &[b"GET", b"k"])], now)
+                .expect("GET"),
+        );
     }
     let single_us = t.elapsed().as_secs_f64() * 1e6 / (2 * n) as f64;
 

@@ -495,6 +495,16 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_valid() {
+        let specs = parse_ok(include_str!("../../examples/tenants.toml"));
+        assert_eq!(specs.len(), 3);
+        assert_eq!(specs[0].limits.memory_bytes, Some(128 << 20));
+        assert_eq!(specs[1].store.quota.max_keys, Some(1000));
+        assert!(specs[2].default);
+        assert_eq!(specs[2].store.persist, Persist::None);
+    }
+
+    #[test]
     fn client_id_prefixes_match() {
         let m = Matcher {
             client_id_prefixes: vec!["fa-".into()],

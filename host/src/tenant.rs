@@ -230,13 +230,7 @@ impl Tenant {
             .store
             .client_disconnected(client_id, now)
             .and_then(|()| self.store.poll_outputs());
-        match outputs {
-            Ok(outputs) => self.commit(outputs),
-            Err(e) => {
-                self.restart(&e)?;
-                Ok(Vec::new())
-            }
-        }
+        self.commit_or_restart(outputs)
     }
 
     /// The deadline passed: expire keys, evict dedup entries.
@@ -245,6 +239,13 @@ impl Tenant {
             .store
             .timeout(now)
             .and_then(|()| self.store.poll_outputs());
+        self.commit_or_restart(outputs)
+    }
+
+    /// The outputs of a call that answers no request: committed, or, if the
+    /// guest failed, none (the tenant restarts; what the call would have
+    /// done happens again on the next one, as after a crash).
+    fn commit_or_restart(&mut self, outputs: Result<Vec<Output>>) -> Result<Vec<Output>> {
         match outputs {
             Ok(outputs) => self.commit(outputs),
             Err(e) => {
