@@ -256,7 +256,7 @@ impl Journal {
         if let Err(e) = journal.write_snapshot_now(&mut store) {
             warn!(error = %format!("{e:#}"), "cannot write a snapshot at start; keeping the existing snapshot and log");
         }
-        store.timeout(crate::driver::now_ms())?;
+        store.timeout_bulk(crate::driver::now_ms())?;
         let outputs = store.poll_outputs()?;
         let records: Vec<Vec<u8>> = outputs
             .into_iter()

@@ -337,6 +337,15 @@ impl WasmStore {
         limits.max_memory.filter(|_| limits.refused)
     }
 
+    /// [`Backend::timeout`] with the budget of a snapshot rather than of a
+    /// request: for the expiry of everything that expired while the server
+    /// was down, which is proportional to the state.
+    pub fn timeout_bulk(&mut self, now: u64) -> Result<()> {
+        self.arm(true);
+        let api = self.guest.statestore_core_store().store();
+        Ok(api.call_timeout(&mut self.store, self.handle, now)?)
+    }
+
     /// Arms the deadline of the next call: a request's, or a bulk one's.
     fn arm(&mut self, bulk: bool) {
         if self.epoch {
@@ -389,7 +398,8 @@ impl Backend for WasmStore {
     }
 
     fn poll_outputs(&mut self) -> Result<Vec<Output>> {
-        self.arm(false);
+        // Proportional to the outputs waiting (all the expiries at start).
+        self.arm(true);
         let api = self.guest.statestore_core_store().store();
         if self.typed {
             let out = api.call_poll_outputs(&mut self.store, self.handle)?;
