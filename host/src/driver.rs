@@ -249,3 +249,58 @@ pub async fn drive<T: Transport>(
     transport.close().await;
     result
 }
+
+/// Spawns one task per tenant, each handed a future that completes at
+/// shutdown, and waits: until `shutdown` completes, or every task has
+/// ended. A task that ends with an error (its journal failed, its broker
+/// connection broke for good) is logged and the others go on; the first
+/// such error is returned once every task has stopped.
+pub async fn supervise<F>(
+    tenants: Vec<(String, F)>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()>
+where
+    F: FnOnce(
+        std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>,
+{
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (name, run) in tenants {
+        let mut stop = stop_rx.clone();
+        let stopped = Box::pin(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        });
+        let task = run(stopped);
+        tasks.spawn(async move { (name, task.await) });
+    }
+    let mut first_error: Option<anyhow::Error> = None;
+    let mut note = |name: String, e: anyhow::Error| {
+        tracing::error!(tenant = %name, error = %format!("{e:#}"), "the tenant stopped; the others go on");
+        if first_error.is_none() {
+            first_error = Some(e.context(format!("tenant {name:?}")));
+        }
+    };
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            done = tasks.join_next() => match done {
+                None => break,
+                Some(Ok((name, Err(e)))) => note(name, e),
+                Some(Ok((_, Ok(())))) => {}
+                Some(Err(e)) => tracing::error!(error = %e, "a tenant task failed"),
+            },
+        }
+    }
+    let _ = stop_tx.send(true);
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((name, Err(e))) = done {
+            note(name, e);
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

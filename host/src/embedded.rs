@@ -379,19 +379,22 @@ impl EmbeddedServer {
             reply_config,
             ..
         } = self;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut tasks = tokio::task::JoinSet::new();
-        for (mut tenant, mut transport, mut control) in tenants {
-            let mut stop = stop_rx.clone();
-            tasks.spawn(async move {
-                let stopped = async move {
-                    let _ = stop.wait_for(|s| *s).await;
+        let runs: Vec<_> = tenants
+            .into_iter()
+            .map(|(mut tenant, mut transport, mut control)| {
+                let name = tenant.name().to_string();
+                let run = move |stopped: std::pin::Pin<
+                    Box<dyn std::future::Future<Output = ()> + Send>,
+                >| {
+                    Box::pin(async move {
+                        crate::driver::drive(&mut tenant, &mut transport, &mut control, stopped)
+                            .await
+                    })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>
                 };
-                let r =
-                    crate::driver::drive(&mut tenant, &mut transport, &mut control, stopped).await;
-                (tenant.name().to_string(), r)
-            });
-        }
+                (name, run)
+            })
+            .collect();
         let scx_strangers = scx.clone();
         let refuse = tokio::spawn(async move {
             while let Some(m) = strangers.recv().await {
@@ -415,30 +418,7 @@ impl EmbeddedServer {
                 }
             }
         });
-        tokio::pin!(shutdown);
-        let mut first_error = None;
-        loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                done = tasks.join_next() => match done {
-                    None => break,
-                    Some(Ok((name, Err(e)))) => {
-                        tracing::error!(tenant = %name, error = %format!("{e:#}"), "the tenant stopped; the others go on");
-                        first_error.get_or_insert(e.context(format!("tenant {name:?}")));
-                    }
-                    Some(Ok((_, Ok(())))) => {}
-                    Some(Err(e)) => {
-                        tracing::error!(error = %e, "a tenant task failed");
-                    }
-                },
-            }
-        }
-        let _ = stop_tx.send(true);
-        while let Some(done) = tasks.join_next().await {
-            if let Ok((name, Err(e))) = done {
-                first_error.get_or_insert(e.context(format!("tenant {name:?}")));
-            }
-        }
+        let result = crate::driver::supervise(runs, shutdown).await;
         refuse.abort();
         accept.abort();
         let _ = (&mut accept).await;
@@ -449,10 +429,7 @@ impl EmbeddedServer {
         for id in ids {
             kick(&scx, &id).await;
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        result
     }
 }
 

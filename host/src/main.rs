@@ -1,7 +1,9 @@
 //! `statestore`: the MQTT broker state store.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -359,7 +361,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         let mut running = Vec::new();
         for (spec, component, tenant) in tenants {
             let opts = ServeOptions {
-                broker: spec.broker.url.clone().unwrap_or_else(|| default_broker.clone()),
+                broker: spec
+                    .broker
+                    .url
+                    .clone()
+                    .unwrap_or_else(|| default_broker.clone()),
                 client_id: spec.broker.client_id.clone(),
                 username: spec.broker.username.clone(),
                 password: spec.broker.password.clone(),
@@ -381,47 +387,18 @@ fn serve(args: ServeArgs) -> Result<()> {
             servers.push(server);
         }
         spawn_reloader(args, password, fleet, running)?;
-        // Every tenant's connection stops on the same signal.
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut tasks = tokio::task::JoinSet::new();
-        for server in servers {
-            let mut stop = stop_rx.clone();
-            let name = server.tenant_name().to_string();
-            tasks.spawn(async move {
-                let r = server
-                    .run(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
-                r.with_context(|| format!("tenant {name:?}"))
-            });
-        }
-        let mut first_error = None;
-        let shutdown = shutdown_signal();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                () = &mut shutdown => break,
-                done = tasks.join_next() => match done {
-                    None => break,
-                    Some(Ok(Err(e))) => {
-                        tracing::error!(error = %format!("{e:#}"), "a tenant stopped; the others go on");
-                        first_error.get_or_insert(e);
-                    }
-                    Some(_) => {}
-                },
-            }
-        }
-        let _ = stop_tx.send(true);
-        while let Some(done) = tasks.join_next().await {
-            if let Ok(Err(e)) = done {
-                first_error.get_or_insert(e);
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let runs: Vec<_> = servers
+            .into_iter()
+            .map(|server| {
+                let name = server.tenant_name().to_string();
+                let run = move |stopped: Pin<Box<dyn Future<Output = ()> + Send>>| {
+                    Box::pin(server.run(stopped))
+                        as Pin<Box<dyn Future<Output = Result<()>> + Send>>
+                };
+                (name, run)
+            })
+            .collect();
+        statestore::driver::supervise(runs, shutdown_signal()).await
     })
 }
 

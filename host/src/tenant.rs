@@ -99,20 +99,8 @@ impl Fleet {
         })
     }
 
-    /// The largest memory cap a tenant may have in this fleet.
-    pub fn max_memory(&self) -> usize {
-        self.max_memory
-    }
-
-    /// `source` compiled for this fleet (once per distinct content), making
+    /// `wasm` compiled for this fleet (once per distinct content), making
     /// instances with `limits`.
-    pub fn runtime(&mut self, source: &ComponentSource, limits: StoreLimits) -> Result<Runtime> {
-        let wasm = source.read()?;
-        self.runtime_from_bytes(&wasm, limits)
-            .with_context(|| format!("cannot load {source}"))
-    }
-
-    /// Like [`Fleet::runtime`] from the component's bytes.
     pub fn runtime_from_bytes(&mut self, wasm: &[u8], limits: StoreLimits) -> Result<Runtime> {
         if limits.memory_bytes.is_some_and(|m| m > self.max_memory) {
             anyhow::bail!(
@@ -121,9 +109,7 @@ impl Fleet {
                 self.max_memory >> 20
             );
         }
-        let mut h = DefaultHasher::new();
-        wasm.hash(&mut h);
-        let key = h.finish();
+        let key = component_hash(wasm);
         let runtime = match self.compiled.get(&key) {
             Some(r) => r.clone(),
             None => {

@@ -151,11 +151,6 @@ impl Runtime {
         }
     }
 
-    /// The limits of the instances this runtime creates.
-    pub fn limits(&self) -> StoreLimits {
-        self.limits
-    }
-
     /// A component read from a file.
     pub fn from_file(path: &std::path::Path) -> Result<Runtime> {
         let wasm = std::fs::read(path)
