@@ -155,24 +155,24 @@ fn output_out(o: types::Output) -> wit::Output {
                 types::PublishKind::Response => wit::PublishKind::Response,
                 types::PublishKind::Notification => wit::PublishKind::Notification,
             },
-            topic: m.topic,
-            payload: m.payload,
+            topic: m.topic.to_string(),
+            payload: m.payload.to_vec(),
             qos: m.qos,
             retain: m.retain,
-            correlation_data: m.correlation_data,
+            correlation_data: m.correlation_data.map(|c| c.to_vec()),
             message_expiry_interval: m.message_expiry_interval,
-            content_type: m.content_type.map(String::from),
+            content_type: m.content_type.map(|c| c.to_string()),
             payload_format_indicator: m.payload_format_indicator,
-            response_topic: m.response_topic,
+            response_topic: m.response_topic.map(|t| t.to_string()),
             user_properties: m
                 .user_properties
                 .into_iter()
                 .map(|(name, value)| wit::UserProperty {
-                    name: name.into_owned(),
-                    value: value.into_owned(),
+                    name: name.to_string(),
+                    value: value.to_string(),
                 })
                 .collect(),
-            target_client: m.target_client,
+            target_client: m.target_client.map(|t| t.to_string()),
         }),
         types::Output::Journal(record) => wit::Output::Journal(record),
         types::Output::Violation { client_id, reason } => {

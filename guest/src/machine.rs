@@ -26,7 +26,8 @@ use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
 use crate::store::{Change, Request, Table, Version};
 use crate::types::{
-    Config, Error, InboundMessage, OutboundMessage, Output, Persist, Property, PublishKind,
+    Bytes, Config, Error, InboundMessage, OutboundMessage, Output, Persist, Property, PublishKind,
+    Str,
 };
 use crate::wire::MessageRef;
 
@@ -39,12 +40,14 @@ pub struct StateMachine {
     pub(crate) registry: Registry,
     pub(crate) dedup: DedupCache,
     outputs: VecDeque<Output>,
+    /// `config.server_client_id`, shared by every reply and notification.
+    server_id: Option<Str>,
 }
 
 /// A reply before it is wrapped in an MQTT message.
 struct Reply {
     status: Status,
-    payload: Vec<u8>,
+    payload: Bytes,
     version: Option<Hlc>,
     extra: Vec<(&'static str, String)>,
     /// Whether to keep it in the dedup cache (not GET: re-reading is harmless
@@ -53,10 +56,10 @@ struct Reply {
 }
 
 impl Reply {
-    fn ok(payload: Vec<u8>, version: Option<Hlc>) -> Reply {
+    fn ok(payload: impl Into<Bytes>, version: Option<Hlc>) -> Reply {
         Reply {
             status: Status::Ok,
-            payload,
+            payload: payload.into(),
             version,
             extra: Vec::new(),
             cache: true,
@@ -72,7 +75,7 @@ impl Reply {
         all.extend(extra);
         Reply {
             status,
-            payload: Vec::new(),
+            payload: Bytes::new(),
             version: None,
             extra: all,
             cache: true,
@@ -96,6 +99,7 @@ impl StateMachine {
         table.set_quota(config.quota);
         Ok(StateMachine {
             clock: Clock::new(config.node_id.clone()),
+            server_id: config.server_client_id.as_deref().map(Str::from),
             config,
             table,
             registry: Registry::default(),
@@ -113,6 +117,7 @@ impl StateMachine {
     ) -> StateMachine {
         table.set_quota(config.quota);
         StateMachine {
+            server_id: config.server_client_id.as_deref().map(Str::from),
             config,
             clock,
             table,
@@ -391,7 +396,7 @@ impl StateMachine {
             } else {
                 resp3::REPLY_NOT_FOUND
             };
-            return Reply::ok(payload.to_vec(), None);
+            return Reply::ok(Bytes::from_static(payload), None);
         }
         let request = Request {
             now,
@@ -457,27 +462,31 @@ impl StateMachine {
                 None => return,
             },
         };
+        let payload = Bytes::from(payload);
         let mut user_properties: Vec<Property> = vec![
-            (prop::TIMESTAMP.into(), version.encode().into()),
-            (prop::PROTOCOL_VERSION.into(), rpc::PROTOCOL_VERSION.into()),
+            (Str::from_static(prop::TIMESTAMP), version.encode().into()),
+            (
+                Str::from_static(prop::PROTOCOL_VERSION),
+                Str::from_static(rpc::PROTOCOL_VERSION),
+            ),
         ];
-        if let Some(id) = &self.config.server_client_id {
-            user_properties.push((prop::SOURCE_ID.into(), id.clone().into()));
+        if let Some(id) = &self.server_id {
+            user_properties.push((Str::from_static(prop::SOURCE_ID), id.clone()));
         }
         for client in self.registry.observers(key) {
             self.outputs.push_back(Output::Publish(OutboundMessage {
                 kind: PublishKind::Notification,
-                topic: notify::topic(client, key),
+                topic: notify::topic(client, key).into(),
                 payload: payload.clone(),
                 qos: 1,
                 retain: false,
                 correlation_data: None,
                 message_expiry_interval: None,
-                content_type: Some(rpc::CONTENT_TYPE.into()),
+                content_type: Some(Str::from_static(rpc::CONTENT_TYPE)),
                 payload_format_indicator: Some(0),
                 response_topic: None,
                 user_properties: user_properties.clone(),
-                target_client: Some(client.to_string()),
+                target_client: Some(Str::from(client)),
             }));
         }
     }
@@ -489,7 +498,7 @@ impl StateMachine {
         expiry: Option<u32>,
         reply: Reply,
     ) -> OutboundMessage {
-        envelope(&self.config, topic, correlation, expiry, reply)
+        envelope(self.server_id.as_ref(), topic, correlation, expiry, reply)
     }
 
     /// The reply a host sends for a request that no state machine could
@@ -525,7 +534,7 @@ impl StateMachine {
             HostReply::NotAuthorized => Reply::error(ServiceError::NotAuthorized),
         };
         Some(envelope(
-            config,
+            config.server_client_id.as_deref().map(Str::from).as_ref(),
             topic,
             msg.correlation_data.as_deref(),
             deadline.map(|d| rpc::remaining_secs(d, now)),
@@ -545,7 +554,7 @@ pub enum HostReply {
 
 /// A reply as an MQTT message (spec §4.1).
 fn envelope(
-    config: &Config,
+    server_id: Option<&Str>,
     topic: &str,
     correlation: Option<&[u8]>,
     expiry: Option<u32>,
@@ -553,25 +562,26 @@ fn envelope(
 ) -> OutboundMessage {
     {
         let mut user_properties: Vec<Property> = Vec::with_capacity(6 + reply.extra.len());
-        user_properties.push((prop::STATUS.into(), reply.status.code().into()));
-        user_properties.push((prop::PROTOCOL_VERSION.into(), rpc::PROTOCOL_VERSION.into()));
+        let name = Str::from_static;
+        user_properties.push((name(prop::STATUS), name(reply.status.code())));
+        user_properties.push((name(prop::PROTOCOL_VERSION), name(rpc::PROTOCOL_VERSION)));
         if let Some(version) = &reply.version {
-            user_properties.push((prop::TIMESTAMP.into(), version.encode().into()));
+            user_properties.push((name(prop::TIMESTAMP), version.encode().into()));
         }
-        user_properties.extend(reply.extra.into_iter().map(|(n, v)| (n.into(), v.into())));
-        if let Some(id) = &config.server_client_id {
-            user_properties.push((prop::SOURCE_ID.into(), id.clone().into()));
+        user_properties.extend(reply.extra.into_iter().map(|(n, v)| (name(n), v.into())));
+        if let Some(id) = server_id {
+            user_properties.push((name(prop::SOURCE_ID), id.clone()));
         }
-        user_properties.push((prop::HIGH_PRIORITY.into(), "".into()));
+        user_properties.push((name(prop::HIGH_PRIORITY), name("")));
         OutboundMessage {
             kind: PublishKind::Response,
-            topic: topic.to_string(),
+            topic: Str::from(topic),
             payload: reply.payload,
             qos: 1,
             retain: false,
-            correlation_data: correlation.map(<[u8]>::to_vec),
+            correlation_data: correlation.map(Bytes::copy_from_slice),
             message_expiry_interval: expiry,
-            content_type: Some(rpc::CONTENT_TYPE.into()),
+            content_type: Some(Str::from_static(rpc::CONTENT_TYPE)),
             payload_format_indicator: Some(0),
             response_topic: None,
             user_properties,

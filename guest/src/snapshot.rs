@@ -27,7 +27,7 @@ use crate::machine::StateMachine;
 use crate::notify::Registry;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::store::{Entry, EntryRef, Table, Version};
-use crate::types::{Config, Error, OutboundMessage, Persist, PublishKind, interned};
+use crate::types::{Bytes, Config, Error, OutboundMessage, Persist, PublishKind, Str, str_of};
 
 /// What a snapshot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,21 +296,21 @@ impl<'a> Reader<'a> {
             1 => PublishKind::Notification,
             _ => return Err(self.err("bad message kind")),
         };
-        let topic = self.str()?;
-        let payload = self.bytes()?.to_vec();
+        let topic = Str::from(self.str()?);
+        let payload = Bytes::copy_from_slice(self.bytes()?);
         let qos = self.u8()?;
         let retain = self.u8()? != 0;
-        let correlation_data = self.opt(|r| r.bytes().map(<[u8]>::to_vec))?;
+        let correlation_data = self.opt(|r| r.bytes().map(Bytes::copy_from_slice))?;
         let message_expiry_interval = self.opt(Reader::u32)?;
-        let content_type = self.opt(Reader::str)?.map(|s| interned(&s));
+        let content_type = self.opt(Reader::str)?.map(|s| str_of(&s));
         let payload_format_indicator = self.opt(Reader::u8)?;
-        let response_topic = self.opt(Reader::str)?;
+        let response_topic = self.opt(Reader::str)?.map(Str::from);
         let n = self.u32()?;
         let mut user_properties = Vec::new();
         for _ in 0..n {
-            user_properties.push((interned(&self.str()?), interned(&self.str()?)));
+            user_properties.push((str_of(&self.str()?), str_of(&self.str()?)));
         }
-        let target_client = self.opt(Reader::str)?;
+        let target_client = self.opt(Reader::str)?.map(Str::from);
         Ok(OutboundMessage {
             kind,
             topic,

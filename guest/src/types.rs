@@ -3,39 +3,57 @@
 //! The state machine speaks these natively; `component.rs` converts them to
 //! and from the wit-bindgen types when the crate is built as a component.
 
-use std::borrow::Cow;
+pub use bytes::Bytes;
+/// An immutable UTF-8 string that clones without copying: a
+/// reference-counted [`Bytes`] (the same type rmqtt carries topics and user
+/// properties in). Static strings (property names, status codes) cost
+/// nothing, and a host slices every string of a reply out of the one buffer
+/// that crossed the component boundary instead of allocating each.
+pub use bytestring::ByteString as Str;
 
-/// A user property of an outbound message, (name, value). The names and the
-/// common values are static strings, so a reply is built (and decoded by a
-/// host, see [`interned`]) without allocating them.
-pub type Property = (Cow<'static, str>, Cow<'static, str>);
+/// A user property of an outbound message, (name, value).
+pub type Property = (Str, Str);
 
 /// `s` as a static string if it is one the guest sends often (property
-/// names, status codes, the protocol version, the content type), else owned.
+/// names, status codes, the protocol version, the content type).
 /// Kept in step with `rpc::prop` by the test `interned_covers_the_reply_strings`.
-pub fn interned(s: &str) -> Cow<'static, str> {
-    // A `match` on strings switches on the length first: cheaper than
+pub fn interned(s: &str) -> Option<&'static str> {
+    interned_bytes(s.as_bytes())
+}
+
+/// [`interned`] of bytes that may not be UTF-8 (a host decoding what the
+/// guest returned checks the others once, when it keeps them).
+pub fn interned_bytes(s: &[u8]) -> Option<&'static str> {
+    // A `match` on byte strings switches on the length first: cheaper than
     // comparing with each in turn (a host runs this for every property).
-    Cow::Borrowed(match s {
-        "__stat" => "__stat",
-        "__stMsg" => "__stMsg",
-        "__protVer" => "__protVer",
-        "__ts" => "__ts",
-        "__srcId" => "__srcId",
-        "__propName" => "__propName",
-        "__supProtMajVer" => "__supProtMajVer",
-        "__requestProtVer" => "__requestProtVer",
-        "$high_priority" => "$high_priority",
-        "application/octet-stream" => "application/octet-stream",
-        "1.0" => "1.0",
-        "200" => "200",
-        "400" => "400",
-        "500" => "500",
-        "505" => "505",
-        "1" => "1",
-        "" => "",
-        _ => return Cow::Owned(s.to_string()),
+    Some(match s {
+        b"__stat" => "__stat",
+        b"__stMsg" => "__stMsg",
+        b"__protVer" => "__protVer",
+        b"__ts" => "__ts",
+        b"__srcId" => "__srcId",
+        b"__propName" => "__propName",
+        b"__supProtMajVer" => "__supProtMajVer",
+        b"__requestProtVer" => "__requestProtVer",
+        b"$high_priority" => "$high_priority",
+        b"application/octet-stream" => "application/octet-stream",
+        b"1.0" => "1.0",
+        b"200" => "200",
+        b"400" => "400",
+        b"500" => "500",
+        b"505" => "505",
+        b"1" => "1",
+        b"" => "",
+        _ => return None,
     })
+}
+
+/// `s` as a [`Str`]: static when [`interned`] knows it, else a copy.
+pub fn str_of(s: &str) -> Str {
+    match interned(s) {
+        Some(s) => Str::from_static(s),
+        None => Str::from(s),
+    }
 }
 
 /// An inbound MQTT5 PUBLISH (WIT `inbound-message`).
@@ -80,27 +98,27 @@ pub struct OutboundMessage {
     /// Reply or notification.
     pub kind: PublishKind,
     /// Topic to publish to.
-    pub topic: String,
+    pub topic: Str,
     /// Payload bytes.
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
     /// QoS to publish with.
     pub qos: u8,
     /// Retain flag.
     pub retain: bool,
     /// MQTT5 Correlation Data.
-    pub correlation_data: Option<Vec<u8>>,
+    pub correlation_data: Option<Bytes>,
     /// MQTT5 Message Expiry Interval, seconds.
     pub message_expiry_interval: Option<u32>,
     /// MQTT5 Content Type.
-    pub content_type: Option<Cow<'static, str>>,
+    pub content_type: Option<Str>,
     /// MQTT5 Payload Format Indicator.
     pub payload_format_indicator: Option<u8>,
     /// MQTT5 Response Topic.
-    pub response_topic: Option<String>,
+    pub response_topic: Option<Str>,
     /// MQTT5 user properties, in order.
     pub user_properties: Vec<Property>,
     /// For a notification, the client it is addressed to.
-    pub target_client: Option<String>,
+    pub target_client: Option<Str>,
 }
 
 impl OutboundMessage {
@@ -261,8 +279,9 @@ mod tests {
             "200",
             "",
         ] {
-            assert!(matches!(interned(s), Cow::Borrowed(b) if b == s), "{s}");
+            assert_eq!(interned(s), Some(s));
         }
-        assert!(matches!(interned("other"), Cow::Owned(o) if o == "other"));
+        assert_eq!(interned("other"), None);
+        assert_eq!(str_of("other"), "other");
     }
 }

@@ -23,7 +23,9 @@
 //! ```
 
 use crate::rpc::{REQUEST_TOPIC, RequestProps};
-use crate::types::{Error, InboundMessage, OutboundMessage, Output, PublishKind, interned};
+use crate::types::{
+    Bytes, Error, InboundMessage, OutboundMessage, Output, PublishKind, Str, interned_bytes,
+};
 
 /// Version byte that starts every batch and output list.
 pub const WIRE_VERSION: u8 = 1;
@@ -237,10 +239,10 @@ fn output_size(o: &Output) -> usize {
         Output::Publish(m) => {
             64 + m.topic.len()
                 + m.payload.len()
-                + m.correlation_data.as_ref().map_or(0, Vec::len)
+                + m.correlation_data.as_ref().map_or(0, |c| c.len())
                 + m.content_type.as_ref().map_or(0, |c| c.len())
-                + m.response_topic.as_ref().map_or(0, String::len)
-                + m.target_client.as_ref().map_or(0, String::len)
+                + m.response_topic.as_ref().map_or(0, |t| t.len())
+                + m.target_client.as_ref().map_or(0, |t| t.len())
                 + props(&m.user_properties)
         }
         Output::Journal(r) => 8 + r.len(),
@@ -327,17 +329,6 @@ impl<'a> Decoder<'a> {
         }
     }
 
-    /// Reads user properties, handing each to `each`.
-    fn props(&mut self, mut each: impl FnMut(&'a str, &'a str)) -> Result<(), Error> {
-        let n = self.u32()?;
-        for _ in 0..n {
-            let name = self.str()?;
-            let value = self.str()?;
-            each(name, value);
-        }
-        Ok(())
-    }
-
     fn message_ref(&mut self) -> Result<MessageRef<'a>, Error> {
         // The request topic needs no UTF-8 check: equal bytes are the constant.
         let topic = match self.bytes()? {
@@ -349,10 +340,22 @@ impl<'a> Decoder<'a> {
         let response_topic = self.opt(Self::str)?;
         let correlation_data = self.opt(Self::bytes)?;
         let message_expiry_interval = self.opt(Self::u32)?;
-        let _content_type = self.opt(Self::str)?;
+        // Read past, never used: no UTF-8 check.
+        let _content_type = self.opt(Self::bytes)?;
         let _payload_format = self.opt(Self::u8)?;
         let mut props = RequestProps::default();
-        self.props(|n, v| props.add(n, v))?;
+        let n = self.u32()?;
+        for _ in 0..n {
+            let name = self.bytes()?;
+            let value = self.bytes()?;
+            // Only the reserved properties are read, so only their values
+            // need to be UTF-8 (the others are skipped unchecked).
+            if let Some(name) = RequestProps::reserved(name) {
+                let value =
+                    core::str::from_utf8(value).map_err(|_| bad("a string is not UTF-8"))?;
+                props.add(name, value);
+            }
+        }
         let client_id = self.opt(Self::str)?;
         let received_at = self.opt(Self::u64)?;
         Ok(MessageRef {
@@ -368,9 +371,24 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    fn output(&mut self) -> Result<Output, Error> {
+    /// A string of `base` (which this decoder reads): a static string if
+    /// [`interned`] knows it, else a slice sharing `base`'s buffer.
+    fn shared_str(&mut self, base: &Bytes) -> Result<Str, Error> {
+        let raw = self.bytes()?;
+        if let Some(s) = interned_bytes(raw) {
+            return Ok(Str::from_static(s));
+        }
+        Str::try_from(base.slice_ref(raw)).map_err(|_| bad("a string is not UTF-8"))
+    }
+
+    /// Bytes of `base`, sharing its buffer.
+    fn shared_bytes(&mut self, base: &Bytes) -> Result<Bytes, Error> {
+        Ok(base.slice_ref(self.bytes()?))
+    }
+
+    fn output(&mut self, base: &Bytes) -> Result<Output, Error> {
         Ok(match self.u8()? {
-            0 => Output::Publish(self.publish()?),
+            0 => Output::Publish(self.publish(base)?),
             1 => Output::Journal(self.bytes()?.to_vec()),
             2 => Output::Violation {
                 client_id: self.opt(Self::str)?.map(str::to_string),
@@ -380,24 +398,31 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    fn publish(&mut self) -> Result<OutboundMessage, Error> {
+    fn publish(&mut self, base: &Bytes) -> Result<OutboundMessage, Error> {
         let kind = match self.u8()? {
             0 => PublishKind::Response,
             1 => PublishKind::Notification,
             _ => return Err(bad("unknown publish kind")),
         };
-        let topic = self.str()?.to_string();
-        let payload = self.bytes()?.to_vec();
+        let topic = self.shared_str(base)?;
+        let payload = self.shared_bytes(base)?;
         let qos = self.u8()?;
         let retain = self.u8()? != 0;
-        let correlation_data = self.opt(Self::bytes)?.map(<[u8]>::to_vec);
+        let correlation_data = self.opt(|d| d.shared_bytes(base))?;
         let message_expiry_interval = self.opt(Self::u32)?;
-        let content_type = self.opt(Self::str)?.map(interned);
+        let content_type = self.opt(|d| d.shared_str(base))?;
         let payload_format_indicator = self.opt(Self::u8)?;
-        let response_topic = self.opt(Self::str)?.map(str::to_string);
-        let mut user_properties = Vec::with_capacity(6);
-        self.props(|n, v| user_properties.push((interned(n), interned(v))))?;
-        let target_client = self.opt(Self::str)?.map(str::to_string);
+        let response_topic = self.opt(|d| d.shared_str(base))?;
+        let n = self.u32()?;
+        // Each property takes at least 8 bytes: no huge allocation for a
+        // count the buffer cannot hold.
+        let mut user_properties = Vec::with_capacity((n as usize).min(self.rest.len() / 8));
+        for _ in 0..n {
+            let name = self.shared_str(base)?;
+            let value = self.shared_str(base)?;
+            user_properties.push((name, value));
+        }
+        let target_client = self.opt(|d| d.shared_str(base))?;
         Ok(OutboundMessage {
             kind,
             topic,
@@ -436,12 +461,20 @@ pub fn decode_batch<'a>(buf: &'a [u8], mut each: impl FnMut(&MessageRef<'a>)) ->
     Ok(())
 }
 
-/// Decodes a list of outputs.
+/// Decodes a list of outputs (copying `buf` once; see [`decode_outputs_shared`]).
 pub fn decode_outputs(buf: &[u8]) -> Result<Vec<Output>, Error> {
-    let (mut d, n) = Decoder::start(buf)?;
-    let mut out = Vec::with_capacity((n as usize).min(buf.len() / 4));
+    decode_outputs_shared(Bytes::copy_from_slice(buf))
+}
+
+/// Decodes a list of outputs whose strings and payloads share `buf`: a
+/// publish costs no allocation but its list of user properties (what a
+/// host does with the buffer the component returned).
+pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
+    let base = &buf;
+    let (mut d, n) = Decoder::start(base)?;
+    let mut out = Vec::with_capacity((n as usize).min(base.len() / 4));
     for _ in 0..n {
-        out.push(d.output()?);
+        out.push(d.output(base)?);
     }
     if !d.rest.is_empty() {
         return Err(bad("bytes after the last output"));
@@ -512,7 +545,7 @@ mod tests {
             Output::Publish(OutboundMessage {
                 kind: PublishKind::Notification,
                 topic: "n".into(),
-                payload: vec![9],
+                payload: vec![9].into(),
                 qos: 1,
                 retain: true,
                 correlation_data: None,

@@ -125,7 +125,7 @@ impl Harness {
             match o {
                 Output::Publish(p) if p.kind == PublishKind::Notification => {
                     assert!(reply.is_none(), "notification after the reply");
-                    notes.push(p.payload.clone());
+                    notes.push(p.payload.to_vec());
                 }
                 Output::Publish(p) => {
                     assert_eq!(i, out.len() - 1, "reply must be last");
@@ -141,8 +141,8 @@ impl Harness {
         let reply = reply.expect("a reply");
         assert_eq!(reply.user_property("__stat"), Some("200"));
         let ts = reply.user_property("__ts").map(str::to_string);
-        self.last = Some((m, reply.payload.clone()));
-        (reply.payload, ts, notes)
+        self.last = Some((m, reply.payload.to_vec()));
+        (reply.payload.to_vec(), ts, notes)
     }
 
     /// A mutation's version must be newer than every version before it.
@@ -271,7 +271,10 @@ impl Harness {
                         match o {
                             Output::Journal(r) => self.journal.push(r),
                             Output::Publish(p) => {
-                                assert_eq!(p.payload, b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
+                                assert_eq!(
+                                    p.payload,
+                                    &b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"[..]
+                                );
                                 let v = p.user_property("__ts").expect("ts").to_string();
                                 assert!(v > self.last_version);
                                 self.last_version = v;

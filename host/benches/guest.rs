@@ -216,9 +216,27 @@ criterion_group! {
 /// row.
 fn interleaved(rt: &Runtime, quick: bool) {
     use std::time::Instant;
+    // The engine the servers run: pooling allocator, epoch interruption and
+    // a per-call deadline (a one-tenant fleet's settings).
+    let served_engine = statestore::wasm::engine(&statestore::EngineOptions {
+        pool: Some(statestore::PoolOptions {
+            instances: 6,
+            max_memory: 64 << 20,
+        }),
+        epoch_interruption: true,
+    })
+    .expect("engine");
+    let served = Runtime::load(&served_engine, statestore::GUEST_COMPONENT, None)
+        .expect("component")
+        .with_limits(statestore::StoreLimits {
+            memory_bytes: Some(64 << 20),
+            call_ms: Some(1000),
+        });
     println!("wasm/native per request, interleaved rounds (median of per-round ratios):");
-    println!("| operation | batch | rounds | native us/op | wasm us/op | wasm / native |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| operation | batch | rounds | native us/op | wasm us/op | wasm / native | served us/op | served / native |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     type Make = fn(u64) -> Vec<&'static [u8]>;
     let ops: [(&str, Make); 3] = [
         ("SET", |_| vec![b"SET", key(0), b"value-of-100-bytes"]),
@@ -229,6 +247,10 @@ fn interleaved(rt: &Runtime, quick: bool) {
         for batch in [1usize, 16, 64] {
             let mut stores = stores(rt);
             stores.truncate(2); // native, wasm
+            stores.push((
+                "served",
+                Box::new(served.instantiate(&Config::default()).expect("instantiate")),
+            ));
             for (_, store) in &mut stores {
                 let fill: Vec<InboundMessage> = (0..1000u64)
                     .map(|i| request(&[b"SET", key(i), b"value-of-100-bytes"], 1_000_000 + i, T0))
@@ -236,11 +258,12 @@ fn interleaved(rt: &Runtime, quick: bool) {
                 store.handle_batch(&fill, T0).expect("fill");
             }
             let (mut ratios, mut native, mut wasm) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut served_ratios, mut served_times) = (Vec::new(), Vec::new());
             let started = Instant::now();
             let max_rounds = if quick { 3 } else { 2_000 };
             let mut n = 0u64;
             while ratios.len() < max_rounds && started.elapsed().as_secs_f64() < 1.5 {
-                let mut times = [0f64; 2];
+                let mut times = [0f64; 3];
                 for (i, (_, store)) in stores.iter_mut().enumerate() {
                     let msgs: Vec<InboundMessage> = (0..batch)
                         .map(|j| {
@@ -258,6 +281,8 @@ fn interleaved(rt: &Runtime, quick: bool) {
                 native.push(times[0]);
                 wasm.push(times[1]);
                 ratios.push(times[1] / times[0]);
+                served_times.push(times[2]);
+                served_ratios.push(times[2] / times[0]);
             }
             let median = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
@@ -265,10 +290,12 @@ fn interleaved(rt: &Runtime, quick: bool) {
             };
             let rounds = ratios.len();
             println!(
-                "| {name} | {batch} | {rounds} | {:.2} | {:.2} | {:.2} |",
+                "| {name} | {batch} | {rounds} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 median(&mut native) * 1e6,
                 median(&mut wasm) * 1e6,
-                median(&mut ratios)
+                median(&mut ratios),
+                median(&mut served_times) * 1e6,
+                median(&mut served_ratios)
             );
         }
     }

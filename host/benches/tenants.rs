@@ -54,7 +54,7 @@ fn request(n: u32, parts: &[&[u8]]) -> InboundMessage {
 fn ok(outputs: &[Output]) -> bool {
     outputs
         .iter()
-        .any(|o| matches!(o, Output::Publish(m) if m.payload == b"+OK\r\n"))
+        .any(|o| matches!(o, Output::Publish(m) if m.payload == b"+OK\r\n"[..]))
 }
 
 fn main() {

@@ -59,21 +59,21 @@ pub(crate) fn output(o: wit::Output) -> types::Output {
                 wit::PublishKind::Response => types::PublishKind::Response,
                 wit::PublishKind::Notification => types::PublishKind::Notification,
             },
-            topic: m.topic,
-            payload: m.payload,
+            topic: m.topic.into(),
+            payload: m.payload.into(),
             qos: m.qos,
             retain: m.retain,
-            correlation_data: m.correlation_data,
+            correlation_data: m.correlation_data.map(Into::into),
             message_expiry_interval: m.message_expiry_interval,
-            content_type: m.content_type.as_deref().map(types::interned),
+            content_type: m.content_type.as_deref().map(types::str_of),
             payload_format_indicator: m.payload_format_indicator,
-            response_topic: m.response_topic,
+            response_topic: m.response_topic.map(Into::into),
             user_properties: m
                 .user_properties
                 .into_iter()
-                .map(|p| (types::interned(&p.name), types::interned(&p.value)))
+                .map(|p| (types::str_of(&p.name), types::str_of(&p.value)))
                 .collect(),
-            target_client: m.target_client,
+            target_client: m.target_client.map(Into::into),
         }),
         wit::Output::Journal(record) => types::Output::Journal(record),
         wit::Output::Violation(v) => types::Output::Violation {

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
-use statestore_guest::types::Quota;
+use statestore_guest::types::{Bytes, Quota, Str};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -114,11 +114,12 @@ pub fn commit(
 
 /// A 500 reply in place of `reply` (spec §4.3).
 fn failed(reply: OutboundMessage, e: &std::io::Error) -> OutboundMessage {
+    let s = Str::from_static;
     let mut props: Vec<statestore_guest::types::Property> = vec![
-        ("__stat".into(), "500".into()),
-        ("__protVer".into(), "1.0".into()),
+        (s("__stat"), s("500")),
+        (s("__protVer"), s("1.0")),
         (
-            "__stMsg".into(),
+            s("__stMsg"),
             format!("the state store could not make the change durable: {e}").into(),
         ),
     ];
@@ -130,7 +131,7 @@ fn failed(reply: OutboundMessage, e: &std::io::Error) -> OutboundMessage {
             .cloned(),
     );
     OutboundMessage {
-        payload: Vec::new(),
+        payload: Bytes::new(),
         user_properties: props,
         ..reply
     }

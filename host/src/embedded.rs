@@ -28,7 +28,6 @@ use std::num::{NonZeroU16, NonZeroU32};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
-use bytes::Bytes;
 use rmqtt::codec::types::QoS;
 use rmqtt::codec::v5::PublishProperties;
 use rmqtt::context::ServerContext;
@@ -201,20 +200,19 @@ fn inbound(client_id: &str, p: &Publish) -> InboundMessage {
     }
 }
 
-/// An rmqtt PUBLISH for an output.
+/// An rmqtt PUBLISH for an output. rmqtt carries strings and payloads in
+/// the same shared buffers (`Bytes`, `ByteString`) as [`OutboundMessage`],
+/// so nothing is copied: the fields of a reply still point into the buffer
+/// the component returned.
 fn outbound(m: OutboundMessage) -> Publish {
     let properties = PublishProperties {
         topic_alias: None,
-        correlation_data: m.correlation_data.map(Bytes::from),
+        correlation_data: m.correlation_data,
         message_expiry_interval: m.message_expiry_interval.and_then(NonZeroU32::new),
-        content_type: m.content_type.map(|t| t.into_owned().into()),
-        user_properties: m
-            .user_properties
-            .into_iter()
-            .map(|(n, v)| (n.into_owned().into(), v.into_owned().into()))
-            .collect(),
+        content_type: m.content_type,
+        user_properties: m.user_properties,
         is_utf8_payload: m.payload_format_indicator == Some(1),
-        response_topic: m.response_topic.map(Into::into),
+        response_topic: m.response_topic,
         subscription_ids: Vec::new(),
     };
     let codec = CodecPublish {
@@ -225,9 +223,9 @@ fn outbound(m: OutboundMessage) -> Publish {
         } else {
             QoS::AtLeastOnce
         },
-        topic: m.topic.into(),
+        topic: m.topic,
         packet_id: None,
-        payload: Bytes::from(m.payload),
+        payload: m.payload,
         properties: Some(properties),
     };
     Publish::from(codec).create_time(rmqtt::utils::timestamp_millis())

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
@@ -35,8 +34,8 @@ pub fn properties(m: &OutboundMessage) -> PublishProperties {
         payload_format_indicator: m.payload_format_indicator,
         message_expiry_interval: m.message_expiry_interval,
         topic_alias: None,
-        response_topic: m.response_topic.clone(),
-        correlation_data: m.correlation_data.clone().map(Bytes::from),
+        response_topic: m.response_topic.as_deref().map(str::to_string),
+        correlation_data: m.correlation_data.clone(),
         user_properties: m
             .user_properties
             .iter()

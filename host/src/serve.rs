@@ -19,7 +19,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
@@ -382,7 +381,7 @@ impl crate::driver::Transport for ClientTransport {
                             m.topic,
                             mqtt::qos(m.qos),
                             m.retain,
-                            Bytes::from(m.payload),
+                            m.payload,
                             props,
                         )
                         .await

@@ -388,10 +388,13 @@ pub fn assert_reply(outputs: &[Output], req: &InboundMessage, payload: &[u8], ts
         "reply payload"
     );
     assert_eq!(r.payload, payload);
-    assert_eq!(Some(&r.topic), req.response_topic.as_ref());
+    assert_eq!(Some(&*r.topic), req.response_topic.as_deref());
     assert_eq!(r.qos, 1);
     assert!(!r.retain);
-    assert_eq!(r.correlation_data, req.correlation_data);
+    assert_eq!(
+        r.correlation_data.as_deref(),
+        req.correlation_data.as_deref()
+    );
     assert_eq!(r.content_type.as_deref(), Some(CONTENT_TYPE));
     assert_eq!(r.payload_format_indicator, Some(0));
     assert_eq!(r.response_topic, None);

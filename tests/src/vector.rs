@@ -342,22 +342,22 @@ fn outbound_from_json(v: &Value) -> Result<OutboundMessage> {
             "notification" => PublishKind::Notification,
             k => bail!("unknown kind {k:?}"),
         },
-        topic: str_field(o, "topic")?,
-        payload: bytes_from_json(field(o, "payload")?)?,
+        topic: str_field(o, "topic")?.into(),
+        payload: bytes_from_json(field(o, "payload")?)?.into(),
         qos: small(o, "qos")?.context("qos is required")?,
         retain: field(o, "retain")?
             .as_bool()
             .context("retain must be a boolean")?,
-        correlation_data: opt_bytes(o, "correlation_data")?,
+        correlation_data: opt_bytes(o, "correlation_data")?.map(Into::into),
         message_expiry_interval: small(o, "message_expiry_interval")?,
         content_type: opt_str(o, "content_type")?.map(Into::into),
         payload_format_indicator: small(o, "payload_format_indicator")?,
-        response_topic: opt_str(o, "response_topic")?,
+        response_topic: opt_str(o, "response_topic")?.map(Into::into),
         user_properties: props(o)?
             .into_iter()
             .map(|(n, v)| (n.into(), v.into()))
             .collect(),
-        target_client: opt_str(o, "target_client")?,
+        target_client: opt_str(o, "target_client")?.map(Into::into),
     })
 }
 

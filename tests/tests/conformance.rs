@@ -51,9 +51,9 @@ fn s17_05_to_07_nex() {
     let (m, out) = sim.call(&[b"SET", b"k1", b"zz", b"NEX"]);
     assert_reply(&out, &m, b":-1\r\n", Some(&v2));
     let (m, out) = sim.call(&[b"SET", b"k2", b"v", b"NEX"]);
-    assert!(reply(&out).payload == b"+OK\r\n", "{:?}", m);
+    assert!(reply(&out).payload == b"+OK\r\n"[..], "{:?}", m);
     let (_, out) = sim.call(&[b"SET", b"k3", b"v", b"NX"]);
-    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
     sim.finish();
 }
 
@@ -94,7 +94,7 @@ fn s17_10_expired_key_is_invisible() {
     assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
     sim.advance(999);
     let (_, out) = sim.call(&[b"GET", b"e"]);
-    assert_eq!(reply(&out).payload, b"$1\r\nv\r\n");
+    assert_eq!(reply(&out).payload, &b"$1\r\nv\r\n"[..]);
     let timer = sim.advance(1001);
     assert!(
         timer.is_empty(),
@@ -421,7 +421,7 @@ fn s17_26_dedup() {
     assert_eq!(a.correlation_data, b.correlation_data);
     // A different correlation id is a new request.
     let (_, out) = sim.call(&[b"SET", b"d", b"v", b"NX"]);
-    assert_eq!(reply(&out).payload, b":-1\r\n");
+    assert_eq!(reply(&out).payload, &b":-1\r\n"[..]);
     // Error replies are cached too.
     let mut bad = sim.request(&[b"SET", b"x", b"v"]);
     set_prop(&mut bad, "__ts", None);
@@ -432,7 +432,7 @@ fn s17_26_dedup() {
     // The cache forgets after the request's expiry plus 60 s.
     sim.advance(71_000);
     let late = sim.send(&m);
-    assert_eq!(reply(&late).payload, b":-1\r\n");
+    assert_eq!(reply(&late).payload, &b":-1\r\n"[..]);
     sim.finish();
 }
 
@@ -447,8 +447,8 @@ fn s17_27_unsupported_version() {
         set_prop(&mut m, "__protVer", Some(v));
         let out = sim.send(&m);
         let r = reply(&out);
-        assert_eq!(r.payload, b"");
-        assert_eq!(r.correlation_data, m.correlation_data);
+        assert_eq!(r.payload, &b""[..]);
+        assert_eq!(r.correlation_data.as_deref(), m.correlation_data.as_deref());
         assert_eq!(r.message_expiry_interval, Some(10));
         assert_eq!(r.user_property("__stat"), Some("505"));
         assert_eq!(r.user_property("__protVer"), Some("1.0"));
@@ -459,13 +459,13 @@ fn s17_27_unsupported_version() {
     }
     // Nothing was written.
     let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, b"$-1\r\n");
+    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
     // Absent means 1.0; 1.x is fine.
     let mut m = sim.request(&[b"GET", b"k"]);
     set_prop(&mut m, "__protVer", None);
-    assert_eq!(reply(&sim.send(&m)).payload, b"$-1\r\n");
+    assert_eq!(reply(&sim.send(&m)).payload, &b"$-1\r\n"[..]);
     set_prop(&mut m, "__protVer", Some("1.7"));
-    assert_eq!(reply(&sim.send(&m)).payload, b"$-1\r\n");
+    assert_eq!(reply(&sim.send(&m)).payload, &b"$-1\r\n"[..]);
     sim.finish();
 }
 
@@ -496,7 +496,7 @@ fn s17_28_bad_response_topic() {
     }
     // None of them executed.
     let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, b"$-1\r\n");
+    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
     sim.finish();
 }
 
@@ -524,7 +524,7 @@ fn s17_29_request_expiry() {
     m.received_at = None;
     assert!(sim.send(&m).is_empty());
     let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, b"$1\r\nv\r\n");
+    assert_eq!(reply(&out).payload, &b"$1\r\nv\r\n"[..]);
     sim.finish();
 }
 
@@ -580,7 +580,7 @@ fn s17_32_lease() {
     sim.advance(500);
     let m = sim.request_from("c2", &[b"SET", b"L", b"h2", b"NEX", b"PX", b"2000"]);
     let out = sim.send(&m);
-    assert_eq!(reply(&out).payload, b":-1\r\n");
+    assert_eq!(reply(&out).payload, &b":-1\r\n"[..]);
     assert_eq!(ts_of(reply(&out)), Some(token.as_str()));
     // Renewal by the holder: strictly newer token, same node id, counter 0 on a fresh ms.
     sim.advance(500);
@@ -591,7 +591,7 @@ fn s17_32_lease() {
     assert_eq!(notifications(&expired).len(), 1);
     assert_eq!(
         notifications(&expired)[0].payload,
-        b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
+        &b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"[..]
     );
     assert_eq!(
         notifications(&expired)[0].target_client.as_deref(),
@@ -599,10 +599,10 @@ fn s17_32_lease() {
     );
     let m = sim.request_from("c2", &[b"SET", b"L", b"h2", b"NEX", b"PX", b"2000"]);
     let out = sim.send(&m);
-    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
     // Releasing a lease one does not hold.
     let (_, out) = sim.call(&[b"VDEL", b"L", b"h1"]);
-    assert_eq!(reply(&out).payload, b":-1\r\n");
+    assert_eq!(reply(&out).payload, &b":-1\r\n"[..]);
     sim.finish();
 }
 
@@ -618,9 +618,9 @@ fn s17_33_34_case_and_option_order() {
     let (m, out) = sim.call(&[b"SET", b"k", b"v", b"PX", b"5000", b"NX"]);
     assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 2)));
     let (_, out) = sim.call(&[b"get", b"a"]);
-    assert_eq!(reply(&out).payload, b"$1\r\nb\r\n");
+    assert_eq!(reply(&out).payload, &b"$1\r\nb\r\n"[..]);
     let (_, out) = sim.call(&[b"KeyNotify", b"a", b"stop"]);
-    assert_eq!(reply(&out).payload, b":0\r\n");
+    assert_eq!(reply(&out).payload, &b":0\r\n"[..]);
     sim.finish();
 }
 
@@ -637,14 +637,14 @@ fn envelope_400s() {
     assert_eq!(r.user_property("__stat"), Some("400"));
     assert_eq!(r.user_property("__propName"), Some("Correlation Data"));
     assert_eq!(r.correlation_data, None);
-    assert_eq!(r.payload, b"");
+    assert_eq!(r.payload, &b""[..]);
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
     m.message_expiry_interval = None;
     let out = sim.send(&m);
     let r = reply(&out);
     assert_eq!(r.user_property("__stat"), Some("400"));
     assert_eq!(r.user_property("__propName"), Some("Message Expiry"));
-    assert_eq!(r.correlation_data, m.correlation_data);
+    assert_eq!(r.correlation_data.as_deref(), m.correlation_data.as_deref());
     assert_eq!(r.message_expiry_interval, None);
     // KEYNOTIFY with no identity at all.
     let mut m = sim.request(&[b"KEYNOTIFY", b"k"]);
@@ -660,7 +660,7 @@ fn envelope_400s() {
     m.topic = "some/other/topic".into();
     assert!(sim.send(&m).is_empty());
     let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, b"$-1\r\n");
+    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
     sim.finish();
 }
 
@@ -767,7 +767,7 @@ fn snapshot_restore_keeps_everything() {
     assert_eq!(reply(&out).payload, FT_REQUIRED);
     // The version and value survive.
     let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, b"$1\r\nv\r\n");
+    assert_eq!(reply(&out).payload, &b"$1\r\nv\r\n"[..]);
     assert_eq!(ts_of(reply(&out)), Some(version(T0, 2).as_str()));
     // The clock survives: L is (T0+10, 2) after the two requests above, so a
     // write with an old __ts continues its counter.
@@ -795,14 +795,14 @@ fn large_keys_and_values_both_runtimes() {
         let (_, out) = sim.call(&[b"GET", &key]);
         let r = reply(&out);
         assert_eq!(r.payload.len(), value.len() + 12);
-        assert_eq!(&r.payload[..10], b"$1048576\r\n");
+        assert_eq!(&r.payload[..10], &b"$1048576\r\n"[..]);
         assert_eq!(&r.payload[10..10 + value.len()], &value[..]);
         let (_, out) = sim.call(&[b"VDEL", &key, &value]);
-        assert_eq!(reply(&out).payload, b":1\r\n");
+        assert_eq!(reply(&out).payload, &b":1\r\n"[..]);
         // A KEYNOTIFY whose notification topic could never be published.
         let huge = vec![b'x'; 40_000];
         let (_, out) = sim.call(&[b"KEYNOTIFY", &huge]);
-        assert_eq!(reply(&out).payload, b"-ERR syntax error\r\n");
+        assert_eq!(reply(&out).payload, &b"-ERR syntax error\r\n"[..]);
     }
 }
 
@@ -825,7 +825,7 @@ fn counter_overflow_is_a_500() {
     // The store still works, and nothing was written.
     sim.advance(5);
     let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, b"$-1\r\n");
+    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
     sim.finish();
 }
 
@@ -885,7 +885,7 @@ fn journal_persist_all() {
     }
     // A redelivered request after the "restart" gets its original reply.
     let out = statestore::Backend::handle_batch(&mut rebuilt, &[m], sim.now).expect("redelivery");
-    assert_eq!(reply(&out).payload, b":1\r\n");
+    assert_eq!(reply(&out).payload, &b":1\r\n"[..]);
     assert!(records(&out).is_empty());
     sim.finish();
 }
@@ -946,30 +946,30 @@ fn s15_quota() {
     let (m, out) = sim.call(&[b"SET", b"a", b"1"]);
     assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
     let (_, out) = sim.call(&[b"SET", b"bb", b"22"]);
-    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
     // A third key: over max_keys (2). Nothing is stored, no version.
     let (m, out) = sim.call(&[b"SET", b"c", b"3"]);
     assert_reply(&out, &m, QUOTA, None);
     let (_, out) = sim.call(&[b"GET", b"c"]);
-    assert_eq!(reply(&out).payload, b"$-1\r\n");
+    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
     // Updating an existing key is allowed, up to max_value_bytes (8).
     sim.advance(1);
     let (_, out) = sim.call(&[b"SET", b"a", b"12345678"]);
-    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
     let (m, out) = sim.call(&[b"SET", b"a", b"123456789"]);
     assert_reply(&out, &m, QUOTA, None);
     let (_, out) = sim.call(&[b"GET", b"a"]);
-    assert_eq!(reply(&out).payload, b"$8\r\n12345678\r\n");
+    assert_eq!(reply(&out).payload, &b"$8\r\n12345678\r\n"[..]);
     // A deletion makes room; a new key longer than max_key_bytes (4) is refused.
     let (_, out) = sim.call(&[b"DEL", b"bb"]);
-    assert_eq!(reply(&out).payload, b":1\r\n");
+    assert_eq!(reply(&out).payload, &b":1\r\n"[..]);
     let (m, out) = sim.call(&[b"SET", b"ccccc", b"1"]);
     assert_reply(&out, &m, QUOTA, None);
     // a (1 + 8) + c (1 + 8) = 18 bytes <= 20.
     let (_, out) = sim.call(&[b"SET", b"c", b"12345678"]);
-    assert_eq!(reply(&out).payload, b"+OK\r\n");
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
     let (_, out) = sim.call(&[b"DEL", b"c"]);
-    assert_eq!(reply(&out).payload, b":1\r\n");
+    assert_eq!(reply(&out).payload, &b":1\r\n"[..]);
     // a (9) + dddd (4 + 8) = 21 bytes > 20: the byte budget.
     let (m, out) = sim.call(&[b"SET", b"dddd", b"12345678"]);
     assert_reply(&out, &m, QUOTA, None);

@@ -262,7 +262,8 @@ fn a_redelivered_request_gets_its_reply_after_a_restart() {
     let out = s.store.handle_batch(&[m], now()).expect("handle");
     let again = reply(&out);
     assert_eq!(
-        again.payload, b"+OK\r\n",
+        again.payload,
+        &b"+OK\r\n"[..],
         "not executed again (it would be :-1)"
     );
     assert_eq!(again.user_property("__ts"), first.user_property("__ts"));

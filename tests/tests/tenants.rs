@@ -290,9 +290,9 @@ fn replies(outputs: &[Output]) -> Vec<(Vec<u8>, String, Vec<u8>)> {
         .iter()
         .filter_map(|o| match o {
             Output::Publish(m) if m.kind == PublishKind::Response => Some((
-                m.correlation_data.clone().unwrap_or_default(),
+                m.correlation_data.as_deref().unwrap_or_default().to_vec(),
                 m.user_property("__stat").unwrap_or("").to_string(),
-                m.payload.clone(),
+                m.payload.to_vec(),
             )),
             _ => None,
         })

@@ -46,7 +46,9 @@ fn a_tampered_vector_fails() {
         .find(|s| !s.outputs.is_empty())
         .expect("a step with outputs");
     if let statestore::Output::Publish(m) = &mut step.outputs[0] {
-        m.payload.push(b'!');
+        let mut changed = m.payload.to_vec();
+        changed.push(b'!');
+        m.payload = changed.into();
     }
     assert!(replay(&v, Kind::Native).is_err());
     assert!(replay(&v, Kind::Wasm).is_err());

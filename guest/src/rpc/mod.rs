@@ -176,6 +176,20 @@ impl<'a> RequestProps<'a> {
         p
     }
 
+    /// `name` as the reserved property name it is, if it is one.
+    pub fn reserved(name: &[u8]) -> Option<&'static str> {
+        Some(match name {
+            b"__ts" => prop::TIMESTAMP,
+            b"__ft" => prop::FENCING_TOKEN,
+            b"__protVer" => prop::PROTOCOL_VERSION,
+            b"__srcId" => prop::SOURCE_ID,
+            b"$partition" => prop::PARTITION,
+            b"__invId" => prop::INVOKER_ID,
+            b"aio-persistence" => prop::PERSIST,
+            _ => return None,
+        })
+    }
+
     /// Takes one user property into account (the first occurrence wins).
     pub fn add(&mut self, name: &str, value: &'a str) {
         let slot = match name {
@@ -249,6 +263,34 @@ mod tests {
                 naive(&base[..len])
             );
         }
+    }
+
+    #[test]
+    fn reserved_names_are_the_ones_add_reads() {
+        for name in [
+            prop::TIMESTAMP,
+            prop::FENCING_TOKEN,
+            prop::PROTOCOL_VERSION,
+            prop::SOURCE_ID,
+            prop::PARTITION,
+            prop::INVOKER_ID,
+            prop::PERSIST,
+        ] {
+            assert_eq!(RequestProps::reserved(name.as_bytes()), Some(name));
+            let mut p = RequestProps::default();
+            p.add(name, "x");
+            let set = [
+                p.timestamp,
+                p.fencing_token,
+                p.protocol_version,
+                p.source_id,
+                p.partition,
+                p.invoker_id,
+                p.persist,
+            ];
+            assert_eq!(set.iter().flatten().count(), 1, "{name}");
+        }
+        assert_eq!(RequestProps::reserved(b"__stat"), None);
     }
 
     #[test]
