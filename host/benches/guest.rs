@@ -217,11 +217,12 @@ criterion_group! {
 fn interleaved(rt: &Runtime, quick: bool) {
     use std::time::Instant;
     // The engine the servers run: pooling allocator, epoch interruption and
-    // a per-call deadline (a one-tenant fleet's settings).
+    // a per-call deadline (a one-tenant fleet's settings; a memory cap large
+    // enough for the dedup cache of 128,000 SETs of the batch-64 row).
     let served_engine = statestore::wasm::engine(&statestore::EngineOptions {
         pool: Some(statestore::PoolOptions {
             instances: 6,
-            max_memory: 64 << 20,
+            max_memory: 1 << 30,
         }),
         epoch_interruption: true,
     })
@@ -229,7 +230,7 @@ fn interleaved(rt: &Runtime, quick: bool) {
     let served = Runtime::load(&served_engine, statestore::GUEST_COMPONENT, None)
         .expect("component")
         .with_limits(statestore::StoreLimits {
-            memory_bytes: Some(64 << 20),
+            memory_bytes: Some(1 << 30),
             call_ms: Some(1000),
         });
     println!("wasm/native per request, interleaved rounds (median of per-round ratios):");
