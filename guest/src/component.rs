@@ -17,6 +17,140 @@ wit_bindgen::generate!({
 
 use exports::statestore::core::store as wit;
 
+/// Small blocks from size-class free lists, the rest from wasi-libc's
+/// dlmalloc. See [`pool`].
+#[global_allocator]
+static ALLOCATOR: pool::Pool = pool::Pool::new();
+
+/// A size-class front end for the component's allocator.
+///
+/// Handling a request allocates a handful of small blocks (a reply's
+/// payload, property list and timestamp) and frees them when its outputs
+/// are encoded; in dlmalloc each such pair costs about as much as the
+/// request's own logic (measured: issue 7, BENCHMARKS.md). Here a block of
+/// up to 256 bytes comes from the free list of its size class (multiples of
+/// 8 bytes) in a few instructions, and goes back to it on free; an empty
+/// list is refilled from 64 KiB regions taken from dlmalloc. Blocks carry no
+/// header (the `Layout` passed to `dealloc` gives the class), so a stored
+/// key costs no more than in dlmalloc (which adds 4 bytes and rounds to 8).
+/// Freed small blocks stay in their class for reuse; they are not returned
+/// to dlmalloc.
+mod pool {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::UnsafeCell;
+    use std::ptr;
+
+    const STEP: usize = 8;
+    const CLASSES: usize = 32;
+    /// Largest block served from the classes.
+    const MAX: usize = STEP * CLASSES;
+    const REGION: usize = 64 * 1024;
+
+    struct State {
+        /// Head of each class's free list; a free block holds the next.
+        free: [*mut u8; CLASSES],
+        /// The unused rest of the current region.
+        next: *mut u8,
+        left: usize,
+    }
+
+    pub struct Pool(UnsafeCell<State>);
+
+    // SAFETY: the component is single-threaded wasm (no `atomics` target
+    // feature: checked below), so the state is never shared between threads.
+    unsafe impl Sync for Pool {}
+
+    #[cfg(target_feature = "atomics")]
+    compile_error!("the pool allocator assumes single-threaded wasm");
+
+    impl Pool {
+        pub const fn new() -> Pool {
+            Pool(UnsafeCell::new(State {
+                free: [ptr::null_mut(); CLASSES],
+                next: ptr::null_mut(),
+                left: 0,
+            }))
+        }
+    }
+
+    /// The class of a layout the pool serves.
+    fn class(layout: Layout) -> Option<usize> {
+        let size = layout.size();
+        (size != 0 && size <= MAX && layout.align() <= STEP).then(|| (size - 1) / STEP)
+    }
+
+    unsafe impl GlobalAlloc for Pool {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let Some(c) = class(layout) else {
+                // SAFETY: forwarded as is.
+                return unsafe { System.alloc(layout) };
+            };
+            // SAFETY: single-threaded, and no other borrow of the state is
+            // live (the pool never calls itself).
+            let st = unsafe { &mut *self.0.get() };
+            let head = st.free[c];
+            if !head.is_null() {
+                // SAFETY: a free block of this class holds the next pointer.
+                st.free[c] = unsafe { head.cast::<*mut u8>().read() };
+                return head;
+            }
+            let size = (c + 1) * STEP;
+            if st.left < size {
+                // SAFETY: a non-zero size with a valid alignment.
+                let region =
+                    unsafe { System.alloc(Layout::from_size_align_unchecked(REGION, STEP)) };
+                if region.is_null() {
+                    return region;
+                }
+                st.next = region;
+                st.left = REGION;
+            }
+            let block = st.next;
+            // SAFETY: `size <= left`: still inside the region.
+            st.next = unsafe { block.add(size) };
+            st.left -= size;
+            block
+        }
+
+        unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+            match class(layout) {
+                Some(c) => {
+                    // SAFETY: as in `alloc`; the block is at least 8 bytes and
+                    // 8-aligned (its class's size and the regions' alignment).
+                    let st = unsafe { &mut *self.0.get() };
+                    unsafe { block.cast::<*mut u8>().write(st.free[c]) };
+                    st.free[c] = block;
+                }
+                // SAFETY: it came from System.alloc with this layout.
+                None => unsafe { System.dealloc(block, layout) },
+            }
+        }
+
+        unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: `GlobalAlloc::realloc`'s contract makes this layout valid.
+            let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
+            match (class(layout), class(new)) {
+                // Both large: dlmalloc may grow in place.
+                // SAFETY: it came from System.alloc with `layout`.
+                (None, None) => unsafe { System.realloc(block, layout, new_size) },
+                // The same class: nothing to do.
+                (Some(a), Some(b)) if a == b => block,
+                _ => {
+                    // SAFETY: as the default `GlobalAlloc::realloc`.
+                    unsafe {
+                        let moved = self.alloc(new);
+                        if !moved.is_null() {
+                            ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
+                            self.dealloc(block, layout);
+                        }
+                        moved
+                    }
+                }
+            }
+        }
+    }
+}
+
 struct Component;
 
 impl wit::Guest for Component {

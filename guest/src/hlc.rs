@@ -3,6 +3,12 @@
 //! Text form `<wall>:<counter>:<node>`, emitted as `%015d:%05d:%s`. Ordering is
 //! wall, then counter, then node id by bytes (§8.3), which is the derived order
 //! of [`Hlc`]'s fields.
+//!
+//! The request path works on [`Version`]s (the server's own timestamps: the
+//! node id is always the store's) and on [`Hlc::parse_parts`] (a request's
+//! `__ts`, borrowed), so that handling a request allocates no HLC: an owned
+//! [`Hlc`] is only built where a node id other than ours must be kept (a
+//! fencing token).
 
 use core::fmt;
 
@@ -23,6 +29,41 @@ pub struct Hlc {
     pub node: String,
 }
 
+/// A server-issued version: the node id is always the store's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    /// HLC wall time, ms.
+    pub wall: u64,
+    /// HLC counter (< 2^31).
+    pub counter: u32,
+}
+
+impl Version {
+    /// The version part of a server-issued HLC.
+    pub fn of(hlc: &Hlc) -> Version {
+        // The clock never issues a counter above MAX_COUNTER < u32::MAX.
+        Version {
+            wall: hlc.wall,
+            counter: u32::try_from(hlc.counter).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// This version as an HLC of `node`.
+    pub fn to_hlc(self, node: &str) -> Hlc {
+        Hlc {
+            wall: self.wall,
+            counter: u64::from(self.counter),
+            node: node.to_string(),
+        }
+    }
+
+    /// The wire form of this version as an HLC of `node` (what
+    /// `self.to_hlc(node).encode()` gives, with one allocation).
+    pub fn encode(self, node: &str) -> String {
+        encode(self.wall, u64::from(self.counter), node)
+    }
+}
+
 /// A `__ts` or `__ft` value that is not `<digits>:<digits>:<node>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MalformedTimestamp;
@@ -31,40 +72,101 @@ impl Hlc {
     /// Parses the text form (§8.2): exactly three `:`-separated parts, the first
     /// two non-empty ASCII digits that fit in a u64, the third kept as is.
     pub fn parse(text: &str) -> Result<Hlc, MalformedTimestamp> {
-        // Byte searches rather than `split`: this runs for every request.
-        let colon = |s: &str| s.bytes().position(|b| b == b':');
-        let first = colon(text).ok_or(MalformedTimestamp)?;
-        let (wall, rest) = (&text[..first], &text[first + 1..]);
-        let second = colon(rest).ok_or(MalformedTimestamp)?;
-        let (counter, node) = (&rest[..second], &rest[second + 1..]);
-        if colon(node).is_some() {
-            return Err(MalformedTimestamp);
-        }
+        let (wall, counter, node) = Hlc::parse_parts(text)?;
         Ok(Hlc {
-            wall: digits(wall)?,
-            counter: digits(counter)?,
+            wall,
+            counter,
             node: node.to_string(),
         })
     }
 
+    /// [`Hlc::parse`] without copying the node id: `(wall, counter, node)`.
+    /// One pass over the text (this runs for every request).
+    pub fn parse_parts(text: &str) -> Result<(u64, u64, &str), MalformedTimestamp> {
+        let b = text.as_bytes();
+        let (wall, i) = digits_to_colon(b, 0)?;
+        let (counter, j) = digits_to_colon(b, i)?;
+        let node = &text[j..];
+        if node.as_bytes().contains(&b':') {
+            return Err(MalformedTimestamp);
+        }
+        Ok((wall, counter, node))
+    }
+
     /// Whether this timestamp is more than [`MAX_SKEW_MS`] ahead of `now`.
     pub fn too_far_ahead_of(&self, now: u64) -> bool {
-        self.wall.saturating_sub(now) > MAX_SKEW_MS
+        too_far_ahead(self.wall, now)
     }
 }
 
-fn digits(s: &str) -> Result<u64, MalformedTimestamp> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+/// Whether a timestamp of wall time `wall` is more than [`MAX_SKEW_MS`] ahead of `now`.
+pub fn too_far_ahead(wall: u64, now: u64) -> bool {
+    wall.saturating_sub(now) > MAX_SKEW_MS
+}
+
+/// The non-empty run of ASCII digits at `b[start..]` that ends with a `:`,
+/// as a u64, and the index after the `:`.
+fn digits_to_colon(b: &[u8], start: usize) -> Result<(u64, usize), MalformedTimestamp> {
+    let mut v = 0u64;
+    let mut i = start;
+    // Eight digits a step while they are there (a `__ts` wall time has 15),
+    // up to 16 digits: no overflow.
+    while i + 8 <= b.len() && i - start <= 8 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        let x = u64::from_le_bytes(w);
+        if !eight_digits(x) {
+            break;
+        }
+        v = v * 100_000_000 + eight_digits_value(x);
+        i += 8;
+    }
+    while i < b.len() && b[i] != b':' {
+        let d = b[i].wrapping_sub(b'0');
+        if d > 9 {
+            return Err(MalformedTimestamp);
+        }
+        v = if i - start < 19 {
+            // Up to 19 digits fit in a u64: no overflow checks (in wasm,
+            // 64-bit overflow checks call a 128-bit multiply).
+            v * 10 + u64::from(d)
+        } else {
+            v.checked_mul(10)
+                .and_then(|v| v.checked_add(u64::from(d)))
+                .ok_or(MalformedTimestamp)?
+        };
+        i += 1;
+    }
+    if i == start || i == b.len() {
         return Err(MalformedTimestamp);
     }
-    if s.len() > 19 {
-        // Could overflow: the checked (slower) parse.
-        return s.parse().map_err(|_| MalformedTimestamp);
-    }
-    // Up to 19 digits fit in a u64: no overflow checks (in wasm, 64-bit
-    // overflow checks call a 128-bit multiply).
-    Ok(s.bytes().fold(0u64, |v, b| v * 10 + u64::from(b - b'0')))
+    Ok((v, i + 1))
 }
+
+const NIBBLES: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+const ZEROS: u64 = 0x3030_3030_3030_3030;
+
+/// Whether the eight bytes of `x` are all ASCII digits.
+fn eight_digits(x: u64) -> bool {
+    // High nibble 3 (0x30..=0x3F), and still 3 after adding 6 (not 0x3A..).
+    x & NIBBLES == ZEROS && x.wrapping_add(0x0606_0606_0606_0606) & NIBBLES == ZEROS
+}
+
+/// The value of eight ASCII digits read little-endian (the first digit in
+/// the lowest byte): pairs, then fours, then all eight.
+fn eight_digits_value(x: u64) -> u64 {
+    let x = x - ZEROS;
+    let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00FF_00FF_00FF_00FF;
+    let x = (x.wrapping_mul(100) + (x >> 16)) & 0x0000_FFFF_0000_FFFF;
+    (x.wrapping_mul(10_000) + (x >> 32)) & 0xFFFF_FFFF
+}
+
+/// "00" to "99".
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
 
 /// Appends `v` in decimal, zero-padded to at least `width` digits (what
 /// `{:0width$}` does, without the formatting machinery: this is on the path
@@ -72,46 +174,53 @@ fn digits(s: &str) -> Result<u64, MalformedTimestamp> {
 fn push_padded(out: &mut String, v: u64, width: usize) {
     let mut digits = [b'0'; 20];
     let mut i = digits.len();
+    let mut pair = |i: &mut usize, d: u32| {
+        *i -= 2;
+        let d = d as usize * 2;
+        digits[*i..*i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    };
     // 64-bit division in wasm32 goes through a 128-bit multiply: peel off
-    // nine digits at a time with it, then use 32-bit arithmetic.
+    // eight digits at a time with it, then use 32-bit arithmetic.
     let mut n = v;
-    loop {
-        let (mut chunk, rest) = if n >= 1_000_000_000 {
-            ((n % 1_000_000_000) as u32, n / 1_000_000_000)
-        } else {
-            (n as u32, 0)
-        };
-        let mut produced = 0;
-        while chunk != 0 || (rest != 0 && produced < 9) || produced == 0 {
-            i -= 1;
-            digits[i] = b'0' + (chunk % 10) as u8;
-            chunk /= 10;
-            produced += 1;
-            if rest == 0 && chunk == 0 {
-                break;
-            }
+    while n > u64::from(u32::MAX) {
+        let (q, mut r) = (n / 100_000_000, (n % 100_000_000) as u32);
+        for _ in 0..4 {
+            pair(&mut i, r % 100);
+            r /= 100;
         }
-        if rest == 0 {
-            break;
-        }
-        n = rest;
+        n = q;
+    }
+    let mut r = n as u32;
+    while r >= 100 {
+        pair(&mut i, r % 100);
+        r /= 100;
+    }
+    if r >= 10 {
+        pair(&mut i, r);
+    } else {
+        i -= 1;
+        digits[i] = b'0' + r as u8;
     }
     let len = (digits.len() - i).max(width.min(digits.len()));
-    for &d in &digits[digits.len() - len..] {
-        out.push(char::from(d));
-    }
+    // ASCII digits: always UTF-8.
+    out.push_str(core::str::from_utf8(&digits[digits.len() - len..]).unwrap_or_default());
+}
+
+/// `{wall:015}:{counter:05}:{node}`.
+fn encode(wall: u64, counter: u64, node: &str) -> String {
+    let mut s = String::with_capacity(22 + node.len());
+    push_padded(&mut s, wall, 15);
+    s.push(':');
+    push_padded(&mut s, counter, 5);
+    s.push(':');
+    s.push_str(node);
+    s
 }
 
 impl Hlc {
     /// The wire form `{wall:015}:{counter:05}:{node}`, as [`fmt::Display`] gives it.
     pub fn encode(&self) -> String {
-        let mut s = String::with_capacity(22 + self.node.len());
-        push_padded(&mut s, self.wall, 15);
-        s.push(':');
-        push_padded(&mut s, self.counter, 5);
-        s.push(':');
-        s.push_str(&self.node);
-        s
+        encode(self.wall, self.counter, &self.node)
     }
 }
 
@@ -161,6 +270,14 @@ impl Clock {
         }
     }
 
+    /// The current value of L as a version.
+    pub fn version(&self) -> Version {
+        Version {
+            wall: self.wall,
+            counter: u32::try_from(self.counter).unwrap_or(u32::MAX),
+        }
+    }
+
     /// `(wall, counter)` of L, for snapshots.
     pub fn parts(&self) -> (u64, u64) {
         (self.wall, self.counter)
@@ -178,8 +295,19 @@ impl Clock {
     /// The receive rule of §8.4 for a request carrying `remote` (already checked
     /// for skew), at `now`. Returns the new L. L is unchanged on error.
     pub fn receive(&mut self, remote: &Hlc, now: u64) -> Result<Hlc, CounterOverflow> {
+        self.receive_parts(remote.wall, remote.counter, now)?;
+        Ok(self.current())
+    }
+
+    /// [`Clock::receive`] of a remote `(wall, counter)` (the node id plays no
+    /// part), returning the new L as a version.
+    pub fn receive_parts(
+        &mut self,
+        rw: u64,
+        rc: u64,
+        now: u64,
+    ) -> Result<Version, CounterOverflow> {
         let (lw, lc) = (self.wall, self.counter);
-        let (rw, rc) = (remote.wall, remote.counter);
         let next = if now > lw && now > rw {
             (now, 0)
         } else if lw == rw {
@@ -194,6 +322,12 @@ impl Clock {
 
     /// The local tick of §8.4 (no remote timestamp, or a timer event).
     pub fn tick(&mut self, now: u64) -> Result<Hlc, CounterOverflow> {
+        self.tick_version(now)?;
+        Ok(self.current())
+    }
+
+    /// [`Clock::tick`], returning the new L as a version.
+    pub fn tick_version(&mut self, now: u64) -> Result<Version, CounterOverflow> {
         let next = if now > self.wall {
             (now, 0)
         } else {
@@ -202,13 +336,13 @@ impl Clock {
         self.set(next)
     }
 
-    fn set(&mut self, (wall, counter): (u64, u64)) -> Result<Hlc, CounterOverflow> {
+    fn set(&mut self, (wall, counter): (u64, u64)) -> Result<Version, CounterOverflow> {
         if counter > MAX_COUNTER {
             return Err(CounterOverflow);
         }
         self.wall = wall;
         self.counter = counter;
-        Ok(self.current())
+        Ok(self.version())
     }
 }
 
@@ -307,6 +441,71 @@ mod tests {
             "99999999999999999999:0:n",
         ] {
             assert_eq!(Hlc::parse(bad), Err(MalformedTimestamp), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parse_parts_borrows_what_parse_copies() {
+        for text in [
+            "1696374425000:0:CLIENT",
+            "001:00002:",
+            "000000000000000000000001:7:n",
+            "18446744073709551615:18446744073709551615:x y",
+        ] {
+            let h = Hlc::parse(text).expect("parses");
+            assert_eq!(
+                Hlc::parse_parts(text),
+                Ok((h.wall, h.counter, h.node.as_str()))
+            );
+        }
+        assert_eq!(
+            Hlc::parse("18446744073709551615:0:n").map(|h| h.wall),
+            Ok(u64::MAX)
+        );
+        for bad in ["1:2", "1:2:3:4", ":1:n", "1::n", "1:2x:n", "", ":", "::"] {
+            assert_eq!(Hlc::parse_parts(bad), Err(MalformedTimestamp), "{bad}");
+        }
+    }
+
+    #[test]
+    fn eight_digits_at_a_time() {
+        for text in ["00000000", "12345678", "99999999", "90000001", "01020304"] {
+            let x = u64::from_le_bytes(text.as_bytes().try_into().expect("8 bytes"));
+            assert!(eight_digits(x), "{text}");
+            assert_eq!(eight_digits_value(x), text.parse::<u64>().expect("digits"));
+        }
+        for bad in [
+            "1234567:",
+            "/2345678",
+            "12345a78",
+            "1234 678",
+            "\x7f2345678",
+        ] {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bad.as_bytes()[..8]);
+            assert!(!eight_digits(u64::from_le_bytes(w)), "{bad}");
+        }
+        // Every length of digit run around the 8- and 16-digit steps.
+        for len in 1..=24 {
+            let digits: String = (0..len).map(|i| char::from(b'1' + (i % 9) as u8)).collect();
+            let text = format!("{digits}:{digits}:node");
+            let expected = digits.parse::<u64>().ok();
+            assert_eq!(
+                Hlc::parse_parts(&text)
+                    .ok()
+                    .map(|(w, c, n)| (w, c, n.to_string())),
+                expected.map(|v| (v, v, "node".to_string())),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn version_encodes_as_its_hlc() {
+        for (wall, counter) in [(0, 0), (1_700_000_000_123, 42), (u64::MAX, u32::MAX)] {
+            let v = Version { wall, counter };
+            assert_eq!(v.encode("node-1"), v.to_hlc("node-1").encode());
+            assert_eq!(Version::of(&v.to_hlc("x")), v);
         }
     }
 

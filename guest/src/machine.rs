@@ -18,13 +18,13 @@ use std::collections::VecDeque;
 
 use crate::command::{self, Command};
 use crate::errors::ServiceError;
-use crate::hlc::{Clock, Hlc};
+use crate::hlc::{self, Clock, Hlc, Version};
 use crate::journal;
 use crate::notify::{self, Registry};
 use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
-use crate::store::{Change, Request, Table, Version};
+use crate::store::{Change, Request, Table};
 use crate::types::{
     Bytes, Config, Error, InboundMessage, OutboundMessage, Output, Persist, Property, PublishKind,
     Str,
@@ -48,7 +48,8 @@ pub struct StateMachine {
 struct Reply {
     status: Status,
     payload: Bytes,
-    version: Option<Hlc>,
+    /// `__ts`: a version of this store's node.
+    version: Option<Version>,
     extra: Vec<(&'static str, String)>,
     /// Whether to keep it in the dedup cache (not GET: re-reading is harmless
     /// and values can be large).
@@ -56,7 +57,7 @@ struct Reply {
 }
 
 impl Reply {
-    fn ok(payload: impl Into<Bytes>, version: Option<Hlc>) -> Reply {
+    fn ok(payload: impl Into<Bytes>, version: Option<Version>) -> Reply {
         Reply {
             status: Status::Ok,
             payload: payload.into(),
@@ -97,13 +98,14 @@ impl StateMachine {
         config.validate()?;
         let mut table = Table::with_seed(config.hash_seed);
         table.set_quota(config.quota);
+        let dedup = DedupCache::with_seed(config.hash_seed);
         Ok(StateMachine {
             clock: Clock::new(config.node_id.clone()),
             server_id: config.server_client_id.as_deref().map(Str::from),
             config,
             table,
             registry: Registry::default(),
-            dedup: DedupCache::default(),
+            dedup,
             outputs: VecDeque::new(),
         })
     }
@@ -165,6 +167,9 @@ impl StateMachine {
     /// outputs (keeping each group's order): a host makes them durable
     /// before it publishes anything of the same input.
     fn records_first(&mut self, mark: usize) {
+        if self.config.persist == Persist::None {
+            return; // No records at all.
+        }
         // Most inputs journal nothing (or only a record): nothing to move.
         let records = self
             .outputs
@@ -219,13 +224,13 @@ impl StateMachine {
             // overflow reuse L rather than fail a timer.
             let version = self
                 .clock
-                .tick(now)
-                .unwrap_or_else(|_| self.clock.current());
+                .tick_version(now)
+                .unwrap_or_else(|_| self.clock.version());
             if self.journals(persist) {
-                let record = journal::expire(&key, Version::of(&version));
+                let record = journal::expire(&key, version);
                 self.outputs.push_back(Output::Journal(record));
             }
-            self.notify(&key, Change::Delete, &version);
+            self.notify(&key, Change::Delete, version);
         }
         self.dedup.evict(now);
     }
@@ -249,7 +254,16 @@ impl StateMachine {
         let Some(response_topic) = msg.response_topic else {
             return;
         };
-        match rpc::check_response_topic(response_topic) {
+        // A topic the dedup cache holds replies to passed this check when
+        // they were made (the check depends on the topic alone); it is
+        // shared by the reply instead of copied again.
+        let topic_hash = self.dedup.topic_hash(response_topic);
+        let known = self.dedup.known_topic(topic_hash, response_topic).cloned();
+        let check = match known {
+            Some(_) => TopicCheck::Valid,
+            None => rpc::check_response_topic(response_topic),
+        };
+        match check {
             TopicCheck::Valid => {}
             TopicCheck::Invalid => return,
             TopicCheck::Forbidden => {
@@ -276,7 +290,7 @@ impl StateMachine {
                 "the request has no correlation data".into(),
                 vec![(prop::PROPERTY_NAME, "Correlation Data".into())],
             );
-            let out = self.response(response_topic, None, expiry, reply);
+            let out = self.response(response_topic.into(), None, expiry, reply);
             self.outputs.push_back(Output::Publish(out));
             return;
         };
@@ -286,12 +300,16 @@ impl StateMachine {
                 "the request has no message expiry interval".into(),
                 vec![(prop::PROPERTY_NAME, "Message Expiry".into())],
             );
-            let out = self.response(response_topic, Some(correlation), None, reply);
+            let out = self.response(response_topic.into(), Some(correlation), None, reply);
             self.outputs.push_back(Output::Publish(out));
             return;
         };
         let expiry = rpc::remaining_secs(deadline, now);
-        if let Some(cached) = self.dedup.get(response_topic, correlation, now) {
+        let cached = known.as_ref().and_then(|_| {
+            self.dedup
+                .cached(topic_hash, response_topic, correlation, now)
+        });
+        if let Some(cached) = cached {
             let mut reply = cached.reply.clone();
             reply.message_expiry_interval = Some(expiry);
             self.outputs.push_back(Output::Publish(reply));
@@ -299,7 +317,8 @@ impl StateMachine {
         }
         let reply = self.execute(msg, &props, identity, now);
         let cache = reply.cache;
-        let mut out = self.response(response_topic, Some(correlation), None, reply);
+        let topic = known.unwrap_or_else(|| response_topic.into());
+        let mut out = self.response(topic, Some(correlation), None, reply);
         if cache {
             let cached = Cached {
                 expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
@@ -344,16 +363,17 @@ impl StateMachine {
         if let Some(payload) = crate::fault::inject(&command) {
             return Reply::ok(payload, None);
         }
-        let timestamp = match props.timestamp.map(Hlc::parse) {
+        // (wall, counter): the node id of a `__ts` plays no part.
+        let timestamp = match props.timestamp.map(Hlc::parse_parts) {
             None if matches!(command, Command::Set { .. }) => {
                 return Reply::error(ServiceError::TimestampMissing);
             }
             None => None,
             Some(Err(_)) => return Reply::error(ServiceError::TimestampMalformed),
-            Some(Ok(ts)) if ts.too_far_ahead_of(now) => {
+            Some(Ok((wall, _, _))) if hlc::too_far_ahead(wall, now) => {
                 return Reply::error(ServiceError::TimestampSkew);
             }
-            Some(Ok(ts)) => Some(ts),
+            Some(Ok((wall, counter, _))) => Some((wall, counter)),
         };
         let fencing_token = match props.fencing_token.filter(|_| command.is_fenced_write()) {
             None => None,
@@ -382,7 +402,7 @@ impl StateMachine {
             _ => None,
         };
         // The request's `__ts` is absorbed into L (spec §8.4).
-        let received = match timestamp.map(|ts| self.clock.receive(&ts, now)) {
+        let received = match timestamp.map(|(w, c)| self.clock.receive_parts(w, c, now)) {
             None => None,
             Some(Ok(l)) => Some(l),
             Some(Err(_)) => return Reply::counter_overflow(),
@@ -400,7 +420,7 @@ impl StateMachine {
         }
         let request = Request {
             now,
-            received: received.as_ref(),
+            received,
             fencing_token: fencing_token.as_ref(),
             persist: props
                 .persist
@@ -414,12 +434,11 @@ impl StateMachine {
                 .table
                 .get(command.key(), now)
                 .is_some_and(|e| e.persist);
-        let node = self.config.node_id.as_str();
-        let outcome = match self.table.execute(&command, request, &mut self.clock, node) {
+        let outcome = match self.table.execute(&command, request, &mut self.clock) {
             Ok(outcome) => outcome,
             Err(_) => return Reply::counter_overflow(),
         };
-        if let Some(version) = &outcome.version {
+        if let Some(version) = outcome.version {
             self.journal_change(command.key(), outcome.change, version, before);
             self.notify(command.key(), outcome.change, version);
         }
@@ -429,28 +448,30 @@ impl StateMachine {
     }
 
     /// Queues the journal record of a change (before its notifications and reply).
-    fn journal_change(&mut self, key: &[u8], change: Change, version: &Hlc, was_persisted: bool) {
+    fn journal_change(
+        &mut self,
+        key: &[u8],
+        change: Change,
+        version: Version,
+        was_persisted: bool,
+    ) {
         let record = match change {
             Change::None => return,
             Change::Set => match self.table.entry(key) {
                 Some(e) if self.journals(e.persist) => journal::put(key, e),
                 // Flagged mode, an unflagged SET over a persisted value: the
                 // old value must not come back after a restart.
-                Some(_) if self.journals(was_persisted) => {
-                    journal::delete(key, Version::of(version))
-                }
+                Some(_) if self.journals(was_persisted) => journal::delete(key, version),
                 _ => return,
             },
-            Change::Delete if self.journals(was_persisted) => {
-                journal::delete(key, Version::of(version))
-            }
+            Change::Delete if self.journals(was_persisted) => journal::delete(key, version),
             Change::Delete => return,
         };
         self.outputs.push_back(Output::Journal(record));
     }
 
     /// Queues a notification of `change` to every observer of `key`.
-    fn notify(&mut self, key: &[u8], change: Change, version: &Hlc) {
+    fn notify(&mut self, key: &[u8], change: Change, version: Version) {
         if !self.registry.is_observed(key) {
             return;
         }
@@ -464,7 +485,10 @@ impl StateMachine {
         };
         let payload = Bytes::from(payload);
         let mut user_properties: Vec<Property> = vec![
-            (Str::from_static(prop::TIMESTAMP), version.encode().into()),
+            (
+                Str::from_static(prop::TIMESTAMP),
+                version.encode(&self.config.node_id).into(),
+            ),
             (
                 Str::from_static(prop::PROTOCOL_VERSION),
                 Str::from_static(rpc::PROTOCOL_VERSION),
@@ -493,12 +517,20 @@ impl StateMachine {
 
     fn response(
         &self,
-        topic: &str,
+        topic: Str,
         correlation: Option<&[u8]>,
         expiry: Option<u32>,
         reply: Reply,
     ) -> OutboundMessage {
-        envelope(self.server_id.as_ref(), topic, correlation, expiry, reply)
+        let node = &self.config.node_id;
+        envelope(
+            self.server_id.as_ref(),
+            node,
+            topic,
+            correlation,
+            expiry,
+            reply,
+        )
     }
 
     /// The reply a host sends for a request that no state machine could
@@ -535,7 +567,8 @@ impl StateMachine {
         };
         Some(envelope(
             config.server_client_id.as_deref().map(Str::from).as_ref(),
-            topic,
+            &config.node_id,
+            topic.into(),
             msg.correlation_data.as_deref(),
             deadline.map(|d| rpc::remaining_secs(d, now)),
             reply,
@@ -555,7 +588,8 @@ pub enum HostReply {
 /// A reply as an MQTT message (spec §4.1).
 fn envelope(
     server_id: Option<&Str>,
-    topic: &str,
+    node: &str,
+    topic: Str,
     correlation: Option<&[u8]>,
     expiry: Option<u32>,
     reply: Reply,
@@ -566,7 +600,7 @@ fn envelope(
         user_properties.push((name(prop::STATUS), name(reply.status.code())));
         user_properties.push((name(prop::PROTOCOL_VERSION), name(rpc::PROTOCOL_VERSION)));
         if let Some(version) = &reply.version {
-            user_properties.push((name(prop::TIMESTAMP), version.encode().into()));
+            user_properties.push((name(prop::TIMESTAMP), version.encode(node).into()));
         }
         user_properties.extend(reply.extra.into_iter().map(|(n, v)| (name(n), v.into())));
         if let Some(id) = server_id {
@@ -575,7 +609,7 @@ fn envelope(
         user_properties.push((name(prop::HIGH_PRIORITY), name("")));
         OutboundMessage {
             kind: PublishKind::Response,
-            topic: Str::from(topic),
+            topic,
             payload: reply.payload,
             qos: 1,
             retain: false,

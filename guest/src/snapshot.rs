@@ -117,7 +117,7 @@ impl StateMachine {
             let client = r.str()?;
             registry.register(&client, r.bytes()?);
         }
-        let mut dedup = DedupCache::default();
+        let mut dedup = DedupCache::with_seed(config.hash_seed);
         for _ in 0..r.u64()? {
             let topic = r.str()?;
             let corr = r.bytes()?.to_vec();

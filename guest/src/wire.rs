@@ -315,7 +315,7 @@ impl<'a> Decoder<'a> {
     }
 
     fn str(&mut self) -> Result<&'a str, Error> {
-        core::str::from_utf8(self.bytes()?).map_err(|_| bad("a string is not UTF-8"))
+        utf8(self.bytes()?)
     }
 
     fn opt<T>(
@@ -333,7 +333,7 @@ impl<'a> Decoder<'a> {
         // The request topic needs no UTF-8 check: equal bytes are the constant.
         let topic = match self.bytes()? {
             t if t == REQUEST_TOPIC.as_bytes() => REQUEST_TOPIC,
-            t => core::str::from_utf8(t).map_err(|_| bad("a string is not UTF-8"))?,
+            t => utf8(t)?,
         };
         let payload = self.bytes()?;
         let qos = self.u8()?;
@@ -351,9 +351,7 @@ impl<'a> Decoder<'a> {
             // Only the reserved properties are read, so only their values
             // need to be UTF-8 (the others are skipped unchecked).
             if let Some(name) = RequestProps::reserved(name) {
-                let value =
-                    core::str::from_utf8(value).map_err(|_| bad("a string is not UTF-8"))?;
-                props.add(name, value);
+                props.add(name, utf8(value)?);
             }
         }
         let client_id = self.opt(Self::str)?;
@@ -482,9 +480,54 @@ pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
     Ok(out)
 }
 
+/// `b` as a string if it is UTF-8. Topics and property values are nearly
+/// always ASCII, which is checked eight bytes a step (`core::str::from_utf8`
+/// goes four bytes a step on wasm32, and this runs on every request's
+/// response topic and reserved properties); anything else is checked by
+/// `core::str::from_utf8`.
+pub fn utf8(b: &[u8]) -> Result<&str, Error> {
+    let chunks = b.chunks_exact(8);
+    let tail_ascii = chunks.remainder().is_ascii();
+    let high = chunks.fold(0u64, |acc, c| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        acc | u64::from_le_bytes(w)
+    });
+    if tail_ascii && high & 0x8080_8080_8080_8080 == 0 {
+        #[allow(unsafe_code)]
+        // SAFETY: every byte is below 0x80, and ASCII is valid UTF-8.
+        return Ok(unsafe { core::str::from_utf8_unchecked(b) });
+    }
+    core::str::from_utf8(b).map_err(|_| bad("a string is not UTF-8"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utf8_agrees_with_core() {
+        let base = b"clients/c1/services/statestore/v1/response".to_vec();
+        let inserts: [&[u8]; 6] = [
+            b"\xc3\xa9",
+            b"\xe2\x82\xac",
+            b"\xff",
+            b"\xc3",
+            b"\x80",
+            b"\x7f",
+        ];
+        for len in 0..base.len() {
+            let ascii = &base[..len];
+            assert_eq!(utf8(ascii).ok(), core::str::from_utf8(ascii).ok());
+            for pos in 0..=len {
+                for insert in inserts {
+                    let mut t = ascii.to_vec();
+                    t.splice(pos..pos, insert.iter().copied());
+                    assert_eq!(utf8(&t).ok(), core::str::from_utf8(&t).ok(), "{t:?}");
+                }
+            }
+        }
+    }
 
     fn message() -> InboundMessage {
         InboundMessage {

@@ -3,11 +3,20 @@
 //!
 //! Keyed by (response topic, correlation data). An entry lives until its
 //! request's deadline plus [`super::DEDUP_BUFFER_MS`].
+//!
+//! Every request is looked up here, so the lookup is two hash probes (the
+//! topic, then the correlation data under it), never a walk over ordered
+//! maps of long, shared-prefix topics. The topic probe also hands the
+//! machine the topic as a shared [`Str`], which its reply reuses instead
+//! of copying the request's.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::hash::BuildHasher;
 
-use crate::types::OutboundMessage;
+use foldhash::fast::FixedState;
+use hashbrown::HashTable;
+
+use crate::types::{OutboundMessage, Str};
 
 /// A cached reply and when it is forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,58 +27,160 @@ pub struct Cached {
     pub reply: OutboundMessage,
 }
 
-/// One topic's replies by correlation data, with their insertion numbers.
-type ByCorrelation = BTreeMap<Box<[u8]>, (Cached, u64)>;
+/// One cached reply under its topic, with its insertion number.
+#[derive(Debug, Clone)]
+struct Reply {
+    correlation: Box<[u8]>,
+    cached: Cached,
+    seq: u64,
+}
 
-/// (response topic, correlation data).
-type Key = (Arc<str>, Box<[u8]>);
+/// One response topic and its replies by correlation data.
+#[derive(Debug, Clone)]
+struct Topic {
+    name: Str,
+    replies: HashTable<Reply>,
+}
+
+/// (response topic, correlation data) of a cached reply.
+type Key = (Str, Box<[u8]>);
+
+/// Mixed into the host's seed.
+const HASH_SEED: u64 = 0x6465_6475_7063_6163;
 
 /// Replies by response topic, then correlation data.
 ///
 /// The deadline index is ordered by (deadline, insertion number), so that
 /// keeping it in step compares integers, never the topics and correlation
 /// data (which are long and often share a prefix).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DedupCache {
-    entries: BTreeMap<Arc<str>, ByCorrelation>,
+    topics: HashTable<Topic>,
     /// (deadline, insertion number) -> (topic, correlation).
     deadlines: BTreeMap<(u64, u64), Key>,
+    hasher: FixedState,
     seq: u64,
     len: usize,
 }
 
+impl Default for DedupCache {
+    fn default() -> Self {
+        DedupCache::with_seed(0)
+    }
+}
+
+/// A response topic's hash under a cache's seed: computed once per request
+/// for [`DedupCache::known_topic`] and [`DedupCache::cached`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicHash(u64);
+
 impl DedupCache {
+    /// An empty cache whose hashes are keyed by `seed` (the host's
+    /// `hash-seed`, so that peers cannot aim for collisions).
+    pub fn with_seed(seed: u64) -> DedupCache {
+        DedupCache {
+            topics: HashTable::new(),
+            deadlines: BTreeMap::new(),
+            hasher: FixedState::with_seed(seed ^ HASH_SEED),
+            seq: 0,
+            len: 0,
+        }
+    }
+
+    fn hash(&self, bytes: &[u8]) -> u64 {
+        self.hasher.hash_one(bytes)
+    }
+
+    /// The hash of a response topic, for the lookups below.
+    pub fn topic_hash(&self, name: &str) -> TopicHash {
+        TopicHash(self.hash(name.as_bytes()))
+    }
+
+    fn topic(&self, hash: TopicHash, name: &str) -> Option<&Topic> {
+        self.topics.find(hash.0, |t| *t.name == *name)
+    }
+
+    /// The topic as a shared string, if the cache holds a reply to it.
+    pub fn known_topic(&self, hash: TopicHash, name: &str) -> Option<&Str> {
+        self.topic(hash, name).map(|t| &t.name)
+    }
+
+    /// The cached reply for this request, if still remembered at `now`.
+    pub fn cached(
+        &self,
+        hash: TopicHash,
+        response_topic: &str,
+        correlation: &[u8],
+        now: u64,
+    ) -> Option<&Cached> {
+        self.topic(hash, response_topic)?
+            .replies
+            .find(self.hash(correlation), |r| *r.correlation == *correlation)
+            .map(|r| &r.cached)
+            .filter(|c| now < c.expires_at)
+    }
+
     /// The cached reply for this request, if still remembered at `now`.
     pub fn get(&self, response_topic: &str, correlation: &[u8], now: u64) -> Option<&Cached> {
-        self.entries
-            .get(response_topic)?
-            .get(correlation)
-            .map(|(c, _)| c)
-            .filter(|c| now < c.expires_at)
+        let hash = self.topic_hash(response_topic);
+        self.cached(hash, response_topic, correlation, now)
     }
 
     /// Remembers a reply.
     pub fn insert(&mut self, response_topic: &str, correlation: &[u8], cached: Cached) {
         let at = cached.expires_at;
-        let topic = match self.entries.get_key_value(response_topic) {
-            Some((topic, _)) => topic.clone(),
-            None => Arc::from(response_topic),
-        };
         self.seq += 1;
         let seq = self.seq;
-        let old = self
-            .entries
-            .entry(topic.clone())
-            .or_default()
-            .insert(correlation.into(), (cached, seq));
+        let hasher = self.hasher.clone();
+        let hash = |b: &[u8]| hasher.hash_one(b);
+        let topic_hash = hash(response_topic.as_bytes());
+        let topic = match self
+            .topics
+            .find_mut(topic_hash, |t| *t.name == *response_topic)
+        {
+            Some(topic) => topic,
+            None => {
+                // The reply's own topic is the response topic: share it.
+                let name = if *cached.reply.topic == *response_topic {
+                    cached.reply.topic.clone()
+                } else {
+                    Str::from(response_topic)
+                };
+                let topic = Topic {
+                    name,
+                    replies: HashTable::new(),
+                };
+                self.topics
+                    .insert_unique(topic_hash, topic, |t| hash(t.name.as_bytes()))
+                    .into_mut()
+            }
+        };
+        let name = topic.name.clone();
+        let corr_hash = hash(correlation);
+        let reply = Reply {
+            correlation: correlation.into(),
+            cached,
+            seq,
+        };
+        let old = match topic
+            .replies
+            .find_mut(corr_hash, |r| *r.correlation == *correlation)
+        {
+            Some(slot) => Some(std::mem::replace(slot, reply)),
+            None => {
+                topic
+                    .replies
+                    .insert_unique(corr_hash, reply, |r| hash(&r.correlation));
+                None
+            }
+        };
         match old {
-            Some((old, old_seq)) => {
-                self.deadlines.remove(&(old.expires_at, old_seq));
+            Some(old) => {
+                self.deadlines.remove(&(old.cached.expires_at, old.seq));
             }
             None => self.len += 1,
         }
-        self.deadlines
-            .insert((at, seq), (topic, correlation.into()));
+        self.deadlines.insert((at, seq), (name, correlation.into()));
     }
 
     /// Forgets everything that expired at `now`.
@@ -78,14 +189,22 @@ impl DedupCache {
             if entry.key().0 > now {
                 break;
             }
-            let (topic, corr) = entry.remove();
-            if let Some(by_corr) = self.entries.get_mut(&topic) {
-                if by_corr.remove(&corr).is_some() {
-                    self.len -= 1;
-                }
-                if by_corr.is_empty() {
-                    self.entries.remove(&topic);
-                }
+            let (name, corr) = entry.remove();
+            let topic_hash = self.hash(name.as_bytes());
+            let corr_hash = self.hash(&corr);
+            let Ok(mut topic) = self.topics.find_entry(topic_hash, |t| t.name == name) else {
+                continue;
+            };
+            if let Ok(reply) = topic
+                .get_mut()
+                .replies
+                .find_entry(corr_hash, |r| r.correlation == corr)
+            {
+                reply.remove();
+                self.len -= 1;
+            }
+            if topic.get().replies.is_empty() {
+                topic.remove();
             }
         }
     }
@@ -95,13 +214,20 @@ impl DedupCache {
         self.deadlines.first_key_value().map(|((at, _), _)| *at)
     }
 
-    /// Every entry, ordered by response topic then correlation data.
+    /// Every entry, ordered by response topic then correlation data (so
+    /// that a snapshot's bytes do not depend on the hash seed).
     pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8], &Cached)> {
-        self.entries.iter().flat_map(|(topic, by_corr)| {
-            by_corr
-                .iter()
-                .map(move |(corr, (cached, _))| (&**topic, &**corr, cached))
-        })
+        let mut all: Vec<(&str, &[u8], &Cached)> = self
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.replies
+                    .iter()
+                    .map(move |r| (&*t.name, &*r.correlation, &r.cached))
+            })
+            .collect();
+        all.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        all.into_iter()
     }
 
     /// Number of cached replies.
@@ -112,5 +238,87 @@ impl DedupCache {
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::PublishKind;
+
+    fn reply(topic: &str, n: u8) -> OutboundMessage {
+        OutboundMessage {
+            kind: PublishKind::Response,
+            topic: Str::from(topic),
+            payload: vec![n].into(),
+            qos: 1,
+            retain: false,
+            correlation_data: None,
+            message_expiry_interval: None,
+            content_type: None,
+            payload_format_indicator: None,
+            response_topic: None,
+            user_properties: Vec::new(),
+            target_client: None,
+        }
+    }
+
+    fn cached(topic: &str, n: u8, expires_at: u64) -> Cached {
+        Cached {
+            expires_at,
+            reply: reply(topic, n),
+        }
+    }
+
+    #[test]
+    fn insert_get_replace_evict() {
+        let mut c = DedupCache::with_seed(7);
+        c.insert("a/b", b"1", cached("a/b", 1, 100));
+        c.insert("a/b", b"2", cached("a/b", 2, 200));
+        c.insert("c", b"1", cached("c", 3, 150));
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.get("a/b", b"1", 99).map(|c| c.reply.payload[0]), Some(1));
+        assert_eq!(c.get("a/b", b"1", 100), None, "expired at its deadline");
+        assert_eq!(c.get("a/b", b"3", 0), None);
+        assert_eq!(c.get("a/bx", b"1", 0), None);
+        let known =
+            |c: &DedupCache, t: &str| c.known_topic(c.topic_hash(t), t).map(|s| s.to_string());
+        assert_eq!(known(&c, "a/b").as_deref(), Some("a/b"));
+        assert_eq!(known(&c, "a/bc"), None);
+        // Replacing keeps one entry and moves its deadline.
+        c.insert("a/b", b"1", cached("a/b", 4, 300));
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.next_deadline(), Some(150));
+        c.evict(150);
+        assert_eq!(c.len(), 2);
+        assert_eq!(known(&c, "c"), None, "empty topics go");
+        c.evict(250);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.get("a/b", b"1", 299).map(|c| c.reply.payload[0]), Some(4));
+        c.evict(300);
+        assert!(c.is_empty());
+        assert_eq!(c.next_deadline(), None);
+        assert_eq!(known(&c, "a/b"), None);
+    }
+
+    #[test]
+    fn iteration_is_ordered_whatever_the_seed() {
+        let fill = |seed| {
+            let mut c = DedupCache::with_seed(seed);
+            for i in (0..50u8).rev() {
+                let topic = format!("t/{}", i % 7);
+                c.insert(&topic, &[i, 1], cached(&topic, i, 1000 + u64::from(i)));
+            }
+            c.iter()
+                .map(|(t, corr, c)| (t.to_string(), corr.to_vec(), c.reply.payload[0]))
+                .collect::<Vec<_>>()
+        };
+        let a = fill(1);
+        assert_eq!(a, fill(2));
+        assert_eq!(a.len(), 50);
+        assert!(
+            a.windows(2)
+                .all(|w| (&w[0].0, &w[0].1) < (&w[1].0, &w[1].1))
+        );
     }
 }

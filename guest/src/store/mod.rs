@@ -13,38 +13,10 @@ use std::hash::BuildHasher;
 use crate::command::{Command, Condition};
 use crate::errors::ServiceError;
 use crate::expiry::Deadlines;
+pub use crate::hlc::Version;
 use crate::hlc::{Clock, CounterOverflow, Hlc};
 use crate::resp3;
 use crate::types::Quota;
-
-/// A server-issued version: the node id is always the store's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version {
-    /// HLC wall time, ms.
-    pub wall: u64,
-    /// HLC counter (< 2^31).
-    pub counter: u32,
-}
-
-impl Version {
-    /// The version part of a server-issued HLC.
-    pub fn of(hlc: &Hlc) -> Version {
-        // The clock never issues a counter above hlc::MAX_COUNTER < u32::MAX.
-        Version {
-            wall: hlc.wall,
-            counter: u32::try_from(hlc.counter).unwrap_or(u32::MAX),
-        }
-    }
-
-    /// This version as an HLC of `node`.
-    pub fn to_hlc(self, node: &str) -> Hlc {
-        Hlc {
-            wall: self.wall,
-            counter: u64::from(self.counter),
-            node: node.to_string(),
-        }
-    }
-}
 
 /// One stored key, owned (as read from a snapshot or a journal record).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,8 +95,9 @@ pub enum Change {
 pub struct Outcome {
     /// Reply payload.
     pub reply: Vec<u8>,
-    /// `__ts` of the reply (spec §8.5), if any.
-    pub version: Option<Hlc>,
+    /// `__ts` of the reply (spec §8.5), if any: always an HLC of this
+    /// store's node.
+    pub version: Option<Version>,
     /// What changed.
     pub change: Change,
 }
@@ -145,7 +118,7 @@ pub struct Request<'r> {
     /// Time of handling.
     pub now: u64,
     /// L after absorbing the request's `__ts`, if it carried one.
-    pub received: Option<&'r Hlc>,
+    pub received: Option<Version>,
     /// The request's `__ft`, parsed and skew-checked.
     pub fencing_token: Option<&'r Hlc>,
     /// `aio-persistence: true` was set.
@@ -444,26 +417,23 @@ impl Table {
     }
 
     /// Applies GET / SET / DEL / VDEL (spec §5.4 steps 8 to 11).
-    ///
-    /// `node` is the clock's node id, for versions in replies.
     pub fn execute(
         &mut self,
         command: &Command<'_>,
         req: Request<'_>,
         clock: &mut Clock,
-        node: &str,
     ) -> Result<Outcome, CounterOverflow> {
         let now = req.now;
         // A mutation's version: L after receiving `__ts`, or a local tick.
         let stamp = |clock: &mut Clock| match req.received {
-            Some(hlc) => Ok(hlc.clone()),
-            None => clock.tick(now),
+            Some(version) => Ok(version),
+            None => clock.tick_version(now),
         };
         Ok(match *command {
             Command::Get { key } => match self.get(key, now) {
                 Some(e) => Outcome {
                     reply: resp3::bulk(e.value),
-                    version: Some(e.version.to_hlc(node)),
+                    version: Some(e.version),
                     change: Change::None,
                 },
                 None => Outcome {
@@ -494,7 +464,7 @@ impl Table {
                 if !applies {
                     return Ok(Outcome {
                         reply: resp3::REPLY_NOT_APPLIED.to_vec(),
-                        version: current.map(|e| e.version.to_hlc(node)),
+                        version: current.map(|e| e.version),
                         change: Change::None,
                     });
                 }
@@ -504,7 +474,7 @@ impl Table {
                     key,
                     EntryRef {
                         value,
-                        version: Version::of(&version),
+                        version,
                         fencing_token: token.as_ref(),
                         expires_at: px.map(|ms| now.saturating_add(ms)),
                         persist: req.persist,
@@ -533,7 +503,7 @@ impl Table {
                 {
                     return Ok(Outcome {
                         reply: resp3::REPLY_NOT_APPLIED.to_vec(),
-                        version: Some(current.version.to_hlc(node)),
+                        version: Some(current.version),
                         change: Change::None,
                     });
                 }
