@@ -254,11 +254,13 @@ impl StateMachine {
         let Some(response_topic) = msg.response_topic else {
             return;
         };
-        // A topic the dedup cache holds replies to passed this check when
-        // they were made (the check depends on the topic alone); it is
-        // shared by the reply instead of copied again.
-        let topic_hash = self.dedup.topic_hash(response_topic);
-        let known = self.dedup.known_topic(topic_hash, response_topic).cloned();
+        // One dedup lookup per request. A topic the cache holds replies to
+        // passed this check when they were made (the check depends on the
+        // topic alone); it is shared by the reply instead of copied again.
+        // A cached reply is only sent after the checks below.
+        let probe = self.dedup.probe(response_topic, msg.correlation_data, now);
+        let known = probe.topic.cloned();
+        let cached = probe.cached.map(|c| c.reply.clone());
         let check = match known {
             Some(_) => TopicCheck::Valid,
             None => rpc::check_response_topic(response_topic),
@@ -305,12 +307,7 @@ impl StateMachine {
             return;
         };
         let expiry = rpc::remaining_secs(deadline, now);
-        let cached = known.as_ref().and_then(|_| {
-            self.dedup
-                .cached(topic_hash, response_topic, correlation, now)
-        });
-        if let Some(cached) = cached {
-            let mut reply = cached.reply.clone();
+        if let Some(mut reply) = cached {
             reply.message_expiry_interval = Some(expiry);
             self.outputs.push_back(Output::Publish(reply));
             return;

@@ -69,10 +69,14 @@ impl Default for DedupCache {
     }
 }
 
-/// A response topic's hash under a cache's seed: computed once per request
-/// for [`DedupCache::known_topic`] and [`DedupCache::cached`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TopicHash(u64);
+/// What [`DedupCache::probe`] found for a request: one topic lookup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Probe<'c> {
+    /// The response topic as a shared string, if the cache holds a reply to it.
+    pub topic: Option<&'c Str>,
+    /// The cached reply to this very request, if still remembered.
+    pub cached: Option<&'c Cached>,
+}
 
 impl DedupCache {
     /// An empty cache whose hashes are keyed by `seed` (the host's
@@ -91,39 +95,30 @@ impl DedupCache {
         self.hasher.hash_one(bytes)
     }
 
-    /// The hash of a response topic, for the lookups below.
-    pub fn topic_hash(&self, name: &str) -> TopicHash {
-        TopicHash(self.hash(name.as_bytes()))
-    }
-
-    fn topic(&self, hash: TopicHash, name: &str) -> Option<&Topic> {
-        self.topics.find(hash.0, |t| *t.name == *name)
-    }
-
-    /// The topic as a shared string, if the cache holds a reply to it.
-    pub fn known_topic(&self, hash: TopicHash, name: &str) -> Option<&Str> {
-        self.topic(hash, name).map(|t| &t.name)
-    }
-
-    /// The cached reply for this request, if still remembered at `now`.
-    pub fn cached(
-        &self,
-        hash: TopicHash,
-        response_topic: &str,
-        correlation: &[u8],
-        now: u64,
-    ) -> Option<&Cached> {
-        self.topic(hash, response_topic)?
-            .replies
-            .find(self.hash(correlation), |r| *r.correlation == *correlation)
-            .map(|r| &r.cached)
-            .filter(|c| now < c.expires_at)
+    /// The topic of a request, and its cached reply if `correlation` is
+    /// remembered under it at `now`.
+    pub fn probe(&self, response_topic: &str, correlation: Option<&[u8]>, now: u64) -> Probe<'_> {
+        let Some(topic) = self.topics.find(self.hash(response_topic.as_bytes()), |t| {
+            *t.name == *response_topic
+        }) else {
+            return Probe::default();
+        };
+        let cached = correlation.and_then(|corr| {
+            topic
+                .replies
+                .find(self.hash(corr), |r| *r.correlation == *corr)
+                .map(|r| &r.cached)
+                .filter(|c| now < c.expires_at)
+        });
+        Probe {
+            topic: Some(&topic.name),
+            cached,
+        }
     }
 
     /// The cached reply for this request, if still remembered at `now`.
     pub fn get(&self, response_topic: &str, correlation: &[u8], now: u64) -> Option<&Cached> {
-        let hash = self.topic_hash(response_topic);
-        self.cached(hash, response_topic, correlation, now)
+        self.probe(response_topic, Some(correlation), now).cached
     }
 
     /// Remembers a reply.
@@ -281,8 +276,7 @@ mod tests {
         assert_eq!(c.get("a/b", b"1", 100), None, "expired at its deadline");
         assert_eq!(c.get("a/b", b"3", 0), None);
         assert_eq!(c.get("a/bx", b"1", 0), None);
-        let known =
-            |c: &DedupCache, t: &str| c.known_topic(c.topic_hash(t), t).map(|s| s.to_string());
+        let known = |c: &DedupCache, t: &str| c.probe(t, None, 0).topic.map(|s| s.to_string());
         assert_eq!(known(&c, "a/b").as_deref(), Some("a/b"));
         assert_eq!(known(&c, "a/bc"), None);
         // Replacing keeps one entry and moves its deadline.
