@@ -8,7 +8,6 @@ use std::cell::RefCell;
 use crate::machine::StateMachine;
 use crate::snapshot::SnapshotScope;
 use crate::types;
-use crate::wire;
 
 wit_bindgen::generate!({
     world: "guest",
@@ -190,13 +189,14 @@ impl wit::GuestStore for Store {
     }
 
     fn handle_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
-        let mut m = self.0.borrow_mut();
-        wire::decode_batch(&batch, |message| m.handle_ref(message, now)).map_err(error_out)?;
-        Ok(wire::encode_outputs(&m.take_outputs()))
+        self.0
+            .borrow_mut()
+            .handle_wire(&batch, now)
+            .map_err(error_out)
     }
 
     fn poll_wire(&self) -> Vec<u8> {
-        wire::encode_outputs(&self.0.borrow_mut().take_outputs())
+        self.0.borrow_mut().poll_wire()
     }
 
     fn client_disconnected(&self, client_id: String, now: u64) {

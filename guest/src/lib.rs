@@ -32,6 +32,7 @@ pub mod hlc;
 pub mod journal;
 mod machine;
 pub mod notify;
+mod outputs;
 pub mod resp3;
 pub mod rpc;
 pub mod snapshot;

@@ -14,22 +14,18 @@
 //! -> RESP3 command -> `__ts` -> `__ft` -> identity (KEYNOTIFY) -> clock
 //! receive -> fencing -> condition -> apply -> notify -> reply.
 
-use std::collections::VecDeque;
-
 use crate::command::{self, Command};
 use crate::errors::ServiceError;
 use crate::hlc::{self, Clock, Hlc, Version};
 use crate::journal;
 use crate::notify::{self, Registry};
+use crate::outputs::Outputs;
 use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
 use crate::store::{Change, Request, Table};
-use crate::types::{
-    Bytes, Config, Error, InboundMessage, OutboundMessage, Output, Persist, Property, PublishKind,
-    Str,
-};
-use crate::wire::MessageRef;
+use crate::types::{Bytes, Config, Error, InboundMessage, OutboundMessage, Output, Persist, Str};
+use crate::wire::{self, MessageRef, NotificationParts, ReplyParts};
 
 /// The whole state store.
 #[derive(Debug, Clone)]
@@ -39,7 +35,7 @@ pub struct StateMachine {
     pub(crate) table: Table,
     pub(crate) registry: Registry,
     pub(crate) dedup: DedupCache,
-    outputs: VecDeque<Output>,
+    outputs: Outputs,
     /// `config.server_client_id`, shared by every reply and notification.
     server_id: Option<Str>,
 }
@@ -106,7 +102,7 @@ impl StateMachine {
             table,
             registry: Registry::default(),
             dedup,
-            outputs: VecDeque::new(),
+            outputs: Outputs::default(),
         })
     }
 
@@ -125,7 +121,7 @@ impl StateMachine {
             table,
             registry,
             dedup,
-            outputs: VecDeque::new(),
+            outputs: Outputs::default(),
         }
     }
 
@@ -142,59 +138,52 @@ impl StateMachine {
     /// [`StateMachine::handle`] for a borrowed message (as decoded from a
     /// [`crate::wire`] batch).
     pub fn handle_ref(&mut self, msg: &MessageRef<'_>, now: u64) {
-        let mark = self.outputs.len();
+        self.outputs.begin_input();
         self.expire_due(now);
         self.request(msg, now);
-        self.records_first(mark);
+    }
+
+    /// Handles a batch of messages in the [`crate::wire`] encoding at
+    /// `now`, in order, and returns every pending output (those of earlier
+    /// inputs first) in that encoding, written as they were made. A batch
+    /// that does not decode is an error and nothing of it is handled.
+    pub fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
+        let messages = wire::decode_messages(batch)?;
+        // A reply is about as long as its request; the list grows if not.
+        self.outputs.start_wire(batch.len() + batch.len() / 2 + 64);
+        for m in &messages {
+            self.handle_ref(m, now);
+        }
+        Ok(self.outputs.finish_wire())
+    }
+
+    /// Every pending output in the [`crate::wire`] encoding.
+    pub fn poll_wire(&mut self) -> Vec<u8> {
+        self.outputs.start_wire(0);
+        self.outputs.finish_wire()
     }
 
     /// A client went away: drop its KEYNOTIFY registrations.
     pub fn client_disconnected(&mut self, client_id: &str, now: u64) {
-        let mark = self.outputs.len();
+        self.outputs.begin_input();
         self.expire_due(now);
         self.registry.drop_client(client_id);
-        self.records_first(mark);
     }
 
     /// The deadline has passed: expire keys and forget old dedup entries.
     pub fn timeout(&mut self, now: u64) {
-        let mark = self.outputs.len();
+        self.outputs.begin_input();
         self.expire_due(now);
-        self.records_first(mark);
-    }
-
-    /// Moves the journal records of the current input ahead of its other
-    /// outputs (keeping each group's order): a host makes them durable
-    /// before it publishes anything of the same input.
-    fn records_first(&mut self, mark: usize) {
-        if self.config.persist == Persist::None {
-            return; // No records at all.
-        }
-        // Most inputs journal nothing (or only a record): nothing to move.
-        let records = self
-            .outputs
-            .range(mark..)
-            .filter(|o| matches!(o, Output::Journal(_)))
-            .count();
-        if records == 0 || records == self.outputs.len() - mark {
-            return;
-        }
-        let tail: Vec<Output> = self.outputs.drain(mark..).collect();
-        let (records, others): (Vec<Output>, Vec<Output>) = tail
-            .into_iter()
-            .partition(|o| matches!(o, Output::Journal(_)));
-        self.outputs.extend(records);
-        self.outputs.extend(others);
     }
 
     /// The oldest output not yet taken. Poll after every input until `None`.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop_front()
+        self.outputs.pop()
     }
 
     /// Takes every pending output, oldest first.
     pub fn take_outputs(&mut self) -> Vec<Output> {
-        self.outputs.drain(..).collect()
+        self.outputs.take()
     }
 
     /// When [`StateMachine::timeout`] must next be called. Changes only
@@ -228,7 +217,7 @@ impl StateMachine {
                 .unwrap_or_else(|_| self.clock.version());
             if self.journals(persist) {
                 let record = journal::expire(&key, version);
-                self.outputs.push_back(Output::Journal(record));
+                self.outputs.journal(record);
             }
             self.notify(&key, Change::Delete, version);
         }
@@ -269,7 +258,7 @@ impl StateMachine {
             TopicCheck::Valid => {}
             TopicCheck::Invalid => return,
             TopicCheck::Forbidden => {
-                self.outputs.push_back(Output::Violation {
+                self.outputs.push(Output::Violation {
                     client_id: identity.map(str::to_string),
                     reason: format!(
                         "response topic {response_topic:?} is reserved for the state store"
@@ -293,7 +282,7 @@ impl StateMachine {
                 vec![(prop::PROPERTY_NAME, "Correlation Data".into())],
             );
             let out = self.response(response_topic.into(), None, expiry, reply);
-            self.outputs.push_back(Output::Publish(out));
+            self.outputs.push(Output::Publish(out));
             return;
         };
         let Some(deadline) = deadline else {
@@ -303,32 +292,72 @@ impl StateMachine {
                 vec![(prop::PROPERTY_NAME, "Message Expiry".into())],
             );
             let out = self.response(response_topic.into(), Some(correlation), None, reply);
-            self.outputs.push_back(Output::Publish(out));
+            self.outputs.push(Output::Publish(out));
             return;
         };
         let expiry = rpc::remaining_secs(deadline, now);
         if let Some(mut reply) = cached {
             reply.message_expiry_interval = Some(expiry);
-            self.outputs.push_back(Output::Publish(reply));
+            self.outputs.push(Output::Publish(reply));
             return;
         }
         let reply = self.execute(msg, &props, identity, now);
-        let cache = reply.cache;
-        let topic = known.unwrap_or_else(|| response_topic.into());
-        let mut out = self.response(topic, Some(correlation), None, reply);
-        if cache {
-            let cached = Cached {
-                expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
-                reply: out.clone(),
+        let topic = || known.unwrap_or_else(|| response_topic.into());
+        // Handling a wire batch: the reply goes straight into the output
+        // list. The dedup cache still keeps a message.
+        if reply.extra.is_empty() {
+            let parts = ReplyParts {
+                topic: response_topic,
+                correlation: Some(correlation),
+                expiry: Some(expiry),
+                status: reply.status,
+                payload: &reply.payload,
+                version: reply.version,
+                node: &self.config.node_id,
+                source_id: self.server_id.as_deref(),
             };
-            if self.config.persist != Persist::None {
-                let record = journal::reply(response_topic, correlation, cached.expires_at, &out);
-                self.outputs.push_back(Output::Journal(record));
+            if let Some(w) = self.outputs.writer() {
+                w.reply(&parts);
+                if reply.cache {
+                    let out = self.response(topic(), Some(correlation), None, reply);
+                    self.cache_reply(response_topic, correlation, deadline, out);
+                }
+                return;
             }
-            self.dedup.insert(response_topic, correlation, cached);
+        }
+        let cache = reply.cache;
+        let mut out = self.response(topic(), Some(correlation), None, reply);
+        if cache {
+            self.cache_reply(response_topic, correlation, deadline, out.clone());
         }
         out.message_expiry_interval = Some(expiry);
-        self.outputs.push_back(Output::Publish(out));
+        self.outputs.push(Output::Publish(out));
+    }
+
+    /// Keeps a reply (without its message expiry interval) for retries of
+    /// its request until `deadline` and the dedup buffer have passed, and
+    /// journals it when the store is durable.
+    fn cache_reply(
+        &mut self,
+        response_topic: &str,
+        correlation: &[u8],
+        deadline: u64,
+        reply: OutboundMessage,
+    ) {
+        let cached = Cached {
+            expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
+            reply,
+        };
+        if self.config.persist != Persist::None {
+            let record = journal::reply(
+                response_topic,
+                correlation,
+                cached.expires_at,
+                &cached.reply,
+            );
+            self.outputs.journal(record);
+        }
+        self.dedup.insert(response_topic, correlation, cached);
     }
 
     /// Everything after the envelope checks; notifications are queued here,
@@ -464,7 +493,7 @@ impl StateMachine {
             Change::Delete if self.journals(was_persisted) => journal::delete(key, version),
             Change::Delete => return,
         };
-        self.outputs.push_back(Output::Journal(record));
+        self.outputs.journal(record);
     }
 
     /// Queues a notification of `change` to every observer of `key`.
@@ -480,35 +509,30 @@ impl StateMachine {
                 None => return,
             },
         };
-        let payload = Bytes::from(payload);
-        let mut user_properties: Vec<Property> = vec![
-            (
-                Str::from_static(prop::TIMESTAMP),
-                version.encode(&self.config.node_id).into(),
-            ),
-            (
-                Str::from_static(prop::PROTOCOL_VERSION),
-                Str::from_static(rpc::PROTOCOL_VERSION),
-            ),
-        ];
-        if let Some(id) = &self.server_id {
-            user_properties.push((Str::from_static(prop::SOURCE_ID), id.clone()));
+        if let Some(w) = self.outputs.writer() {
+            w.notifications(
+                &NotificationParts {
+                    key,
+                    payload: &payload,
+                    version,
+                    node: &self.config.node_id,
+                    source_id: self.server_id.as_deref(),
+                },
+                self.registry.observers(key),
+            );
+            return;
         }
+        let payload = Bytes::from(payload);
+        let timestamp = Str::from(version.encode(&self.config.node_id));
         for client in self.registry.observers(key) {
-            self.outputs.push_back(Output::Publish(OutboundMessage {
-                kind: PublishKind::Notification,
-                topic: notify::topic(client, key).into(),
-                payload: payload.clone(),
-                qos: 1,
-                retain: false,
-                correlation_data: None,
-                message_expiry_interval: None,
-                content_type: Some(Str::from_static(rpc::CONTENT_TYPE)),
-                payload_format_indicator: Some(0),
-                response_topic: None,
-                user_properties: user_properties.clone(),
-                target_client: Some(Str::from(client)),
-            }));
+            let message = rpc::notification_message(
+                notify::topic(client, key).into(),
+                Str::from(client),
+                payload.clone(),
+                timestamp.clone(),
+                self.server_id.clone(),
+            );
+            self.outputs.push(Output::Publish(message));
         }
     }
 
@@ -591,32 +615,15 @@ fn envelope(
     expiry: Option<u32>,
     reply: Reply,
 ) -> OutboundMessage {
-    {
-        let mut user_properties: Vec<Property> = Vec::with_capacity(6 + reply.extra.len());
-        let name = Str::from_static;
-        user_properties.push((name(prop::STATUS), name(reply.status.code())));
-        user_properties.push((name(prop::PROTOCOL_VERSION), name(rpc::PROTOCOL_VERSION)));
-        if let Some(version) = &reply.version {
-            user_properties.push((name(prop::TIMESTAMP), version.encode(node).into()));
-        }
-        user_properties.extend(reply.extra.into_iter().map(|(n, v)| (name(n), v.into())));
-        if let Some(id) = server_id {
-            user_properties.push((name(prop::SOURCE_ID), id.clone()));
-        }
-        user_properties.push((name(prop::HIGH_PRIORITY), name("")));
-        OutboundMessage {
-            kind: PublishKind::Response,
-            topic,
-            payload: reply.payload,
-            qos: 1,
-            retain: false,
-            correlation_data: correlation.map(Bytes::copy_from_slice),
-            message_expiry_interval: expiry,
-            content_type: Some(Str::from_static(rpc::CONTENT_TYPE)),
-            payload_format_indicator: Some(0),
-            response_topic: None,
-            user_properties,
-            target_client: None,
-        }
-    }
+    let extra = reply.extra.into_iter();
+    rpc::reply_message(
+        topic,
+        correlation.map(Bytes::copy_from_slice),
+        expiry,
+        reply.status,
+        reply.payload,
+        reply.version.map(|v| v.encode(node).into()),
+        extra.map(|(n, v)| (Str::from_static(n), v.into())),
+        server_id.cloned(),
+    )
 }

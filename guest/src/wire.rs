@@ -13,22 +13,81 @@
 //!           opt<bytes> correlation, opt<u32> message-expiry, opt<str> content-type,
 //!           opt<u8> payload-format, u32 n, (str name, str value)*n,
 //!           opt<str> client-id, opt<u64> received-at
-//! outputs = u8 WIRE_VERSION, u32 count, output*
+//! outputs = u8 OUTPUTS_VERSION, u32 count, output*
 //! output  = u8 0, publish | u8 1, bytes record | u8 2, opt<str> client-id, str reason
+//!         | u8 3, reply | u8 4, notify
 //! publish = u8 kind (0 response, 1 notification), str topic, bytes payload, u8 qos,
 //!           u8 retain, opt<bytes> correlation, opt<u32> message-expiry,
 //!           opt<str> content-type, opt<u8> payload-format, opt<str> response-topic,
 //!           u32 n, (str name, str value)*n, opt<str> target-client
+//! reply   = str topic, opt<bytes> correlation, opt<u32> message-expiry, u16 status,
+//!           bytes payload, opt<str> timestamp, opt<str> source-id
+//! notify  = str target-client, (u8 0, bytes key, bytes payload, str timestamp,
+//!           opt<str> source-id | u8 1: key, payload, timestamp and source-id
+//!           of the list's previous notify)
 //! str, bytes = u32 length, bytes    opt<T> = u8 0 | u8 1, T    integers little-endian
 //! ```
+//!
+//! A `reply` (outputs version 2) is a response publish in the compact form:
+//! the properties every reply carries in the same order are implied
+//! ([`rpc::reply_message`] builds the message on both sides), so the guest
+//! writes a reply straight into the buffer, without building a message
+//! first, and a host decodes it without looking at property names. A
+//! `notify` (outputs version 2) is a KEYNOTIFY notification
+//! ([`rpc::notification_message`], its topic made by [`notify::topic`] from
+//! the client and the key): the notifications of one change to many
+//! observers carry the value once, and a host shares it between them.
+//! Version 1 output lists (neither) still decode.
 
-use crate::rpc::{REQUEST_TOPIC, RequestProps};
+use crate::hlc::Version;
+use crate::notify;
+use crate::rpc::{self, REQUEST_TOPIC, RequestProps, Status};
 use crate::types::{
     Bytes, Error, InboundMessage, OutboundMessage, Output, PublishKind, Str, interned_bytes,
 };
 
-/// Version byte that starts every batch and output list.
+/// Version byte that starts every batch.
 pub const WIRE_VERSION: u8 = 1;
+
+/// Version byte that starts every output list: 2 since the compact `reply`.
+pub const OUTPUTS_VERSION: u8 = 2;
+
+/// What the notifications of one change have in common: what the compact
+/// `notify` output holds (once for all observers).
+#[derive(Debug, Clone, Copy)]
+pub struct NotificationParts<'a> {
+    /// The key that changed.
+    pub key: &'a [u8],
+    /// RESP3 payload.
+    pub payload: &'a [u8],
+    /// `__ts`: the version of the change, of `node`.
+    pub version: Version,
+    /// The store's HLC node id.
+    pub node: &'a str,
+    /// `__srcId`: the store's own client id.
+    pub source_id: Option<&'a str>,
+}
+
+/// A reply before it is a message: what the compact `reply` output holds.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplyParts<'a> {
+    /// The request's response topic.
+    pub topic: &'a str,
+    /// The request's correlation data.
+    pub correlation: Option<&'a [u8]>,
+    /// Message expiry interval, seconds.
+    pub expiry: Option<u32>,
+    /// `__stat`.
+    pub status: Status,
+    /// RESP3 payload.
+    pub payload: &'a [u8],
+    /// `__ts`, as a version of `node`.
+    pub version: Option<Version>,
+    /// The store's HLC node id.
+    pub node: &'a str,
+    /// `__srcId`: the store's own client id.
+    pub source_id: Option<&'a str>,
+}
 
 /// An inbound message borrowed from its encoding (or from an
 /// [`InboundMessage`]): what the state machine reads of a request.
@@ -76,16 +135,16 @@ impl<'a> MessageRef<'a> {
 }
 
 /// Appends the encoding of values to a buffer.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Encoder {
     buf: Vec<u8>,
 }
 
 impl Encoder {
-    /// A buffer that starts with the version byte and a count to patch.
-    fn start(capacity: usize) -> Encoder {
+    /// A buffer that starts with `version` and a count to patch.
+    fn start(version: u8, capacity: usize) -> Encoder {
         let mut buf = Vec::with_capacity(capacity);
-        buf.push(WIRE_VERSION);
+        buf.push(version);
         buf.extend_from_slice(&0u32.to_le_bytes());
         Encoder { buf }
     }
@@ -96,28 +155,34 @@ impl Encoder {
         self.buf
     }
 
+    #[inline]
     fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }
 
+    #[inline]
     fn u32(&mut self, v: u32) {
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
 
+    #[inline]
     fn u64(&mut self, v: u64) {
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
 
+    #[inline]
     fn bytes(&mut self, v: &[u8]) {
         // Every field comes from an MQTT packet (< 256 MiB) or the guest.
         self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
         self.buf.extend_from_slice(v);
     }
 
+    #[inline]
     fn str(&mut self, v: &str) {
         self.bytes(v.as_bytes());
     }
 
+    #[inline]
     fn opt<T>(&mut self, v: Option<T>, put: impl FnOnce(&mut Self, T)) {
         match v {
             None => self.u8(0),
@@ -171,6 +236,27 @@ impl Encoder {
                 self.str(reason);
             }
         }
+    }
+
+    /// Appends a compact reply.
+    fn reply(&mut self, r: &ReplyParts<'_>) {
+        self.u8(3);
+        self.str(r.topic);
+        self.opt(r.correlation, Self::bytes);
+        self.opt(r.expiry, Self::u32);
+        self.buf.extend_from_slice(&(r.status as u16).to_le_bytes());
+        self.bytes(r.payload);
+        self.opt(r.version, |e, v| e.version(v, r.node));
+        self.opt(r.source_id, Self::str);
+    }
+
+    /// Appends a version as the text of an HLC of `node`.
+    fn version(&mut self, v: Version, node: &str) {
+        let at = self.buf.len();
+        self.u32(0);
+        v.encode_into(node, &mut self.buf);
+        let n = u32::try_from(self.buf.len() - at - 4).unwrap_or(u32::MAX);
+        self.buf[at..at + 4].copy_from_slice(&n.to_le_bytes());
     }
 
     fn publish(&mut self, m: &OutboundMessage) {
@@ -254,13 +340,131 @@ fn output_size(o: &Output) -> usize {
 
 /// Encodes a list of outputs.
 pub fn encode_outputs(outputs: &[Output]) -> Vec<u8> {
-    let mut e = Encoder::start(5 + outputs.iter().map(output_size).sum::<usize>());
-    let mut n = 0;
+    let mut w = OutputWriter::new(5 + outputs.iter().map(output_size).sum::<usize>());
     for o in outputs {
-        e.output(o);
-        n += 1;
+        w.append(o);
     }
-    e.finish(n)
+    w.finish()
+}
+
+/// An output list being written, one input at a time: what the state
+/// machine writes its outputs into while it handles a wire batch, so that
+/// no output is built as a value first.
+///
+/// The journal records of an input go ahead of its other outputs (a host
+/// makes them durable before it publishes anything of the same input):
+/// [`OutputWriter::journal`] inserts a record after the input's earlier
+/// records, before anything else the input wrote.
+#[derive(Debug, Clone)]
+pub struct OutputWriter {
+    e: Encoder,
+    count: usize,
+    /// Where the current input's next journal record goes.
+    records_at: usize,
+}
+
+impl OutputWriter {
+    /// An empty list with room for `capacity` bytes.
+    pub fn new(capacity: usize) -> OutputWriter {
+        let e = Encoder::start(OUTPUTS_VERSION, capacity.max(5));
+        let records_at = e.buf.len();
+        OutputWriter {
+            e,
+            count: 0,
+            records_at,
+        }
+    }
+
+    /// The next outputs belong to a new input.
+    pub fn begin_input(&mut self) {
+        self.records_at = self.e.buf.len();
+    }
+
+    /// Appends an output of the current input (a journal record goes
+    /// ahead of the input's other outputs).
+    pub fn output(&mut self, o: &Output) {
+        match o {
+            Output::Journal(record) => self.journal(record),
+            o => {
+                self.e.output(o);
+                self.count += 1;
+            }
+        }
+    }
+
+    /// Appends an output as an input of its own (outputs queued before the
+    /// writer started).
+    pub fn append(&mut self, o: &Output) {
+        self.e.output(o);
+        self.count += 1;
+        self.begin_input();
+    }
+
+    /// Writes a journal record of the current input after its earlier
+    /// records and before its other outputs.
+    pub fn journal(&mut self, record: &[u8]) {
+        let at = self.records_at;
+        if at == self.e.buf.len() {
+            self.e.u8(1);
+            self.e.bytes(record);
+        } else {
+            let len = u32::try_from(record.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes();
+            let head = [1, len[0], len[1], len[2], len[3]];
+            self.e
+                .buf
+                .splice(at..at, head.iter().chain(record).copied());
+        }
+        self.records_at = at + 5 + record.len();
+        self.count += 1;
+    }
+
+    /// Appends a compact reply of the current input.
+    pub fn reply(&mut self, r: &ReplyParts<'_>) {
+        self.e.reply(r);
+        self.count += 1;
+    }
+
+    /// Appends a compact notification of the current input to each of
+    /// `observers`.
+    pub fn notifications<'c>(
+        &mut self,
+        n: &NotificationParts<'_>,
+        observers: impl Iterator<Item = &'c str>,
+    ) {
+        let mut first = true;
+        for client in observers {
+            self.e.u8(4);
+            self.e.str(client);
+            if first {
+                self.e.u8(0);
+                self.e.bytes(n.key);
+                self.e.bytes(n.payload);
+                self.e.version(n.version, n.node);
+                self.e.opt(n.source_id, Encoder::str);
+                first = false;
+            } else {
+                self.e.u8(1);
+            }
+            self.count += 1;
+        }
+    }
+
+    /// Number of outputs written.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The encoded list.
+    pub fn finish(self) -> Vec<u8> {
+        self.e.finish(self.count)
+    }
 }
 
 /// Reads values from an encoding; every read checks bounds.
@@ -269,22 +473,26 @@ pub struct Decoder<'a> {
     rest: &'a [u8],
 }
 
+#[cold]
+#[inline(never)]
 fn bad(what: &str) -> Error {
     Error::Other(format!("malformed wire batch: {what}"))
 }
 
 impl<'a> Decoder<'a> {
-    /// Checks the version byte; returns the decoder and the item count.
-    fn start(buf: &'a [u8]) -> Result<(Decoder<'a>, u32), Error> {
+    /// Checks the version byte (one of `versions`); returns the decoder and
+    /// the item count.
+    fn start(buf: &'a [u8], versions: &[u8]) -> Result<(Decoder<'a>, u32), Error> {
         let mut d = Decoder { rest: buf };
         match d.u8()? {
-            WIRE_VERSION => {}
+            v if versions.contains(&v) => {}
             v => return Err(Error::UnsupportedVersion(u32::from(v))),
         }
         let n = d.u32()?;
         Ok((d, n))
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
         if self.rest.len() < n {
             return Err(bad("truncated"));
@@ -294,30 +502,42 @@ impl<'a> Decoder<'a> {
         Ok(head)
     }
 
+    #[inline]
     fn u8(&mut self) -> Result<u8, Error> {
         Ok(self.take(1)?[0])
     }
 
+    #[inline]
     fn u32(&mut self) -> Result<u32, Error> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
+    #[inline]
+    fn u16(&mut self) -> Result<u16, Error> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    #[inline]
     fn u64(&mut self) -> Result<u64, Error> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
     }
 
+    #[inline]
     fn bytes(&mut self) -> Result<&'a [u8], Error> {
         let n = self.u32()? as usize;
         self.take(n)
     }
 
+    #[inline]
     fn str(&mut self) -> Result<&'a str, Error> {
         utf8(self.bytes()?)
     }
 
+    #[inline]
     fn opt<T>(
         &mut self,
         get: impl FnOnce(&mut Self) -> Result<T, Error>,
@@ -350,8 +570,11 @@ impl<'a> Decoder<'a> {
             let value = self.bytes()?;
             // Only the reserved properties are read, so only their values
             // need to be UTF-8 (the others are skipped unchecked).
-            if let Some(name) = RequestProps::reserved(name) {
-                props.add(name, utf8(value)?);
+            if let Some(slot) = props.slot(name) {
+                let value = utf8(value)?;
+                if slot.is_none() {
+                    *slot = Some(value);
+                }
             }
         }
         let client_id = self.opt(Self::str)?;
@@ -379,12 +602,19 @@ impl<'a> Decoder<'a> {
         Str::try_from(base.slice_ref(raw)).map_err(|_| bad("a string is not UTF-8"))
     }
 
+    /// A string of `base` that is not one of the interned ones (a topic, a
+    /// timestamp), sharing its buffer.
+    fn shared_text(&mut self, base: &Bytes) -> Result<Str, Error> {
+        let raw = self.bytes()?;
+        Str::try_from(base.slice_ref(raw)).map_err(|_| bad("a string is not UTF-8"))
+    }
+
     /// Bytes of `base`, sharing its buffer.
     fn shared_bytes(&mut self, base: &Bytes) -> Result<Bytes, Error> {
         Ok(base.slice_ref(self.bytes()?))
     }
 
-    fn output(&mut self, base: &Bytes) -> Result<Output, Error> {
+    fn output(&mut self, base: &Bytes, last: &mut Option<Notification>) -> Result<Output, Error> {
         Ok(match self.u8()? {
             0 => Output::Publish(self.publish(base)?),
             1 => Output::Journal(self.bytes()?.to_vec()),
@@ -392,8 +622,57 @@ impl<'a> Decoder<'a> {
                 client_id: self.opt(Self::str)?.map(str::to_string),
                 reason: self.str()?.to_string(),
             },
+            3 => Output::Publish(self.reply(base)?),
+            4 => Output::Publish(self.notification(base, last)?),
             _ => return Err(bad("unknown output tag")),
         })
+    }
+
+    fn notification(
+        &mut self,
+        base: &Bytes,
+        last: &mut Option<Notification>,
+    ) -> Result<OutboundMessage, Error> {
+        let target = self.shared_text(base)?;
+        let n = match self.u8()? {
+            0 => last.insert(Notification {
+                key: self.shared_bytes(base)?,
+                payload: self.shared_bytes(base)?,
+                timestamp: self.shared_text(base)?,
+                source_id: self.opt(|d| d.shared_text(base))?,
+            }),
+            1 => last
+                .as_mut()
+                .ok_or_else(|| bad("a notify refers to no earlier one"))?,
+            _ => return Err(bad("a notify tag is not 0 or 1")),
+        };
+        Ok(rpc::notification_message(
+            notify::topic(&target, &n.key).into(),
+            target,
+            n.payload.clone(),
+            n.timestamp.clone(),
+            n.source_id.clone(),
+        ))
+    }
+
+    fn reply(&mut self, base: &Bytes) -> Result<OutboundMessage, Error> {
+        let topic = self.shared_text(base)?;
+        let correlation = self.opt(|d| d.shared_bytes(base))?;
+        let expiry = self.opt(Self::u32)?;
+        let status = Status::from_code(self.u16()?).ok_or_else(|| bad("unknown status"))?;
+        let payload = self.shared_bytes(base)?;
+        let timestamp = self.opt(|d| d.shared_text(base))?;
+        let source_id = self.opt(|d| d.shared_text(base))?;
+        Ok(rpc::reply_message(
+            topic,
+            correlation,
+            expiry,
+            status,
+            payload,
+            timestamp,
+            core::iter::empty(),
+            source_id,
+        ))
     }
 
     fn publish(&mut self, base: &Bytes) -> Result<OutboundMessage, Error> {
@@ -438,10 +717,27 @@ impl<'a> Decoder<'a> {
     }
 }
 
+/// What a `notify` output with tag 1 repeats.
+#[derive(Debug)]
+struct Notification {
+    key: Bytes,
+    payload: Bytes,
+    timestamp: Str,
+    source_id: Option<Str>,
+}
+
 /// Decodes a batch of inbound messages in place, calling `each` in order.
 /// Nothing is handed over unless the whole batch decodes.
 pub fn decode_batch<'a>(buf: &'a [u8], mut each: impl FnMut(&MessageRef<'a>)) -> Result<(), Error> {
-    let (mut d, n) = Decoder::start(buf)?;
+    for m in &decode_messages(buf)? {
+        each(m);
+    }
+    Ok(())
+}
+
+/// Decodes a whole batch of inbound messages in place.
+pub fn decode_messages(buf: &[u8]) -> Result<Vec<MessageRef<'_>>, Error> {
+    let (mut d, n) = Decoder::start(buf, &[WIRE_VERSION])?;
     // At least 15 bytes per message: reject absurd counts before allocating.
     if n as usize > buf.len() / 15 + 1 {
         return Err(bad("count larger than the batch"));
@@ -453,10 +749,7 @@ pub fn decode_batch<'a>(buf: &'a [u8], mut each: impl FnMut(&MessageRef<'a>)) ->
     if !d.rest.is_empty() {
         return Err(bad("bytes after the last message"));
     }
-    for m in &messages {
-        each(m);
-    }
-    Ok(())
+    Ok(messages)
 }
 
 /// Decodes a list of outputs (copying `buf` once; see [`decode_outputs_shared`]).
@@ -469,10 +762,11 @@ pub fn decode_outputs(buf: &[u8]) -> Result<Vec<Output>, Error> {
 /// host does with the buffer the component returned).
 pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
     let base = &buf;
-    let (mut d, n) = Decoder::start(base)?;
+    let (mut d, n) = Decoder::start(base, &[1, OUTPUTS_VERSION])?;
     let mut out = Vec::with_capacity((n as usize).min(base.len() / 4));
+    let mut last = None;
     for _ in 0..n {
-        out.push(d.output(base)?);
+        out.push(d.output(base, &mut last)?);
     }
     if !d.rest.is_empty() {
         return Err(bad("bytes after the last output"));

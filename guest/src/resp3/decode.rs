@@ -89,11 +89,12 @@ fn number(buf: &[u8]) -> Result<Option<(u64, usize)>, DecodeError> {
     for (i, &b) in buf.iter().enumerate() {
         match b {
             b'0'..=b'9' => {
-                value = value
-                    .checked_mul(10)
-                    .and_then(|v| v.checked_add(u64::from(b - b'0')))
-                    .filter(|v| *v <= MAX_LEN)
-                    .ok_or(DecodeError::Overflow)?;
+                // `value` <= MAX_LEN = 2^32 here: no u64 overflow (and no
+                // overflow check, which in wasm32 is a 128-bit multiply).
+                value = value * 10 + u64::from(b - b'0');
+                if value > MAX_LEN {
+                    return Err(DecodeError::Overflow);
+                }
             }
             b'\r' => {
                 if i == 0 {

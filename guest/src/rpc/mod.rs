@@ -3,6 +3,8 @@
 
 pub mod dedup;
 
+use crate::types::{Bytes, OutboundMessage, Property, PublishKind, Str};
+
 /// The state store's GUID.
 pub const STORE_ID: &str = "FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
 /// Where requests arrive (spec §2.1).
@@ -68,6 +70,96 @@ impl Status {
             Status::InternalError => "500",
             Status::VersionNotSupported => "505",
         }
+    }
+
+    /// The status whose code is `code`, if we send it.
+    pub fn from_code(code: u16) -> Option<Status> {
+        Some(match code {
+            200 => Status::Ok,
+            400 => Status::BadRequest,
+            500 => Status::InternalError,
+            505 => Status::VersionNotSupported,
+            _ => return None,
+        })
+    }
+}
+
+/// A KEYNOTIFY notification as an MQTT message (spec §11.2) to `target`
+/// on `topic`: QoS 1, our content type, and the user properties `__ts`,
+/// `__protVer` and `__srcId` (if we have one), in that order. Built with
+/// this by the state machine and by a host decoding the compact
+/// notification of the [`crate::wire`] encoding.
+pub fn notification_message(
+    topic: Str,
+    target: Str,
+    payload: Bytes,
+    timestamp: Str,
+    source_id: Option<Str>,
+) -> OutboundMessage {
+    let name = Str::from_static;
+    let mut user_properties: Vec<Property> = Vec::with_capacity(3);
+    user_properties.push((name(prop::TIMESTAMP), timestamp));
+    user_properties.push((name(prop::PROTOCOL_VERSION), name(PROTOCOL_VERSION)));
+    if let Some(id) = source_id {
+        user_properties.push((name(prop::SOURCE_ID), id));
+    }
+    OutboundMessage {
+        kind: PublishKind::Notification,
+        topic,
+        payload,
+        qos: 1,
+        retain: false,
+        correlation_data: None,
+        message_expiry_interval: None,
+        content_type: Some(Str::from_static(CONTENT_TYPE)),
+        payload_format_indicator: Some(0),
+        response_topic: None,
+        user_properties,
+        target_client: Some(target),
+    }
+}
+
+/// A reply as an MQTT message (spec §4.1): QoS 1, our content type, and the
+/// user properties `__stat`, `__protVer`, `__ts` (if any), the `extra` ones,
+/// `__srcId` (if we have one) and `$high_priority`, in that order. The state
+/// machine builds its replies with this, and a host decoding the compact
+/// reply of the [`crate::wire`] encoding builds the same message with it.
+#[allow(clippy::too_many_arguments)] // the fields of a reply, each once
+pub fn reply_message(
+    topic: Str,
+    correlation: Option<Bytes>,
+    expiry: Option<u32>,
+    status: Status,
+    payload: Bytes,
+    timestamp: Option<Str>,
+    extra: impl ExactSizeIterator<Item = Property>,
+    source_id: Option<Str>,
+) -> OutboundMessage {
+    let name = Str::from_static;
+    let mut user_properties: Vec<Property> = Vec::with_capacity(5 + extra.len());
+    user_properties.push((name(prop::STATUS), name(status.code())));
+    user_properties.push((name(prop::PROTOCOL_VERSION), name(PROTOCOL_VERSION)));
+    if let Some(ts) = timestamp {
+        user_properties.push((name(prop::TIMESTAMP), ts));
+    }
+    user_properties.extend(extra);
+    if let Some(id) = source_id {
+        user_properties.push((name(prop::SOURCE_ID), id));
+    }
+    user_properties.push((name(prop::HIGH_PRIORITY), name("")));
+    OutboundMessage {
+        kind: PublishKind::Response,
+        topic,
+        payload,
+        qos: 1,
+        retain: false,
+        correlation_data: correlation,
+        message_expiry_interval: expiry,
+        content_type: Some(Str::from_static(CONTENT_TYPE)),
+        payload_format_indicator: Some(0),
+        response_topic: None,
+        user_properties,
+        target_client: None,
     }
 }
 
@@ -136,6 +228,9 @@ fn has_wildcard_nul_or_empty_level(b: &[u8]) -> bool {
 
 /// Whether a `__protVer` value is one we serve: major version 1.
 pub fn version_supported(text: &str) -> bool {
+    if text == PROTOCOL_VERSION {
+        return true; // What every client sends.
+    }
     let (major, minor) = text.split_once('.').unwrap_or((text, "0"));
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     digits(major) && digits(minor) && major.parse::<u64>() == Ok(1)
@@ -192,19 +287,28 @@ impl<'a> RequestProps<'a> {
 
     /// Takes one user property into account (the first occurrence wins).
     pub fn add(&mut self, name: &str, value: &'a str) {
-        let slot = match name {
-            prop::TIMESTAMP => &mut self.timestamp,
-            prop::FENCING_TOKEN => &mut self.fencing_token,
-            prop::PROTOCOL_VERSION => &mut self.protocol_version,
-            prop::SOURCE_ID => &mut self.source_id,
-            prop::PARTITION => &mut self.partition,
-            prop::INVOKER_ID => &mut self.invoker_id,
-            prop::PERSIST => &mut self.persist,
-            _ => return,
-        };
-        if slot.is_none() {
+        if let Some(slot) = self.slot(name.as_bytes())
+            && slot.is_none()
+        {
             *slot = Some(value);
         }
+    }
+
+    /// Where the value of the property `name` goes, if it is a reserved
+    /// one (one comparison of the name, for a decoder that checks the value
+    /// only then).
+    #[inline]
+    pub fn slot(&mut self, name: &[u8]) -> Option<&mut Option<&'a str>> {
+        Some(match name {
+            b"__ts" => &mut self.timestamp,
+            b"__ft" => &mut self.fencing_token,
+            b"__protVer" => &mut self.protocol_version,
+            b"__srcId" => &mut self.source_id,
+            b"$partition" => &mut self.partition,
+            b"__invId" => &mut self.invoker_id,
+            b"aio-persistence" => &mut self.persist,
+            _ => return None,
+        })
     }
 
     /// The requester's identity when the host does not know it (spec §3.2):
