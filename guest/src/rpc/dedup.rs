@@ -61,6 +61,10 @@ pub struct DedupCache {
     hasher: FixedState,
     seq: u64,
     len: usize,
+    /// The topic the last probe found, and its hash: a client's requests
+    /// come in runs, and comparing with it costs less than hashing the
+    /// topic again (the clone keeps its buffer, so its address stays its).
+    last: Option<(Str, u64)>,
 }
 
 impl Default for DedupCache {
@@ -88,6 +92,7 @@ impl DedupCache {
             hasher: FixedState::with_seed(seed ^ HASH_SEED),
             seq: 0,
             len: 0,
+            last: None,
         }
     }
 
@@ -97,16 +102,35 @@ impl DedupCache {
 
     /// The topic of a request, and its cached reply if `correlation` is
     /// remembered under it at `now`.
-    pub fn probe(&self, response_topic: &str, correlation: Option<&[u8]>, now: u64) -> Probe<'_> {
-        let Some(topic) = self.topics.find(self.hash(response_topic.as_bytes()), |t| {
-            *t.name == *response_topic
-        }) else {
-            return Probe::default();
+    pub fn probe(
+        &mut self,
+        response_topic: &str,
+        correlation: Option<&[u8]>,
+        now: u64,
+    ) -> Probe<'_> {
+        let last = match &self.last {
+            Some((name, hash)) if **name == *response_topic => Some((name.as_ptr(), *hash)),
+            _ => None,
+        };
+        // The last topic is found by its address; if it has left the
+        // table since (evicted, maybe back under a new buffer), by name.
+        let remembered =
+            last.and_then(|(at, hash)| self.topics.find(hash, |t| t.name.as_ptr() == at));
+        let topic = match remembered {
+            Some(topic) => topic,
+            None => {
+                let hash = self.hasher.hash_one(response_topic.as_bytes());
+                let Some(topic) = self.topics.find(hash, |t| *t.name == *response_topic) else {
+                    return Probe::default();
+                };
+                self.last = Some((topic.name.clone(), hash));
+                topic
+            }
         };
         let cached = correlation.and_then(|corr| {
             topic
                 .replies
-                .find(self.hash(corr), |r| *r.correlation == *corr)
+                .find(self.hasher.hash_one(corr), |r| *r.correlation == *corr)
                 .map(|r| &r.cached)
                 .filter(|c| now < c.expires_at)
         });
@@ -117,7 +141,7 @@ impl DedupCache {
     }
 
     /// The cached reply for this request, if still remembered at `now`.
-    pub fn get(&self, response_topic: &str, correlation: &[u8], now: u64) -> Option<&Cached> {
+    pub fn get(&mut self, response_topic: &str, correlation: &[u8], now: u64) -> Option<&Cached> {
         self.probe(response_topic, Some(correlation), now).cached
     }
 
@@ -276,23 +300,28 @@ mod tests {
         assert_eq!(c.get("a/b", b"1", 100), None, "expired at its deadline");
         assert_eq!(c.get("a/b", b"3", 0), None);
         assert_eq!(c.get("a/bx", b"1", 0), None);
-        let known = |c: &DedupCache, t: &str| c.probe(t, None, 0).topic.map(|s| s.to_string());
-        assert_eq!(known(&c, "a/b").as_deref(), Some("a/b"));
-        assert_eq!(known(&c, "a/bc"), None);
+        let known = |c: &mut DedupCache, t: &str| c.probe(t, None, 0).topic.map(|s| s.to_string());
+        assert_eq!(known(&mut c, "a/b").as_deref(), Some("a/b"));
+        assert_eq!(known(&mut c, "a/b").as_deref(), Some("a/b"), "remembered");
+        assert_eq!(known(&mut c, "a/bc"), None);
         // Replacing keeps one entry and moves its deadline.
         c.insert("a/b", b"1", cached("a/b", 4, 300));
         assert_eq!(c.len(), 3);
         assert_eq!(c.next_deadline(), Some(150));
         c.evict(150);
         assert_eq!(c.len(), 2);
-        assert_eq!(known(&c, "c"), None, "empty topics go");
+        assert_eq!(known(&mut c, "c"), None, "empty topics go");
         c.evict(250);
         assert_eq!(c.len(), 1);
         assert_eq!(c.get("a/b", b"1", 299).map(|c| c.reply.payload[0]), Some(4));
         c.evict(300);
         assert!(c.is_empty());
         assert_eq!(c.next_deadline(), None);
-        assert_eq!(known(&c, "a/b"), None);
+        assert_eq!(known(&mut c, "a/b"), None, "the remembered topic went too");
+        // Back under a new buffer: found by name again.
+        c.insert("a/b", b"9", cached("a/b", 9, 400));
+        assert_eq!(c.get("a/b", b"9", 0).map(|c| c.reply.payload[0]), Some(9));
+        assert_eq!(c.get("a/b", b"9", 0).map(|c| c.reply.payload[0]), Some(9));
     }
 
     #[test]
