@@ -305,8 +305,10 @@ impl StateMachine {
         let topic = || known.unwrap_or_else(|| response_topic.into());
         // Handling a wire batch: the reply goes straight into the output
         // list. The dedup cache still keeps a message.
-        if reply.extra.is_empty() {
-            let parts = ReplyParts {
+        if reply.extra.is_empty()
+            && let Some(w) = self.outputs.writer()
+        {
+            w.reply(&ReplyParts {
                 topic: response_topic,
                 correlation: Some(correlation),
                 expiry: Some(expiry),
@@ -315,15 +317,12 @@ impl StateMachine {
                 version: reply.version,
                 node: &self.config.node_id,
                 source_id: self.server_id.as_deref(),
-            };
-            if let Some(w) = self.outputs.writer() {
-                w.reply(&parts);
-                if reply.cache {
-                    let out = self.response(topic(), Some(correlation), None, reply);
-                    self.cache_reply(response_topic, correlation, deadline, out);
-                }
-                return;
+            });
+            if reply.cache {
+                let out = self.response(topic(), Some(correlation), None, reply);
+                self.cache_reply(response_topic, correlation, deadline, out);
             }
+            return;
         }
         let cache = reply.cache;
         let mut out = self.response(topic(), Some(correlation), None, reply);

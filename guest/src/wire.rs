@@ -403,20 +403,15 @@ impl OutputWriter {
     /// Writes a journal record of the current input after its earlier
     /// records and before its other outputs.
     pub fn journal(&mut self, record: &[u8]) {
-        let at = self.records_at;
-        if at == self.e.buf.len() {
-            self.e.u8(1);
-            self.e.bytes(record);
-        } else {
-            let len = u32::try_from(record.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes();
-            let head = [1, len[0], len[1], len[2], len[3]];
-            self.e
-                .buf
-                .splice(at..at, head.iter().chain(record).copied());
+        let (at, end) = (self.records_at, self.e.buf.len());
+        self.e.u8(1);
+        self.e.bytes(record);
+        let written = self.e.buf.len() - end;
+        if at != end {
+            // Move it from the end to its place.
+            self.e.buf[at..].rotate_right(written);
         }
-        self.records_at = at + 5 + record.len();
+        self.records_at = at + written;
         self.count += 1;
     }
 
@@ -449,16 +444,6 @@ impl OutputWriter {
             }
             self.count += 1;
         }
-    }
-
-    /// Number of outputs written.
-    pub fn len(&self) -> usize {
-        self.count
-    }
-
-    /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
     }
 
     /// The encoded list.

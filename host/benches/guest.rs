@@ -131,13 +131,17 @@ fn benches(c: &mut Criterion) {
     });
     let get = request(&[b"GET", key(1)], 1, T0);
     let mut probe = NativeStore::new(Config::default()).expect("store");
-    let get_outputs = probe
-        .handle_batch(std::slice::from_ref(&get), T0)
-        .expect("get");
     c.bench_function("wire/host_encode_get", |b| {
         b.iter(|| statestore_guest::wire::encode_batch(std::slice::from_ref(&get)))
     });
-    let encoded = statestore_guest::wire::encode_outputs(&get_outputs);
+    // The reply as the guest writes it (the compact form).
+    let encoded = probe
+        .0
+        .handle_wire(
+            &statestore_guest::wire::encode_batch(std::slice::from_ref(&get)),
+            T0,
+        )
+        .expect("get");
     c.bench_function("wire/host_decode_get_reply", |b| {
         b.iter(|| statestore_guest::wire::decode_outputs(&encoded).expect("decode"))
     });

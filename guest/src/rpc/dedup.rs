@@ -119,7 +119,7 @@ impl DedupCache {
         let topic = match remembered {
             Some(topic) => topic,
             None => {
-                let hash = self.hasher.hash_one(response_topic.as_bytes());
+                let hash = self.hash(response_topic.as_bytes());
                 let Some(topic) = self.topics.find(hash, |t| *t.name == *response_topic) else {
                     return Probe::default();
                 };
@@ -130,7 +130,7 @@ impl DedupCache {
         let cached = correlation.and_then(|corr| {
             topic
                 .replies
-                .find(self.hasher.hash_one(corr), |r| *r.correlation == *corr)
+                .find(self.hash(corr), |r| *r.correlation == *corr)
                 .map(|r| &r.cached)
                 .filter(|c| now < c.expires_at)
         });
