@@ -24,10 +24,65 @@ pub fn rerun_if_guest_changes(root: &Path) {
     }
 }
 
+/// Whether the active toolchain's sysroot has the standard library for
+/// [`TARGET`]. `None` when rustc cannot be asked.
+fn target_installed() -> Option<bool> {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Some(sysroot.join("lib/rustlib").join(TARGET).join("lib").is_dir())
+}
+
+/// Installs [`TARGET`] through rustup when the active toolchain lacks it.
+///
+/// rustup adds the targets of `rust-toolchain.toml` only when it installs the
+/// toolchain itself; a machine whose toolchain was already there (most CI
+/// images) has no `wasm32-wasip2`. So the build adds it, and says so. Two
+/// build scripts (host and tests) may race here: rustup serialises its own
+/// installs, and a failed attempt is checked again before it counts.
+pub fn ensure_target() {
+    if target_installed() != Some(false) {
+        return;
+    }
+    println!(
+        "cargo:warning=the {TARGET} target is missing from the active toolchain; \
+         installing it with `rustup target add {TARGET}` (once)"
+    );
+    for attempt in 0..3 {
+        // RUSTUP_TOOLCHAIN is set by the rustup proxy that started cargo, so
+        // the target goes to the toolchain that builds the guest.
+        let status = Command::new("rustup")
+            .args(["target", "add", TARGET])
+            .status();
+        if target_installed() == Some(true) {
+            return;
+        }
+        match status {
+            Err(e) => panic!(
+                "\n\nThe {TARGET} target is not installed, and rustup could not be run ({e}).\n\
+                 Install the target for this toolchain, or set \
+                 STATESTORE_GUEST_WASM_OVERRIDE to a prebuilt component.\n"
+            ),
+            Ok(s) if attempt == 2 => panic!(
+                "\n\n`rustup target add {TARGET}` failed ({s}); the guest component cannot \
+                 be built without it.\n"
+            ),
+            Ok(_) => std::thread::sleep(std::time::Duration::from_secs(2)),
+        }
+    }
+}
+
 /// Builds the guest with `features` into `<target>/<dir_name>` (its own
 /// target dir: sharing the outer one deadlocks on its lock) and returns the
-/// path of the component.
+/// path of the component. Installs the wasm target first if it is missing.
 pub fn build_guest(root: &Path, dir_name: &str, features: &[&str]) -> PathBuf {
+    ensure_target();
     let target_root = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
@@ -68,7 +123,7 @@ pub fn build_guest(root: &Path, dir_name: &str, features: &[&str]) -> PathBuf {
             panic!(
                 "\n\nThe {TARGET} target is not installed, so the guest component cannot be built.\n\
                  Install it with:\n\n    rustup target add {TARGET}\n\n\
-                 (rust-toolchain.toml lists it, so rustup normally adds it by itself.)\n\n{stderr}"
+                 (the build tried to add it through rustup and could not.)\n\n{stderr}"
             );
         }
         panic!("building the guest component failed:\n{stderr}");
