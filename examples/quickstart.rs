@@ -36,13 +36,11 @@ fn main() -> anyhow::Result<()> {
     for (i, parts) in requests.iter().enumerate() {
         let shown: Vec<_> = parts.iter().map(|p| String::from_utf8_lossy(p)).collect();
         println!("> {}", shown.join(" "));
-        store.handle(&request(parts, i as u8, now), now)?;
-        print_outputs(store.poll_outputs()?);
+        print_outputs(store.handle_messages(&[request(parts, i as u8, now)], now)?);
     }
     let deadline = store.next_deadline()?.expect("the key expires");
     println!("> (timer fires at +{} ms)", deadline - now);
-    store.timeout(deadline)?;
-    print_outputs(store.poll_outputs()?);
+    print_outputs(store.timeout(deadline)?);
     Ok(())
 }
 

@@ -36,7 +36,13 @@ fn target_installed() -> Option<bool> {
         return None;
     }
     let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    Some(sysroot.join("lib/rustlib").join(TARGET).join("lib").is_dir())
+    Some(
+        sysroot
+            .join("lib/rustlib")
+            .join(TARGET)
+            .join("lib")
+            .is_dir(),
+    )
 }
 
 /// Installs [`TARGET`] through rustup when the active toolchain lacks it.

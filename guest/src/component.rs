@@ -17,143 +17,44 @@ wit_bindgen::generate!({
 use exports::statestore::core::store as wit;
 
 /// Small blocks from size-class free lists, the rest from wasi-libc's
-/// dlmalloc. See [`pool`].
+/// dlmalloc: [`crate::rt::Pool`].
 #[global_allocator]
-static ALLOCATOR: pool::Pool = pool::Pool::new();
+static ALLOCATOR: crate::rt::Pool = crate::rt::Pool::new();
 
-/// A size-class front end for the component's allocator.
+#[cfg(target_feature = "atomics")]
+compile_error!("the pool allocator assumes single-threaded wasm");
+
+/// The component's `cabi_realloc`, overriding the standard library's weak
+/// one: see [`crate::rt::cabi_realloc`].
 ///
-/// Handling a request allocates a handful of small blocks (a reply's
-/// payload, property list and timestamp) and frees them when its outputs
-/// are encoded; in dlmalloc each such pair costs about as much as the
-/// request's own logic (measured: issue 7, BENCHMARKS.md). Here a block of
-/// up to 256 bytes comes from the free list of its size class (multiples of
-/// 8 bytes) in a few instructions, and goes back to it on free; an empty
-/// list is refilled from 64 KiB regions taken from dlmalloc. Blocks carry no
-/// header (the `Layout` passed to `dealloc` gives the class), so a stored
-/// key costs no more than in dlmalloc (which adds 4 bytes and rounds to 8).
-/// Freed small blocks stay in their class for reuse; they are not returned
-/// to dlmalloc.
-mod pool {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::UnsafeCell;
-    use std::ptr;
-
-    const STEP: usize = 8;
-    const CLASSES: usize = 32;
-    /// Largest block served from the classes.
-    const MAX: usize = STEP * CLASSES;
-    const REGION: usize = 64 * 1024;
-
-    struct State {
-        /// Head of each class's free list; a free block holds the next.
-        free: [*mut u8; CLASSES],
-        /// The unused rest of the current region.
-        next: *mut u8,
-        left: usize,
-    }
-
-    pub struct Pool(UnsafeCell<State>);
-
-    // SAFETY: the component is single-threaded wasm (no `atomics` target
-    // feature: checked below), so the state is never shared between threads.
-    unsafe impl Sync for Pool {}
-
-    #[cfg(target_feature = "atomics")]
-    compile_error!("the pool allocator assumes single-threaded wasm");
-
-    impl Pool {
-        pub const fn new() -> Pool {
-            Pool(UnsafeCell::new(State {
-                free: [ptr::null_mut(); CLASSES],
-                next: ptr::null_mut(),
-                left: 0,
-            }))
-        }
-    }
-
-    /// The class of a layout the pool serves.
-    fn class(layout: Layout) -> Option<usize> {
-        let size = layout.size();
-        (size != 0 && size <= MAX && layout.align() <= STEP).then(|| (size - 1) / STEP)
-    }
-
-    unsafe impl GlobalAlloc for Pool {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            let Some(c) = class(layout) else {
-                // SAFETY: forwarded as is.
-                return unsafe { System.alloc(layout) };
-            };
-            // SAFETY: single-threaded, and no other borrow of the state is
-            // live (the pool never calls itself).
-            let st = unsafe { &mut *self.0.get() };
-            let head = st.free[c];
-            if !head.is_null() {
-                // SAFETY: a free block of this class holds the next pointer.
-                st.free[c] = unsafe { head.cast::<*mut u8>().read() };
-                return head;
-            }
-            let size = (c + 1) * STEP;
-            if st.left < size {
-                // SAFETY: a non-zero size with a valid alignment.
-                let region =
-                    unsafe { System.alloc(Layout::from_size_align_unchecked(REGION, STEP)) };
-                if region.is_null() {
-                    return region;
-                }
-                st.next = region;
-                st.left = REGION;
-            }
-            let block = st.next;
-            // SAFETY: `size <= left`: still inside the region.
-            st.next = unsafe { block.add(size) };
-            st.left -= size;
-            block
-        }
-
-        unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
-            match class(layout) {
-                Some(c) => {
-                    // SAFETY: as in `alloc`; the block is at least 8 bytes and
-                    // 8-aligned (its class's size and the regions' alignment).
-                    let st = unsafe { &mut *self.0.get() };
-                    unsafe { block.cast::<*mut u8>().write(st.free[c]) };
-                    st.free[c] = block;
-                }
-                // SAFETY: it came from System.alloc with this layout.
-                None => unsafe { System.dealloc(block, layout) },
-            }
-        }
-
-        unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            // SAFETY: `GlobalAlloc::realloc`'s contract makes this layout valid.
-            let new = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
-            match (class(layout), class(new)) {
-                // Both large: dlmalloc may grow in place.
-                // SAFETY: it came from System.alloc with `layout`.
-                (None, None) => unsafe { System.realloc(block, layout, new_size) },
-                // The same class: nothing to do.
-                (Some(a), Some(b)) if a == b => block,
-                _ => {
-                    // SAFETY: as the default `GlobalAlloc::realloc`.
-                    unsafe {
-                        let moved = self.alloc(new);
-                        if !moved.is_null() {
-                            ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
-                            self.dealloc(block, layout);
-                        }
-                        moved
-                    }
-                }
-            }
-        }
-    }
+/// # Safety
+///
+/// The canonical ABI's contract for `realloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cabi_realloc(
+    old_ptr: *mut u8,
+    old_len: usize,
+    align: usize,
+    new_len: usize,
+) -> *mut u8 {
+    // SAFETY: the same contract.
+    unsafe { crate::rt::cabi_realloc(old_ptr, old_len, align, new_len) }
 }
 
 struct Component;
 
 impl wit::Guest for Component {
     type Store = Store;
+
+    fn formats() -> wit::FormatVersions {
+        let f = crate::formats();
+        wit::FormatVersions {
+            batch_versions: f.batch_versions.to_vec(),
+            outputs_version: f.outputs_version,
+            snapshot_version: f.snapshot_version,
+            record_version: f.record_version,
+        }
+    }
 }
 
 struct Store(RefCell<StateMachine>);
@@ -176,18 +77,6 @@ impl wit::GuestStore for Store {
         Ok(wit::Store::new(Store(RefCell::new(machine))))
     }
 
-    fn handle(&self, message: wit::InboundMessage, now: u64) {
-        self.0.borrow_mut().handle(&message_in(message), now);
-    }
-
-    fn handle_batch(&self, messages: Vec<wit::InboundMessage>, now: u64) -> Vec<wit::Output> {
-        let mut m = self.0.borrow_mut();
-        for message in messages {
-            m.handle(&message_in(message), now);
-        }
-        m.take_outputs().into_iter().map(output_out).collect()
-    }
-
     fn handle_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
         self.0
             .borrow_mut()
@@ -195,20 +84,11 @@ impl wit::GuestStore for Store {
             .map_err(error_out)
     }
 
-    fn poll_wire(&self) -> Vec<u8> {
-        self.0.borrow_mut().poll_wire()
-    }
-
-    fn client_disconnected(&self, client_id: String, now: u64) {
-        self.0.borrow_mut().client_disconnected(&client_id, now);
-    }
-
-    fn timeout(&self, now: u64) {
-        self.0.borrow_mut().timeout(now);
-    }
-
-    fn poll_outputs(&self) -> Vec<wit::Output> {
-        let outputs = self.0.borrow_mut().take_outputs();
+    fn handle(&self, inputs: Vec<wit::Input>, now: u64) -> Vec<wit::Output> {
+        let owned: Vec<Owned> = inputs.into_iter().map(input_in).collect();
+        let inputs: Vec<types::Input<'_>> = owned.iter().map(Owned::as_input).collect();
+        // The same path as `handle-wire`: encoded, handled, decoded.
+        let outputs = self.0.borrow_mut().step(&inputs, now);
         outputs.into_iter().map(output_out).collect()
     }
 
@@ -259,6 +139,28 @@ fn error_out(e: types::Error) -> wit::Error {
         types::Error::UnsupportedVersion(v) => wit::Error::UnsupportedVersion(v),
         types::Error::BadRecord(m) => wit::Error::BadRecord(m),
         types::Error::Other(m) => wit::Error::Other(m),
+    }
+}
+
+/// A typed input, owned.
+enum Owned {
+    Message(types::InboundMessage),
+    Disconnected(String),
+}
+
+impl Owned {
+    fn as_input(&self) -> types::Input<'_> {
+        match self {
+            Owned::Message(m) => types::Input::Message(m),
+            Owned::Disconnected(id) => types::Input::Disconnected(id),
+        }
+    }
+}
+
+fn input_in(i: wit::Input) -> Owned {
+    match i {
+        wit::Input::Message(m) => Owned::Message(message_in(m)),
+        wit::Input::Disconnected(id) => Owned::Disconnected(id),
     }
 }
 
@@ -318,44 +220,15 @@ fn output_out(o: types::Output) -> wit::Output {
 export!(Component);
 
 /// `memcmp` for the component, replacing wasi-libc's byte-at-a-time loop:
-/// eight bytes per step. Every slice and string comparison goes through it
-/// (topics of ~100 bytes on every request, keys, the dedup cache), and in
-/// wasm it was the single largest item of a request's profile.
+/// [`crate::rt::memcmp`].
 ///
 /// # Safety
 ///
 /// The C contract: `a` and `b` are valid for reads of `n` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n, and both pointers are valid for n bytes;
-        // unaligned reads are allowed.
-        let (x, y) = unsafe {
-            (
-                core::ptr::read_unaligned(a.add(i).cast::<[u8; 8]>()),
-                core::ptr::read_unaligned(b.add(i).cast::<[u8; 8]>()),
-            )
-        };
-        if x != y {
-            // Big-endian: the first differing byte decides.
-            return if u64::from_be_bytes(x) < u64::from_be_bytes(y) {
-                -1
-            } else {
-                1
-            };
-        }
-        i += 8;
-    }
-    while i < n {
-        // SAFETY: i < n.
-        let (x, y) = unsafe { (*a.add(i), *b.add(i)) };
-        if x != y {
-            return i32::from(x) - i32::from(y);
-        }
-        i += 1;
-    }
-    0
+    // SAFETY: the same contract.
+    unsafe { crate::rt::memcmp(a, b, n) }
 }
 
 /// `bcmp` (equality only), which LLVM emits for `memcmp(..) == 0`.
@@ -366,5 +239,5 @@ pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
     // SAFETY: the same contract.
-    unsafe { memcmp(a, b, n) }
+    unsafe { crate::rt::memcmp(a, b, n) }
 }

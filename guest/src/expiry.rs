@@ -46,11 +46,6 @@ impl<K: Ord + Clone> Deadlines<K> {
     pub fn len(&self) -> usize {
         self.queue.len()
     }
-
-    /// Whether none is pending.
-    pub fn is_empty(&self) -> bool {
-        self.queue.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -69,6 +64,6 @@ mod tests {
         assert_eq!(d.pop_due(10), Some((10, "a")));
         assert_eq!(d.pop_due(100), Some((30, "c")));
         assert_eq!(d.pop_due(100), None);
-        assert!(d.is_empty());
+        assert_eq!(d.len(), 0);
     }
 }

@@ -1,6 +1,6 @@
 //! Journal records: every state change, in a versioned, checksummed binary
 //! format, emitted (as [`Output::Journal`](crate::Output::Journal)) before
-//! the replies they belong to, and replayed with [`StateMachine::replay`].
+//! the replies they belong to, and replayed with [`crate::StateMachine::replay`].
 //!
 //! ```text
 //! record = u8 format version (1) | u8 kind | body | u32 CRC-32 of everything before it
@@ -11,15 +11,15 @@
 //! kind 4 reply   str response topic, bytes correlation, u64 forget-at, message reply
 //!                (a dedup-cache entry: a redelivered request gets the same reply)
 //! ```
-//! Encodings of bytes, str, opt, hlc and message are those of the snapshot
-//! format ([`crate::snapshot`]). A record of a newer format version is refused
-//! with [`Error::UnsupportedVersion`], never guessed at.
+//! Encodings of bytes, str, opt, hlc and message are those of
+//! `codec.rs`. A record of a newer format version is refused with
+//! [`Error::UnsupportedVersion`], never guessed at.
+//!
+//! A pure format: the state machine applies what `decode` returns
+//! (`machine/recovery.rs`).
 
-use crate::hlc::Hlc;
-use crate::machine::StateMachine;
-use crate::rpc::dedup::Cached;
-use crate::snapshot::{Reader, Writer};
-use crate::store::{EntryRef, Version};
+use crate::codec::{Reader, Writer};
+use crate::store::{Entry, EntryRef, Version};
 use crate::types::{Error, OutboundMessage};
 
 /// The record format this build writes and reads.
@@ -41,6 +41,76 @@ fn frame(kind: u8, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
 /// A put of `key` with this entry.
 pub fn put(key: &[u8], e: EntryRef<'_>) -> Vec<u8> {
     frame(PUT, |w| w.entry(key, e))
+}
+
+/// A decoded journal record.
+#[derive(Debug)]
+pub(crate) enum Record<'a> {
+    /// `key` now holds `entry`.
+    Put {
+        /// The key.
+        key: &'a [u8],
+        /// Its value, version, fencing token, expiry and persist flag.
+        entry: Entry,
+    },
+    /// `key` was deleted (DEL, VDEL) or expired at `version`.
+    Remove {
+        /// The key.
+        key: &'a [u8],
+        /// The deletion's version.
+        version: Version,
+    },
+    /// A dedup-cache entry.
+    Reply {
+        /// The request's response topic.
+        topic: String,
+        /// The request's correlation data.
+        correlation: &'a [u8],
+        /// When the entry is forgotten (ms).
+        forget_at: u64,
+        /// The reply as sent, without its message expiry.
+        reply: OutboundMessage,
+    },
+}
+
+/// Checks a record (version, checksum) and decodes it.
+pub(crate) fn decode(record: &[u8]) -> Result<Record<'_>, Error> {
+    let bad = |m: &str| Error::BadRecord(m.to_string());
+    let (&version, _) = record.split_first().ok_or_else(|| bad("empty record"))?;
+    if version > RECORD_VERSION {
+        return Err(Error::UnsupportedVersion(u32::from(version)));
+    }
+    if version == 0 || record.len() < 6 {
+        return Err(bad("not a journal record"));
+    }
+    let (body, crc) = record.split_at(record.len() - 4);
+    if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
+        return Err(bad("checksum mismatch"));
+    }
+    let mut r = Reader::new(&body[2..], Error::BadRecord);
+    let decoded = match body[1] {
+        PUT => {
+            let (key, entry) = r.entry()?;
+            Record::Put { key, entry }
+        }
+        DELETE | EXPIRE => {
+            let key = r.bytes()?;
+            let version = Version {
+                wall: r.u64()?,
+                counter: r.u32()?,
+            };
+            Record::Remove { key, version }
+        }
+        REPLY => Record::Reply {
+            topic: r.str()?,
+            correlation: r.bytes()?,
+            forget_at: r.u64()?,
+            reply: r.message()?,
+        },
+        k => return Err(Error::BadRecord(format!("unknown record kind {k}"))),
+    };
+    r.end()?;
+    Ok(decoded)
 }
 
 /// A DEL / VDEL of `key` at `version`.
@@ -74,65 +144,4 @@ pub fn reply(
         w.u64(forget_at);
         w.message(reply);
     })
-}
-
-impl StateMachine {
-    fn observe_own(&mut self, hlc: &Hlc) {
-        if hlc.node == self.config.node_id {
-            self.clock.observe(hlc.wall, hlc.counter);
-        }
-    }
-
-    /// Applies one journal record to the state (no outputs). Used to rebuild
-    /// a store from a snapshot plus the records written after it.
-    pub fn replay(&mut self, record: &[u8]) -> Result<(), Error> {
-        let bad = |m: &str| Error::BadRecord(m.to_string());
-        let (&version, _) = record.split_first().ok_or_else(|| bad("empty record"))?;
-        if version > RECORD_VERSION {
-            return Err(Error::UnsupportedVersion(u32::from(version)));
-        }
-        if version == 0 || record.len() < 6 {
-            return Err(bad("not a journal record"));
-        }
-        let (body, crc) = record.split_at(record.len() - 4);
-        if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
-            return Err(bad("checksum mismatch"));
-        }
-        let mut r = Reader::new(&body[2..], Error::BadRecord);
-        match body[1] {
-            PUT => {
-                let (key, entry) = r.entry()?;
-                r.end()?;
-                if let Some(ft) = entry.fencing_token.as_deref() {
-                    self.observe_own(ft);
-                }
-                self.clock
-                    .observe(entry.version.wall, u64::from(entry.version.counter));
-                self.table.put(key, entry.as_ref());
-            }
-            DELETE | EXPIRE => {
-                let key = r.bytes()?;
-                let (wall, counter) = (r.u64()?, r.u32()?);
-                r.end()?;
-                self.clock.observe(wall, u64::from(counter));
-                self.table.remove(key);
-            }
-            REPLY => {
-                let topic = r.str()?;
-                let corr = r.bytes()?.to_vec();
-                let expires_at = r.u64()?;
-                let reply = r.message()?;
-                r.end()?;
-                // A published version (also of keys not journaled) must stay
-                // older than every version issued after a restart.
-                if let Some(ts) = reply.user_property("__ts").and_then(|t| Hlc::parse(t).ok()) {
-                    self.observe_own(&ts);
-                }
-                self.dedup
-                    .insert(&topic, &corr, Cached { expires_at, reply });
-            }
-            k => return Err(Error::BadRecord(format!("unknown record kind {k}"))),
-        }
-        Ok(())
-    }
 }

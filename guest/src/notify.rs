@@ -2,10 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use crate::rpc::MAX_TOPIC_LEN;
 use crate::rpc::STORE_ID;
-
-/// Longest MQTT topic name.
-pub const MAX_TOPIC_LEN: usize = 65_535;
 
 /// The set of (client, key) registrations, indexed both ways.
 #[derive(Debug, Clone, Default)]

@@ -9,25 +9,20 @@
 //!   observers  u64 n, n x { str client, bytes key }
 //!   dedup      u64 n, n x { str response topic, bytes correlation, u64 expires-at,
 //!                           message reply }
-//! bytes / str = u32 length (LE) + data; opt x = u8 0 | u8 1 + x;
-//! hlc = u64 wall, u64 counter, str node;
-//! message = u8 kind, str topic, bytes payload, u8 qos, u8 retain, opt bytes corr,
-//!           opt u32 expiry, opt str content type, opt u8 format indicator,
-//!           opt str response topic, u32 n + n x (str, str) user properties,
-//!           opt str target client
+//! bytes, str, opt, hlc, message: see codec.rs
 //! ```
 //!
 //! Every integer is little-endian. A reader accepts every version up to
 //! [`FORMAT_VERSION`] and refuses newer ones with
 //! [`Error::UnsupportedVersion`]. The node id is not stored: it comes from the
 //! config.
+//!
+//! A pure format: `write` takes the parts of a state, `read` hands them
+//! to a `Visitor`; the state machine (`machine/recovery.rs`) does the rest.
 
-use crate::hlc::{Clock, Hlc};
-use crate::machine::StateMachine;
-use crate::notify::Registry;
-use crate::rpc::dedup::{Cached, DedupCache};
-use crate::store::{Entry, EntryRef, Table, Version};
-use crate::types::{Bytes, Config, Error, OutboundMessage, Persist, PublishKind, Str, str_of};
+use crate::codec::{Reader, Writer};
+use crate::store::{Entry, EntryRef};
+use crate::types::{Error, OutboundMessage};
 
 /// What a snapshot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,285 +40,125 @@ pub const MAGIC: &[u8; 8] = b"STSTSNAP";
 /// The newest format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
-impl StateMachine {
-    /// The whole state in the snapshot format. Pending outputs are not part of it.
-    pub fn snapshot(&self) -> Vec<u8> {
-        self.snapshot_with(SnapshotScope::Everything)
-    }
+/// The parts of a state, for [`write`].
+pub(crate) struct Parts<'a, K, R, D> {
+    /// The clock: (wall, counter).
+    pub clock: (u64, u64),
+    /// Every key kept, with its entry.
+    pub keys: K,
+    /// (client, key) of every KEYNOTIFY registration kept.
+    pub registrations: R,
+    /// (response topic, correlation, expires-at, reply) of every dedup entry.
+    pub dedup: D,
+    _at: core::marker::PhantomData<&'a ()>,
+}
 
-    /// A snapshot of `scope`.
-    pub fn snapshot_with(&self, scope: SnapshotScope) -> Vec<u8> {
-        let durable = scope == SnapshotScope::Durable;
-        let keep =
-            |e: &EntryRef<'_>| !durable || self.config.persist != Persist::Flagged || e.persist;
-        let mut w = Writer::new();
-        w.0.extend_from_slice(MAGIC);
-        w.u32(FORMAT_VERSION);
-        let (wall, counter) = self.clock.parts();
-        w.u64(wall);
-        w.u64(counter);
-        let kept: Vec<_> = self.table.iter().filter(|(_, e)| keep(e)).collect();
-        w.u64(kept.len() as u64);
-        for (key, e) in kept {
-            w.entry(key, e);
+impl<'a, K, R, D> Parts<'a, K, R, D>
+where
+    K: ExactSizeIterator<Item = (&'a [u8], EntryRef<'a>)>,
+    R: ExactSizeIterator<Item = (&'a str, &'a [u8])>,
+    D: ExactSizeIterator<Item = (&'a str, &'a [u8], u64, OutboundMessage)>,
+{
+    /// Parts of a state.
+    pub(crate) fn new(clock: (u64, u64), keys: K, registrations: R, dedup: D) -> Self {
+        Parts {
+            clock,
+            keys,
+            registrations,
+            dedup,
+            _at: core::marker::PhantomData,
         }
-        let registrations = if durable { 0 } else { self.registry.len() };
-        w.u64(registrations as u64);
-        for (client, key) in self.registry.iter().take(registrations) {
-            w.str(client);
-            w.bytes(key);
-        }
-        w.u64(self.dedup.len() as u64);
-        for (topic, corr, cached) in self.dedup.iter() {
-            w.str(topic);
-            w.bytes(corr);
-            w.u64(cached.expires_at);
-            w.message(&cached.reply);
-        }
-        w.finish_with_crc()
-    }
-
-    /// A store with the state of `snapshot`.
-    pub fn restore(config: Config, snapshot: &[u8]) -> Result<StateMachine, Error> {
-        config.validate()?;
-        let bad = |m: &str| Error::BadSnapshot(m.to_string());
-        if snapshot.len() < MAGIC.len() + 8 || &snapshot[..MAGIC.len()] != MAGIC {
-            return Err(bad("not a state store snapshot"));
-        }
-        let mut r = Reader::new(
-            &snapshot[MAGIC.len()..snapshot.len() - 4],
-            Error::BadSnapshot,
-        );
-        let version = r.u32()?;
-        if version > FORMAT_VERSION {
-            return Err(Error::UnsupportedVersion(version));
-        }
-        if version == 0 {
-            return Err(bad("format version 0 does not exist"));
-        }
-        let (body, tail) = snapshot.split_at(snapshot.len() - 4);
-        let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-        if crc32fast::hash(body) != stored {
-            return Err(bad("checksum mismatch"));
-        }
-        let clock = Clock::restored(config.node_id.clone(), r.u64()?, r.u64()?);
-        let mut table = Table::with_seed(config.hash_seed);
-        for _ in 0..r.u64()? {
-            let (key, entry) = r.entry()?;
-            table.put(key, entry.as_ref());
-        }
-        let mut registry = Registry::default();
-        for _ in 0..r.u64()? {
-            let client = r.str()?;
-            registry.register(&client, r.bytes()?);
-        }
-        let mut dedup = DedupCache::with_seed(config.hash_seed);
-        for _ in 0..r.u64()? {
-            let topic = r.str()?;
-            let corr = r.bytes()?.to_vec();
-            let expires_at = r.u64()?;
-            let reply = r.message()?;
-            dedup.insert(&topic, &corr, Cached { expires_at, reply });
-        }
-        r.end()?;
-        Ok(StateMachine::from_parts(
-            config, clock, table, registry, dedup,
-        ))
     }
 }
 
-/// Little-endian encoder shared by snapshots and journal records.
-pub(crate) struct Writer(Vec<u8>);
-
-impl Writer {
-    pub(crate) fn new() -> Writer {
-        Writer(Vec::with_capacity(64))
+/// A snapshot of `parts`.
+pub(crate) fn write<'a, K, R, D>(parts: Parts<'a, K, R, D>) -> Vec<u8>
+where
+    K: ExactSizeIterator<Item = (&'a [u8], EntryRef<'a>)>,
+    R: ExactSizeIterator<Item = (&'a str, &'a [u8])>,
+    D: ExactSizeIterator<Item = (&'a str, &'a [u8], u64, OutboundMessage)>,
+{
+    let mut w = Writer::new();
+    w.0.extend_from_slice(MAGIC);
+    w.u32(FORMAT_VERSION);
+    let (wall, counter) = parts.clock;
+    w.u64(wall);
+    w.u64(counter);
+    w.u64(parts.keys.len() as u64);
+    for (key, e) in parts.keys {
+        w.entry(key, e);
     }
-    /// The bytes written, followed by their CRC-32.
-    pub(crate) fn finish_with_crc(mut self) -> Vec<u8> {
-        let crc = crc32fast::hash(&self.0);
-        self.u32(crc);
-        self.0
+    w.u64(parts.registrations.len() as u64);
+    for (client, key) in parts.registrations {
+        w.str(client);
+        w.bytes(key);
     }
-    pub(crate) fn u8(&mut self, v: u8) {
-        self.0.push(v);
+    w.u64(parts.dedup.len() as u64);
+    for (topic, corr, expires_at, reply) in parts.dedup {
+        w.str(topic);
+        w.bytes(corr);
+        w.u64(expires_at);
+        w.message(&reply);
     }
-    pub(crate) fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub(crate) fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub(crate) fn bytes(&mut self, v: &[u8]) {
-        // Keys, values and topics come from MQTT messages (< 256 MiB).
-        self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
-        self.0.extend_from_slice(v);
-    }
-    pub(crate) fn str(&mut self, v: &str) {
-        self.bytes(v.as_bytes());
-    }
-    pub(crate) fn opt<T>(&mut self, v: Option<T>, f: impl FnOnce(&mut Self, T)) {
-        match v {
-            None => self.u8(0),
-            Some(v) => {
-                self.u8(1);
-                f(self, v);
-            }
-        }
-    }
-    /// A key and its entry (snapshots and put records share it).
-    pub(crate) fn entry(&mut self, key: &[u8], e: EntryRef<'_>) {
-        self.bytes(key);
-        self.bytes(e.value);
-        self.u64(e.version.wall);
-        self.u32(e.version.counter);
-        self.opt(e.fencing_token, |w, ft| w.hlc(ft));
-        self.opt(e.expires_at, Writer::u64);
-        self.u8(u8::from(e.persist));
-    }
-    pub(crate) fn hlc(&mut self, h: &Hlc) {
-        self.u64(h.wall);
-        self.u64(h.counter);
-        self.str(&h.node);
-    }
-    pub(crate) fn message(&mut self, m: &OutboundMessage) {
-        self.u8(match m.kind {
-            PublishKind::Response => 0,
-            PublishKind::Notification => 1,
-        });
-        self.str(&m.topic);
-        self.bytes(&m.payload);
-        self.u8(m.qos);
-        self.u8(u8::from(m.retain));
-        self.opt(m.correlation_data.as_deref(), Writer::bytes);
-        self.opt(m.message_expiry_interval, Writer::u32);
-        self.opt(m.content_type.as_deref(), Writer::str);
-        self.opt(m.payload_format_indicator, Writer::u8);
-        self.opt(m.response_topic.as_deref(), Writer::str);
-        self.u32(u32::try_from(m.user_properties.len()).unwrap_or(u32::MAX));
-        for (n, v) in &m.user_properties {
-            self.str(n);
-            self.str(v);
-        }
-        self.opt(m.target_client.as_deref(), Writer::str);
-    }
+    w.finish_with_crc()
 }
 
-/// Decoder for [`Writer`]'s encodings; errors are made with `bad`.
-pub(crate) struct Reader<'a> {
-    data: &'a [u8],
-    bad: fn(String) -> Error,
-}
-
-impl<'a> Reader<'a> {
-    pub(crate) fn new(data: &'a [u8], bad: fn(String) -> Error) -> Reader<'a> {
-        Reader { data, bad }
-    }
-    fn err(&self, m: &str) -> Error {
-        (self.bad)(m.to_string())
-    }
-    /// Fails unless everything was read.
-    pub(crate) fn end(&self) -> Result<(), Error> {
-        if self.data.is_empty() {
-            Ok(())
-        } else {
-            Err(self.err("trailing bytes"))
-        }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
-        if self.data.len() < n {
-            return Err(self.err("truncated"));
-        }
-        let (head, rest) = self.data.split_at(n);
-        self.data = rest;
-        Ok(head)
-    }
-    pub(crate) fn u8(&mut self) -> Result<u8, Error> {
-        Ok(self.take(1)?[0])
-    }
-    pub(crate) fn u32(&mut self) -> Result<u32, Error> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    pub(crate) fn u64(&mut self) -> Result<u64, Error> {
-        let mut a = [0; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
-    }
-    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], Error> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    pub(crate) fn str(&mut self) -> Result<String, Error> {
-        let b = self.bytes()?;
-        String::from_utf8(b.to_vec()).map_err(|_| self.err("a string is not UTF-8"))
-    }
-    pub(crate) fn opt<T>(
+/// What [`read`] finds in a snapshot, in this order.
+pub(crate) trait Visitor {
+    /// The clock, first.
+    fn clock(&mut self, wall: u64, counter: u64);
+    /// A key and its entry.
+    fn key(&mut self, key: &[u8], entry: Entry);
+    /// A KEYNOTIFY registration.
+    fn registration(&mut self, client: &str, key: &[u8]);
+    /// A dedup-cache entry.
+    fn reply(
         &mut self,
-        f: impl FnOnce(&mut Self) -> Result<T, Error>,
-    ) -> Result<Option<T>, Error> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => f(self).map(Some),
-            _ => Err(self.err("bad option tag")),
-        }
+        topic: &str,
+        correlation: &[u8],
+        expires_at: u64,
+        reply: OutboundMessage,
+    ) -> Result<(), Error>;
+}
+
+/// Checks a snapshot (magic, version, checksum) and hands its parts to
+/// `visit`. Nothing is handed over from a snapshot whose checksum fails.
+pub(crate) fn read(snapshot: &[u8], visit: &mut impl Visitor) -> Result<(), Error> {
+    let bad = |m: &str| Error::BadSnapshot(m.to_string());
+    if snapshot.len() < MAGIC.len() + 8 || &snapshot[..MAGIC.len()] != MAGIC {
+        return Err(bad("not a state store snapshot"));
     }
-    /// What [`Writer::entry`] wrote.
-    pub(crate) fn entry(&mut self) -> Result<(&'a [u8], Entry), Error> {
-        let key = self.bytes()?;
-        let entry = Entry {
-            value: self.bytes()?.into(),
-            version: Version {
-                wall: self.u64()?,
-                counter: self.u32()?,
-            },
-            fencing_token: self.opt(Reader::hlc)?.map(Box::new),
-            expires_at: self.opt(Reader::u64)?,
-            persist: self.u8()? != 0,
-        };
-        Ok((key, entry))
+    let mut r = Reader::new(
+        &snapshot[MAGIC.len()..snapshot.len() - 4],
+        Error::BadSnapshot,
+    );
+    let version = r.u32()?;
+    if version > FORMAT_VERSION {
+        return Err(Error::UnsupportedVersion(version));
     }
-    pub(crate) fn hlc(&mut self) -> Result<Hlc, Error> {
-        Ok(Hlc {
-            wall: self.u64()?,
-            counter: self.u64()?,
-            node: self.str()?,
-        })
+    if version == 0 {
+        return Err(bad("format version 0 does not exist"));
     }
-    pub(crate) fn message(&mut self) -> Result<OutboundMessage, Error> {
-        let kind = match self.u8()? {
-            0 => PublishKind::Response,
-            1 => PublishKind::Notification,
-            _ => return Err(self.err("bad message kind")),
-        };
-        let topic = Str::from(self.str()?);
-        let payload = Bytes::copy_from_slice(self.bytes()?);
-        let qos = self.u8()?;
-        let retain = self.u8()? != 0;
-        let correlation_data = self.opt(|r| r.bytes().map(Bytes::copy_from_slice))?;
-        let message_expiry_interval = self.opt(Reader::u32)?;
-        let content_type = self.opt(Reader::str)?.map(|s| str_of(&s));
-        let payload_format_indicator = self.opt(Reader::u8)?;
-        let response_topic = self.opt(Reader::str)?.map(Str::from);
-        let n = self.u32()?;
-        let mut user_properties = Vec::new();
-        for _ in 0..n {
-            user_properties.push((str_of(&self.str()?), str_of(&self.str()?)));
-        }
-        let target_client = self.opt(Reader::str)?.map(Str::from);
-        Ok(OutboundMessage {
-            kind,
-            topic,
-            payload,
-            qos,
-            retain,
-            correlation_data,
-            message_expiry_interval,
-            content_type,
-            payload_format_indicator,
-            response_topic,
-            user_properties,
-            target_client,
-        })
+    let (body, tail) = snapshot.split_at(snapshot.len() - 4);
+    let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
+    if crc32fast::hash(body) != stored {
+        return Err(bad("checksum mismatch"));
     }
+    visit.clock(r.u64()?, r.u64()?);
+    for _ in 0..r.u64()? {
+        let (key, entry) = r.entry()?;
+        visit.key(key, entry);
+    }
+    for _ in 0..r.u64()? {
+        let client = r.str()?;
+        visit.registration(&client, r.bytes()?);
+    }
+    for _ in 0..r.u64()? {
+        let topic = r.str()?;
+        let corr = r.bytes()?;
+        let expires_at = r.u64()?;
+        let reply = r.message()?;
+        visit.reply(&topic, corr, expires_at, reply)?;
+    }
+    r.end()
 }

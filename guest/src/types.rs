@@ -131,6 +131,15 @@ impl OutboundMessage {
     }
 }
 
+/// One input of a call (WIT `input`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input<'a> {
+    /// A message received on the request topic.
+    Message(&'a InboundMessage),
+    /// The client with this id went away: its KEYNOTIFY registrations go.
+    Disconnected(&'a str),
+}
+
 /// Everything the guest asks of its host (WIT `output`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {

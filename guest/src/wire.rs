@@ -1,5 +1,7 @@
-//! The flat encoding of a batch of inbound messages and of a list of outputs,
-//! for the WIT functions `handle-wire` and `poll-wire`.
+//! The flat encodings that cross the component boundary: a batch of inputs
+//! (for `handle-wire`) and the list of outputs it returns. `wit/WIRE.md`
+//! specifies both byte by byte, for hosts in any language; this module is
+//! the guest's codec and the Rust hosts'.
 //!
 //! Lowering a record of strings into a component costs one `realloc` call
 //! into the guest per string and list, and lifting outputs one allocation per
@@ -8,49 +10,47 @@
 //! guest reads the messages in place, without copying their fields.
 //!
 //! ```text
-//! batch   = u8 WIRE_VERSION, u32 count, message*
+//! batch   = u8 version (2), u32 count, input*         (version 1: message* only)
+//! input   = u8 0, message | u8 1, str client-id (disconnected)
 //! message = str topic, bytes payload, u8 qos, opt<str> response-topic,
 //!           opt<bytes> correlation, opt<u32> message-expiry, opt<str> content-type,
 //!           opt<u8> payload-format, u32 n, (str name, str value)*n,
 //!           opt<str> client-id, opt<u64> received-at
-//! outputs = u8 OUTPUTS_VERSION, u32 count, output*
-//! output  = u8 0, publish | u8 1, bytes record | u8 2, opt<str> client-id, str reason
+//! outputs = u8 version (3), u32 count, output*
+//! output  = u8 1, bytes record | u8 2, opt<str> client-id, str reason
 //!         | u8 3, reply | u8 4, notify
-//! publish = u8 kind (0 response, 1 notification), str topic, bytes payload, u8 qos,
-//!           u8 retain, opt<bytes> correlation, opt<u32> message-expiry,
-//!           opt<str> content-type, opt<u8> payload-format, opt<str> response-topic,
-//!           u32 n, (str name, str value)*n, opt<str> target-client
 //! reply   = str topic, opt<bytes> correlation, opt<u32> message-expiry, u16 status,
-//!           bytes payload, opt<str> timestamp, opt<str> source-id
+//!           bytes payload, opt<str> timestamp, opt<str> source-id,
+//!           u32 n, (str name, str value)*n
 //! notify  = str target-client, (u8 0, bytes key, bytes payload, str timestamp,
 //!           opt<str> source-id | u8 1: key, payload, timestamp and source-id
 //!           of the list's previous notify)
 //! str, bytes = u32 length, bytes    opt<T> = u8 0 | u8 1, T    integers little-endian
 //! ```
 //!
-//! A `reply` (outputs version 2) is a response publish in the compact form:
-//! the properties every reply carries in the same order are implied
-//! ([`rpc::reply_message`] builds the message on both sides), so the guest
-//! writes a reply straight into the buffer, without building a message
-//! first, and a host decodes it without looking at property names. A
-//! `notify` (outputs version 2) is a KEYNOTIFY notification
-//! ([`rpc::notification_message`], its topic made by [`notify::topic`] from
-//! the client and the key): the notifications of one change to many
-//! observers carry the value once, and a host shares it between them.
-//! Version 1 output lists (neither) still decode.
+//! Every publish is in a compact form: the properties every reply (or
+//! notification) carries in the same order are implied, and
+//! [`rpc::reply_message`] ([`rpc::notification_message`]) builds the MQTT
+//! message from the parts, on the host. The guest writes its outputs
+//! straight into the list ([`OutputWriter`]) as it makes them: there is no
+//! other output path.
 
 use crate::hlc::Version;
 use crate::notify;
-use crate::rpc::{self, REQUEST_TOPIC, RequestProps, Status};
+use crate::rpc::{self, REQUEST_TOPIC, Reply, RequestProps, Status};
 use crate::types::{
-    Bytes, Error, InboundMessage, OutboundMessage, Output, PublishKind, Str, interned_bytes,
+    Bytes, Error, InboundMessage, Input, OutboundMessage, Output, Str, interned_bytes,
 };
 
-/// Version byte that starts every batch.
-pub const WIRE_VERSION: u8 = 1;
+/// Version byte of the batches this build writes.
+pub const BATCH_VERSION: u8 = 2;
 
-/// Version byte that starts every output list: 2 since the compact `reply`.
-pub const OUTPUTS_VERSION: u8 = 2;
+/// The batch versions this build reads: 1 (messages only) and 2.
+pub const BATCH_VERSIONS: &[u8] = &[1, 2];
+
+/// Version byte that starts every output list: 3 since every publish is
+/// compact and a reply carries its extra properties.
+pub const OUTPUTS_VERSION: u8 = 3;
 
 /// What the notifications of one change have in common: what the compact
 /// `notify` output holds (once for all observers).
@@ -68,22 +68,17 @@ pub struct NotificationParts<'a> {
     pub source_id: Option<&'a str>,
 }
 
-/// A reply before it is a message: what the compact `reply` output holds.
+/// Where a reply goes and how it is stamped: what the compact `reply`
+/// output holds besides the [`Reply`] itself.
 #[derive(Debug, Clone, Copy)]
-pub struct ReplyParts<'a> {
+pub struct ReplyTo<'a> {
     /// The request's response topic.
     pub topic: &'a str,
     /// The request's correlation data.
     pub correlation: Option<&'a [u8]>,
     /// Message expiry interval, seconds.
     pub expiry: Option<u32>,
-    /// `__stat`.
-    pub status: Status,
-    /// RESP3 payload.
-    pub payload: &'a [u8],
-    /// `__ts`, as a version of `node`.
-    pub version: Option<Version>,
-    /// The store's HLC node id.
+    /// The store's HLC node id (the reply's version is of it).
     pub node: &'a str,
     /// `__srcId`: the store's own client id.
     pub source_id: Option<&'a str>,
@@ -134,9 +129,20 @@ impl<'a> MessageRef<'a> {
     }
 }
 
+/// One input of a batch, borrowed from its encoding.
+#[derive(Debug, Clone, Copy)]
+// Nearly every input is a message: boxing it would allocate per request.
+#[allow(clippy::large_enum_variant)]
+pub enum InputRef<'a> {
+    /// A message received on the request topic.
+    Message(MessageRef<'a>),
+    /// A client went away.
+    Disconnected(&'a str),
+}
+
 /// Appends the encoding of values to a buffer.
 #[derive(Debug, Default, Clone)]
-pub struct Encoder {
+struct Encoder {
     buf: Vec<u8>,
 }
 
@@ -219,37 +225,6 @@ impl Encoder {
         self.opt(m.received_at, Self::u64);
     }
 
-    /// Appends one output.
-    pub fn output(&mut self, o: &Output) {
-        match o {
-            Output::Publish(m) => {
-                self.u8(0);
-                self.publish(m);
-            }
-            Output::Journal(record) => {
-                self.u8(1);
-                self.bytes(record);
-            }
-            Output::Violation { client_id, reason } => {
-                self.u8(2);
-                self.opt(client_id.as_deref(), Self::str);
-                self.str(reason);
-            }
-        }
-    }
-
-    /// Appends a compact reply.
-    fn reply(&mut self, r: &ReplyParts<'_>) {
-        self.u8(3);
-        self.str(r.topic);
-        self.opt(r.correlation, Self::bytes);
-        self.opt(r.expiry, Self::u32);
-        self.buf.extend_from_slice(&(r.status as u16).to_le_bytes());
-        self.bytes(r.payload);
-        self.opt(r.version, |e, v| e.version(v, r.node));
-        self.opt(r.source_id, Self::str);
-    }
-
     /// Appends a version as the text of an HLC of `node`.
     fn version(&mut self, v: Version, node: &str) {
         let at = self.buf.len();
@@ -258,109 +233,78 @@ impl Encoder {
         let n = u32::try_from(self.buf.len() - at - 4).unwrap_or(u32::MAX);
         self.buf[at..at + 4].copy_from_slice(&n.to_le_bytes());
     }
-
-    fn publish(&mut self, m: &OutboundMessage) {
-        self.u8(match m.kind {
-            PublishKind::Response => 0,
-            PublishKind::Notification => 1,
-        });
-        self.str(&m.topic);
-        self.bytes(&m.payload);
-        self.u8(m.qos);
-        self.u8(u8::from(m.retain));
-        self.opt(m.correlation_data.as_deref(), Self::bytes);
-        self.opt(m.message_expiry_interval, Self::u32);
-        self.opt(m.content_type.as_deref(), Self::str);
-        self.opt(m.payload_format_indicator, Self::u8);
-        self.opt(m.response_topic.as_deref(), Self::str);
-        self.props(m.user_properties.iter().map(|(n, v)| (&**n, &**v)));
-        self.opt(m.target_client.as_deref(), Self::str);
-    }
 }
 
-/// Encodes a batch of inbound messages.
-pub fn encode_batch(messages: &[InboundMessage]) -> Vec<u8> {
+/// Encodes a batch of inputs.
+pub fn encode_batch(inputs: &[Input<'_>]) -> Vec<u8> {
     let mut buf = Vec::new();
-    encode_batch_into(&mut buf, messages);
+    encode_batch_into(&mut buf, inputs);
     buf
 }
 
 /// [`encode_batch`] into a buffer that is cleared first (a host reuses one).
-pub fn encode_batch_into(buf: &mut Vec<u8>, messages: &[InboundMessage]) {
-    let size: usize = messages
+pub fn encode_batch_into(buf: &mut Vec<u8>, inputs: &[Input<'_>]) {
+    let size: usize = inputs
         .iter()
-        .map(|m| {
-            64 + m.topic.len()
-                + m.payload.len()
-                + m.response_topic.as_ref().map_or(0, String::len)
-                + m.correlation_data.as_ref().map_or(0, Vec::len)
-                + m.content_type.as_ref().map_or(0, String::len)
-                + m.client_id.as_ref().map_or(0, String::len)
-                + m.user_properties
-                    .iter()
-                    .map(|(n, v)| 8 + n.len() + v.len())
-                    .sum::<usize>()
+        .map(|i| match i {
+            Input::Disconnected(id) => 8 + id.len(),
+            Input::Message(m) => {
+                64 + m.topic.len()
+                    + m.payload.len()
+                    + m.response_topic.as_ref().map_or(0, String::len)
+                    + m.correlation_data.as_ref().map_or(0, Vec::len)
+                    + m.content_type.as_ref().map_or(0, String::len)
+                    + m.client_id.as_ref().map_or(0, String::len)
+                    + m.user_properties
+                        .iter()
+                        .map(|(n, v)| 8 + n.len() + v.len())
+                        .sum::<usize>()
+            }
         })
         .sum();
     buf.clear();
     buf.reserve(5 + size);
-    buf.push(WIRE_VERSION);
+    buf.push(BATCH_VERSION);
     buf.extend_from_slice(&0u32.to_le_bytes());
     let mut e = Encoder {
         buf: std::mem::take(buf),
     };
-    for m in messages {
-        e.message(m);
-    }
-    *buf = e.finish(messages.len());
-}
-
-/// An upper bound of the encoded size of an output (so that the buffer is
-/// allocated once).
-fn output_size(o: &Output) -> usize {
-    let props = |p: &[crate::types::Property]| -> usize {
-        p.iter().map(|(n, v)| 8 + n.len() + v.len()).sum()
-    };
-    match o {
-        Output::Publish(m) => {
-            64 + m.topic.len()
-                + m.payload.len()
-                + m.correlation_data.as_ref().map_or(0, |c| c.len())
-                + m.content_type.as_ref().map_or(0, |c| c.len())
-                + m.response_topic.as_ref().map_or(0, |t| t.len())
-                + m.target_client.as_ref().map_or(0, |t| t.len())
-                + props(&m.user_properties)
-        }
-        Output::Journal(r) => 8 + r.len(),
-        Output::Violation { client_id, reason } => {
-            16 + client_id.as_ref().map_or(0, String::len) + reason.len()
+    for i in inputs {
+        match i {
+            Input::Message(m) => {
+                e.u8(0);
+                e.message(m);
+            }
+            Input::Disconnected(id) => {
+                e.u8(1);
+                e.str(id);
+            }
         }
     }
+    *buf = e.finish(inputs.len());
 }
 
-/// Encodes a list of outputs.
-pub fn encode_outputs(outputs: &[Output]) -> Vec<u8> {
-    let mut w = OutputWriter::new(5 + outputs.iter().map(output_size).sum::<usize>());
-    for o in outputs {
-        w.append(o);
-    }
-    w.finish()
-}
-
-/// An output list being written, one input at a time: what the state
-/// machine writes its outputs into while it handles a wire batch, so that
-/// no output is built as a value first.
+/// An output list being written, one input at a time: where the state
+/// machine writes every output as it makes it (no output is built as a
+/// value first).
 ///
 /// The journal records of an input go ahead of its other outputs (a host
 /// makes them durable before it publishes anything of the same input):
 /// [`OutputWriter::journal`] inserts a record after the input's earlier
-/// records, before anything else the input wrote.
+/// records, before anything else the input wrote. This is the only place
+/// that rule is kept.
 #[derive(Debug, Clone)]
 pub struct OutputWriter {
     e: Encoder,
     count: usize,
     /// Where the current input's next journal record goes.
     records_at: usize,
+}
+
+impl Default for OutputWriter {
+    fn default() -> Self {
+        OutputWriter::new(0)
+    }
 }
 
 impl OutputWriter {
@@ -380,26 +324,6 @@ impl OutputWriter {
         self.records_at = self.e.buf.len();
     }
 
-    /// Appends an output of the current input (a journal record goes
-    /// ahead of the input's other outputs).
-    pub fn output(&mut self, o: &Output) {
-        match o {
-            Output::Journal(record) => self.journal(record),
-            o => {
-                self.e.output(o);
-                self.count += 1;
-            }
-        }
-    }
-
-    /// Appends an output as an input of its own (outputs queued before the
-    /// writer started).
-    pub fn append(&mut self, o: &Output) {
-        self.e.output(o);
-        self.count += 1;
-        self.begin_input();
-    }
-
     /// Writes a journal record of the current input after its earlier
     /// records and before its other outputs.
     pub fn journal(&mut self, record: &[u8]) {
@@ -415,9 +339,27 @@ impl OutputWriter {
         self.count += 1;
     }
 
-    /// Appends a compact reply of the current input.
-    pub fn reply(&mut self, r: &ReplyParts<'_>) {
-        self.e.reply(r);
+    /// A client broke a protocol rule.
+    pub fn violation(&mut self, client_id: Option<&str>, reason: &str) {
+        self.e.u8(2);
+        self.e.opt(client_id, Encoder::str);
+        self.e.str(reason);
+        self.count += 1;
+    }
+
+    /// Appends a reply of the current input: every reply the store sends
+    /// is written here.
+    pub fn reply(&mut self, to: &ReplyTo<'_>, r: &Reply) {
+        let e = &mut self.e;
+        e.u8(3);
+        e.str(to.topic);
+        e.opt(to.correlation, Encoder::bytes);
+        e.opt(to.expiry, Encoder::u32);
+        e.buf.extend_from_slice(&(r.status as u16).to_le_bytes());
+        e.bytes(&r.payload);
+        e.opt(r.version, |e, v| e.version(v, to.node));
+        e.opt(to.source_id, Encoder::str);
+        e.props(r.extra.iter().map(|(n, v)| (&**n, &**v)));
         self.count += 1;
     }
 
@@ -601,7 +543,6 @@ impl<'a> Decoder<'a> {
 
     fn output(&mut self, base: &Bytes, last: &mut Option<Notification>) -> Result<Output, Error> {
         Ok(match self.u8()? {
-            0 => Output::Publish(self.publish(base)?),
             1 => Output::Journal(self.bytes()?.to_vec()),
             2 => Output::Violation {
                 client_id: self.opt(Self::str)?.map(str::to_string),
@@ -648,6 +589,13 @@ impl<'a> Decoder<'a> {
         let payload = self.shared_bytes(base)?;
         let timestamp = self.opt(|d| d.shared_text(base))?;
         let source_id = self.opt(|d| d.shared_text(base))?;
+        let n = self.u32()?;
+        // Each property takes at least 8 bytes: no huge allocation for a
+        // count the buffer cannot hold.
+        let mut extra = Vec::with_capacity((n as usize).min(self.rest.len() / 8));
+        for _ in 0..n {
+            extra.push((self.shared_str(base)?, self.shared_str(base)?));
+        }
         Ok(rpc::reply_message(
             topic,
             correlation,
@@ -655,53 +603,19 @@ impl<'a> Decoder<'a> {
             status,
             payload,
             timestamp,
-            core::iter::empty(),
+            extra.into_iter(),
             source_id,
         ))
     }
 
-    fn publish(&mut self, base: &Bytes) -> Result<OutboundMessage, Error> {
-        let kind = match self.u8()? {
-            0 => PublishKind::Response,
-            1 => PublishKind::Notification,
-            _ => return Err(bad("unknown publish kind")),
-        };
-        let topic = self.shared_str(base)?;
-        let payload = self.shared_bytes(base)?;
-        let qos = self.u8()?;
-        let retain = self.u8()? != 0;
-        let correlation_data = self.opt(|d| d.shared_bytes(base))?;
-        let message_expiry_interval = self.opt(Self::u32)?;
-        let content_type = self.opt(|d| d.shared_str(base))?;
-        let payload_format_indicator = self.opt(Self::u8)?;
-        let response_topic = self.opt(|d| d.shared_str(base))?;
-        let n = self.u32()?;
-        // Each property takes at least 8 bytes: no huge allocation for a
-        // count the buffer cannot hold.
-        let mut user_properties = Vec::with_capacity((n as usize).min(self.rest.len() / 8));
-        for _ in 0..n {
-            let name = self.shared_str(base)?;
-            let value = self.shared_str(base)?;
-            user_properties.push((name, value));
+    fn input(&mut self) -> Result<InputRef<'a>, Error> {
+        match self.u8()? {
+            0 => Ok(InputRef::Message(self.message_ref()?)),
+            1 => Ok(InputRef::Disconnected(self.str()?)),
+            _ => Err(bad("unknown input tag")),
         }
-        let target_client = self.opt(|d| d.shared_str(base))?;
-        Ok(OutboundMessage {
-            kind,
-            topic,
-            payload,
-            qos,
-            retain,
-            correlation_data,
-            message_expiry_interval,
-            content_type,
-            payload_format_indicator,
-            response_topic,
-            user_properties,
-            target_client,
-        })
     }
 }
-
 /// What a `notify` output with tag 1 repeats.
 #[derive(Debug)]
 struct Notification {
@@ -711,30 +625,25 @@ struct Notification {
     source_id: Option<Str>,
 }
 
-/// Decodes a batch of inbound messages in place, calling `each` in order.
-/// Nothing is handed over unless the whole batch decodes.
-pub fn decode_batch<'a>(buf: &'a [u8], mut each: impl FnMut(&MessageRef<'a>)) -> Result<(), Error> {
-    for m in &decode_messages(buf)? {
-        each(m);
-    }
-    Ok(())
-}
-
-/// Decodes a whole batch of inbound messages in place.
-pub fn decode_messages(buf: &[u8]) -> Result<Vec<MessageRef<'_>>, Error> {
-    let (mut d, n) = Decoder::start(buf, &[WIRE_VERSION])?;
-    // At least 15 bytes per message: reject absurd counts before allocating.
-    if n as usize > buf.len() / 15 + 1 {
+/// Decodes a whole batch of inputs in place. Nothing is handed over unless
+/// the whole batch decodes.
+pub fn decode_batch(buf: &[u8]) -> Result<Vec<InputRef<'_>>, Error> {
+    let (mut d, n) = Decoder::start(buf, BATCH_VERSIONS)?;
+    // At least 5 bytes per input: reject absurd counts before allocating.
+    if n as usize > buf.len() / 5 + 1 {
         return Err(bad("count larger than the batch"));
     }
-    let mut messages = Vec::with_capacity(n as usize);
+    let mut inputs = Vec::with_capacity(n as usize);
     for _ in 0..n {
-        messages.push(d.message_ref()?);
+        inputs.push(match buf[0] {
+            1 => InputRef::Message(d.message_ref()?),
+            _ => d.input()?,
+        });
     }
     if !d.rest.is_empty() {
-        return Err(bad("bytes after the last message"));
+        return Err(bad("bytes after the last input"));
     }
-    Ok(messages)
+    Ok(inputs)
 }
 
 /// Decodes a list of outputs (copying `buf` once; see [`decode_outputs_shared`]).
@@ -747,7 +656,7 @@ pub fn decode_outputs(buf: &[u8]) -> Result<Vec<Output>, Error> {
 /// host does with the buffer the component returned).
 pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
     let base = &buf;
-    let (mut d, n) = Decoder::start(base, &[1, OUTPUTS_VERSION])?;
+    let (mut d, n) = Decoder::start(base, &[OUTPUTS_VERSION])?;
     let mut out = Vec::with_capacity((n as usize).min(base.len() / 4));
     let mut last = None;
     for _ in 0..n {
@@ -828,81 +737,145 @@ mod tests {
         }
     }
 
-    #[test]
-    fn batch_round_trips_into_refs() {
-        let m = message();
-        let wire = encode_batch(&[m.clone(), InboundMessage::default()]);
-        let mut seen = Vec::new();
-        decode_batch(&wire, |r| {
-            seen.push((
-                r.topic.to_string(),
-                r.payload.to_vec(),
-                r.response_topic.map(str::to_string),
-                r.correlation_data.map(<[u8]>::to_vec),
-                r.message_expiry_interval,
-                r.props.timestamp.map(str::to_string),
-                r.props.source_id.map(str::to_string),
-                r.client_id.map(str::to_string),
-                r.received_at,
-            ));
-        })
-        .expect("decodes");
-        assert_eq!(seen.len(), 2);
-        let direct = MessageRef::of(&m);
-        assert_eq!(seen[0].5.as_deref(), direct.props.timestamp);
-        assert_eq!(seen[0].5.as_deref(), Some("x"), "the first __ts wins");
-        assert_eq!(seen[0].0, m.topic);
-        assert_eq!(seen[0].8, Some(7));
-        assert_eq!(seen[1].0, "");
+    fn decoded(wire: &[u8]) -> Vec<MessageRef<'_>> {
+        decode_batch(wire)
+            .expect("decodes")
+            .into_iter()
+            .filter_map(|i| match i {
+                InputRef::Message(m) => Some(m),
+                InputRef::Disconnected(_) => None,
+            })
+            .collect()
     }
 
     #[test]
-    fn outputs_round_trip() {
-        let outputs = vec![
+    fn batch_round_trips_into_refs() {
+        let m = message();
+        let empty = InboundMessage::default();
+        let wire = encode_batch(&[
+            Input::Message(&m),
+            Input::Disconnected("gone"),
+            Input::Message(&empty),
+        ]);
+        let all = decode_batch(&wire).expect("decodes");
+        assert!(matches!(all[1], InputRef::Disconnected("gone")));
+        let seen = decoded(&wire);
+        assert_eq!(seen.len(), 2);
+        let direct = MessageRef::of(&m);
+        assert_eq!(seen[0].props.timestamp, direct.props.timestamp);
+        assert_eq!(seen[0].props.timestamp, Some("x"), "the first __ts wins");
+        assert_eq!(seen[0].props.source_id, Some("me"));
+        assert_eq!(seen[0].topic, m.topic);
+        assert_eq!(seen[0].payload, &m.payload[..]);
+        assert_eq!(seen[0].response_topic, Some("r"));
+        assert_eq!(seen[0].correlation_data, Some(&[1u8, 2][..]));
+        assert_eq!(seen[0].message_expiry_interval, Some(10));
+        assert_eq!(seen[0].client_id, Some("c"));
+        assert_eq!(seen[0].received_at, Some(7));
+        assert_eq!(seen[1].topic, "");
+    }
+
+    /// A version 1 batch (messages only, no input tags) still decodes.
+    #[test]
+    fn version_1_batches_decode() {
+        let m = message();
+        let mut v2 = encode_batch(&[Input::Message(&m)]);
+        // Version 1 is version 2 without the tag byte of each message.
+        v2.remove(5);
+        v2[0] = 1;
+        let seen = decoded(&v2);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].topic, m.topic);
+        assert_eq!(seen[0].received_at, Some(7));
+    }
+
+    #[test]
+    fn outputs_round_trip_through_the_message_builders() {
+        let mut w = OutputWriter::new(0);
+        w.begin_input();
+        w.violation(None, "no");
+        let reply = Reply::status(
+            Status::BadRequest,
+            "why".into(),
+            &[(rpc::prop::PROPERTY_NAME, "Message Expiry".into())],
+        );
+        let to = ReplyTo {
+            topic: "r/t",
+            correlation: Some(&[7, 7]),
+            expiry: Some(3),
+            node: "n",
+            source_id: Some("me"),
+        };
+        w.reply(&to, &reply);
+        // A journal record written last comes first: it is of the same input.
+        w.journal(&[1, 2, 3]);
+        w.begin_input();
+        let ok = Reply::ok(
+            &b"+OK\r\n"[..],
+            Some(Version {
+                wall: 5,
+                counter: 1,
+            }),
+        );
+        w.reply(&to, &ok);
+        w.journal(&[4]);
+        let outputs = decode_outputs(&w.finish()).expect("decodes");
+        let expected = vec![
             Output::Journal(vec![1, 2, 3]),
             Output::Violation {
                 client_id: None,
                 reason: "no".into(),
             },
-            Output::Publish(OutboundMessage {
-                kind: PublishKind::Notification,
-                topic: "n".into(),
-                payload: vec![9].into(),
-                qos: 1,
-                retain: true,
-                correlation_data: None,
-                message_expiry_interval: Some(3),
-                content_type: None,
-                payload_format_indicator: Some(0),
-                response_topic: Some("rt".into()),
-                user_properties: vec![("a".into(), "".into())],
-                target_client: Some("c".into()),
-            }),
+            Output::Publish(reply.message(
+                "r/t".into(),
+                Some(Bytes::from_static(&[7, 7])),
+                Some(3),
+                "n",
+                Some("me".into()),
+            )),
+            Output::Journal(vec![4]),
+            Output::Publish(ok.message(
+                "r/t".into(),
+                Some(Bytes::from_static(&[7, 7])),
+                Some(3),
+                "n",
+                Some("me".into()),
+            )),
         ];
-        assert_eq!(
-            decode_outputs(&encode_outputs(&outputs)).expect("decodes"),
-            outputs
-        );
+        assert_eq!(outputs, expected);
+        let Output::Publish(m) = &outputs[2] else {
+            unreachable!()
+        };
+        assert_eq!(Reply::of_message(m), Some(reply));
     }
 
     #[test]
     fn every_truncation_and_corruption_is_an_error_not_a_panic() {
-        let wire = encode_batch(&[message(), message()]);
+        let (a, b) = (message(), message());
+        let wire = encode_batch(&[
+            Input::Message(&a),
+            Input::Disconnected("x"),
+            Input::Message(&b),
+        ]);
         for cut in 0..wire.len() {
-            assert!(decode_batch(&wire[..cut], |_| {}).is_err(), "cut at {cut}");
+            assert!(decode_batch(&wire[..cut]).is_err(), "cut at {cut}");
         }
         for i in 0..wire.len() {
             let mut w = wire.clone();
             w[i] ^= 0xff;
-            let _ = decode_batch(&w, |_| {});
+            let _ = decode_batch(&w);
         }
         let mut longer = wire.clone();
         longer.push(0);
-        assert!(decode_batch(&longer, |_| {}).is_err());
+        assert!(decode_batch(&longer).is_err());
         assert_eq!(
-            decode_batch(&[2, 0, 0, 0, 0], |_| {}),
-            Err(Error::UnsupportedVersion(2))
+            decode_batch(&[3, 0, 0, 0, 0]).map(|v| v.len()),
+            Err(Error::UnsupportedVersion(3))
         );
-        assert!(decode_batch(&[1, 255, 255, 255, 255], |_| {}).is_err());
+        assert!(decode_batch(&[2, 255, 255, 255, 255]).is_err());
+        assert!(
+            decode_outputs(&[2, 0, 0, 0, 0]).is_err(),
+            "version 2 lists are not read"
+        );
     }
 }

@@ -117,8 +117,7 @@ impl Harness {
             ],
             ..Default::default()
         };
-        self.sm.handle(&m, self.now);
-        let out = self.sm.take_outputs();
+        let out = self.sm.handle(&m, self.now);
         let mut notes = Vec::new();
         let mut reply = None;
         for (i, o) in out.iter().enumerate() {
@@ -266,8 +265,7 @@ impl Harness {
                         break;
                     }
                     self.now = self.now.max(at);
-                    self.sm.timeout(self.now);
-                    for o in self.sm.take_outputs() {
+                    for o in self.sm.timeout(self.now) {
                         match o {
                             Output::Journal(r) => self.journal.push(r),
                             Output::Publish(p) => {
@@ -314,10 +312,9 @@ impl Harness {
                     return;
                 };
                 let before = self.sm.snapshot();
-                self.sm.handle(&m, self.now);
                 let out: Vec<Output> = self
                     .sm
-                    .take_outputs()
+                    .handle(&m, self.now)
                     .into_iter()
                     .filter(|o| match o {
                         // Expiry due at this time still happens first.

@@ -63,7 +63,7 @@ fn bench_requests(
             let fill: Vec<InboundMessage> = (0..1000u64)
                 .map(|i| request(&[b"SET", key(i), b"value-of-100-bytes"], 1_000_000 + i, T0))
                 .collect();
-            store.handle_batch(&fill, T0).expect("fill");
+            store.handle_messages(&fill, T0).expect("fill");
             let mut n = 0u64;
             g.bench_with_input(BenchmarkId::new(kind, batch), &batch, |b, &batch| {
                 b.iter_batched(
@@ -75,7 +75,7 @@ fn bench_requests(
                             })
                             .collect::<Vec<_>>()
                     },
-                    |msgs| store.handle_batch(&msgs, T0).expect("handle"),
+                    |msgs| store.handle_messages(&msgs, T0).expect("handle"),
                     criterion::BatchSize::SmallInput,
                 );
             });
@@ -127,18 +127,18 @@ fn benches(c: &mut Criterion) {
     // the request and decoding its outputs.
     let mut empty = rt.instantiate(&Config::default()).expect("instantiate");
     c.bench_function("call/empty_batch_wasm", |b| {
-        b.iter(|| empty.handle_batch(&[], T0).expect("call"))
+        b.iter(|| empty.handle_messages(&[], T0).expect("call"))
     });
     let get = request(&[b"GET", key(1)], 1, T0);
     let mut probe = NativeStore::new(Config::default()).expect("store");
     c.bench_function("wire/host_encode_get", |b| {
-        b.iter(|| statestore_guest::wire::encode_batch(std::slice::from_ref(&get)))
+        b.iter(|| statestore_guest::wire::encode_batch(&[statestore::Input::Message(&get)]))
     });
     // The reply as the guest writes it (the compact form).
     let encoded = probe
         .0
         .handle_wire(
-            &statestore_guest::wire::encode_batch(std::slice::from_ref(&get)),
+            &statestore_guest::wire::encode_batch(&[statestore::Input::Message(&get)]),
             T0,
         )
         .expect("get");
@@ -160,13 +160,13 @@ fn benches(c: &mut Criterion) {
                 m
             })
             .collect();
-        store.handle_batch(&observe, T0).expect("observe");
+        store.handle_messages(&observe, T0).expect("observe");
         let mut n = 0u64;
         g.bench_function(kind, |b| {
             b.iter(|| {
                 n += 1;
                 store
-                    .handle_batch(&[request(&[b"SET", b"hot", b"v"], n, T0)], T0)
+                    .handle_messages(&[request(&[b"SET", b"hot", b"v"], n, T0)], T0)
                     .expect("set")
             })
         });
@@ -190,13 +190,10 @@ fn benches(c: &mut Criterion) {
                             request(&[b"SET", k.as_bytes(), b"v", b"PX", b"1000"], i, T0)
                         })
                         .collect();
-                    store.handle_batch(&msgs, T0).expect("fill");
+                    store.handle_messages(&msgs, T0).expect("fill");
                     store
                 },
-                |mut store| {
-                    store.timeout(T0 + 1000).expect("timeout");
-                    store.poll_outputs().expect("outputs")
-                },
+                |mut store| store.timeout(T0 + 1000).expect("timeout"),
                 criterion::BatchSize::LargeInput,
             );
         });
@@ -260,7 +257,7 @@ fn interleaved(rt: &Runtime, quick: bool) {
                 let fill: Vec<InboundMessage> = (0..1000u64)
                     .map(|i| request(&[b"SET", key(i), b"value-of-100-bytes"], 1_000_000 + i, T0))
                     .collect();
-                store.handle_batch(&fill, T0).expect("fill");
+                store.handle_messages(&fill, T0).expect("fill");
             }
             let (mut ratios, mut native, mut wasm) = (Vec::new(), Vec::new(), Vec::new());
             let (mut served_ratios, mut served_times) = (Vec::new(), Vec::new());
@@ -279,7 +276,7 @@ fn interleaved(rt: &Runtime, quick: bool) {
                         })
                         .collect();
                     let t = Instant::now();
-                    let out = store.handle_batch(&msgs, T0).expect("handle");
+                    let out = store.handle_messages(&msgs, T0).expect("handle");
                     times[i] = t.elapsed().as_secs_f64() / batch as f64;
                     drop(out);
                 }

@@ -198,12 +198,11 @@ fn main() {
                     i as u64,
                     "c",
                 );
-                store.handle_batch(&[m], T0).expect("set");
+                store.handle_messages(&[m], T0).expect("set");
             });
             // 3 rounds of `ops` keys are due at T0 + 1000: one timeout expires them.
             let start = Instant::now();
-            store.timeout(T0 + 1_000).expect("timeout");
-            let outputs = store.poll_outputs().expect("outputs");
+            let outputs = store.timeout(T0 + 1_000).expect("timeout");
             let exp = start.elapsed().as_secs_f64() / (3 * ops) as f64;
             assert!(outputs.is_empty(), "nobody observes, nothing is journaled");
             row.push(set);
@@ -242,7 +241,7 @@ fn main() {
             spread.push(per_op(ops, |i| {
                 let k = key(i % n);
                 let m = request(&[b"SET", &k, VALUE], 1_000_000_000 + i as u64, "w");
-                let out = store.handle_batch(&[m], T0).expect("set");
+                let out = store.handle_messages(&[m], T0).expect("set");
                 assert_eq!(out.len(), 2, "one notification and the reply");
             }));
             drop(store);
@@ -258,7 +257,7 @@ fn main() {
             };
             let t = per_op(rounds, |i| {
                 let m = request(&[b"SET", b"hot", VALUE], 2_000_000_000 + i as u64, "w");
-                let out = store.handle_batch(&[m], T0).expect("set");
+                let out = store.handle_messages(&[m], T0).expect("set");
                 assert_eq!(out.len(), fan_n + 1);
             });
             fan.push(t / fan_n as f64);
@@ -286,7 +285,7 @@ fn register(store: &mut dyn Backend, n: usize, key_of: impl Fn(usize) -> Vec<u8>
                 request(&[b"KEYNOTIFY", &k], c as u64, &format!("obs-{c}"))
             })
             .collect();
-        let out = store.handle_batch(&batch, T0).expect("keynotify");
+        let out = store.handle_messages(&batch, T0).expect("keynotify");
         assert_eq!(out.len(), end - i);
         i = end;
     }

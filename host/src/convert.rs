@@ -52,6 +52,13 @@ pub(crate) fn message(m: &types::InboundMessage) -> wit::InboundMessage {
     }
 }
 
+pub(crate) fn input(i: &types::Input<'_>) -> wit::Input {
+    match i {
+        types::Input::Message(m) => wit::Input::Message(message(m)),
+        types::Input::Disconnected(id) => wit::Input::Disconnected(id.to_string()),
+    }
+}
+
 pub(crate) fn output(o: wit::Output) -> types::Output {
     match o {
         wit::Output::Publish(m) => types::Output::Publish(types::OutboundMessage {

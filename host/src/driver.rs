@@ -5,7 +5,7 @@
 //!          transport.recv() ──> transport.on_event() ──> Input
 //!                                                        │
 //!   timer (next_deadline) ──> store.timeout(now)         v
-//!                              │           store.handle_batch / client_disconnected
+//!                              │           store.handle(messages | disconnect)
 //!                              v                         │
 //!                     transport.emit(outputs) <──────────┘ then transport.settle()
 //! ```
@@ -14,17 +14,16 @@
 //! shutdown); `on_event`, `emit` and `settle` always run to completion.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Result;
-use statestore_guest::types::{Bytes, Quota, Str};
+use statestore_guest::types::Quota;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::journal::Journal;
 use crate::tenant::Tenant;
-use crate::{InboundMessage, OutboundMessage, Output, PublishKind, Runtime, WasmStore};
+use crate::{InboundMessage, Output, Runtime};
 
 /// The most requests a transport hands the guest in one call: bounds the
 /// time of one call (and so what a CPU deadline must allow) and the latency
@@ -57,85 +56,7 @@ pub trait Transport {
     fn close(&mut self) -> impl Future<Output = ()>;
 }
 
-/// Milliseconds since the Unix epoch: the `now` handed to the guest.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Makes the journal records among `outputs` durable (per the fsync
-/// policy) and returns the rest, to publish. If the records cannot be
-/// written (a full disk), nothing of the batch stays applied: the store is
-/// reloaded from disk and every reply of the batch becomes a 500.
-pub fn commit(
-    store: &mut WasmStore,
-    journal: Option<&mut Journal>,
-    outputs: Vec<Output>,
-) -> Result<Vec<Output>> {
-    let (records, publishes): (Vec<Output>, Vec<Output>) = outputs
-        .into_iter()
-        .partition(|o| matches!(o, Output::Journal(_)));
-    let Some(journal) = journal else {
-        return Ok(publishes);
-    };
-    let records: Vec<Vec<u8>> = records
-        .into_iter()
-        .filter_map(|o| match o {
-            Output::Journal(r) => Some(r),
-            _ => None,
-        })
-        .collect();
-    match journal.append(&records) {
-        Ok(()) => {
-            if journal.snapshot_due()
-                && let Err(e) = journal.snapshot(store)
-            {
-                // The log keeps everything; the next due check tries again.
-                tracing::warn!(error = %format!("{e:#}"), "cannot take a snapshot");
-            }
-            Ok(publishes)
-        }
-        Err(e) => {
-            tracing::error!(error = %e, dir = %journal.dir().display(), "cannot write the journal: answering the batch with errors");
-            *store = journal.reload()?;
-            Ok(publishes
-                .into_iter()
-                .filter_map(|o| match o {
-                    Output::Publish(m) if m.kind == PublishKind::Response => {
-                        Some(Output::Publish(failed(m, &e)))
-                    }
-                    _ => None, // notifications of changes that did not happen
-                })
-                .collect())
-        }
-    }
-}
-
-/// A 500 reply in place of `reply` (spec §4.3).
-fn failed(reply: OutboundMessage, e: &std::io::Error) -> OutboundMessage {
-    let s = Str::from_static;
-    let mut props: Vec<statestore_guest::types::Property> = vec![
-        (s("__stat"), s("500")),
-        (s("__protVer"), s("1.0")),
-        (
-            s("__stMsg"),
-            format!("the state store could not make the change durable: {e}").into(),
-        ),
-    ];
-    props.extend(
-        reply
-            .user_properties
-            .iter()
-            .filter(|(n, _)| n == "__srcId")
-            .cloned(),
-    );
-    OutboundMessage {
-        payload: Bytes::new(),
-        user_properties: props,
-        ..reply
-    }
-}
+pub use crate::clock::now_ms;
 
 /// Something to do to a running tenant between two inputs.
 pub enum Control {
@@ -185,7 +106,7 @@ pub async fn drive<T: Transport>(
         if deadline != armed {
             armed = deadline;
             if let Some(at) = armed {
-                let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+                let wait = Duration::from_millis(at.saturating_sub(tenant.now_ms()));
                 timer.as_mut().reset(Instant::now() + wait);
             }
         }
@@ -210,7 +131,7 @@ pub async fn drive<T: Transport>(
                     break Err(anyhow::anyhow!("the transport stopped"));
                 };
                 let Some(input) = transport.on_event(event).await? else { continue };
-                let now = now_ms();
+                let now = tenant.now_ms();
                 let outputs = match input {
                     Input::Messages(messages) => {
                         let outputs = tenant.handle(&messages, now)?;
@@ -227,7 +148,7 @@ pub async fn drive<T: Transport>(
                 deadline = tenant.next_deadline()?;
             }
             () = &mut timer, if armed.is_some() => {
-                let now = now_ms();
+                let now = tenant.now_ms();
                 if deadline.is_some_and(|at| now < at) {
                     armed = None; // woke early: arm again for the same deadline
                     continue;

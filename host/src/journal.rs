@@ -29,7 +29,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tracing::{info, warn};
 
-use crate::{Backend, Config, Runtime, SnapshotScope, WasmStore};
+use statestore_guest::rpc::{Reply, Status};
+
+use crate::clock::Clock;
+use crate::{
+    Backend, Config, OutboundMessage, Output, PublishKind, Runtime, SnapshotScope, WasmStore,
+};
 
 const WAL_MAGIC: &[u8; 8] = b"STSTWAL\0";
 /// The WAL format this build writes and reads.
@@ -177,14 +182,15 @@ fn read_segment(path: &Path) -> Result<(Vec<Vec<u8>>, u64, u64)> {
 
 impl Journal {
     /// Opens (creating if needed) `dir`, recovers the store it holds and
-    /// returns both. Expired keys are expired at once (their records are
-    /// logged before this returns).
+    /// returns both. Keys expired by `clock` are expired at once (their
+    /// records are logged before this returns).
     pub fn open(
         runtime: &Runtime,
         config: &Config,
         dir: &Path,
         fsync: Fsync,
         policy: SnapshotPolicy,
+        clock: &dyn Clock,
     ) -> Result<(Journal, WasmStore, Recovery)> {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let lock = OpenOptions::new()
@@ -256,8 +262,7 @@ impl Journal {
         if let Err(e) = journal.write_snapshot_now(&mut store) {
             warn!(error = %format!("{e:#}"), "cannot write a snapshot at start; keeping the existing snapshot and log");
         }
-        store.timeout_bulk(crate::driver::now_ms())?;
-        let outputs = store.poll_outputs()?;
+        let outputs = store.timeout_bulk(clock.now_ms())?;
         let records: Vec<Vec<u8>> = outputs
             .into_iter()
             .filter_map(|o| match o {
@@ -515,11 +520,16 @@ fn recover_with_repairs(
                 break;
             }
             Err(e) => {
-                let text = format!("{e:#}");
-                if text.contains("newer than this build") {
-                    return Err(e).with_context(|| format!("cannot load {}", path.display()));
+                if let Some(statestore_guest::Error::UnsupportedVersion(v)) = e.downcast_ref() {
+                    let v = *v;
+                    return Err(e).with_context(|| {
+                        format!(
+                            "cannot load {}: snapshot format version {v} is newer than this build",
+                            path.display()
+                        )
+                    });
                 }
-                warn!(path = %path.display(), error = %text, "skipping an unreadable snapshot");
+                warn!(path = %path.display(), error = %format!("{e:#}"), "skipping an unreadable snapshot");
             }
         }
     }
@@ -590,4 +600,61 @@ fn recover_with_repairs(
         "recovered"
     );
     Ok((store, recovery, last_seq, repairs))
+}
+
+/// Makes the journal records among `outputs` durable (per the fsync
+/// policy) and returns the rest, to publish. If the records cannot be
+/// written (a full disk), nothing of the batch stays applied: the store is
+/// reloaded from disk and every reply of the batch becomes a 500.
+pub fn commit(
+    store: &mut WasmStore,
+    journal: Option<&mut Journal>,
+    outputs: Vec<Output>,
+) -> Result<Vec<Output>> {
+    let (records, publishes): (Vec<Output>, Vec<Output>) = outputs
+        .into_iter()
+        .partition(|o| matches!(o, Output::Journal(_)));
+    let Some(journal) = journal else {
+        return Ok(publishes);
+    };
+    let records: Vec<Vec<u8>> = records
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Journal(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    match journal.append(&records) {
+        Ok(()) => {
+            if journal.snapshot_due()
+                && let Err(e) = journal.snapshot(store)
+            {
+                // The log keeps everything; the next due check tries again.
+                tracing::warn!(error = %format!("{e:#}"), "cannot take a snapshot");
+            }
+            Ok(publishes)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, dir = %journal.dir().display(), "cannot write the journal: answering the batch with errors");
+            *store = journal.reload()?;
+            Ok(publishes
+                .into_iter()
+                .filter_map(|o| match o {
+                    Output::Publish(m) if m.kind == PublishKind::Response => {
+                        Some(Output::Publish(failed(&m, &e)))
+                    }
+                    _ => None, // notifications of changes that did not happen
+                })
+                .collect())
+        }
+    }
+}
+
+/// A 500 reply in place of `reply` (spec §4.3), built as every reply is.
+fn failed(reply: &OutboundMessage, e: &std::io::Error) -> OutboundMessage {
+    Reply::replace(
+        reply,
+        Status::InternalError,
+        format!("the state store could not make the change durable: {e}"),
+    )
 }

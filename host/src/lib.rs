@@ -4,10 +4,10 @@
 //! `wit/store.wit`). This crate loads it with wasmtime and drives it:
 //!
 //! ```text
-//!   Runtime (engine + compiled component, shared)
+//!   Runtime (engine + compiled component, shared; its formats checked at load)
 //!      └── instantiate(config) -> WasmStore: one guest instance, one `store` resource
-//!              handle / handle_batch / client_disconnected / timeout
-//!              poll_outputs / next_deadline / snapshot / restore
+//!              handle(inputs, now) -> outputs   (messages, disconnects; none: expiry)
+//!              next_deadline / snapshot / restore / replay
 //! ```
 //!
 //! [`Backend`] is implemented by [`WasmStore`] and by [`NativeStore`] (the same
@@ -17,6 +17,7 @@
 pub mod bench;
 mod bindings;
 pub mod cache;
+pub mod clock;
 pub mod config;
 mod convert;
 pub mod driver;
@@ -30,9 +31,12 @@ pub mod wasm;
 
 pub use statestore_guest::SnapshotScope;
 pub use statestore_guest::types::{
-    Config, InboundMessage, OutboundMessage, Output, Persist, PublishKind,
+    Config, InboundMessage, Input, OutboundMessage, Output, Persist, PublishKind,
 };
-pub use wasm::{EngineOptions, PoolOptions, Runtime, StoreLimits, WasmStore};
+pub use wasm::{
+    EngineOptions, IncompatibleComponent, OwnedFormats, PoolOptions, Runtime, StoreLimits,
+    WasmStore,
+};
 
 /// The guest component built by this crate's build script (`wasm32-wasip2`).
 pub const GUEST_COMPONENT: &[u8] = include_bytes!(env!("STATESTORE_GUEST_WASM"));
@@ -40,21 +44,28 @@ pub const GUEST_COMPONENT: &[u8] = include_bytes!(env!("STATESTORE_GUEST_WASM"))
 /// Something that runs the state store state machine: the wasm component or
 /// the native build of the same crate.
 pub trait Backend {
-    /// Handles one message received at `now`.
-    fn handle(&mut self, message: &InboundMessage, now: u64) -> anyhow::Result<()>;
-    /// Handles several messages at `now` and returns all outputs.
-    fn handle_batch(
+    /// Handles `inputs` at `now`, in order, and returns every output they
+    /// caused. Keys due at `now` expire first, so no inputs is the timer
+    /// call.
+    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> anyhow::Result<Vec<Output>>;
+    /// [`Backend::handle`] of messages only.
+    fn handle_messages(
         &mut self,
         messages: &[InboundMessage],
         now: u64,
-    ) -> anyhow::Result<Vec<Output>>;
-    /// A client went away.
-    fn client_disconnected(&mut self, client_id: &str, now: u64) -> anyhow::Result<()>;
-    /// The deadline passed.
-    fn timeout(&mut self, now: u64) -> anyhow::Result<()>;
-    /// Takes pending outputs.
-    fn poll_outputs(&mut self) -> anyhow::Result<Vec<Output>>;
-    /// When `timeout` is next due.
+    ) -> anyhow::Result<Vec<Output>> {
+        let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
+        self.handle(&inputs, now)
+    }
+    /// A client went away: its KEYNOTIFY registrations are dropped.
+    fn client_disconnected(&mut self, client_id: &str, now: u64) -> anyhow::Result<Vec<Output>> {
+        self.handle(&[Input::Disconnected(client_id)], now)
+    }
+    /// The deadline passed: [`Backend::handle`] with no inputs.
+    fn timeout(&mut self, now: u64) -> anyhow::Result<Vec<Output>> {
+        self.handle(&[], now)
+    }
+    /// When [`Backend::timeout`] is next due.
     fn next_deadline(&mut self) -> anyhow::Result<Option<u64>>;
     /// The whole state.
     fn snapshot(&mut self) -> anyhow::Result<Vec<u8>> {
@@ -85,30 +96,8 @@ impl NativeStore {
 }
 
 impl Backend for NativeStore {
-    fn handle(&mut self, message: &InboundMessage, now: u64) -> anyhow::Result<()> {
-        self.0.handle(message, now);
-        Ok(())
-    }
-    fn handle_batch(
-        &mut self,
-        messages: &[InboundMessage],
-        now: u64,
-    ) -> anyhow::Result<Vec<Output>> {
-        for m in messages {
-            self.0.handle(m, now);
-        }
-        Ok(self.0.take_outputs())
-    }
-    fn client_disconnected(&mut self, client_id: &str, now: u64) -> anyhow::Result<()> {
-        self.0.client_disconnected(client_id, now);
-        Ok(())
-    }
-    fn timeout(&mut self, now: u64) -> anyhow::Result<()> {
-        self.0.timeout(now);
-        Ok(())
-    }
-    fn poll_outputs(&mut self) -> anyhow::Result<Vec<Output>> {
-        Ok(self.0.take_outputs())
+    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> anyhow::Result<Vec<Output>> {
+        Ok(self.0.step(inputs, now))
     }
     fn next_deadline(&mut self) -> anyhow::Result<Option<u64>> {
         Ok(self.0.next_deadline())

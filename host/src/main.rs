@@ -252,6 +252,7 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
                 max_interval: Duration::from_secs(args.snapshot_interval.max(1)),
             },
             quota: Default::default(),
+            clock: statestore::clock::system(),
         },
         limits: StoreLimits {
             memory_bytes: None,

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  rumqttc event loop task ──(requests, connacks, errors)──> driver (this task)
-//!        ^                                                    │ handle_batch(now)
+//!        ^                                                    │ handle(now)     
 //!        └── publishes (notifications, then replies), then ───┘ timeout(now) at next_deadline
 //!            the manual PUBACK of each request, in arrival order
 //! ```

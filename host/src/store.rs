@@ -1,10 +1,12 @@
 //! Opening the store a server runs: volatile, or durable in a data directory.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use tracing::info;
 
+use crate::clock::{self, Clock};
 use crate::journal::{Fsync, Journal, SnapshotPolicy};
 use crate::{Config, Persist, Runtime, WasmStore};
 use statestore_guest::types::Quota;
@@ -26,6 +28,8 @@ pub struct StoreOptions {
     pub snapshots: SnapshotPolicy,
     /// What clients may store.
     pub quota: Quota,
+    /// The wall clock the store is driven by.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl StoreOptions {
@@ -39,6 +43,7 @@ impl StoreOptions {
             fsync: Fsync::Always,
             snapshots: SnapshotPolicy::default(),
             quota: Quota::default(),
+            clock: clock::system(),
         }
     }
 }
@@ -72,8 +77,14 @@ pub fn open_with(
         }
         (_, None) => bail!("--persist {:?} needs --data-dir", opts.persist),
         (_, Some(dir)) => {
-            let (journal, store, _) =
-                Journal::open(runtime, config, dir, opts.fsync, opts.snapshots)?;
+            let (journal, store, _) = Journal::open(
+                runtime,
+                config,
+                dir,
+                opts.fsync,
+                opts.snapshots,
+                &*opts.clock,
+            )?;
             info!(dir = %dir.display(), persist = ?opts.persist, fsync = ?opts.fsync, "durable store");
             Ok((store, Some(journal)))
         }
@@ -85,7 +96,7 @@ pub fn open_with(
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(crate::driver::now_ms());
+    h.write_u64(clock::now_ms());
     h.finish()
 }
 

@@ -138,6 +138,7 @@ pub struct Tenant {
     store: WasmStore,
     journal: Option<Journal>,
     faults: u64,
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -163,7 +164,13 @@ impl Tenant {
             store,
             journal,
             faults: 0,
+            clock: opts.clock.clone(),
         })
+    }
+
+    /// Now, by the clock the tenant is driven by (ms since the Unix epoch).
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// The tenant's name.
@@ -187,7 +194,7 @@ impl Tenant {
     /// and the requests are handled again one at a time: the one that fails
     /// again gets a 500 reply, the others their normal replies.
     pub fn handle(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
-        match self.store.handle_batch(messages, now) {
+        match self.store.handle_messages(messages, now) {
             Ok(outputs) => self.commit(outputs),
             Err(e) => {
                 let why = self.restart(&e)?;
@@ -197,7 +204,7 @@ impl Tenant {
                 let mut all = Vec::new();
                 for m in messages {
                     let one = std::slice::from_ref(m);
-                    match self.store.handle_batch(one, now) {
+                    match self.store.handle_messages(one, now) {
                         Ok(outputs) => all.extend(self.commit(outputs)?),
                         Err(e) => {
                             let why = self.restart(&e)?;
@@ -212,19 +219,13 @@ impl Tenant {
 
     /// A client went away: its KEYNOTIFY registrations are dropped.
     pub fn client_gone(&mut self, client_id: &str, now: u64) -> Result<Vec<Output>> {
-        let outputs = self
-            .store
-            .client_disconnected(client_id, now)
-            .and_then(|()| self.store.poll_outputs());
+        let outputs = self.store.client_disconnected(client_id, now);
         self.commit_or_restart(outputs)
     }
 
     /// The deadline passed: expire keys, evict dedup entries.
     pub fn timeout(&mut self, now: u64) -> Result<Vec<Output>> {
-        let outputs = self
-            .store
-            .timeout(now)
-            .and_then(|()| self.store.poll_outputs());
+        let outputs = self.store.timeout(now);
         self.commit_or_restart(outputs)
     }
 
@@ -280,9 +281,9 @@ impl Tenant {
     }
 
     /// Makes the journal records among `outputs` durable and returns the
-    /// rest (see [`crate::driver::commit`]).
+    /// rest (see [`crate::journal::commit`]).
     fn commit(&mut self, outputs: Vec<Output>) -> Result<Vec<Output>> {
-        crate::driver::commit(&mut self.store, self.journal.as_mut(), outputs)
+        crate::journal::commit(&mut self.store, self.journal.as_mut(), outputs)
     }
 
     /// Replaces a failed instance: from the journal, or empty if volatile.

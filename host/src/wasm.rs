@@ -16,7 +16,7 @@ use wasmtime::{Engine, Store};
 
 use crate::bindings::{Guest, GuestPre};
 use crate::convert;
-use crate::{Backend, Config, InboundMessage, Output};
+use crate::{Backend, Config, Input, Output};
 
 /// A wasmtime engine with the guest component compiled and linked once;
 /// instantiate it as often as needed.
@@ -139,7 +139,7 @@ const FULL_POOL_BUDGET: u64 = 32 << 40;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
     /// 4 GiB each: no bounds checks in compiled code (a [`crate::tenant::Fleet`]
-    /// of up to about 2,000 tenants fits [`FULL_POOL_BUDGET`]).
+    /// of up to about 2,000 tenants fits `FULL_POOL_BUDGET`).
     Full,
     /// The memory cap each: explicit bounds checks, but room for a million
     /// tenants.
@@ -193,20 +193,6 @@ impl Runtime {
         }
     }
 
-    /// A component read from a file.
-    pub fn from_file(path: &std::path::Path) -> Result<Runtime> {
-        let wasm = std::fs::read(path)
-            .with_context(|| format!("cannot read component {}", path.display()))?;
-        Runtime::from_bytes(&wasm).with_context(|| format!("in {}", path.display()))
-    }
-
-    /// Like [`Runtime::from_bytes`], but keeps the compiled code in
-    /// `cache_dir` and loads it from there next time.
-    pub fn from_bytes_cached(wasm: &[u8], cache_dir: &std::path::Path) -> Result<Runtime> {
-        let engine = Engine::new(&engine_config())?;
-        Runtime::load(&engine, wasm, Some(cache_dir))
-    }
-
     fn from_component(engine: Engine, component: Component) -> Result<Runtime> {
         let mut linker = Linker::new(&engine);
         // The guest imports only what Rust's std links for panics and stdio
@@ -215,12 +201,45 @@ impl Runtime {
         linker.define_unknown_imports_as_traps(&component)?;
         let pre = GuestPre::new(linker.instantiate_pre(&component)?)?;
         let epoch = engine.get_epoch_interruption();
-        Ok(Runtime {
+        let runtime = Runtime {
             engine,
             pre,
             limits: StoreLimits::default(),
             epoch,
+        };
+        runtime.check_formats()?;
+        Ok(runtime)
+    }
+
+    /// The encodings of the component (WIT `formats`).
+    pub fn formats(&self) -> Result<OwnedFormats> {
+        let (mut store, guest) = self.new_instance()?;
+        let f = guest.statestore_core_store().call_formats(&mut store)?;
+        Ok(OwnedFormats {
+            batch_versions: f.batch_versions,
+            outputs_version: f.outputs_version,
+            snapshot_version: f.snapshot_version,
+            record_version: f.record_version,
         })
+    }
+
+    /// Refuses a component whose batches this host cannot write or whose
+    /// output lists it cannot read: before any store is made, so a refused
+    /// upgrade leaves the running component serving.
+    fn check_formats(&self) -> Result<()> {
+        let f = self.formats()?;
+        let writes = statestore_guest::wire::BATCH_VERSION;
+        let reads = statestore_guest::wire::OUTPUTS_VERSION;
+        if !f.batch_versions.contains(&writes) || f.outputs_version != reads {
+            return Err(IncompatibleComponent {
+                batch_versions: f.batch_versions,
+                outputs_version: f.outputs_version,
+                writes,
+                reads,
+            }
+            .into());
+        }
+        Ok(())
     }
 
     /// The engine.
@@ -285,6 +304,37 @@ impl Runtime {
     }
 }
 
+/// The encodings a component reads and writes (WIT `formats`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedFormats {
+    /// Input batch versions it accepts.
+    pub batch_versions: Vec<u8>,
+    /// The output list version it returns.
+    pub outputs_version: u8,
+    /// The snapshot version it writes.
+    pub snapshot_version: u32,
+    /// The journal record version it writes.
+    pub record_version: u32,
+}
+
+/// A component speaks encodings this host does not (`wit/WIRE.md`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the component's encodings are not this host's: it accepts input batch versions \
+     {batch_versions:?} and writes output list version {outputs_version}; this host writes \
+     batch version {writes} and reads output list version {reads}"
+)]
+pub struct IncompatibleComponent {
+    /// Batch versions the component accepts.
+    pub batch_versions: Vec<u8>,
+    /// The output version the component writes.
+    pub outputs_version: u8,
+    /// The batch version this host writes.
+    pub writes: u8,
+    /// The output version this host reads.
+    pub reads: u8,
+}
+
 /// The resources one guest instance holds, kept by wasmtime's
 /// [`wasmtime::ResourceLimiter`] hooks.
 #[derive(Debug, Default)]
@@ -341,7 +391,7 @@ pub struct WasmStore {
     guest: Guest,
     handle: ResourceAny,
     typed: bool,
-    /// The encoding buffer of `handle_batch`, reused.
+    /// The encoding buffer of `handle`, reused.
     scratch: Vec<u8>,
     /// Whether the engine interrupts calls at an epoch deadline.
     epoch: bool,
@@ -352,11 +402,11 @@ pub struct WasmStore {
 }
 
 impl WasmStore {
-    /// Whether [`Backend::handle_batch`] and [`Backend::poll_outputs`] cross
-    /// with the typed WIT functions (`handle-batch`, `poll-outputs`: a record
-    /// per message and per output) instead of the flat `handle-wire` and
-    /// `poll-wire` (the default). The outputs are the same; this is for tests
-    /// of both paths and to measure what the flat encoding saves.
+    /// Whether [`Backend::handle`] crosses with the typed WIT function
+    /// (`handle`: a record per input and per output) instead of the flat
+    /// `handle-wire` (the default, what the hosts use). The outputs are the
+    /// same; this is for tests of both doors and to measure what the flat
+    /// encoding saves.
     pub fn use_typed_calls(&mut self, typed: bool) {
         self.typed = typed;
     }
@@ -377,10 +427,27 @@ impl WasmStore {
     /// [`Backend::timeout`] with the budget of a snapshot rather than of a
     /// request: for the expiry of everything that expired while the server
     /// was down, which is proportional to the state.
-    pub fn timeout_bulk(&mut self, now: u64) -> Result<()> {
-        self.arm(true);
+    pub fn timeout_bulk(&mut self, now: u64) -> Result<Vec<Output>> {
+        self.call(&[], now, true)
+    }
+
+    fn call(&mut self, inputs: &[Input<'_>], now: u64, bulk: bool) -> Result<Vec<Output>> {
+        self.arm(bulk);
         let api = self.guest.statestore_core_store().store();
-        Ok(api.call_timeout(&mut self.store, self.handle, now)?)
+        if self.typed {
+            let inputs: Vec<_> = inputs.iter().map(convert::input).collect();
+            let out = api.call_handle(&mut self.store, self.handle, &inputs, now)?;
+            return Ok(out.into_iter().map(convert::output).collect());
+        }
+        // One flat list<u8> each way (the guest's `wire` encoding): far
+        // cheaper to lower and lift than a record of strings per message.
+        statestore_guest::wire::encode_batch_into(&mut self.scratch, inputs);
+        let out = api
+            .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)?
+            .map_err(convert::error)?;
+        // The replies' strings and payloads become slices of this one
+        // buffer: no allocation per field.
+        Ok(statestore_guest::wire::decode_outputs_shared(out.into())?)
     }
 
     /// Arms the deadline of the next call: a request's, or a bulk one's.
@@ -397,55 +464,8 @@ impl WasmStore {
 }
 
 impl Backend for WasmStore {
-    fn handle(&mut self, message: &InboundMessage, now: u64) -> Result<()> {
-        self.arm(false);
-        let m = convert::message(message);
-        let api = self.guest.statestore_core_store().store();
-        Ok(api.call_handle(&mut self.store, self.handle, &m, now)?)
-    }
-
-    fn handle_batch(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
-        self.arm(false);
-        if self.typed {
-            let ms: Vec<_> = messages.iter().map(convert::message).collect();
-            let api = self.guest.statestore_core_store().store();
-            let out = api.call_handle_batch(&mut self.store, self.handle, &ms, now)?;
-            return Ok(out.into_iter().map(convert::output).collect());
-        }
-        // One flat list<u8> each way (the guest's `wire` encoding): far
-        // cheaper to lower and lift than a record of strings per message.
-        statestore_guest::wire::encode_batch_into(&mut self.scratch, messages);
-        let api = self.guest.statestore_core_store().store();
-        let out = api
-            .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)?
-            .map_err(convert::error)?;
-        // The replies' strings and payloads become slices of this one
-        // buffer: no allocation per field.
-        Ok(statestore_guest::wire::decode_outputs_shared(out.into())?)
-    }
-
-    fn client_disconnected(&mut self, client_id: &str, now: u64) -> Result<()> {
-        self.arm(false);
-        let api = self.guest.statestore_core_store().store();
-        Ok(api.call_client_disconnected(&mut self.store, self.handle, client_id, now)?)
-    }
-
-    fn timeout(&mut self, now: u64) -> Result<()> {
-        self.arm(false);
-        let api = self.guest.statestore_core_store().store();
-        Ok(api.call_timeout(&mut self.store, self.handle, now)?)
-    }
-
-    fn poll_outputs(&mut self) -> Result<Vec<Output>> {
-        // Proportional to the outputs waiting (all the expiries at start).
-        self.arm(true);
-        let api = self.guest.statestore_core_store().store();
-        if self.typed {
-            let out = api.call_poll_outputs(&mut self.store, self.handle)?;
-            return Ok(out.into_iter().map(convert::output).collect());
-        }
-        let out = api.call_poll_wire(&mut self.store, self.handle)?;
-        Ok(statestore_guest::wire::decode_outputs_shared(out.into())?)
+    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> Result<Vec<Output>> {
+        self.call(inputs, now, false)
     }
 
     fn next_deadline(&mut self) -> Result<Option<u64>> {
@@ -528,7 +548,7 @@ mod tests {
                 correlation_data: Some(vec![2]),
                 ..set.clone()
             };
-            let out = store.handle_batch(&[set, get], 1)?;
+            let out = store.handle_messages(&[set, get], 1)?;
             let payloads: Vec<&[u8]> = out
                 .iter()
                 .filter_map(|o| match o {

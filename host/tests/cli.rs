@@ -341,6 +341,32 @@ async fn config_tenants_and_a_sighup_upgrade() {
         "new quota"
     );
     assert_eq!(text(&beta.call(&[b"GET", b"k2"]).await), "$1\r\nv\r\n");
+
+    // A component whose output list this host cannot read is refused at
+    // load, before any traffic moves: alpha keeps serving on the old one.
+    std::fs::write(
+        dir.join("alpha.wasm"),
+        statestore_tests::next_formats_wasm(),
+    )
+    .expect("next-formats component");
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(hup.success());
+    wait_for(&log, "upgrade skipped", Duration::from_secs(30));
+    assert!(
+        log.lock()
+            .expect("log")
+            .contains("writes output list version 4; this host writes batch version 2 and reads output list version 3"),
+        "the refusal says why"
+    );
+    assert_eq!(
+        text(&alpha.call(&[b"SET", b"k3", b"v"]).await),
+        "+OK\r\n",
+        "the old component serves on"
+    );
+    assert_eq!(text(&alpha.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -44,16 +44,22 @@ pub fn test_config() -> Config {
     }
 }
 
+/// A build of the guest that claims an output list version no host reads
+/// (its `next-formats` feature): hosts must refuse to load it.
+pub fn next_formats_wasm() -> Vec<u8> {
+    std::fs::read(env!("STATESTORE_NEXT_FORMATS_WASM"))
+        .expect("the next-formats component was built")
+}
+
 /// Which build of the state machine to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// The guest crate compiled natively.
     Native,
     /// The `.wasm` component in wasmtime, through the flat `handle-wire`
-    /// and `poll-wire` (what the hosts use).
+    /// (what the hosts use).
     Wasm,
-    /// The `.wasm` component through the typed `handle-batch` and
-    /// `poll-outputs`.
+    /// The `.wasm` component through the typed `handle`.
     WasmTyped,
 }
 
@@ -106,18 +112,17 @@ fn apply(
     now: u64,
     input: &Input,
 ) -> Result<(Vec<Output>, Option<u64>)> {
-    let mut outputs = Vec::new();
-    match input {
-        // A batch of one: the wire path for `Wasm`, the typed one for `WasmTyped`.
-        Input::Publish(m) => outputs = backend.handle_batch(std::slice::from_ref(m), now)?,
+    // The wire door for `Wasm`, the typed one for `WasmTyped`.
+    let outputs = match input {
+        Input::Publish(m) => backend.handle_messages(std::slice::from_ref(m), now)?,
         Input::Disconnect(c) => backend.client_disconnected(c, now)?,
         Input::Timeout => backend.timeout(now)?,
         Input::Restore => {
             let snapshot = backend.snapshot()?;
             *backend = restore_backend(kind, config, &snapshot)?;
+            Vec::new()
         }
-    }
-    outputs.extend(backend.poll_outputs()?);
+    };
     Ok((outputs, backend.next_deadline()?))
 }
 

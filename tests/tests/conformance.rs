@@ -878,13 +878,18 @@ fn journal_persist_all() {
         let mut probe = sim.request(&[b"GET", key]);
         set_prop(&mut probe, "__ts", None);
         let a = reply(&sim.send(&probe)).payload.clone();
-        statestore::Backend::handle(&mut rebuilt, &probe, sim.now).expect("handle");
-        let b = statestore::Backend::poll_outputs(&mut rebuilt).expect("outputs");
+        let b = statestore::Backend::handle_messages(
+            &mut rebuilt,
+            std::slice::from_ref(&probe),
+            sim.now,
+        )
+        .expect("handle");
         assert_eq!(reply(&b).payload, a, "{}", String::from_utf8_lossy(key));
         assert_eq!(ts_of(reply(&b)), ts_of(reply(&sim.send(&probe))));
     }
     // A redelivered request after the "restart" gets its original reply.
-    let out = statestore::Backend::handle_batch(&mut rebuilt, &[m], sim.now).expect("redelivery");
+    let out =
+        statestore::Backend::handle_messages(&mut rebuilt, &[m], sim.now).expect("redelivery");
     assert_eq!(reply(&out).payload, &b":1\r\n"[..]);
     assert!(records(&out).is_empty());
     sim.finish();

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use statestore::clock::{Clock, ManualClock, SystemClock};
 use statestore::journal::{Fsync, Journal, Recovery, SnapshotPolicy};
 use statestore::{Backend, Config, InboundMessage, Output, Persist, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
@@ -37,8 +38,13 @@ struct Store {
 
 impl Store {
     fn open(dir: &Path, policy: SnapshotPolicy) -> (Store, Recovery) {
+        Store::open_at(dir, policy, &SystemClock)
+    }
+
+    /// [`Store::open`] with the clock that decides what expired while down.
+    fn open_at(dir: &Path, policy: SnapshotPolicy, clock: &dyn Clock) -> (Store, Recovery) {
         let (journal, store, recovery) =
-            Journal::open(wasm_runtime(), &config(), dir, Fsync::Always, policy)
+            Journal::open(wasm_runtime(), &config(), dir, Fsync::Always, policy, clock)
                 .expect("open the data dir");
         (
             Store {
@@ -66,9 +72,9 @@ impl Store {
             ],
             ..Default::default()
         };
-        let outputs = self.store.handle_batch(&[m], now).expect("handle");
+        let outputs = self.store.handle_messages(&[m], now).expect("handle");
         let outputs: Vec<Output> =
-            statestore::driver::commit(&mut self.store, Some(&mut self.journal), outputs)
+            statestore::journal::commit(&mut self.store, Some(&mut self.journal), outputs)
                 .expect("commit");
         let r = reply(&outputs);
         (
@@ -86,6 +92,7 @@ fn open_error(dir: &Path, why: &str) -> anyhow::Error {
         dir,
         Fsync::Always,
         SnapshotPolicy::default(),
+        &SystemClock,
     ) {
         Ok(_) => panic!("opening {} must fail: {why}", dir.display()),
         Err(e) => e,
@@ -93,7 +100,7 @@ fn open_error(dir: &Path, why: &str) -> anyhow::Error {
 }
 
 fn now() -> u64 {
-    statestore::driver::now_ms()
+    statestore::clock::now_ms()
 }
 
 fn wal_files(dir: &Path) -> Vec<PathBuf> {
@@ -218,19 +225,26 @@ fn a_flipped_byte_stops_replay_at_that_record() {
 #[test]
 fn keys_that_expired_while_down_are_gone() {
     let dir = temp_dir("expired");
+    // Simulated time: the store is down for 300 ms of its clock.
+    let clock = ManualClock::at(now());
     {
-        let (mut s, _) = Store::open(&dir, SnapshotPolicy::default());
-        s.call(&[b"SET", b"short", b"v", b"PX", b"200"], now());
-        s.call(&[b"SET", b"long", b"v", b"PX", b"600000"], now());
+        let (mut s, _) = Store::open_at(&dir, SnapshotPolicy::default(), &clock);
+        s.call(&[b"SET", b"short", b"v", b"PX", b"200"], clock.now_ms());
+        s.call(&[b"SET", b"long", b"v", b"PX", b"600000"], clock.now_ms());
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let (mut s, _) = Store::open(&dir, SnapshotPolicy::default());
-    assert_eq!(s.call(&[b"GET", b"short"], now()).0, "$-1\r\n");
-    assert_eq!(s.call(&[b"GET", b"long"], now()).0, "$1\r\nv\r\n");
-    // And the expiry itself was logged: it stays expired after another reopen.
+    clock.advance(300);
+    let (mut s, _) = Store::open_at(&dir, SnapshotPolicy::default(), &clock);
+    // Expired by the clock at open, before any request arrives: the GET at
+    // the very time of the open finds it gone.
+    assert_eq!(s.journal.dir(), dir.as_path());
+    assert_eq!(s.call(&[b"GET", b"short"], clock.now_ms()).0, "$-1\r\n");
+    assert_eq!(s.call(&[b"GET", b"long"], clock.now_ms()).0, "$1\r\nv\r\n");
+    // And the expiry itself was logged: it stays expired after another
+    // reopen, even one whose clock went back.
     drop(s);
-    let (mut s, _) = Store::open(&dir, SnapshotPolicy::default());
-    assert_eq!(s.call(&[b"GET", b"short"], now()).0, "$-1\r\n");
+    let early = ManualClock::at(clock.now_ms() - 250);
+    let (mut s, _) = Store::open_at(&dir, SnapshotPolicy::default(), &early);
+    assert_eq!(s.call(&[b"GET", b"short"], early.now_ms()).0, "$-1\r\n");
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -252,14 +266,14 @@ fn a_redelivered_request_gets_its_reply_after_a_restart() {
         let (mut s, _) = Store::open(&dir, SnapshotPolicy::default());
         let out = s
             .store
-            .handle_batch(std::slice::from_ref(&m), now())
+            .handle_messages(std::slice::from_ref(&m), now())
             .expect("handle");
         let out =
-            statestore::driver::commit(&mut s.store, Some(&mut s.journal), out).expect("commit");
+            statestore::journal::commit(&mut s.store, Some(&mut s.journal), out).expect("commit");
         reply(&out).clone()
     };
     let (mut s, _) = Store::open(&dir, SnapshotPolicy::default());
-    let out = s.store.handle_batch(&[m], now()).expect("handle");
+    let out = s.store.handle_messages(&[m], now()).expect("handle");
     let again = reply(&out);
     assert_eq!(
         again.payload,

@@ -565,3 +565,31 @@ async fn an_upgrade_under_load_loses_no_write_and_drops_no_request() {
     server.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A component whose output list this host cannot read is refused when it
+/// is loaded, with a typed error that says which versions differ, before
+/// any store of it exists: an upgrade to it never reaches a tenant.
+#[test]
+fn a_component_with_unknown_formats_is_refused_at_load() {
+    let mut fleet = Fleet::new(1, 64 << 20, None).expect("engine");
+    let Err(err) = fleet.runtime_from_bytes(
+        &statestore_tests::next_formats_wasm(),
+        StoreLimits::default(),
+    ) else {
+        panic!("a component with output version 4 loaded");
+    };
+    let incompatible = err
+        .downcast_ref::<statestore::IncompatibleComponent>()
+        .unwrap_or_else(|| panic!("not an IncompatibleComponent: {err:#}"));
+    assert_eq!(incompatible.outputs_version, 4);
+    assert_eq!(incompatible.reads, 3);
+    let ok = fleet
+        .runtime_from_bytes(statestore::GUEST_COMPONENT, StoreLimits::default())
+        .expect("the built-in component loads");
+    let f = ok.formats().expect("formats");
+    assert!(
+        f.batch_versions
+            .contains(&statestore_guest::wire::BATCH_VERSION)
+    );
+    assert_eq!(f.outputs_version, statestore_guest::wire::OUTPUTS_VERSION);
+}

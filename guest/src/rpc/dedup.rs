@@ -16,20 +16,22 @@ use std::hash::BuildHasher;
 use foldhash::fast::FixedState;
 use hashbrown::HashTable;
 
-use crate::types::{OutboundMessage, Str};
+use super::Reply;
+use crate::types::Str;
 
 /// A cached reply and when it is forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cached {
     /// Forget at this time (ms).
     pub expires_at: u64,
-    /// The reply as first sent, without its message expiry.
-    pub reply: OutboundMessage,
+    /// The reply as first sent (its message is rebuilt on a retry, with
+    /// the expiry left to the retried request).
+    pub reply: Reply,
 }
 
 /// One cached reply under its topic, with its insertion number.
 #[derive(Debug, Clone)]
-struct Reply {
+struct Entry {
     correlation: Box<[u8]>,
     cached: Cached,
     seq: u64,
@@ -39,7 +41,7 @@ struct Reply {
 #[derive(Debug, Clone)]
 struct Topic {
     name: Str,
-    replies: HashTable<Reply>,
+    replies: HashTable<Entry>,
 }
 
 /// (response topic, correlation data) of a cached reply.
@@ -159,14 +161,8 @@ impl DedupCache {
         {
             Some(topic) => topic,
             None => {
-                // The reply's own topic is the response topic: share it.
-                let name = if *cached.reply.topic == *response_topic {
-                    cached.reply.topic.clone()
-                } else {
-                    Str::from(response_topic)
-                };
                 let topic = Topic {
-                    name,
+                    name: Str::from(response_topic),
                     replies: HashTable::new(),
                 };
                 self.topics
@@ -176,7 +172,7 @@ impl DedupCache {
         };
         let name = topic.name.clone();
         let corr_hash = hash(correlation);
-        let reply = Reply {
+        let reply = Entry {
             correlation: correlation.into(),
             cached,
             seq,
@@ -263,29 +259,11 @@ impl DedupCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::PublishKind;
 
-    fn reply(topic: &str, n: u8) -> OutboundMessage {
-        OutboundMessage {
-            kind: PublishKind::Response,
-            topic: Str::from(topic),
-            payload: vec![n].into(),
-            qos: 1,
-            retain: false,
-            correlation_data: None,
-            message_expiry_interval: None,
-            content_type: None,
-            payload_format_indicator: None,
-            response_topic: None,
-            user_properties: Vec::new(),
-            target_client: None,
-        }
-    }
-
-    fn cached(topic: &str, n: u8, expires_at: u64) -> Cached {
+    fn cached(_topic: &str, n: u8, expires_at: u64) -> Cached {
         Cached {
             expires_at,
-            reply: reply(topic, n),
+            reply: Reply::ok(vec![n], None),
         }
     }
 

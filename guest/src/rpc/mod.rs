@@ -3,6 +3,8 @@
 
 pub mod dedup;
 
+use crate::errors::ServiceError;
+use crate::hlc::{Hlc, Version};
 use crate::types::{Bytes, OutboundMessage, Property, PublishKind, Str};
 
 /// The state store's GUID.
@@ -15,6 +17,8 @@ pub const RESERVED_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF
 pub const CONTENT_TYPE: &str = "application/octet-stream";
 /// The RPC protocol version we speak.
 pub const PROTOCOL_VERSION: &str = "1.0";
+/// Longest MQTT topic name.
+pub const MAX_TOPIC_LEN: usize = 65_535;
 /// How long a reply stays in the dedup cache after its request's deadline.
 pub const DEDUP_BUFFER_MS: u64 = 60_000;
 
@@ -81,6 +85,132 @@ impl Status {
             505 => Status::VersionNotSupported,
             _ => return None,
         })
+    }
+}
+
+/// A reply before it is an MQTT message: what the state machine writes into
+/// its output list (the compact `reply` of [`crate::wire`]) and what the
+/// dedup cache keeps for a retry. [`Reply::message`] makes the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// `__stat`.
+    pub status: Status,
+    /// RESP3 payload.
+    pub payload: Bytes,
+    /// `__ts`: a version of this store's node.
+    pub version: Option<Version>,
+    /// The user properties between `__ts` and `__srcId` (`__stMsg`,
+    /// `__propName`, ...), in order.
+    pub extra: Vec<Property>,
+}
+
+impl Reply {
+    /// 200 with this payload.
+    pub fn ok(payload: impl Into<Bytes>, version: Option<Version>) -> Reply {
+        Reply {
+            status: Status::Ok,
+            payload: payload.into(),
+            version,
+            extra: Vec::new(),
+        }
+    }
+
+    /// 200 with the `-ERR` payload of `e`.
+    pub fn error(e: ServiceError) -> Reply {
+        Reply::ok(e.reply(), None)
+    }
+
+    /// `status` with `__stMsg: message` and then `extra`, no payload.
+    pub fn status(status: Status, message: String, extra: &[(&'static str, String)]) -> Reply {
+        let mut all = Vec::with_capacity(1 + extra.len());
+        all.push((Str::from_static(prop::STATUS_MESSAGE), Str::from(message)));
+        all.extend(
+            extra
+                .iter()
+                .map(|(n, v)| (Str::from_static(n), Str::from(v.as_str()))),
+        );
+        Reply {
+            status,
+            payload: Bytes::new(),
+            version: None,
+            extra: all,
+        }
+    }
+
+    /// 500: the HLC counter would pass its limit.
+    pub fn counter_overflow() -> Reply {
+        Reply::status(
+            Status::InternalError,
+            "hybrid logical clock counter overflow".into(),
+            &[(prop::PROPERTY_NAME, "Counter".into())],
+        )
+    }
+
+    /// The reply as an MQTT message to `topic` ([`reply_message`]), its
+    /// version written as an HLC of `node`.
+    pub fn message(
+        &self,
+        topic: Str,
+        correlation: Option<Bytes>,
+        expiry: Option<u32>,
+        node: &str,
+        source_id: Option<Str>,
+    ) -> OutboundMessage {
+        reply_message(
+            topic,
+            correlation,
+            expiry,
+            self.status,
+            self.payload.clone(),
+            self.version.map(|v| v.encode(node).into()),
+            self.extra.iter().cloned(),
+            source_id,
+        )
+    }
+
+    /// The reply that [`Reply::message`] made `m` from (the journal and
+    /// snapshot formats store messages); `None` if `m` is not a reply.
+    pub fn of_message(m: &OutboundMessage) -> Option<Reply> {
+        let status = Status::from_code(m.user_property(prop::STATUS)?.parse().ok()?)?;
+        let version = match m.user_property(prop::TIMESTAMP) {
+            None => None,
+            Some(ts) => {
+                let h = Hlc::parse(ts).ok()?;
+                Some(Version::of(&h))
+            }
+        };
+        let implied = [
+            prop::STATUS,
+            prop::PROTOCOL_VERSION,
+            prop::TIMESTAMP,
+            prop::SOURCE_ID,
+            prop::HIGH_PRIORITY,
+        ];
+        let extra = m
+            .user_properties
+            .iter()
+            .filter(|(n, _)| !implied.contains(&&**n))
+            .cloned()
+            .collect();
+        Some(Reply {
+            status,
+            payload: m.payload.clone(),
+            version,
+            extra,
+        })
+    }
+
+    /// `reply` (a message [`Reply::message`] made) turned into `status`
+    /// with `__stMsg: message`, to the same requester: what a host sends
+    /// when it could not carry a reply out (the journal write failed).
+    pub fn replace(reply: &OutboundMessage, status: Status, message: String) -> OutboundMessage {
+        Reply::status(status, message, &[]).message(
+            reply.topic.clone(),
+            reply.correlation_data.clone(),
+            reply.message_expiry_interval,
+            "",
+            reply.user_property(prop::SOURCE_ID).map(Str::from),
+        )
     }
 }
 
@@ -181,7 +311,7 @@ pub fn check_response_topic(topic: &str) -> TopicCheck {
     }
     let b = topic.as_bytes();
     let invalid = b.is_empty()
-        || b.len() > crate::notify::MAX_TOPIC_LEN
+        || b.len() > MAX_TOPIC_LEN
         || b[0] == b'/'
         || b[b.len() - 1] == b'/'
         || has_wildcard_nul_or_empty_level(b);

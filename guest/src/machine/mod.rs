@@ -1,31 +1,38 @@
-//! The state machine: one input at a time, outputs pulled afterwards.
+//! The state machine: a call hands in inputs at `now`, and every output
+//! they cause comes back from that call, written into one output list.
 //!
 //! ```text
-//!  handle(msg, now) ──┐
-//!  client_disconnected│   1. expire keys due at `now` (DELETE notifications)
-//!  timeout(now) ──────┤   2. the input itself
+//!  handle_wire(batch, now) ─┐  for each input (an empty batch: once):
+//!  step(inputs, now) ───────┘   1. expire keys due at `now` (DELETE notifications)
+//!                               2. the input itself (a request, a disconnect)
 //!                     v
-//!        outputs: notifications, then the reply  ──> poll_output()
-//!        next_deadline(): earliest key expiry or dedup eviction
+//!   OutputWriter: journal records of an input first, then its notifications,
+//!                 then its reply  ──> the encoded output list (crate::wire)
+//!   next_deadline(): earliest key expiry or dedup eviction
 //! ```
 //!
 //! Request path (spec §5.4 order): topic and QoS -> response topic ->
 //! expiry -> correlation data -> message expiry -> dedup cache -> `__protVer`
 //! -> RESP3 command -> `__ts` -> `__ft` -> identity (KEYNOTIFY) -> clock
 //! receive -> fencing -> condition -> apply -> notify -> reply.
+//!
+//! Snapshots, restore and journal replay are in `recovery.rs`.
+
+mod recovery;
 
 use crate::command::{self, Command};
 use crate::errors::ServiceError;
 use crate::hlc::{self, Clock, Hlc, Version};
 use crate::journal;
 use crate::notify::{self, Registry};
-use crate::outputs::Outputs;
 use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
-use crate::rpc::{self, RequestProps, Status, TopicCheck, prop};
+use crate::rpc::{self, Reply, RequestProps, Status, TopicCheck, prop};
 use crate::store::{Change, Request, Table};
-use crate::types::{Bytes, Config, Error, InboundMessage, OutboundMessage, Output, Persist, Str};
-use crate::wire::{self, MessageRef, NotificationParts, ReplyParts};
+use crate::types::{
+    Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Str,
+};
+use crate::wire::{self, InputRef, MessageRef, NotificationParts, OutputWriter, ReplyTo};
 
 /// The whole state store.
 #[derive(Debug, Clone)]
@@ -35,80 +42,30 @@ pub struct StateMachine {
     pub(crate) table: Table,
     pub(crate) registry: Registry,
     pub(crate) dedup: DedupCache,
-    outputs: Outputs,
+    /// The outputs of the call in progress.
+    out: OutputWriter,
     /// `config.server_client_id`, shared by every reply and notification.
     server_id: Option<Str>,
-}
-
-/// A reply before it is wrapped in an MQTT message.
-struct Reply {
-    status: Status,
-    payload: Bytes,
-    /// `__ts`: a version of this store's node.
-    version: Option<Version>,
-    extra: Vec<(&'static str, String)>,
-    /// Whether to keep it in the dedup cache (not GET: re-reading is harmless
-    /// and values can be large).
-    cache: bool,
-}
-
-impl Reply {
-    fn ok(payload: impl Into<Bytes>, version: Option<Version>) -> Reply {
-        Reply {
-            status: Status::Ok,
-            payload: payload.into(),
-            version,
-            extra: Vec::new(),
-            cache: true,
-        }
-    }
-
-    fn error(e: ServiceError) -> Reply {
-        Reply::ok(e.reply(), None)
-    }
-
-    fn status(status: Status, message: String, extra: Vec<(&'static str, String)>) -> Reply {
-        let mut all = vec![(prop::STATUS_MESSAGE, message)];
-        all.extend(extra);
-        Reply {
-            status,
-            payload: Bytes::new(),
-            version: None,
-            extra: all,
-            cache: true,
-        }
-    }
-
-    fn counter_overflow() -> Reply {
-        Reply::status(
-            Status::InternalError,
-            "hybrid logical clock counter overflow".into(),
-            vec![(prop::PROPERTY_NAME, "Counter".into())],
-        )
-    }
 }
 
 impl StateMachine {
     /// An empty store.
     pub fn new(config: Config) -> Result<StateMachine, Error> {
         config.validate()?;
-        let mut table = Table::with_seed(config.hash_seed);
-        table.set_quota(config.quota);
+        let table = Table::with_seed(config.hash_seed);
         let dedup = DedupCache::with_seed(config.hash_seed);
-        Ok(StateMachine {
-            clock: Clock::new(config.node_id.clone()),
-            server_id: config.server_client_id.as_deref().map(Str::from),
+        Ok(StateMachine::from_parts(
+            Clock::new(config.node_id.clone()),
             config,
             table,
-            registry: Registry::default(),
+            Registry::default(),
             dedup,
-            outputs: Outputs::default(),
-        })
+        ))
     }
 
     pub(crate) fn from_parts(
-        config: Config,
         clock: Clock,
+        config: Config,
         mut table: Table,
         registry: Registry,
         dedup: DedupCache,
@@ -121,7 +78,7 @@ impl StateMachine {
             table,
             registry,
             dedup,
-            outputs: Outputs::default(),
+            out: OutputWriter::default(),
         }
     }
 
@@ -130,64 +87,55 @@ impl StateMachine {
         &self.config
     }
 
-    /// Handles one inbound message at `now`. Poll outputs afterwards.
-    pub fn handle(&mut self, msg: &InboundMessage, now: u64) {
-        self.handle_ref(&MessageRef::of(msg), now);
-    }
-
-    /// [`StateMachine::handle`] for a borrowed message (as decoded from a
-    /// [`crate::wire`] batch).
-    pub fn handle_ref(&mut self, msg: &MessageRef<'_>, now: u64) {
-        self.outputs.begin_input();
-        self.expire_due(now);
-        self.request(msg, now);
-    }
-
-    /// Handles a batch of messages in the [`crate::wire`] encoding at
-    /// `now`, in order, and returns every pending output (those of earlier
-    /// inputs first) in that encoding, written as they were made. A batch
-    /// that does not decode is an error and nothing of it is handled.
+    /// Handles a batch of inputs in the [`crate::wire`] encoding at `now`,
+    /// in order, and returns every output they caused, in that encoding. A
+    /// batch that does not decode is an error and nothing of it is handled.
     pub fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
-        let messages = wire::decode_messages(batch)?;
+        let inputs = wire::decode_batch(batch)?;
         // A reply is about as long as its request; the list grows if not.
-        self.outputs.start_wire(batch.len() + batch.len() / 2 + 64);
-        for m in &messages {
-            self.handle_ref(m, now);
+        self.out = OutputWriter::new(batch.len() + batch.len() / 2 + 64);
+        if inputs.is_empty() {
+            self.begin_input(now);
         }
-        Ok(self.outputs.finish_wire())
+        for input in &inputs {
+            self.begin_input(now);
+            match input {
+                InputRef::Message(m) => self.request(m, now),
+                InputRef::Disconnected(id) => {
+                    self.registry.drop_client(id);
+                }
+            }
+        }
+        Ok(std::mem::take(&mut self.out).finish())
     }
 
-    /// Every pending output in the [`crate::wire`] encoding.
-    pub fn poll_wire(&mut self) -> Vec<u8> {
-        self.outputs.start_wire(0);
-        self.outputs.finish_wire()
+    /// [`StateMachine::handle_wire`] for inputs that are not encoded yet,
+    /// with the outputs decoded: the same path, for native hosts and tests.
+    pub fn step(&mut self, inputs: &[Input<'_>], now: u64) -> Vec<Output> {
+        let outputs = self
+            .handle_wire(&wire::encode_batch(inputs), now)
+            .expect("a batch this crate encoded decodes");
+        wire::decode_outputs(&outputs).expect("an output list this crate wrote decodes")
     }
 
-    /// A client went away: drop its KEYNOTIFY registrations.
-    pub fn client_disconnected(&mut self, client_id: &str, now: u64) {
-        self.outputs.begin_input();
-        self.expire_due(now);
-        self.registry.drop_client(client_id);
+    /// One message at `now`: [`StateMachine::step`].
+    pub fn handle(&mut self, msg: &InboundMessage, now: u64) -> Vec<Output> {
+        self.step(&[Input::Message(msg)], now)
     }
 
-    /// The deadline has passed: expire keys and forget old dedup entries.
-    pub fn timeout(&mut self, now: u64) {
-        self.outputs.begin_input();
-        self.expire_due(now);
+    /// A client went away: its KEYNOTIFY registrations are dropped.
+    pub fn client_disconnected(&mut self, client_id: &str, now: u64) -> Vec<Output> {
+        self.step(&[Input::Disconnected(client_id)], now)
     }
 
-    /// The oldest output not yet taken. Poll after every input until `None`.
-    pub fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop()
+    /// The deadline has passed: expire keys and forget old dedup entries
+    /// (a call with no inputs).
+    pub fn timeout(&mut self, now: u64) -> Vec<Output> {
+        self.step(&[], now)
     }
 
-    /// Takes every pending output, oldest first.
-    pub fn take_outputs(&mut self) -> Vec<Output> {
-        self.outputs.take()
-    }
-
-    /// When [`StateMachine::timeout`] must next be called. Changes only
-    /// after an input.
+    /// When the host must next call (with no inputs): the earliest key
+    /// expiry or dedup eviction. Changes only after a call.
     pub fn next_deadline(&self) -> Option<u64> {
         match (self.table.next_deadline(), self.dedup.next_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -200,14 +148,10 @@ impl StateMachine {
         self.table.len()
     }
 
-    /// The live value of `key` at `now`, for tests and tools.
-    pub fn peek(&self, key: &[u8], now: u64) -> Option<(&[u8], Hlc)> {
-        self.table
-            .get(key, now)
-            .map(|e| (e.value, e.version.to_hlc(&self.config.node_id)))
-    }
-
-    fn expire_due(&mut self, now: u64) {
+    /// The next outputs belong to a new input, handled at `now`: keys due
+    /// by then expire first.
+    fn begin_input(&mut self, now: u64) {
+        self.out.begin_input();
         while let Some((key, persist)) = self.table.pop_expired(now) {
             // An expiry is a deletion: it gets its own HLC. On counter
             // overflow reuse L rather than fail a timer.
@@ -216,8 +160,7 @@ impl StateMachine {
                 .tick_version(now)
                 .unwrap_or_else(|_| self.clock.version());
             if self.journals(persist) {
-                let record = journal::expire(&key, version);
-                self.outputs.journal(record);
+                self.out.journal(&journal::expire(&key, version));
             }
             self.notify(&key, Change::Delete, version);
         }
@@ -234,6 +177,24 @@ impl StateMachine {
         }
     }
 
+    /// Writes `reply` to `topic` into the outputs.
+    fn reply(
+        &mut self,
+        topic: &str,
+        correlation: Option<&[u8]>,
+        expiry: Option<u32>,
+        reply: &Reply,
+    ) {
+        let to = ReplyTo {
+            topic,
+            correlation,
+            expiry,
+            node: &self.config.node_id,
+            source_id: self.server_id.as_deref(),
+        };
+        self.out.reply(&to, reply);
+    }
+
     fn request(&mut self, msg: &MessageRef<'_>, now: u64) {
         if msg.topic != rpc::REQUEST_TOPIC || msg.qos != 1 {
             return;
@@ -245,25 +206,21 @@ impl StateMachine {
         };
         // One dedup lookup per request. A topic the cache holds replies to
         // passed this check when they were made (the check depends on the
-        // topic alone); it is shared by the reply instead of copied again.
-        // A cached reply is only sent after the checks below.
+        // topic alone). A cached reply is only sent after the checks below.
         let probe = self.dedup.probe(response_topic, msg.correlation_data, now);
-        let known = probe.topic.cloned();
+        let known = probe.topic.is_some();
         let cached = probe.cached.map(|c| c.reply.clone());
         let check = match known {
-            Some(_) => TopicCheck::Valid,
-            None => rpc::check_response_topic(response_topic),
+            true => TopicCheck::Valid,
+            false => rpc::check_response_topic(response_topic),
         };
         match check {
             TopicCheck::Valid => {}
             TopicCheck::Invalid => return,
             TopicCheck::Forbidden => {
-                self.outputs.push(Output::Violation {
-                    client_id: identity.map(str::to_string),
-                    reason: format!(
-                        "response topic {response_topic:?} is reserved for the state store"
-                    ),
-                });
+                let reason =
+                    format!("response topic {response_topic:?} is reserved for the state store");
+                self.out.violation(identity, &reason);
                 return;
             }
         }
@@ -274,138 +231,133 @@ impl StateMachine {
         if deadline.is_some_and(|d| now >= d) {
             return; // Expired before we got to it: nobody waits for the answer.
         }
-        let expiry = deadline.map(|d| rpc::remaining_secs(d, now));
         let Some(correlation) = msg.correlation_data else {
             let reply = Reply::status(
                 Status::BadRequest,
                 "the request has no correlation data".into(),
-                vec![(prop::PROPERTY_NAME, "Correlation Data".into())],
+                &[(prop::PROPERTY_NAME, "Correlation Data".into())],
             );
-            let out = self.response(response_topic.into(), None, expiry, reply);
-            self.outputs.push(Output::Publish(out));
+            let expiry = deadline.map(|d| rpc::remaining_secs(d, now));
+            self.reply(response_topic, None, expiry, &reply);
             return;
         };
         let Some(deadline) = deadline else {
             let reply = Reply::status(
                 Status::BadRequest,
                 "the request has no message expiry interval".into(),
-                vec![(prop::PROPERTY_NAME, "Message Expiry".into())],
+                &[(prop::PROPERTY_NAME, "Message Expiry".into())],
             );
-            let out = self.response(response_topic.into(), Some(correlation), None, reply);
-            self.outputs.push(Output::Publish(out));
+            self.reply(response_topic, Some(correlation), None, &reply);
             return;
         };
-        let expiry = rpc::remaining_secs(deadline, now);
-        if let Some(mut reply) = cached {
-            reply.message_expiry_interval = Some(expiry);
-            self.outputs.push(Output::Publish(reply));
+        let expiry = Some(rpc::remaining_secs(deadline, now));
+        if let Some(reply) = cached {
+            self.reply(response_topic, Some(correlation), expiry, &reply);
             return;
         }
-        let reply = self.execute(msg, &props, identity, now);
-        let topic = || known.unwrap_or_else(|| response_topic.into());
-        // Handling a wire batch: the reply goes straight into the output
-        // list. The dedup cache still keeps a message.
-        if reply.extra.is_empty()
-            && let Some(w) = self.outputs.writer()
-        {
-            w.reply(&ReplyParts {
-                topic: response_topic,
-                correlation: Some(correlation),
-                expiry: Some(expiry),
-                status: reply.status,
-                payload: &reply.payload,
-                version: reply.version,
-                node: &self.config.node_id,
-                source_id: self.server_id.as_deref(),
-            });
-            if reply.cache {
-                let out = self.response(topic(), Some(correlation), None, reply);
-                self.cache_reply(response_topic, correlation, deadline, out);
-            }
-            return;
-        }
-        let cache = reply.cache;
-        let mut out = self.response(topic(), Some(correlation), None, reply);
+        let (reply, cache) = self.execute(msg, &props, identity, now);
+        self.reply(response_topic, Some(correlation), expiry, &reply);
         if cache {
-            self.cache_reply(response_topic, correlation, deadline, out.clone());
+            self.cache_reply(response_topic, correlation, deadline, reply);
         }
-        out.message_expiry_interval = Some(expiry);
-        self.outputs.push(Output::Publish(out));
     }
 
-    /// Keeps a reply (without its message expiry interval) for retries of
-    /// its request until `deadline` and the dedup buffer have passed, and
-    /// journals it when the store is durable.
+    /// Keeps a reply for retries of its request until `deadline` and the
+    /// dedup buffer have passed, and journals it when the store is durable.
     fn cache_reply(
         &mut self,
         response_topic: &str,
         correlation: &[u8],
         deadline: u64,
-        reply: OutboundMessage,
+        reply: Reply,
     ) {
         let cached = Cached {
             expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
             reply,
         };
         if self.config.persist != Persist::None {
-            let record = journal::reply(
-                response_topic,
-                correlation,
-                cached.expires_at,
-                &cached.reply,
-            );
-            self.outputs.journal(record);
+            let message = self.cached_message(response_topic, correlation, &cached.reply);
+            let record = journal::reply(response_topic, correlation, cached.expires_at, &message);
+            self.out.journal(&record);
         }
         self.dedup.insert(response_topic, correlation, cached);
     }
 
-    /// Everything after the envelope checks; notifications are queued here,
-    /// the reply is returned.
+    /// A cached reply as the message the journal and snapshot formats keep
+    /// (without its message expiry, which each retry sets).
+    fn cached_message(&self, topic: &str, correlation: &[u8], reply: &Reply) -> OutboundMessage {
+        reply.message(
+            Str::from(topic),
+            Some(Bytes::copy_from_slice(correlation)),
+            None,
+            &self.config.node_id,
+            self.server_id.clone(),
+        )
+    }
+
+    /// Everything after the envelope checks; notifications are written
+    /// here, the reply is returned with whether the dedup cache keeps it
+    /// (not a GET's: re-reading is harmless and values can be large).
     fn execute(
         &mut self,
         msg: &MessageRef<'_>,
         props: &RequestProps<'_>,
         identity: Option<&str>,
         now: u64,
-    ) -> Reply {
+    ) -> (Reply, bool) {
+        match self.execute_command(msg, props, identity, now) {
+            Ok(done) => done,
+            Err(refused) => (refused, true),
+        }
+    }
+
+    /// [`StateMachine::execute`]: `Err` is a reply to a request refused
+    /// before it reached the table.
+    fn execute_command(
+        &mut self,
+        msg: &MessageRef<'_>,
+        props: &RequestProps<'_>,
+        identity: Option<&str>,
+        now: u64,
+    ) -> Result<(Reply, bool), Reply> {
         if let Some(version) = props.protocol_version
             && !rpc::version_supported(version)
         {
-            return Reply::status(
+            return Err(Reply::status(
                 Status::VersionNotSupported,
                 format!("protocol version {version:?} is not supported"),
-                vec![
+                &[
                     (prop::SUPPORTED_MAJOR, "1".into()),
                     (prop::REQUEST_VERSION, version.to_string()),
                 ],
-            );
+            ));
         }
         let command = match command::parse(msg.payload) {
             Ok(c) => c,
-            Err(e) => return Reply::error(e),
+            Err(e) => return Err(Reply::error(e)),
         };
         #[cfg(feature = "fault-injection")]
         if let Some(payload) = crate::fault::inject(&command) {
-            return Reply::ok(payload, None);
+            return Err(Reply::ok(payload, None));
         }
         // (wall, counter): the node id of a `__ts` plays no part.
         let timestamp = match props.timestamp.map(Hlc::parse_parts) {
             None if matches!(command, Command::Set { .. }) => {
-                return Reply::error(ServiceError::TimestampMissing);
+                return Err(Reply::error(ServiceError::TimestampMissing));
             }
             None => None,
-            Some(Err(_)) => return Reply::error(ServiceError::TimestampMalformed),
+            Some(Err(_)) => return Err(Reply::error(ServiceError::TimestampMalformed)),
             Some(Ok((wall, _, _))) if hlc::too_far_ahead(wall, now) => {
-                return Reply::error(ServiceError::TimestampSkew);
+                return Err(Reply::error(ServiceError::TimestampSkew));
             }
             Some(Ok((wall, counter, _))) => Some((wall, counter)),
         };
         let fencing_token = match props.fencing_token.filter(|_| command.is_fenced_write()) {
             None => None,
             Some(text) => match Hlc::parse(text) {
-                Err(_) => return Reply::error(ServiceError::TimestampMalformed),
+                Err(_) => return Err(Reply::error(ServiceError::TimestampMalformed)),
                 Ok(ft) if ft.too_far_ahead_of(now) => {
-                    return Reply::error(ServiceError::FencingTokenSkew);
+                    return Err(Reply::error(ServiceError::FencingTokenSkew));
                 }
                 Ok(ft) => Some(ft),
             },
@@ -413,14 +365,14 @@ impl StateMachine {
         let observer = match command {
             Command::KeyNotify { key, .. } => match identity {
                 None => {
-                    return Reply::status(
+                    return Err(Reply::status(
                         Status::BadRequest,
                         "KEYNOTIFY needs the client's identity (__srcId)".into(),
-                        vec![(prop::PROPERTY_NAME, prop::SOURCE_ID.into())],
-                    );
+                        &[(prop::PROPERTY_NAME, prop::SOURCE_ID.into())],
+                    ));
                 }
                 Some(client) if notify::topic_len(client, key) > notify::MAX_TOPIC_LEN => {
-                    return Reply::error(ServiceError::SyntaxError);
+                    return Err(Reply::error(ServiceError::SyntaxError));
                 }
                 Some(client) => Some(client),
             },
@@ -430,7 +382,7 @@ impl StateMachine {
         let received = match timestamp.map(|(w, c)| self.clock.receive_parts(w, c, now)) {
             None => None,
             Some(Ok(l)) => Some(l),
-            Some(Err(_)) => return Reply::counter_overflow(),
+            Some(Err(_)) => return Err(Reply::counter_overflow()),
         };
         if let (Command::KeyNotify { key, stop }, Some(client)) = (&command, observer) {
             let payload = if !*stop {
@@ -441,7 +393,7 @@ impl StateMachine {
             } else {
                 resp3::REPLY_NOT_FOUND
             };
-            return Reply::ok(Bytes::from_static(payload), None);
+            return Err(Reply::ok(Bytes::from_static(payload), None));
         }
         let request = Request {
             now,
@@ -461,18 +413,17 @@ impl StateMachine {
                 .is_some_and(|e| e.persist);
         let outcome = match self.table.execute(&command, request, &mut self.clock) {
             Ok(outcome) => outcome,
-            Err(_) => return Reply::counter_overflow(),
+            Err(_) => return Err(Reply::counter_overflow()),
         };
         if let Some(version) = outcome.version {
             self.journal_change(command.key(), outcome.change, version, before);
             self.notify(command.key(), outcome.change, version);
         }
-        let mut reply = Reply::ok(outcome.reply, outcome.version);
-        reply.cache = !matches!(command, Command::Get { .. });
-        reply
+        let cache = !matches!(command, Command::Get { .. });
+        Ok((Reply::ok(outcome.reply, outcome.version), cache))
     }
 
-    /// Queues the journal record of a change (before its notifications and reply).
+    /// Writes the journal record of a change (ahead of its notifications and reply).
     fn journal_change(
         &mut self,
         key: &[u8],
@@ -492,10 +443,10 @@ impl StateMachine {
             Change::Delete if self.journals(was_persisted) => journal::delete(key, version),
             Change::Delete => return,
         };
-        self.outputs.journal(record);
+        self.out.journal(&record);
     }
 
-    /// Queues a notification of `change` to every observer of `key`.
+    /// Writes a notification of `change` to every observer of `key`.
     fn notify(&mut self, key: &[u8], change: Change, version: Version) {
         if !self.registry.is_observed(key) {
             return;
@@ -508,49 +459,16 @@ impl StateMachine {
                 None => return,
             },
         };
-        if let Some(w) = self.outputs.writer() {
-            w.notifications(
-                &NotificationParts {
-                    key,
-                    payload: &payload,
-                    version,
-                    node: &self.config.node_id,
-                    source_id: self.server_id.as_deref(),
-                },
-                self.registry.observers(key),
-            );
-            return;
-        }
-        let payload = Bytes::from(payload);
-        let timestamp = Str::from(version.encode(&self.config.node_id));
-        for client in self.registry.observers(key) {
-            let message = rpc::notification_message(
-                notify::topic(client, key).into(),
-                Str::from(client),
-                payload.clone(),
-                timestamp.clone(),
-                self.server_id.clone(),
-            );
-            self.outputs.push(Output::Publish(message));
-        }
-    }
-
-    fn response(
-        &self,
-        topic: Str,
-        correlation: Option<&[u8]>,
-        expiry: Option<u32>,
-        reply: Reply,
-    ) -> OutboundMessage {
-        let node = &self.config.node_id;
-        envelope(
-            self.server_id.as_ref(),
-            node,
-            topic,
-            correlation,
-            expiry,
-            reply,
-        )
+        self.out.notifications(
+            &NotificationParts {
+                key,
+                payload: &payload,
+                version,
+                node: &self.config.node_id,
+                source_id: self.server_id.as_deref(),
+            },
+            self.registry.observers(key),
+        );
     }
 
     /// The reply a host sends for a request that no state machine could
@@ -580,18 +498,15 @@ impl StateMachine {
             return None;
         }
         let reply = match reply {
-            HostReply::InternalError(message) => {
-                Reply::status(Status::InternalError, message, Vec::new())
-            }
+            HostReply::InternalError(message) => Reply::status(Status::InternalError, message, &[]),
             HostReply::NotAuthorized => Reply::error(ServiceError::NotAuthorized),
         };
-        Some(envelope(
-            config.server_client_id.as_deref().map(Str::from).as_ref(),
-            &config.node_id,
+        Some(reply.message(
             topic.into(),
-            msg.correlation_data.as_deref(),
+            msg.correlation_data.as_deref().map(Bytes::copy_from_slice),
             deadline.map(|d| rpc::remaining_secs(d, now)),
-            reply,
+            &config.node_id,
+            config.server_client_id.as_deref().map(Str::from),
         ))
     }
 }
@@ -603,26 +518,4 @@ pub enum HostReply {
     InternalError(String),
     /// 200 with `-ERR not authorized`.
     NotAuthorized,
-}
-
-/// A reply as an MQTT message (spec §4.1).
-fn envelope(
-    server_id: Option<&Str>,
-    node: &str,
-    topic: Str,
-    correlation: Option<&[u8]>,
-    expiry: Option<u32>,
-    reply: Reply,
-) -> OutboundMessage {
-    let extra = reply.extra.into_iter();
-    rpc::reply_message(
-        topic,
-        correlation.map(Bytes::copy_from_slice),
-        expiry,
-        reply.status,
-        reply.payload,
-        reply.version.map(|v| v.encode(node).into()),
-        extra.map(|(n, v)| (Str::from_static(n), v.into())),
-        server_id.cloned(),
-    )
 }
