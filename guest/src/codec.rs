@@ -14,7 +14,7 @@
 //! ```
 
 use crate::hlc::Hlc;
-use crate::store::{Entry, EntryRef, Version};
+use crate::table::{Entry, EntryRef, Version};
 use crate::types::{Bytes, Error, OutboundMessage, PublishKind, Str, str_of};
 
 /// Little-endian encoder shared by snapshots and journal records.

@@ -19,7 +19,7 @@
 //! (`machine/recovery.rs`).
 
 use crate::codec::{Reader, Writer};
-use crate::store::{Entry, EntryRef, Version};
+use crate::table::{Entry, EntryRef, Version};
 use crate::types::{Error, OutboundMessage};
 
 /// The record format this build writes and reads.

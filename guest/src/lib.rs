@@ -11,7 +11,7 @@
 //!     resp3/     RESP3 request decoder and reply encoders
 //!     command    RESP3 elements -> typed command (validation order of spec §5.4)
 //!     hlc        hybrid logical clock: parse, format, order, receive, tick
-//!     store/     keys, versions, conditional SET, fencing tokens, expiry index
+//!     table/     keys, versions, conditional SET, fencing tokens, expiry index
 //!     notify     KEYNOTIFY registry and notification topics
 //!     snapshot   versioned, checksummed whole-state format (pure format)
 //!     journal    versioned, checksummed records of every state change (pure format)
@@ -38,7 +38,7 @@ pub mod resp3;
 pub mod rpc;
 pub(crate) mod rt;
 pub mod snapshot;
-pub mod store;
+pub mod table;
 pub mod types;
 pub mod wire;
 

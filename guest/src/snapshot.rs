@@ -21,7 +21,7 @@
 //! to a `Visitor`; the state machine (`machine/recovery.rs`) does the rest.
 
 use crate::codec::{Reader, Writer};
-use crate::store::{Entry, EntryRef};
+use crate::table::{Entry, EntryRef};
 use crate::types::{Error, OutboundMessage};
 
 /// What a snapshot holds.

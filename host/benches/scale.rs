@@ -29,7 +29,7 @@ use statestore::{Backend, Config, InboundMessage, NativeStore, Runtime};
 use statestore_guest::journal;
 use statestore_guest::resp3;
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_guest::store::{EntryRef, Version};
+use statestore_guest::table::{EntryRef, Version};
 
 /// Counts live heap bytes, for the native store's memory. The only unsafe
 /// code of the benches: a global allocator has to be.

@@ -18,10 +18,12 @@
 //! bytes it dropped; it then writes a fresh snapshot so the damaged tail is
 //! never appended to. A file in a format newer than this build refuses to
 //! load with a clear error.
+//!
+//! Every file operation goes through a [`Storage`] (`storage.rs`): a real
+//! directory, or memory that tests can crash.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +34,7 @@ use tracing::{info, warn};
 use statestore_guest::rpc::{Reply, Status};
 
 use crate::clock::Clock;
+use crate::storage::{DirStorage, LogFile, Storage};
 use crate::{
     Backend, Config, OutboundMessage, Output, PublishKind, Runtime, SnapshotScope, WasmStore,
 };
@@ -84,42 +87,40 @@ pub struct Recovery {
 
 /// An open data directory.
 pub struct Journal {
-    dir: PathBuf,
+    storage: Arc<dyn Storage>,
     fsync: Fsync,
     policy: SnapshotPolicy,
     seq: u64,
-    file: File,
+    file: Box<dyn LogFile>,
     len: u64,
     logged_since_snapshot: u64,
     last_snapshot: Instant,
     dirty: Arc<AtomicBool>,
     /// The active segment, for the `everysec` syncer thread.
-    sync_target: Arc<Mutex<Option<File>>>,
+    sync_target: Arc<Mutex<Option<Box<dyn LogFile>>>>,
     runtime: Runtime,
     config: Config,
     pending_snapshot: Option<(u64, std::thread::JoinHandle<io::Result<()>>)>,
     /// Set when a failed write could not be cleanly taken back: every later
     /// append fails rather than write after damaged bytes.
     broken: bool,
-    _lock: File,
 }
 
-fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join(format!("snapshot-{seq:020}.snap"))
+fn snapshot_name(seq: u64) -> String {
+    format!("snapshot-{seq:020}.snap")
 }
 
-fn wal_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join(format!("wal-{seq:020}.log"))
+fn wal_name(seq: u64) -> String {
+    format!("wal-{seq:020}.log")
 }
 
-/// `(seq, path)` of the files called `<prefix>-<seq>.<ext>`, oldest first.
-fn list(dir: &Path, prefix: &str, ext: &str) -> Result<Vec<(u64, PathBuf)>> {
+/// `(seq, name)` of the files called `<prefix>-<seq>.<ext>`, oldest first.
+fn list(storage: &dyn Storage, prefix: &str, ext: &str) -> Result<Vec<(u64, String)>> {
     let mut out = Vec::new();
-    for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let path = e?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
+    let names = storage
+        .list()
+        .with_context(|| format!("cannot read {}", storage.describe()))?;
+    for name in names {
         let Some(seq) = name
             .strip_prefix(prefix)
             .and_then(|r| r.strip_prefix('-'))
@@ -129,23 +130,18 @@ fn list(dir: &Path, prefix: &str, ext: &str) -> Result<Vec<(u64, PathBuf)>> {
         else {
             continue;
         };
-        out.push((seq, path));
+        out.push((seq, name));
     }
     out.sort();
     Ok(out)
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// The frames of one WAL segment: its records, the length of its valid
 /// prefix, and whether anything after that was dropped.
-fn read_segment(path: &Path) -> Result<(Vec<Vec<u8>>, u64, u64)> {
-    let mut data = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut data))
-        .with_context(|| format!("cannot read {}", path.display()))?;
+fn read_segment(storage: &dyn Storage, name: &str) -> Result<(Vec<Vec<u8>>, u64, u64)> {
+    let data = storage
+        .read(name)
+        .with_context(|| format!("cannot read {name} in {}", storage.describe()))?;
     if data.len() < HEADER_LEN as usize || &data[..8] != WAL_MAGIC {
         // A segment created but not yet given its header by a crash.
         return Ok((Vec::new(), 0, data.len() as u64));
@@ -153,8 +149,8 @@ fn read_segment(path: &Path) -> Result<(Vec<Vec<u8>>, u64, u64)> {
     let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
     if version > WAL_VERSION {
         bail!(
-            "{} is in WAL format {version}, newer than this build reads ({WAL_VERSION}): run a newer statestore",
-            path.display()
+            "{name} in {} is in WAL format {version}, newer than this build reads ({WAL_VERSION}): run a newer statestore",
+            storage.describe()
         );
     }
     let mut pos = HEADER_LEN as usize;
@@ -192,56 +188,64 @@ impl Journal {
         policy: SnapshotPolicy,
         clock: &dyn Clock,
     ) -> Result<(Journal, WasmStore, Recovery)> {
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("LOCK"))
-            .with_context(|| format!("cannot open {}/LOCK", dir.display()))?;
-        match lock.try_lock() {
+        let storage =
+            DirStorage::open(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        Journal::open_in(Arc::new(storage), runtime, config, fsync, policy, clock)
+    }
+
+    /// [`Journal::open`] on any [`Storage`].
+    pub fn open_in(
+        storage: Arc<dyn Storage>,
+        runtime: &Runtime,
+        config: &Config,
+        fsync: Fsync,
+        policy: SnapshotPolicy,
+        clock: &dyn Clock,
+    ) -> Result<(Journal, WasmStore, Recovery)> {
+        match storage.lock() {
             Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                bail!("{} is in use by another statestore process", dir.display())
-            }
-            Err(fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("cannot lock {}", dir.display()));
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => bail!("{e}"),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot lock {}", storage.describe()));
             }
         }
         // Left by a snapshot write that did not finish.
-        for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let path = e?.path();
-            if path.extension().is_some_and(|x| x == "tmp") {
-                let _ = fs::remove_file(path);
+        for name in storage
+            .list()
+            .with_context(|| format!("cannot read {}", storage.describe()))?
+        {
+            if name.ends_with(".tmp") {
+                let _ = storage.remove(&name);
             }
         }
-        let (mut store, recovery, last_seq, repairs) = recover_with_repairs(runtime, config, dir)?;
+        let (mut store, recovery, last_seq, repairs) =
+            recover_with_repairs(runtime, config, &*storage)?;
         // Make the damaged tail clean (shrinking needs no free space), and
         // keep what followed it aside rather than delete it.
         for repair in repairs {
             match repair {
-                Repair::Truncate(path, len) => {
-                    OpenOptions::new()
-                        .write(true)
-                        .open(&path)
-                        .and_then(|f| f.set_len(len).and_then(|()| f.sync_all()))
-                        .with_context(|| {
-                            format!("cannot cut the damaged tail of {}", path.display())
-                        })?;
-                    warn!(path = %path.display(), "cut the damaged tail");
+                Repair::Truncate(name, len) => {
+                    storage.truncate(&name, len).with_context(|| {
+                        format!(
+                            "cannot cut the damaged tail of {name} in {}",
+                            storage.describe()
+                        )
+                    })?;
+                    warn!(file = %name, dir = %storage.describe(), "cut the damaged tail");
                 }
-                Repair::MoveAside(path) => {
-                    let aside = path.with_extension("log.dropped");
-                    fs::rename(&path, &aside)
-                        .with_context(|| format!("cannot move {} aside", path.display()))?;
-                    warn!(path = %aside.display(), "kept a log segment that followed damage aside");
+                Repair::MoveAside(name) => {
+                    let aside = format!("{name}.dropped");
+                    storage.rename(&name, &aside).with_context(|| {
+                        format!("cannot move {name} aside in {}", storage.describe())
+                    })?;
+                    warn!(file = %aside, dir = %storage.describe(), "kept a log segment that followed damage aside");
                 }
             }
         }
         let seq = last_seq + 1;
-        let (file, len) = new_segment(dir, seq)?;
+        let (file, len) = new_segment(&*storage, seq)?;
         let mut journal = Journal {
-            dir: dir.to_path_buf(),
+            storage,
             fsync,
             policy,
             seq,
@@ -255,7 +259,6 @@ impl Journal {
             config: config.clone(),
             pending_snapshot: None,
             broken: false,
-            _lock: lock,
         };
         // Start from a fresh snapshot when there is room for one, so that
         // old files can go; on a full disk carry on with the old ones.
@@ -295,8 +298,8 @@ impl Journal {
             buf.extend_from_slice(&crc32fast::hash(r).to_le_bytes());
             buf.extend_from_slice(r);
         }
-        let written = self.file.write_all(&buf).and_then(|()| match self.fsync {
-            Fsync::Always => self.file.sync_data(),
+        let written = self.file.append(&buf).and_then(|()| match self.fsync {
+            Fsync::Always => self.file.sync(),
             Fsync::Everysec => {
                 self.dirty.store(true, Ordering::Release);
                 Ok(())
@@ -306,14 +309,10 @@ impl Journal {
         if let Err(e) = written {
             // Take back whatever part of it reached the file, and write the
             // next batch exactly where this one started.
-            let undone = self
-                .file
-                .set_len(self.len)
-                .and_then(|()| self.file.seek(SeekFrom::Start(self.len)))
-                .and_then(|_| match self.fsync {
-                    Fsync::No => Ok(()),
-                    _ => self.file.sync_data(),
-                });
+            let undone = self.file.set_len(self.len).and_then(|()| match self.fsync {
+                Fsync::No => Ok(()),
+                _ => self.file.sync(),
+            });
             if let Err(t) = undone {
                 warn!(error = %t, "cannot take back a failed log write: refusing further writes");
                 self.broken = true;
@@ -339,16 +338,17 @@ impl Journal {
     pub fn snapshot(&mut self, store: &mut WasmStore) -> Result<()> {
         let bytes = store.snapshot_with(SnapshotScope::Durable)?;
         let seq = self.switch_segment()?;
-        let dir = self.dir.clone();
-        let handle = std::thread::spawn(move || write_snapshot_file(&dir, seq, &bytes));
+        let storage = self.storage.clone();
+        let handle = std::thread::spawn(move || storage.write_atomic(&snapshot_name(seq), &bytes));
         self.pending_snapshot = Some((seq, handle));
         Ok(())
     }
 
     fn write_snapshot_now(&mut self, store: &mut WasmStore) -> Result<()> {
         let bytes = store.snapshot_with(SnapshotScope::Durable)?;
-        write_snapshot_file(&self.dir, self.seq, &bytes)
-            .with_context(|| format!("cannot write a snapshot in {}", self.dir.display()))?;
+        self.storage
+            .write_atomic(&snapshot_name(self.seq), &bytes)
+            .with_context(|| format!("cannot write a snapshot in {}", self.storage.describe()))?;
         self.cleanup(self.seq);
         self.logged_since_snapshot = 0;
         self.last_snapshot = Instant::now();
@@ -357,10 +357,10 @@ impl Journal {
 
     fn switch_segment(&mut self) -> Result<u64> {
         if self.fsync != Fsync::No {
-            self.file.sync_data()?;
+            self.file.sync()?;
         }
         let seq = self.seq + 1;
-        let (file, len) = new_segment(&self.dir, seq)?;
+        let (file, len) = new_segment(&*self.storage, seq)?;
         if let Ok(mut target) = self.sync_target.lock()
             && target.is_some()
         {
@@ -395,10 +395,10 @@ impl Journal {
     /// Deletes snapshots and segments older than `seq`.
     fn cleanup(&self, seq: u64) {
         for (prefix, ext) in [("snapshot", "snap"), ("wal", "log")] {
-            if let Ok(files) = list(&self.dir, prefix, ext) {
-                for (s, path) in files {
+            if let Ok(files) = list(&*self.storage, prefix, ext) {
+                for (s, name) in files {
                     if s < seq {
-                        let _ = fs::remove_file(path);
+                        let _ = self.storage.remove(&name);
                     }
                 }
             }
@@ -419,9 +419,9 @@ impl Journal {
                     return;
                 }; // the journal is gone
                 if dirty.swap(false, Ordering::AcqRel)
-                    && let Ok(guard) = target.lock()
-                    && let Some(file) = guard.as_ref()
-                    && let Err(e) = file.sync_data()
+                    && let Ok(mut guard) = target.lock()
+                    && let Some(file) = guard.as_mut()
+                    && let Err(e) = file.sync()
                 {
                     warn!(error = %e, "background fsync failed");
                 }
@@ -433,7 +433,7 @@ impl Journal {
     /// The store as the disk has it (after a failed write: nothing of the
     /// failed batch).
     pub fn reload(&self) -> Result<WasmStore> {
-        let (store, _, _) = recover(&self.runtime, &self.config, &self.dir)?;
+        let (store, _, _) = recover(&self.runtime, &self.config, &*self.storage)?;
         Ok(store)
     }
 
@@ -444,9 +444,9 @@ impl Journal {
         self.config = config;
     }
 
-    /// The data directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Where the journal's files are, for messages.
+    pub fn describe(&self) -> String {
+        self.storage.describe()
     }
 }
 
@@ -456,63 +456,56 @@ impl Drop for Journal {
             let _ = handle.join();
         }
         if self.fsync != Fsync::No {
-            let _ = self.file.sync_data();
+            let _ = self.file.sync();
         }
     }
 }
 
-fn new_segment(dir: &Path, seq: u64) -> Result<(File, u64)> {
-    let path = wal_path(dir, seq);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
+fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64)> {
+    let name = wal_name(seq);
+    let context = || format!("cannot create {name} in {}", storage.describe());
+    let mut file = storage.create(&name).with_context(context)?;
     let mut header = WAL_MAGIC.to_vec();
     header.extend_from_slice(&WAL_VERSION.to_le_bytes());
-    file.write_all(&header)
-        .and_then(|()| file.sync_data())
-        .and_then(|()| sync_dir(dir))
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.append(&header)
+        .and_then(|()| file.sync())
+        .and_then(|()| storage.sync_dir())
+        .with_context(context)?;
     Ok((file, HEADER_LEN))
-}
-
-fn write_snapshot_file(dir: &Path, seq: u64, bytes: &[u8]) -> io::Result<()> {
-    let path = snapshot_path(dir, seq);
-    let tmp = path.with_extension("snap.tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    fs::rename(&tmp, &path)?;
-    sync_dir(dir)
 }
 
 /// Loads the newest valid snapshot and replays the log after it.
 /// What to do to a damaged log so that appending after it is safe.
 enum Repair {
     /// Cut a segment back to its valid prefix.
-    Truncate(PathBuf, u64),
+    Truncate(String, u64),
     /// Keep a segment that follows a damaged one, under another name.
-    MoveAside(PathBuf),
+    MoveAside(String),
 }
 
-fn recover(runtime: &Runtime, config: &Config, dir: &Path) -> Result<(WasmStore, Recovery, u64)> {
-    let (store, recovery, last_seq, _) = recover_with_repairs(runtime, config, dir)?;
+fn recover(
+    runtime: &Runtime,
+    config: &Config,
+    storage: &dyn Storage,
+) -> Result<(WasmStore, Recovery, u64)> {
+    let (store, recovery, last_seq, _) = recover_with_repairs(runtime, config, storage)?;
     Ok((store, recovery, last_seq))
 }
 
 fn recover_with_repairs(
     runtime: &Runtime,
     config: &Config,
-    dir: &Path,
+    storage: &dyn Storage,
 ) -> Result<(WasmStore, Recovery, u64, Vec<Repair>)> {
+    let dir = storage.describe();
     let mut repairs = Vec::new();
     let mut recovery = Recovery::default();
-    let snapshots = list(dir, "snapshot", "snap")?;
+    let snapshots = list(storage, "snapshot", "snap")?;
     let mut store = None;
     for (seq, path) in snapshots.iter().rev() {
-        let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = storage
+            .read(path)
+            .with_context(|| format!("cannot read {path} in {dir}"))?;
         match runtime.restore(config, &bytes) {
             Ok(s) => {
                 store = Some(s);
@@ -524,12 +517,11 @@ fn recover_with_repairs(
                     let v = *v;
                     return Err(e).with_context(|| {
                         format!(
-                            "cannot load {}: snapshot format version {v} is newer than this build",
-                            path.display()
+                            "cannot load {dir}/{path}: snapshot format version {v} is newer than this build"
                         )
                     });
                 }
-                warn!(path = %path.display(), error = %format!("{e:#}"), "skipping an unreadable snapshot");
+                warn!(file = %path, %dir, error = %format!("{e:#}"), "skipping an unreadable snapshot");
             }
         }
     }
@@ -538,7 +530,7 @@ fn recover_with_repairs(
             "none of the {} snapshots in {} can be loaded (see the warnings above); refusing to \
              start without them. Move the directory aside to start empty.",
             snapshots.len(),
-            dir.display()
+            dir
         );
     }
     let mut store = match store {
@@ -547,7 +539,7 @@ fn recover_with_repairs(
     };
     let from = recovery.snapshot_seq.unwrap_or(0);
     let mut last_seq = from;
-    let segments: Vec<_> = list(dir, "wal", "log")?
+    let segments: Vec<_> = list(storage, "wal", "log")?
         .into_iter()
         .filter(|(s, _)| *s >= from)
         .collect();
@@ -558,8 +550,7 @@ fn recover_with_repairs(
             && *seq != e
         {
             bail!(
-                "{} does not follow on from the snapshot (log {e} is missing); refusing to start",
-                path.display()
+                "{dir}/{path} does not follow on from the snapshot (log {e} is missing); refusing to start"
             );
         }
         expect = Some(seq + 1);
@@ -569,15 +560,15 @@ fn recover_with_repairs(
         last_seq = last_seq.max(*seq);
         if damaged {
             // Everything after a damaged frame is dropped too.
-            recovery.dropped_bytes += fs::metadata(path).map_or(0, |m| m.len());
+            recovery.dropped_bytes += storage.read(path).map_or(0, |d| d.len() as u64);
             repairs.push(Repair::MoveAside(path.clone()));
             continue;
         }
-        let (records, good, dropped) = read_segment(path)?;
+        let (records, good, dropped) = read_segment(storage, path)?;
         for chunk in records.chunks(1024) {
             store
                 .replay(chunk)
-                .with_context(|| format!("cannot replay {}", path.display()))?;
+                .with_context(|| format!("cannot replay {dir}/{path}"))?;
         }
         recovery.records += records.len() as u64;
         if dropped > 0 {
@@ -593,7 +584,7 @@ fn recover_with_repairs(
         );
     }
     info!(
-        dir = %dir.display(),
+        %dir,
         snapshot = ?recovery.snapshot_seq,
         records = recovery.records,
         dropped_bytes = recovery.dropped_bytes,
@@ -635,7 +626,7 @@ pub fn commit(
             Ok(publishes)
         }
         Err(e) => {
-            tracing::error!(error = %e, dir = %journal.dir().display(), "cannot write the journal: answering the batch with errors");
+            tracing::error!(error = %e, dir = %journal.describe(), "cannot write the journal: answering the batch with errors");
             *store = journal.reload()?;
             Ok(publishes
                 .into_iter()

@@ -25,6 +25,7 @@ pub mod embedded;
 pub mod journal;
 pub mod mqtt;
 pub mod serve;
+pub mod storage;
 pub mod store;
 pub mod tenant;
 pub mod wasm;
@@ -41,40 +42,60 @@ pub use wasm::{
 /// The guest component built by this crate's build script (`wasm32-wasip2`).
 pub const GUEST_COMPONENT: &[u8] = include_bytes!(env!("STATESTORE_GUEST_WASM"));
 
+/// What can go wrong in a call into a state machine.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// The guest refused what it was given (a snapshot, record or batch it
+    /// cannot read, a format newer than it knows): its own error, typed.
+    #[error(transparent)]
+    Refused(#[from] statestore_guest::Error),
+    /// The guest failed: it trapped (a panic), ran past its CPU deadline or
+    /// its memory cap. The instance is unusable; a tenant restarts it.
+    #[error("the guest failed: {0:#}")]
+    Failed(anyhow::Error),
+    /// The guest returned an output list this host cannot read.
+    #[error("the guest returned an output list this host cannot read: {0}")]
+    BadOutputs(statestore_guest::Error),
+}
+
 /// Something that runs the state store state machine: the wasm component or
 /// the native build of the same crate.
 pub trait Backend {
     /// Handles `inputs` at `now`, in order, and returns every output they
     /// caused. Keys due at `now` expire first, so no inputs is the timer
     /// call.
-    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> anyhow::Result<Vec<Output>>;
+    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> Result<Vec<Output>, GuestError>;
     /// [`Backend::handle`] of messages only.
     fn handle_messages(
         &mut self,
         messages: &[InboundMessage],
         now: u64,
-    ) -> anyhow::Result<Vec<Output>> {
+    ) -> Result<Vec<Output>, GuestError> {
         let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
         self.handle(&inputs, now)
     }
     /// A client went away: its KEYNOTIFY registrations are dropped.
-    fn client_disconnected(&mut self, client_id: &str, now: u64) -> anyhow::Result<Vec<Output>> {
+    fn client_disconnected(
+        &mut self,
+        client_id: &str,
+        now: u64,
+    ) -> Result<Vec<Output>, GuestError> {
         self.handle(&[Input::Disconnected(client_id)], now)
     }
     /// The deadline passed: [`Backend::handle`] with no inputs.
-    fn timeout(&mut self, now: u64) -> anyhow::Result<Vec<Output>> {
+    fn timeout(&mut self, now: u64) -> Result<Vec<Output>, GuestError> {
         self.handle(&[], now)
     }
     /// When [`Backend::timeout`] is next due.
-    fn next_deadline(&mut self) -> anyhow::Result<Option<u64>>;
+    fn next_deadline(&mut self) -> Result<Option<u64>, GuestError>;
     /// The whole state.
-    fn snapshot(&mut self) -> anyhow::Result<Vec<u8>> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, GuestError> {
         self.snapshot_with(SnapshotScope::Everything)
     }
     /// The state of `scope`.
-    fn snapshot_with(&mut self, scope: SnapshotScope) -> anyhow::Result<Vec<u8>>;
+    fn snapshot_with(&mut self, scope: SnapshotScope) -> Result<Vec<u8>, GuestError>;
     /// Applies journal records in order.
-    fn replay(&mut self, records: &[Vec<u8>]) -> anyhow::Result<()>;
+    fn replay(&mut self, records: &[Vec<u8>]) -> Result<(), GuestError>;
 }
 
 /// The state machine compiled natively, behind [`Backend`].
@@ -96,16 +117,16 @@ impl NativeStore {
 }
 
 impl Backend for NativeStore {
-    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> anyhow::Result<Vec<Output>> {
+    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> Result<Vec<Output>, GuestError> {
         Ok(self.0.step(inputs, now))
     }
-    fn next_deadline(&mut self) -> anyhow::Result<Option<u64>> {
+    fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {
         Ok(self.0.next_deadline())
     }
-    fn snapshot_with(&mut self, scope: SnapshotScope) -> anyhow::Result<Vec<u8>> {
+    fn snapshot_with(&mut self, scope: SnapshotScope) -> Result<Vec<u8>, GuestError> {
         Ok(self.0.snapshot_with(scope))
     }
-    fn replay(&mut self, records: &[Vec<u8>]) -> anyhow::Result<()> {
+    fn replay(&mut self, records: &[Vec<u8>]) -> Result<(), GuestError> {
         for r in records {
             self.0.replay(r)?;
         }

@@ -31,7 +31,7 @@ use wasmtime::Engine;
 use crate::journal::Journal;
 use crate::store::StoreOptions;
 use crate::wasm::{EngineOptions, PoolOptions};
-use crate::{Backend, Config, InboundMessage, Output, Runtime, StoreLimits, WasmStore};
+use crate::{Backend, Config, GuestError, InboundMessage, Output, Runtime, StoreLimits, WasmStore};
 
 /// The largest linear memory a wasm32 instance can have.
 pub const WASM32_MAX_MEMORY: usize = 4 << 30;
@@ -232,7 +232,10 @@ impl Tenant {
     /// The outputs of a call that answers no request: committed, or, if the
     /// guest failed, none (the tenant restarts; what the call would have
     /// done happens again on the next one, as after a crash).
-    fn commit_or_restart(&mut self, outputs: Result<Vec<Output>>) -> Result<Vec<Output>> {
+    fn commit_or_restart(
+        &mut self,
+        outputs: Result<Vec<Output>, GuestError>,
+    ) -> Result<Vec<Output>> {
         match outputs {
             Ok(outputs) => self.commit(outputs),
             Err(e) => {
@@ -248,7 +251,7 @@ impl Tenant {
             Ok(d) => Ok(d),
             Err(e) => {
                 self.restart(&e)?;
-                self.store.next_deadline()
+                Ok(self.store.next_deadline()?)
             }
         }
     }
@@ -288,7 +291,7 @@ impl Tenant {
 
     /// Replaces a failed instance: from the journal, or empty if volatile.
     /// Returns what went wrong, in a few words.
-    fn restart(&mut self, cause: &anyhow::Error) -> Result<String> {
+    fn restart(&mut self, cause: &GuestError) -> Result<String> {
         self.faults += 1;
         let cause = match self.store.memory_refused() {
             Some(cap) => format!("it reached its memory cap of {} MiB", cap >> 20),
@@ -331,7 +334,11 @@ impl Tenant {
 
 /// A short account of a guest failure: the trap's reason rather than the
 /// whole backtrace.
-pub fn describe(e: &anyhow::Error) -> String {
+pub fn describe(e: &GuestError) -> String {
+    let e = match e {
+        GuestError::Failed(e) => e,
+        other => return other.to_string(),
+    };
     if let Some(trap) = e.chain().find_map(|c| c.downcast_ref::<wasmtime::Trap>()) {
         return match trap {
             wasmtime::Trap::Interrupt => "it ran past its CPU deadline".to_string(),
@@ -353,13 +360,17 @@ mod tests {
 
     #[test]
     fn describes_traps_briefly() {
-        let e = anyhow::Error::from(wasmtime::Trap::Interrupt);
+        let failed = |e: anyhow::Error| GuestError::Failed(e);
+        let e = failed(anyhow::Error::from(wasmtime::Trap::Interrupt));
         assert_eq!(describe(&e), "it ran past its CPU deadline");
-        let e =
-            anyhow::Error::from(wasmtime::Trap::UnreachableCodeReached).context("while executing");
+        let e = failed(
+            anyhow::Error::from(wasmtime::Trap::UnreachableCodeReached).context("while executing"),
+        );
         assert_eq!(describe(&e), "it trapped (a panic)");
-        let e = anyhow::anyhow!("first line\nsecond").context("outer");
+        let e = failed(anyhow::anyhow!("first line\nsecond").context("outer"));
         assert_eq!(describe(&e), "first line");
+        let e = GuestError::Refused(statestore_guest::Error::UnsupportedVersion(9));
+        assert!(describe(&e).contains("version 9"));
     }
 
     #[test]

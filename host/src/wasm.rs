@@ -16,7 +16,17 @@ use wasmtime::{Engine, Store};
 
 use crate::bindings::{Guest, GuestPre};
 use crate::convert;
-use crate::{Backend, Config, Input, Output};
+use crate::{Backend, Config, GuestError, Input, Output};
+
+/// A failed call: the guest trapped or hit a limit.
+fn failed(e: wasmtime::Error) -> GuestError {
+    GuestError::Failed(e.into())
+}
+
+/// The guest's own error variant, as the guest crate's error.
+fn refused(e: crate::bindings::wit::Error) -> GuestError {
+    GuestError::Refused(convert::error(e))
+}
 
 /// A wasmtime engine with the guest component compiled and linked once;
 /// instantiate it as often as needed.
@@ -427,27 +437,35 @@ impl WasmStore {
     /// [`Backend::timeout`] with the budget of a snapshot rather than of a
     /// request: for the expiry of everything that expired while the server
     /// was down, which is proportional to the state.
-    pub fn timeout_bulk(&mut self, now: u64) -> Result<Vec<Output>> {
+    pub fn timeout_bulk(&mut self, now: u64) -> Result<Vec<Output>, GuestError> {
         self.call(&[], now, true)
     }
 
-    fn call(&mut self, inputs: &[Input<'_>], now: u64, bulk: bool) -> Result<Vec<Output>> {
+    fn call(
+        &mut self,
+        inputs: &[Input<'_>],
+        now: u64,
+        bulk: bool,
+    ) -> Result<Vec<Output>, GuestError> {
         self.arm(bulk);
         let api = self.guest.statestore_core_store().store();
         if self.typed {
             let inputs: Vec<_> = inputs.iter().map(convert::input).collect();
-            let out = api.call_handle(&mut self.store, self.handle, &inputs, now)?;
+            let out = api
+                .call_handle(&mut self.store, self.handle, &inputs, now)
+                .map_err(failed)?;
             return Ok(out.into_iter().map(convert::output).collect());
         }
         // One flat list<u8> each way (the guest's `wire` encoding): far
         // cheaper to lower and lift than a record of strings per message.
         statestore_guest::wire::encode_batch_into(&mut self.scratch, inputs);
         let out = api
-            .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)?
-            .map_err(convert::error)?;
+            .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)
+            .map_err(failed)?
+            .map_err(refused)?;
         // The replies' strings and payloads become slices of this one
         // buffer: no allocation per field.
-        Ok(statestore_guest::wire::decode_outputs_shared(out.into())?)
+        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
     }
 
     /// Arms the deadline of the next call: a request's, or a bulk one's.
@@ -464,28 +482,30 @@ impl WasmStore {
 }
 
 impl Backend for WasmStore {
-    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> Result<Vec<Output>> {
+    fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> Result<Vec<Output>, GuestError> {
         self.call(inputs, now, false)
     }
 
-    fn next_deadline(&mut self) -> Result<Option<u64>> {
+    fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {
         self.arm(false);
         let api = self.guest.statestore_core_store().store();
-        Ok(api.call_next_deadline(&mut self.store, self.handle)?)
+        api.call_next_deadline(&mut self.store, self.handle)
+            .map_err(failed)
     }
 
-    fn snapshot_with(&mut self, scope: crate::SnapshotScope) -> Result<Vec<u8>> {
+    fn snapshot_with(&mut self, scope: crate::SnapshotScope) -> Result<Vec<u8>, GuestError> {
         self.arm(true);
         let api = self.guest.statestore_core_store().store();
-        Ok(api.call_snapshot(&mut self.store, self.handle, convert::scope(scope))?)
+        api.call_snapshot(&mut self.store, self.handle, convert::scope(scope))
+            .map_err(failed)
     }
 
-    fn replay(&mut self, records: &[Vec<u8>]) -> Result<()> {
+    fn replay(&mut self, records: &[Vec<u8>]) -> Result<(), GuestError> {
         self.arm(true);
         let api = self.guest.statestore_core_store().store();
-        api.call_replay(&mut self.store, self.handle, records)?
-            .map_err(convert::error)?;
-        Ok(())
+        api.call_replay(&mut self.store, self.handle, records)
+            .map_err(failed)?
+            .map_err(refused)
     }
 }
 

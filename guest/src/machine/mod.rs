@@ -28,7 +28,7 @@ use crate::notify::{self, Registry};
 use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, Reply, RequestProps, Status, TopicCheck, prop};
-use crate::store::{Change, Request, Table};
+use crate::table::{Change, Request, Table};
 use crate::types::{
     Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Str,
 };

@@ -9,7 +9,7 @@ use crate::notify::Registry;
 use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::snapshot::{self, Parts, SnapshotScope, Visitor};
-use crate::store::{Entry, EntryRef, Table};
+use crate::table::{Entry, EntryRef, Table};
 use crate::types::{Config, Error, OutboundMessage, Persist};
 
 impl StateMachine {

@@ -1,0 +1,626 @@
+//! Where a journal keeps its files: the one door to the disk.
+//!
+//! ```text
+//!   Journal (journal.rs: frames, segments, snapshots, recovery, fsync policy)
+//!      └── dyn Storage: a flat directory of named files
+//!            ├── DirStorage    a real directory (flock'ed LOCK, fsync, atomic rename)
+//!            └── MemStorage    in memory; keeps apart what was synced, so a test can
+//!                              crash it (`crash`), tear unsynced tails, or make
+//!                              writes fail from some byte on (a full disk)
+//! ```
+//!
+//! Every backend passes the same conformance suite ([`conformance`]), so the
+//! journal's reasoning about what survives a crash holds for each: bytes are
+//! durable once `sync` (of the file) returned, a file's existence and name
+//! once `sync_dir` returned, and `write_atomic` leaves the old content or the
+//! new one, never a mix.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A flat directory of named files.
+pub trait Storage: Send + Sync + std::fmt::Debug {
+    /// Takes exclusive use of the storage for this process (a second
+    /// journal on the same storage is refused).
+    fn lock(&self) -> io::Result<()>;
+    /// The names of the files, in no particular order.
+    fn list(&self) -> io::Result<Vec<String>>;
+    /// The whole content of `name`.
+    fn read(&self, name: &str) -> io::Result<Vec<u8>>;
+    /// Creates `name` empty (replacing any file of that name) and opens it
+    /// for appending. Neither its existence nor its bytes are durable before
+    /// [`Storage::sync_dir`] and [`LogFile::sync`].
+    fn create(&self, name: &str) -> io::Result<Box<dyn LogFile>>;
+    /// Replaces `name` with `bytes` durably and atomically: after a crash it
+    /// holds the old content (or does not exist) or all of `bytes`.
+    fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()>;
+    /// Cuts `name` to `len` bytes, durably.
+    fn truncate(&self, name: &str, len: u64) -> io::Result<()>;
+    /// Renames `from` to `to` (replacing `to`), durably.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Removes `name`.
+    fn remove(&self, name: &str) -> io::Result<()>;
+    /// Makes the names of the files durable.
+    fn sync_dir(&self) -> io::Result<()>;
+    /// Where the files are, for messages.
+    fn describe(&self) -> String;
+}
+
+/// A file being appended to.
+pub trait LogFile: Send + std::fmt::Debug {
+    /// Appends `bytes`. On error, part of them may have been written.
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Makes everything appended so far durable.
+    fn sync(&mut self) -> io::Result<()>;
+    /// Cuts the file back to `len` bytes; the next append goes there.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// Another handle to the same file, to sync it from another thread.
+    fn try_clone(&self) -> io::Result<Box<dyn LogFile>>;
+}
+
+/// A real directory.
+#[derive(Debug)]
+pub struct DirStorage {
+    dir: PathBuf,
+    lock: Mutex<Option<File>>,
+}
+
+impl DirStorage {
+    /// The directory `dir`, created if needed.
+    pub fn open(dir: &Path) -> io::Result<DirStorage> {
+        fs::create_dir_all(dir)?;
+        Ok(DirStorage {
+            dir: dir.to_path_buf(),
+            lock: Mutex::new(None),
+        })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+#[derive(Debug)]
+struct DirFile(File);
+
+impl LogFile for DirFile {
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.0.write_all(bytes)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)?;
+        self.0.seek(SeekFrom::Start(len)).map(|_| ())
+    }
+    fn try_clone(&self) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(DirFile(self.0.try_clone()?)))
+    }
+}
+
+impl Storage for DirStorage {
+    fn lock(&self) -> io::Result<()> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path("LOCK"))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is in use by another statestore process",
+                        self.dir.display()
+                    ),
+                ));
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(e),
+        }
+        *lock(&self.lock) = Some(file);
+        Ok(())
+    }
+
+    fn list(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for e in fs::read_dir(&self.dir)? {
+            let e = e?;
+            if e.file_type()?.is_file()
+                && let Some(name) = e.file_name().to_str()
+                && name != "LOCK"
+            {
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
+    }
+
+    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        let mut data = Vec::new();
+        File::open(self.path(name))?.read_to_end(&mut data)?;
+        Ok(data)
+    }
+
+    fn create(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(self.path(name))?;
+        Ok(Box::new(DirFile(file)))
+    }
+
+    fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let tmp = self.path(&format!("{name}.tmp"));
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, self.path(name))?;
+        self.sync_dir()
+    }
+
+    fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
+        let f = OpenOptions::new().write(true).open(self.path(name))?;
+        f.set_len(len)?;
+        f.sync_all()
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        fs::rename(self.path(from), self.path(to))?;
+        self.sync_dir()
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        fs::remove_file(self.path(name))
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+}
+
+/// One file of a [`MemStorage`].
+#[derive(Debug, Clone, Default)]
+struct MemFile {
+    /// Everything written.
+    data: Vec<u8>,
+    /// How much of `data` a crash keeps.
+    synced: usize,
+}
+
+#[derive(Debug, Default)]
+struct MemState {
+    /// The files as a reader sees them now.
+    files: BTreeMap<String, MemFile>,
+    /// The names a crash keeps (the directory as last synced), each with
+    /// the identity of the file it names.
+    durable_names: BTreeMap<String, u64>,
+    /// The identity of each current file (a rename keeps it).
+    ids: BTreeMap<String, u64>,
+    next_id: u64,
+    /// Contents kept by a crash, by file identity.
+    durable: BTreeMap<u64, MemFile>,
+    locked: bool,
+    /// Bytes that may still be written before writes fail (a full disk).
+    space: Option<u64>,
+}
+
+/// Storage in memory that knows what a crash would keep: the names as of
+/// the last `sync_dir` and, of each file, what was synced. For the
+/// conformance and crash tests (and volatile stores that must survive a
+/// restart of their guest). Clones share the files.
+#[derive(Debug, Clone, Default)]
+pub struct MemStorage(Arc<Mutex<MemState>>);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding it cannot leave it half-updated in a way that
+    // matters more than the panic itself.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn not_found(name: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("no file {name:?}"))
+}
+
+fn disk_full() -> io::Error {
+    io::Error::new(io::ErrorKind::StorageFull, "no space left (injected)")
+}
+
+impl MemState {
+    fn take_space(&mut self, n: usize) -> io::Result<usize> {
+        match &mut self.space {
+            None => Ok(n),
+            Some(left) => {
+                let granted = n.min(usize::try_from(*left).unwrap_or(usize::MAX));
+                *left -= granted as u64;
+                Ok(granted)
+            }
+        }
+    }
+
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+}
+
+impl MemStorage {
+    /// Empty storage.
+    pub fn new() -> MemStorage {
+        MemStorage::default()
+    }
+
+    /// From now on only `bytes` more bytes can be written: a write past
+    /// them writes what fits and fails (a full disk). `None`: no limit.
+    pub fn set_space(&self, bytes: Option<u64>) {
+        lock(&self.0).space = bytes;
+    }
+
+    /// What is left after the machine crashed now: the files the last
+    /// `sync_dir` named, each with its synced bytes, plus, when `torn` is
+    /// given, up to that many of its unsynced bytes (a torn tail). The
+    /// lock is released.
+    pub fn crash(&self, torn: Option<usize>) -> MemStorage {
+        let st = lock(&self.0);
+        let mut after = MemState::default();
+        for (name, id) in &st.durable_names {
+            let Some(durable) = st.durable.get(id) else {
+                continue;
+            };
+            let mut kept = durable.data[..durable.synced].to_vec();
+            // A torn tail: the unsynced bytes the file had reached, if it
+            // is still the same file.
+            if let (Some(n), Some(cur_id)) = (torn, st.ids.get(name))
+                && cur_id == id
+                && let Some(cur) = st.files.get(name)
+                && cur.data.len() > kept.len()
+                && cur.data.starts_with(&kept)
+            {
+                let extra = (cur.data.len() - kept.len()).min(n);
+                kept.extend_from_slice(&cur.data[durable.synced..durable.synced + extra]);
+            }
+            let id = after.new_id();
+            let synced = kept.len();
+            let file = MemFile { data: kept, synced };
+            after.files.insert(name.clone(), file.clone());
+            after.ids.insert(name.clone(), id);
+            after.durable_names.insert(name.clone(), id);
+            after.durable.insert(id, file);
+        }
+        MemStorage(Arc::new(Mutex::new(after)))
+    }
+
+    /// Flips one bit of `name` at `offset`, durably (a bad disk).
+    pub fn flip_bit(&self, name: &str, offset: usize) {
+        let mut st = lock(&self.0);
+        let id = st.ids.get(name).copied();
+        if let Some(f) = st.files.get_mut(name)
+            && offset < f.data.len()
+        {
+            f.data[offset] ^= 1;
+            let copy = f.clone();
+            if let Some(id) = id {
+                st.durable.insert(id, copy);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct MemLogFile {
+    storage: MemStorage,
+    name: String,
+    id: u64,
+}
+
+impl MemLogFile {
+    fn with<T>(&self, f: impl FnOnce(&mut MemState, &str) -> io::Result<T>) -> io::Result<T> {
+        let mut st = lock(&self.storage.0);
+        if st.ids.get(&self.name) != Some(&self.id) {
+            return Err(io::Error::other("the file was replaced or removed"));
+        }
+        f(&mut st, &self.name)
+    }
+}
+
+impl LogFile for MemLogFile {
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.with(|st, name| {
+            let n = st.take_space(bytes.len())?;
+            let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
+            f.data.extend_from_slice(&bytes[..n]);
+            if n < bytes.len() {
+                return Err(disk_full());
+            }
+            Ok(())
+        })
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        let id = self.id;
+        self.with(|st, name| {
+            let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
+            f.synced = f.data.len();
+            let copy = f.clone();
+            st.durable.insert(id, copy);
+            Ok(())
+        })
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.with(|st, name| {
+            let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
+            let len = usize::try_from(len).map_err(io::Error::other)?;
+            f.data.resize(len, 0);
+            f.synced = f.synced.min(len);
+            Ok(())
+        })
+    }
+
+    fn try_clone(&self) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(MemLogFile {
+            storage: self.storage.clone(),
+            name: self.name.clone(),
+            id: self.id,
+        }))
+    }
+}
+
+impl Storage for MemStorage {
+    fn lock(&self) -> io::Result<()> {
+        let mut st = lock(&self.0);
+        if st.locked {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the storage is in use by another journal",
+            ));
+        }
+        st.locked = true;
+        Ok(())
+    }
+
+    fn list(&self) -> io::Result<Vec<String>> {
+        Ok(lock(&self.0).files.keys().cloned().collect())
+    }
+
+    fn read(&self, name: &str) -> io::Result<Vec<u8>> {
+        lock(&self.0)
+            .files
+            .get(name)
+            .map(|f| f.data.clone())
+            .ok_or_else(|| not_found(name))
+    }
+
+    fn create(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
+        let mut st = lock(&self.0);
+        let id = st.new_id();
+        st.files.insert(name.to_string(), MemFile::default());
+        st.ids.insert(name.to_string(), id);
+        Ok(Box::new(MemLogFile {
+            storage: self.clone(),
+            name: name.to_string(),
+            id,
+        }))
+    }
+
+    fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let mut st = lock(&self.0);
+        if st.take_space(bytes.len())? < bytes.len() {
+            return Err(disk_full());
+        }
+        let id = st.new_id();
+        let file = MemFile {
+            data: bytes.to_vec(),
+            synced: bytes.len(),
+        };
+        st.files.insert(name.to_string(), file.clone());
+        st.ids.insert(name.to_string(), id);
+        st.durable.insert(id, file);
+        st.durable_names.insert(name.to_string(), id);
+        Ok(())
+    }
+
+    fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
+        let mut st = lock(&self.0);
+        let id = *st.ids.get(name).ok_or_else(|| not_found(name))?;
+        let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        f.data.truncate(len);
+        f.synced = f.data.len();
+        let copy = f.clone();
+        st.durable.insert(id, copy);
+        Ok(())
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let mut st = lock(&self.0);
+        let f = st.files.remove(from).ok_or_else(|| not_found(from))?;
+        let id = st.ids.remove(from).ok_or_else(|| not_found(from))?;
+        st.files.insert(to.to_string(), f);
+        st.ids.insert(to.to_string(), id);
+        // Durable at once, as `DirStorage::rename` syncs the directory.
+        st.durable_names.remove(from);
+        st.durable_names.insert(to.to_string(), id);
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        let mut st = lock(&self.0);
+        st.files.remove(name).ok_or_else(|| not_found(name))?;
+        st.ids.remove(name);
+        Ok(())
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        let mut st = lock(&self.0);
+        st.durable_names = st.ids.clone();
+        let ids: Vec<u64> = st.ids.values().copied().collect();
+        for id in ids {
+            // A file that was never synced is named but empty after a crash.
+            st.durable.entry(id).or_default();
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "memory".to_string()
+    }
+}
+
+/// The conformance suite every [`Storage`] passes: call each check with a
+/// fresh, empty storage (see the tests below and `tests/tests/durability.rs`).
+pub mod conformance {
+    use super::Storage;
+    use std::io;
+
+    fn sorted(s: &dyn Storage) -> io::Result<Vec<String>> {
+        let mut v = s.list()?;
+        v.sort();
+        Ok(v)
+    }
+
+    /// Appends read back in order; `create` empties; `set_len` cuts and the
+    /// next append goes to the cut.
+    pub fn append_read_truncate(s: &dyn Storage) -> io::Result<()> {
+        let mut f = s.create("a.log")?;
+        f.append(b"hello ")?;
+        f.append(b"world")?;
+        f.sync()?;
+        s.sync_dir()?;
+        assert_eq!(s.read("a.log")?, b"hello world");
+        f.set_len(5)?;
+        f.append(b"!")?;
+        assert_eq!(s.read("a.log")?, b"hello!");
+        s.truncate("a.log", 2)?;
+        assert_eq!(s.read("a.log")?, b"he");
+        let _again = s.create("a.log")?;
+        assert_eq!(s.read("a.log")?, b"", "create replaces");
+        Ok(())
+    }
+
+    /// `write_atomic` replaces the whole content; `list`, `rename` and
+    /// `remove` see and change names; reading a missing file is NotFound.
+    pub fn names_and_atomic_writes(s: &dyn Storage) -> io::Result<()> {
+        assert!(sorted(s)?.is_empty());
+        s.write_atomic("x.snap", b"one")?;
+        s.write_atomic("x.snap", b"two!")?;
+        assert_eq!(s.read("x.snap")?, b"two!");
+        let mut f = s.create("y.log")?;
+        f.append(b"y")?;
+        s.rename("y.log", "y.log.dropped")?;
+        assert_eq!(sorted(s)?, ["x.snap", "y.log.dropped"]);
+        assert_eq!(s.read("y.log.dropped")?, b"y");
+        s.remove("x.snap")?;
+        assert_eq!(sorted(s)?, ["y.log.dropped"]);
+        assert_eq!(
+            s.read("x.snap").map_err(|e| e.kind()),
+            Err(io::ErrorKind::NotFound)
+        );
+        Ok(())
+    }
+
+    /// A second `lock` of the same storage is refused.
+    pub fn exclusive_lock(first: &dyn Storage, second: &dyn Storage) -> io::Result<()> {
+        first.lock()?;
+        assert!(second.lock().is_err(), "a second lock must be refused");
+        Ok(())
+    }
+
+    /// A clone of a file handle syncs the same file.
+    pub fn cloned_handles(s: &dyn Storage) -> io::Result<()> {
+        let mut f = s.create("c.log")?;
+        let mut g = f.try_clone()?;
+        f.append(b"abc")?;
+        g.sync()?;
+        assert_eq!(s.read("c.log")?, b"abc");
+        Ok(())
+    }
+
+    /// Every check, on storages made by `fresh` (two may share their files,
+    /// for the lock check).
+    pub fn all(fresh: &mut dyn FnMut() -> (Box<dyn Storage>, Box<dyn Storage>)) -> io::Result<()> {
+        append_read_truncate(&*fresh().0)?;
+        names_and_atomic_writes(&*fresh().0)?;
+        let (a, b) = fresh();
+        exclusive_lock(&*a, &*b)?;
+        cloned_handles(&*fresh().0)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_storage_conforms() -> io::Result<()> {
+        conformance::all(&mut || {
+            let s = MemStorage::new();
+            (Box::new(s.clone()), Box::new(s))
+        })
+    }
+
+    #[test]
+    fn dir_storage_conforms() -> io::Result<()> {
+        let root = std::env::temp_dir().join(format!("statestore-storage-{}", std::process::id()));
+        let mut n = 0;
+        let result = conformance::all(&mut || {
+            n += 1;
+            let dir = root.join(n.to_string());
+            let _ = fs::remove_dir_all(&dir);
+            let open = || DirStorage::open(&dir).expect("dir");
+            (Box::new(open()), Box::new(open()))
+        });
+        let _ = fs::remove_dir_all(&root);
+        result
+    }
+
+    /// What a crash keeps of a [`MemStorage`]: synced bytes of files the
+    /// directory named when last synced; torn tails only on request.
+    #[test]
+    fn a_crash_keeps_only_what_was_synced() -> io::Result<()> {
+        let s = MemStorage::new();
+        let mut f = s.create("wal-1.log")?;
+        f.append(b"synced")?;
+        f.sync()?;
+        s.sync_dir()?;
+        f.append(b"+lost")?;
+        let _unnamed = s.create("wal-2.log")?; // never in a synced directory
+        s.write_atomic("snap", b"S")?;
+        let after = s.crash(None);
+        let mut names = after.list()?;
+        names.sort();
+        assert_eq!(names, ["snap", "wal-1.log"]);
+        assert_eq!(after.read("wal-1.log")?, b"synced");
+        assert_eq!(s.crash(Some(3)).read("wal-1.log")?, b"synced+lo");
+        assert!(after.lock().is_ok(), "a crash releases the lock");
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_disk_writes_what_fits_then_fails() -> io::Result<()> {
+        let s = MemStorage::new();
+        let mut f = s.create("a")?;
+        s.set_space(Some(4));
+        assert_eq!(
+            f.append(b"abcdef").map_err(|e| e.kind()),
+            Err(io::ErrorKind::StorageFull)
+        );
+        assert_eq!(s.read("a")?, b"abcd");
+        assert!(s.write_atomic("b", b"x").is_err());
+        s.set_space(None);
+        f.set_len(0)?;
+        f.append(b"ok")?;
+        assert_eq!(s.read("a")?, b"ok");
+        Ok(())
+    }
+}
