@@ -78,6 +78,10 @@ fn class(layout: Layout) -> Option<usize> {
     (size != 0 && size <= MAX && layout.align() <= STEP).then(|| (size - 1) / STEP)
 }
 
+// SAFETY: every block handed out is either a fresh `System` block of the
+// layout, or a carved or recycled block of the layout's size class (at least
+// the layout's size, 8-aligned, and `class` refuses larger alignments), and no
+// block is handed out twice before it is freed.
 unsafe impl GlobalAlloc for Pool {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let Some(c) = class(layout) else {

@@ -9,9 +9,11 @@ use rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
 
 use crate::{InboundMessage, OutboundMessage};
 
-/// The inbound message for a received PUBLISH. `client_id` is the publisher's
-/// id when the transport knows it (a broker hook), `None` for a plain client.
-pub fn inbound(p: &Publish, client_id: Option<String>, received_at: Option<u64>) -> InboundMessage {
+/// The inbound message for a request received from the broker as a client
+/// (the external mode): the
+/// publisher's client id is unknown (its `__srcId` says who it is) and it is
+/// handled as it arrives.
+pub fn inbound(p: &Publish) -> InboundMessage {
     let props = p.properties.clone().unwrap_or_default();
     InboundMessage {
         topic: String::from_utf8_lossy(&p.topic).into_owned(),
@@ -23,8 +25,8 @@ pub fn inbound(p: &Publish, client_id: Option<String>, received_at: Option<u64>)
         content_type: props.content_type,
         payload_format_indicator: props.payload_format_indicator,
         user_properties: props.user_properties,
-        client_id,
-        received_at,
+        client_id: None,
+        received_at: None,
     }
 }
 

@@ -299,7 +299,7 @@ impl ClientTransport {
     /// The request (if it is one) or the client event of a received PUBLISH.
     fn classify(&self, p: &Publish) -> Option<Input> {
         if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
-            return Some(Input::Messages(vec![mqtt::inbound(p, None, None)]));
+            return Some(Input::Messages(vec![mqtt::inbound(p)]));
         }
         let topic = String::from_utf8_lossy(&p.topic);
         self.opts
@@ -333,7 +333,7 @@ impl crate::driver::Transport for ClientTransport {
                 {
                     match e {
                         NetEvent::Publish(p) if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() => {
-                            batch.push(mqtt::inbound(&p, None, None));
+                            batch.push(mqtt::inbound(&p));
                             self.to_ack.push(p);
                         }
                         other => {
