@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use tracing::{info, warn};
 
 use statestore_guest::rpc::{Reply, Status};
@@ -36,7 +36,8 @@ use statestore_guest::rpc::{Reply, Status};
 use crate::clock::Clock;
 use crate::storage::{DirStorage, LogFile, Storage};
 use crate::{
-    Backend, Config, OutboundMessage, Output, PublishKind, Runtime, SnapshotScope, WasmStore,
+    Backend, Config, GuestError, OutboundMessage, Output, PublishKind, Runtime, SnapshotScope,
+    WasmStore,
 };
 
 const WAL_MAGIC: &[u8; 8] = b"STSTWAL\0";
@@ -71,6 +72,96 @@ impl Default for SnapshotPolicy {
             max_log_bytes: 64 << 20,
             max_interval: Duration::from_secs(300),
         }
+    }
+}
+
+/// Why a journal cannot be opened, recovered or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Another journal (process) holds the storage.
+    #[error("{0} is in use by another statestore process")]
+    InUse(String),
+    /// A file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, and to which file.
+        what: String,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A log segment is in a format newer than this build.
+    #[error(
+        "{file} in {dir} is in WAL format {version}, newer than this build reads ({WAL_VERSION}): \
+         run a newer statestore"
+    )]
+    NewerLog {
+        /// The storage.
+        dir: String,
+        /// The segment.
+        file: String,
+        /// Its format version.
+        version: u32,
+    },
+    /// A snapshot is in a format newer than this build's component reads.
+    #[error("cannot load {dir}/{file}: its snapshot format is newer than this build")]
+    NewerSnapshot {
+        /// The storage.
+        dir: String,
+        /// The snapshot.
+        file: String,
+        /// The component's refusal.
+        #[source]
+        source: GuestError,
+    },
+    /// Snapshots exist but none loads: starting without them would lose data.
+    #[error(
+        "none of the {count} snapshots in {dir} can be loaded (see the warnings above); refusing \
+         to start without them. Move the directory aside to start empty."
+    )]
+    NoLoadableSnapshot {
+        /// The storage.
+        dir: String,
+        /// How many there are.
+        count: usize,
+    },
+    /// The log does not continue the snapshot.
+    #[error(
+        "{dir}/{file} does not follow on from the snapshot (log {missing} is missing); refusing to start"
+    )]
+    Gap {
+        /// The storage.
+        dir: String,
+        /// The first segment after the gap.
+        file: String,
+        /// The missing segment.
+        missing: u64,
+    },
+    /// The component refused or failed on what the journal handed it.
+    #[error("{what}: {source}")]
+    Guest {
+        /// What was being done.
+        what: String,
+        /// What the guest said.
+        #[source]
+        source: GuestError,
+    },
+    /// No instance of the component could be made.
+    #[error("cannot start an instance of the component: {0:#}")]
+    Instance(anyhow::Error),
+}
+
+/// `Err(e)` of an io call as a [`JournalError::Io`] saying `what`.
+trait IoContext<T> {
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T, JournalError>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T, JournalError> {
+        self.map_err(|source| JournalError::Io {
+            what: what(),
+            source,
+        })
     }
 }
 
@@ -115,11 +206,15 @@ fn wal_name(seq: u64) -> String {
 }
 
 /// `(seq, name)` of the files called `<prefix>-<seq>.<ext>`, oldest first.
-fn list(storage: &dyn Storage, prefix: &str, ext: &str) -> Result<Vec<(u64, String)>> {
+fn list(
+    storage: &dyn Storage,
+    prefix: &str,
+    ext: &str,
+) -> Result<Vec<(u64, String)>, JournalError> {
     let mut out = Vec::new();
     let names = storage
         .list()
-        .with_context(|| format!("cannot read {}", storage.describe()))?;
+        .doing(|| format!("cannot read {}", storage.describe()))?;
     for name in names {
         let Some(seq) = name
             .strip_prefix(prefix)
@@ -138,20 +233,24 @@ fn list(storage: &dyn Storage, prefix: &str, ext: &str) -> Result<Vec<(u64, Stri
 
 /// The frames of one WAL segment: its records, the length of its valid
 /// prefix, and whether anything after that was dropped.
-fn read_segment(storage: &dyn Storage, name: &str) -> Result<(Vec<Vec<u8>>, u64, u64)> {
+fn read_segment(
+    storage: &dyn Storage,
+    name: &str,
+) -> Result<(Vec<Vec<u8>>, u64, u64), JournalError> {
     let data = storage
         .read(name)
-        .with_context(|| format!("cannot read {name} in {}", storage.describe()))?;
+        .doing(|| format!("cannot read {name} in {}", storage.describe()))?;
     if data.len() < HEADER_LEN as usize || &data[..8] != WAL_MAGIC {
         // A segment created but not yet given its header by a crash.
         return Ok((Vec::new(), 0, data.len() as u64));
     }
     let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
     if version > WAL_VERSION {
-        bail!(
-            "{name} in {} is in WAL format {version}, newer than this build reads ({WAL_VERSION}): run a newer statestore",
-            storage.describe()
-        );
+        return Err(JournalError::NewerLog {
+            dir: storage.describe(),
+            file: name.to_string(),
+            version,
+        });
     }
     let mut pos = HEADER_LEN as usize;
     let mut records = Vec::new();
@@ -187,9 +286,8 @@ impl Journal {
         fsync: Fsync,
         policy: SnapshotPolicy,
         clock: &dyn Clock,
-    ) -> Result<(Journal, WasmStore, Recovery)> {
-        let storage =
-            DirStorage::open(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    ) -> Result<(Journal, WasmStore, Recovery), JournalError> {
+        let storage = DirStorage::open(dir).doing(|| format!("cannot create {}", dir.display()))?;
         Journal::open_in(Arc::new(storage), runtime, config, fsync, policy, clock)
     }
 
@@ -201,18 +299,18 @@ impl Journal {
         fsync: Fsync,
         policy: SnapshotPolicy,
         clock: &dyn Clock,
-    ) -> Result<(Journal, WasmStore, Recovery)> {
+    ) -> Result<(Journal, WasmStore, Recovery), JournalError> {
         match storage.lock() {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => bail!("{e}"),
-            Err(e) => {
-                return Err(e).with_context(|| format!("cannot lock {}", storage.describe()));
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(JournalError::InUse(storage.describe()));
             }
+            Err(e) => return Err(e).doing(|| format!("cannot lock {}", storage.describe())),
         }
         // Left by a snapshot write that did not finish.
         for name in storage
             .list()
-            .with_context(|| format!("cannot read {}", storage.describe()))?
+            .doing(|| format!("cannot read {}", storage.describe()))?
         {
             if name.ends_with(".tmp") {
                 let _ = storage.remove(&name);
@@ -225,7 +323,7 @@ impl Journal {
         for repair in repairs {
             match repair {
                 Repair::Truncate(name, len) => {
-                    storage.truncate(&name, len).with_context(|| {
+                    storage.truncate(&name, len).doing(|| {
                         format!(
                             "cannot cut the damaged tail of {name} in {}",
                             storage.describe()
@@ -235,9 +333,9 @@ impl Journal {
                 }
                 Repair::MoveAside(name) => {
                     let aside = format!("{name}.dropped");
-                    storage.rename(&name, &aside).with_context(|| {
-                        format!("cannot move {name} aside in {}", storage.describe())
-                    })?;
+                    storage
+                        .rename(&name, &aside)
+                        .doing(|| format!("cannot move {name} aside in {}", storage.describe()))?;
                     warn!(file = %aside, dir = %storage.describe(), "kept a log segment that followed damage aside");
                 }
             }
@@ -265,7 +363,12 @@ impl Journal {
         if let Err(e) = journal.write_snapshot_now(&mut store) {
             warn!(error = %format!("{e:#}"), "cannot write a snapshot at start; keeping the existing snapshot and log");
         }
-        let outputs = store.timeout_bulk(clock.now_ms())?;
+        let outputs = store
+            .timeout_bulk(clock.now_ms())
+            .map_err(|source| JournalError::Guest {
+                what: "cannot expire the keys that expired while the store was down".into(),
+                source,
+            })?;
         let records: Vec<Vec<u8>> = outputs
             .into_iter()
             .filter_map(|o| match o {
@@ -273,9 +376,14 @@ impl Journal {
                 _ => None,
             })
             .collect();
-        journal.append(&records)?;
+        let describe = journal.storage.describe();
+        journal
+            .append(&records)
+            .doing(|| format!("cannot write the log in {describe}"))?;
         if fsync == Fsync::Everysec {
-            journal.start_syncer()?;
+            journal
+                .start_syncer()
+                .doing(|| format!("cannot start the background fsync of {describe}"))?;
         }
         Ok((journal, store, recovery))
     }
@@ -335,8 +443,8 @@ impl Journal {
 
     /// Takes a snapshot of `store` now, starts a new log segment, and writes
     /// the snapshot file in the background.
-    pub fn snapshot(&mut self, store: &mut WasmStore) -> Result<()> {
-        let bytes = store.snapshot_with(SnapshotScope::Durable)?;
+    pub fn snapshot(&mut self, store: &mut WasmStore) -> Result<(), JournalError> {
+        let bytes = self.take_snapshot(store)?;
         let seq = self.switch_segment()?;
         let storage = self.storage.clone();
         let handle = std::thread::spawn(move || storage.write_atomic(&snapshot_name(seq), &bytes));
@@ -344,20 +452,31 @@ impl Journal {
         Ok(())
     }
 
-    fn write_snapshot_now(&mut self, store: &mut WasmStore) -> Result<()> {
-        let bytes = store.snapshot_with(SnapshotScope::Durable)?;
+    fn take_snapshot(&self, store: &mut WasmStore) -> Result<Vec<u8>, JournalError> {
+        store
+            .snapshot_with(SnapshotScope::Durable)
+            .map_err(|source| JournalError::Guest {
+                what: "cannot take a snapshot".into(),
+                source,
+            })
+    }
+
+    fn write_snapshot_now(&mut self, store: &mut WasmStore) -> Result<(), JournalError> {
+        let bytes = self.take_snapshot(store)?;
         self.storage
             .write_atomic(&snapshot_name(self.seq), &bytes)
-            .with_context(|| format!("cannot write a snapshot in {}", self.storage.describe()))?;
+            .doing(|| format!("cannot write a snapshot in {}", self.storage.describe()))?;
         self.cleanup(self.seq);
         self.logged_since_snapshot = 0;
         self.last_snapshot = Instant::now();
         Ok(())
     }
 
-    fn switch_segment(&mut self) -> Result<u64> {
+    fn switch_segment(&mut self) -> Result<u64, JournalError> {
         if self.fsync != Fsync::No {
-            self.file.sync()?;
+            self.file
+                .sync()
+                .doing(|| format!("cannot sync the log in {}", self.storage.describe()))?;
         }
         let seq = self.seq + 1;
         let (file, len) = new_segment(&*self.storage, seq)?;
@@ -405,11 +524,12 @@ impl Journal {
         }
     }
 
-    fn start_syncer(&self) -> Result<()> {
+    fn start_syncer(&self) -> io::Result<()> {
         *self
             .sync_target
             .lock()
-            .map_err(|_| anyhow::anyhow!("lock"))? = Some(self.file.try_clone()?);
+            .map_err(|_| io::Error::other("the syncer's lock is poisoned"))? =
+            Some(self.file.try_clone()?);
         let target = Arc::downgrade(&self.sync_target);
         let dirty = self.dirty.clone();
         std::thread::spawn(move || {
@@ -432,7 +552,7 @@ impl Journal {
 
     /// The store as the disk has it (after a failed write: nothing of the
     /// failed batch).
-    pub fn reload(&self) -> Result<WasmStore> {
+    pub fn reload(&self) -> Result<WasmStore, JournalError> {
         let (store, _, _) = recover(&self.runtime, &self.config, &*self.storage)?;
         Ok(store)
     }
@@ -461,16 +581,16 @@ impl Drop for Journal {
     }
 }
 
-fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64)> {
+fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64), JournalError> {
     let name = wal_name(seq);
     let context = || format!("cannot create {name} in {}", storage.describe());
-    let mut file = storage.create(&name).with_context(context)?;
+    let mut file = storage.create(&name).doing(context)?;
     let mut header = WAL_MAGIC.to_vec();
     header.extend_from_slice(&WAL_VERSION.to_le_bytes());
     file.append(&header)
         .and_then(|()| file.sync())
         .and_then(|()| storage.sync_dir())
-        .with_context(context)?;
+        .doing(context)?;
     Ok((file, HEADER_LEN))
 }
 
@@ -487,7 +607,7 @@ fn recover(
     runtime: &Runtime,
     config: &Config,
     storage: &dyn Storage,
-) -> Result<(WasmStore, Recovery, u64)> {
+) -> Result<(WasmStore, Recovery, u64), JournalError> {
     let (store, recovery, last_seq, _) = recover_with_repairs(runtime, config, storage)?;
     Ok((store, recovery, last_seq))
 }
@@ -496,7 +616,7 @@ fn recover_with_repairs(
     runtime: &Runtime,
     config: &Config,
     storage: &dyn Storage,
-) -> Result<(WasmStore, Recovery, u64, Vec<Repair>)> {
+) -> Result<(WasmStore, Recovery, u64, Vec<Repair>), JournalError> {
     let dir = storage.describe();
     let mut repairs = Vec::new();
     let mut recovery = Recovery::default();
@@ -505,7 +625,7 @@ fn recover_with_repairs(
     for (seq, path) in snapshots.iter().rev() {
         let bytes = storage
             .read(path)
-            .with_context(|| format!("cannot read {path} in {dir}"))?;
+            .doing(|| format!("cannot read {path} in {dir}"))?;
         match runtime.restore(config, &bytes) {
             Ok(s) => {
                 store = Some(s);
@@ -514,11 +634,12 @@ fn recover_with_repairs(
             }
             Err(e) => {
                 if let Some(statestore_guest::Error::UnsupportedVersion(v)) = e.downcast_ref() {
-                    let v = *v;
-                    return Err(e).with_context(|| {
-                        format!(
-                            "cannot load {dir}/{path}: snapshot format version {v} is newer than this build"
-                        )
+                    return Err(JournalError::NewerSnapshot {
+                        dir,
+                        file: path.clone(),
+                        source: GuestError::Refused(statestore_guest::Error::UnsupportedVersion(
+                            *v,
+                        )),
                     });
                 }
                 warn!(file = %path, %dir, error = %format!("{e:#}"), "skipping an unreadable snapshot");
@@ -526,16 +647,16 @@ fn recover_with_repairs(
         }
     }
     if store.is_none() && !snapshots.is_empty() {
-        bail!(
-            "none of the {} snapshots in {} can be loaded (see the warnings above); refusing to \
-             start without them. Move the directory aside to start empty.",
-            snapshots.len(),
-            dir
-        );
+        return Err(JournalError::NoLoadableSnapshot {
+            dir,
+            count: snapshots.len(),
+        });
     }
     let mut store = match store {
         Some(s) => s,
-        None => runtime.instantiate(config)?,
+        None => runtime
+            .instantiate(config)
+            .map_err(JournalError::Instance)?,
     };
     let from = recovery.snapshot_seq.unwrap_or(0);
     let mut last_seq = from;
@@ -549,9 +670,11 @@ fn recover_with_repairs(
         if let Some(e) = expect
             && *seq != e
         {
-            bail!(
-                "{dir}/{path} does not follow on from the snapshot (log {e} is missing); refusing to start"
-            );
+            return Err(JournalError::Gap {
+                dir,
+                file: path.clone(),
+                missing: e,
+            });
         }
         expect = Some(seq + 1);
     }
@@ -566,9 +689,10 @@ fn recover_with_repairs(
         }
         let (records, good, dropped) = read_segment(storage, path)?;
         for chunk in records.chunks(1024) {
-            store
-                .replay(chunk)
-                .with_context(|| format!("cannot replay {dir}/{path}"))?;
+            store.replay(chunk).map_err(|source| JournalError::Guest {
+                what: format!("cannot replay {dir}/{path}"),
+                source,
+            })?;
         }
         recovery.records += records.len() as u64;
         if dropped > 0 {

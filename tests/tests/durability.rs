@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use statestore::clock::{Clock, ManualClock, SystemClock};
-use statestore::journal::{Fsync, Journal, Recovery, SnapshotPolicy};
+use statestore::journal::{Fsync, Journal, JournalError, Recovery, SnapshotPolicy};
 use statestore::{Backend, Config, InboundMessage, Output, Persist, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_tests::{reply, resp, wasm_runtime};
@@ -85,7 +85,7 @@ impl Store {
 }
 
 /// The error of opening `dir`, which must fail.
-fn open_error(dir: &Path, why: &str) -> anyhow::Error {
+fn open_error(dir: &Path, why: &str) -> JournalError {
     match Journal::open(
         wasm_runtime(),
         &config(),
@@ -289,6 +289,7 @@ fn a_directory_is_used_by_one_process_at_a_time() {
     let dir = temp_dir("lock");
     let (_s, _) = Store::open(&dir, SnapshotPolicy::default());
     let err = open_error(&dir, "a second open fails");
+    assert!(matches!(err, JournalError::InUse(_)), "{err:?}");
     assert!(
         format!("{err:#}").contains("in use by another statestore process"),
         "{err:#}"
@@ -304,7 +305,11 @@ fn newer_formats_are_refused_with_a_clear_error() {
     data[8] = 2; // WAL format 2
     std::fs::write(&wal, &data).expect("write");
     let err = open_error(&dir, "refused");
-    let text = format!("{err:#}");
+    assert!(
+        matches!(err, JournalError::NewerLog { version: 2, .. }),
+        "{err:?}"
+    );
+    let text = format!("{:#}", anyhow::Error::from(err));
     assert!(
         text.contains("WAL format 2, newer than this build reads (1)"),
         "{text}"
@@ -325,6 +330,19 @@ fn newer_formats_are_refused_with_a_clear_error() {
     data[n..].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&snap, &data).expect("write");
     let err = open_error(&dir, "refused");
+    assert!(
+        matches!(
+            err,
+            JournalError::NewerSnapshot {
+                source: statestore::GuestError::Refused(
+                    statestore_guest::Error::UnsupportedVersion(2)
+                ),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = anyhow::Error::from(err);
     assert!(
         format!("{err:#}").contains("format version 2 is newer than this build understands"),
         "{err:#}"
@@ -433,7 +451,11 @@ fn an_unloadable_snapshot_stops_the_start_instead_of_losing_it() {
     data[mid] ^= 0x55;
     std::fs::write(&snap, &data).expect("write");
     let err = open_error(&dir, "refused");
-    assert!(format!("{err:#}").contains("refusing to start"), "{err:#}");
+    assert!(
+        matches!(err, JournalError::NoLoadableSnapshot { count: 1, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("refusing to start"), "{err}");
     // Nothing was deleted.
     assert!(snap.exists());
     let _ = std::fs::remove_dir_all(&dir);

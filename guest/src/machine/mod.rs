@@ -208,11 +208,11 @@ impl StateMachine {
         // passed this check when they were made (the check depends on the
         // topic alone). A cached reply is only sent after the checks below.
         let probe = self.dedup.probe(response_topic, msg.correlation_data, now);
-        let known = probe.topic.is_some();
         let cached = probe.cached.map(|c| c.reply.clone());
-        let check = match known {
-            true => TopicCheck::Valid,
-            false => rpc::check_response_topic(response_topic),
+        let check = if probe.topic.is_some() {
+            TopicCheck::Valid
+        } else {
+            rpc::check_response_topic(response_topic)
         };
         match check {
             TopicCheck::Valid => {}

@@ -455,6 +455,51 @@ impl<'a> RequestProps<'a> {
 mod tests {
     use super::*;
 
+    /// A host's 500 in place of a reply it could not carry out is built as
+    /// every reply is: same requester, same envelope, every implied
+    /// property in its place.
+    #[test]
+    fn a_replaced_reply_keeps_the_envelope() {
+        let ok = Reply::ok(
+            &b"+OK\r\n"[..],
+            Some(Version {
+                wall: 7,
+                counter: 2,
+            }),
+        );
+        let sent = ok.message(
+            "r/t".into(),
+            Some(Bytes::from_static(b"c")),
+            Some(9),
+            "node",
+            Some("store".into()),
+        );
+        let failed = Reply::replace(&sent, Status::InternalError, "disk full".into());
+        let names: Vec<&str> = failed.user_properties.iter().map(|(n, _)| &**n).collect();
+        assert_eq!(
+            names,
+            [
+                "__stat",
+                "__protVer",
+                "__stMsg",
+                "__srcId",
+                "$high_priority"
+            ]
+        );
+        assert_eq!(failed.user_property("__stat"), Some("500"));
+        assert_eq!(failed.user_property("__srcId"), Some("store"));
+        assert_eq!(
+            (
+                &*failed.topic,
+                failed.correlation_data.as_deref(),
+                failed.message_expiry_interval
+            ),
+            ("r/t", Some(&b"c"[..]), Some(9))
+        );
+        assert!(failed.payload.is_empty());
+        assert_eq!(Reply::of_message(&sent), Some(ok));
+    }
+
     #[test]
     fn response_topics() {
         assert_eq!(
