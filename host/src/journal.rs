@@ -369,13 +369,8 @@ impl Journal {
                 what: "cannot expire the keys that expired while the store was down".into(),
                 source,
             })?;
-        let records: Vec<Vec<u8>> = outputs
-            .into_iter()
-            .filter_map(|o| match o {
-                crate::Output::Journal(r) => Some(r),
-                _ => None,
-            })
-            .collect();
+        // Expiry answers nobody: only its records matter.
+        let (records, _) = split_records(outputs);
         let describe = journal.storage.describe();
         journal
             .append(&records)
@@ -717,6 +712,21 @@ fn recover_with_repairs(
     Ok((store, recovery, last_seq, repairs))
 }
 
+/// The journal records among `outputs`, and the rest, each in order. The
+/// guest writes an input's records ahead of its other outputs, so making
+/// these durable first keeps that rule for the whole batch.
+fn split_records(outputs: Vec<Output>) -> (Vec<Vec<u8>>, Vec<Output>) {
+    let mut records = Vec::new();
+    let mut rest = Vec::with_capacity(outputs.len());
+    for o in outputs {
+        match o {
+            Output::Journal(r) => records.push(r),
+            o => rest.push(o),
+        }
+    }
+    (records, rest)
+}
+
 /// Makes the journal records among `outputs` durable (per the fsync
 /// policy) and returns the rest, to publish. If the records cannot be
 /// written (a full disk), nothing of the batch stays applied: the store is
@@ -726,19 +736,10 @@ pub fn commit(
     journal: Option<&mut Journal>,
     outputs: Vec<Output>,
 ) -> Result<Vec<Output>> {
-    let (records, publishes): (Vec<Output>, Vec<Output>) = outputs
-        .into_iter()
-        .partition(|o| matches!(o, Output::Journal(_)));
+    let (records, publishes) = split_records(outputs);
     let Some(journal) = journal else {
         return Ok(publishes);
     };
-    let records: Vec<Vec<u8>> = records
-        .into_iter()
-        .filter_map(|o| match o {
-            Output::Journal(r) => Some(r),
-            _ => None,
-        })
-        .collect();
     match journal.append(&records) {
         Ok(()) => {
             if journal.snapshot_due()

@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -61,7 +62,9 @@ pub trait LogFile: Send + std::fmt::Debug {
     fn try_clone(&self) -> io::Result<Box<dyn LogFile>>;
 }
 
-/// A real directory.
+/// A real directory, private to its owner: the directory is 0700 and every
+/// file 0600 (the data is the clients'), including files an older build left
+/// readable.
 #[derive(Debug)]
 pub struct DirStorage {
     dir: PathBuf,
@@ -71,7 +74,17 @@ pub struct DirStorage {
 impl DirStorage {
     /// The directory `dir`, created if needed.
     pub fn open(dir: &Path) -> io::Result<DirStorage> {
-        fs::create_dir_all(dir)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        for e in fs::read_dir(dir)? {
+            let e = e?;
+            if e.file_type()?.is_file() && e.metadata()?.permissions().mode() & 0o077 != 0 {
+                fs::set_permissions(e.path(), fs::Permissions::from_mode(0o600))?;
+            }
+        }
         Ok(DirStorage {
             dir: dir.to_path_buf(),
             lock: Mutex::new(None),
@@ -108,6 +121,7 @@ impl Storage for DirStorage {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(self.path("LOCK"))?;
         match file.try_lock() {
             Ok(()) => {}
@@ -151,13 +165,19 @@ impl Storage for DirStorage {
             .create(true)
             .truncate(true)
             .write(true)
+            .mode(0o600)
             .open(self.path(name))?;
         Ok(Box::new(DirFile(file)))
     }
 
     fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
         let tmp = self.path(&format!("{name}.tmp"));
-        let mut f = File::create(&tmp)?;
+        let mut f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, self.path(name))?;
@@ -582,6 +602,33 @@ mod tests {
         });
         let _ = fs::remove_dir_all(&root);
         result
+    }
+
+    /// The data directory is its owner's alone, whatever made it.
+    #[test]
+    fn a_data_directory_is_private() -> io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("statestore-private-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        // As an older build left it: readable by everyone.
+        fs::create_dir_all(&dir)?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+        fs::write(dir.join("wal-00000000000000000001.log"), b"old")?;
+        fs::set_permissions(
+            dir.join("wal-00000000000000000001.log"),
+            fs::Permissions::from_mode(0o644),
+        )?;
+        let s = DirStorage::open(&dir)?;
+        s.lock()?;
+        let mut f = s.create("wal-2.log")?;
+        f.append(b"x")?;
+        s.write_atomic("snap", b"s")?;
+        let mode = |p: PathBuf| fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode(dir.clone())?, 0o700);
+        for name in ["wal-00000000000000000001.log", "wal-2.log", "snap", "LOCK"] {
+            assert_eq!(mode(dir.join(name))?, 0o600, "{name}");
+        }
+        let _ = fs::remove_dir_all(&dir);
+        Ok(())
     }
 
     /// What a crash keeps of a [`MemStorage`]: synced bytes of files the
