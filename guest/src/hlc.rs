@@ -279,7 +279,9 @@ impl fmt::Display for Hlc {
     }
 }
 
-/// The counter would pass [`MAX_COUNTER`]; the request gets a 500 (`__propName: Counter`).
+/// The clock cannot move: its wall time is at `u64::MAX` (no client can get
+/// it there: request timestamps are at most [`MAX_SKEW_MS`] ahead). The
+/// request gets a 500 (`__propName: Counter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterOverflow;
 
@@ -385,10 +387,19 @@ impl Clock {
         self.set(next)
     }
 
+    /// Moves L to `(wall, counter)`, or, if the counter would pass
+    /// [`MAX_COUNTER`] (the .NET client reads it as an `Int32`), to the next
+    /// millisecond with counter 0: still later than both the old L and any
+    /// remote timestamp it absorbed. This is the "wait for the next ms" of
+    /// §8.4, done logically rather than by waiting, so that a client whose
+    /// `__ts` carries a huge counter (up to the skew limit ahead) cannot make
+    /// every other client's requests fail until real time catches up.
     fn set(&mut self, (wall, counter): (u64, u64)) -> Result<Version, CounterOverflow> {
-        if counter > MAX_COUNTER {
-            return Err(CounterOverflow);
-        }
+        let (wall, counter) = if counter > MAX_COUNTER {
+            (wall.checked_add(1).ok_or(CounterOverflow)?, 0)
+        } else {
+            (wall, counter)
+        };
         self.wall = wall;
         self.counter = counter;
         Ok(self.version())
@@ -662,18 +673,38 @@ mod tests {
     }
 
     #[test]
-    fn counter_overflow_leaves_clock_alone() {
+    fn a_counter_that_would_overflow_moves_to_the_next_millisecond() {
         let mut c = Clock::new("N".into());
-        assert_eq!(c.receive(&hlc(5, u64::MAX, "C"), 5), Err(CounterOverflow));
-        assert_eq!(c.current(), hlc(0, 0, "N"));
-        assert_eq!(
-            c.receive(&hlc(5, MAX_COUNTER, "C"), 5),
-            Err(CounterOverflow)
-        );
+        assert_eq!(c.receive(&hlc(5, u64::MAX, "C"), 5), Ok(hlc(6, 0, "N")));
+        let mut c = Clock::new("N".into());
+        assert_eq!(c.receive(&hlc(5, MAX_COUNTER, "C"), 5), Ok(hlc(6, 0, "N")));
+        let mut c = Clock::new("N".into());
         assert_eq!(
             c.receive(&hlc(5, MAX_COUNTER - 1, "C"), 5),
             Ok(hlc(5, MAX_COUNTER, "N"))
         );
+        // The poisoning of issue 15: a timestamp 59 s ahead with a counter
+        // at the limit. Every later receive and tick still succeeds, each
+        // later than the last, and the clock stays within a millisecond or
+        // so of the highest timestamp it was given.
+        let now = 1_700_000_000_000;
+        let mut c = Clock::new("N".into());
+        let mut last = c.receive(&hlc(now + 59_000, MAX_COUNTER - 1, "A"), now).expect("ok");
+        for i in 0..1000 {
+            let next = if i % 2 == 0 {
+                c.receive(&hlc(now + i, 0, "B"), now + i)
+            } else {
+                c.tick(now + i)
+            }
+            .expect("the clock keeps moving");
+            assert!(next > last, "{next:?} after {last:?}");
+            assert!(next.counter <= MAX_COUNTER);
+            last = next;
+        }
+        assert!(last.wall <= now + 59_001, "{last:?}");
+        // Only a wall time at the end of u64 cannot move.
+        let mut c = Clock::restored("N".into(), u64::MAX, MAX_COUNTER);
+        assert_eq!(c.tick(0), Err(CounterOverflow));
     }
 
     #[test]

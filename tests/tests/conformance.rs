@@ -807,25 +807,34 @@ fn large_keys_and_values_both_runtimes() {
 }
 
 #[test]
-fn counter_overflow_is_a_500() {
+fn counter_overflow_moves_to_the_next_millisecond() {
     let mut sim = Sim::new(
         "counter_overflow",
-        "§4.3: an HLC counter that would pass 2^31-1 gets 500 __propName Counter",
+        "§8.4 / issue 15: an HLC counter that would pass 2^31-2 moves the clock to the next ms (counter 0) instead of failing; a client's __ts 59 s ahead with a counter at the limit cannot make other clients' requests fail",
     );
+    // The poisoning request: 59 s ahead (inside the skew limit), counter
+    // one below the limit. It is served.
+    let ahead = T0 + 59_000;
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
-    set_prop(
-        &mut m,
-        "__ts",
-        Some(&format!("{:015}:2147483646:c1", T0 + 1)),
-    );
+    set_prop(&mut m, "__ts", Some(&format!("{ahead:015}:2147483645:c1")));
     let out = sim.send(&m);
     let r = reply(&out);
-    assert_eq!(r.user_property("__stat"), Some("500"));
-    assert_eq!(r.user_property("__propName"), Some("Counter"));
-    // The store still works, and nothing was written.
+    assert_eq!(r.user_property("__stat"), Some("200"));
+    assert_eq!(r.payload, &b"+OK\r\n"[..]);
+    assert_eq!(ts_of(r), Some(version(ahead, 2147483646).as_str()));
+    // Every other client's requests are still served, each version later
+    // than the last, the clock a millisecond past the poisoned one.
     sim.advance(5);
-    let (_, out) = sim.call(&[b"GET", b"k"]);
-    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
+    let mut m = sim.request_from("c2", &[b"SET", b"other", b"x"]);
+    let out = sim.send(&m);
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    assert_eq!(ts_of(reply(&out)), Some(version(ahead + 1, 0).as_str()));
+    m = sim.request_from("c2", &[b"DEL", b"k"]);
+    let out = sim.send(&m);
+    assert_eq!(reply(&out).payload, &b":1\r\n"[..]);
+    assert_eq!(ts_of(reply(&out)), Some(version(ahead + 1, 1).as_str()));
+    let (_, out) = sim.call(&[b"GET", b"other"]);
+    assert_eq!(reply(&out).payload, &b"$1\r\nx\r\n"[..]);
     sim.finish();
 }
 
