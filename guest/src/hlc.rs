@@ -689,7 +689,9 @@ mod tests {
         // so of the highest timestamp it was given.
         let now = 1_700_000_000_000;
         let mut c = Clock::new("N".into());
-        let mut last = c.receive(&hlc(now + 59_000, MAX_COUNTER - 1, "A"), now).expect("ok");
+        let mut last = c
+            .receive(&hlc(now + 59_000, MAX_COUNTER - 1, "A"), now)
+            .expect("ok");
         for i in 0..1000 {
             let next = if i % 2 == 0 {
                 c.receive(&hlc(now + i, 0, "B"), now + i)

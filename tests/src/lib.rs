@@ -281,6 +281,11 @@ impl Sim {
         outputs
     }
 
+    /// When the store asks to be called next.
+    pub fn next_deadline(&mut self) -> Option<u64> {
+        self.backend.next_deadline().expect("deadline")
+    }
+
     /// Client `c` disconnected.
     pub fn disconnect(&mut self, c: &str) -> Vec<Output> {
         self.run(Input::Disconnect(c.into()))

@@ -664,6 +664,51 @@ fn envelope_400s() {
     sim.finish();
 }
 
+/// What a request can make the dedup cache hold is bounded (issue 15,
+/// finding 4): correlation data and response topics have a length limit, a
+/// reply is kept at most 5 minutes (plus the 60 s buffer) whatever expiry the
+/// request asks for, and a payload that is not a command is not cached.
+#[test]
+fn dedup_bounds() {
+    let mut sim = Sim::new(
+        "dedup_bounds",
+        "issue 15: correlation data over 256 bytes and response topics over 4096 bytes get 400; a dedup entry lives at most 5 min + 60 s; garbage payloads are not cached",
+    );
+    let mut m = sim.request(&[b"SET", b"k", b"v"]);
+    m.correlation_data = Some(vec![7; 257]);
+    let out = sim.send(&m);
+    let r = reply(&out);
+    assert_eq!(r.user_property("__stat"), Some("400"));
+    assert_eq!(r.user_property("__propName"), Some("Correlation Data"));
+    let mut m = sim.request(&[b"SET", b"k", b"v"]);
+    m.response_topic = Some(format!("clients/c1/{}", "t".repeat(4096)));
+    let out = sim.send(&m);
+    let r = reply(&out);
+    assert_eq!(r.user_property("__stat"), Some("400"));
+    assert_eq!(r.user_property("__propName"), Some("Response Topic"));
+    // Neither was executed nor cached.
+    let (_, out) = sim.call(&[b"GET", b"k"]);
+    assert_eq!(reply(&out).payload, &b"$-1\r\n"[..]);
+    assert_eq!(sim.next_deadline(), None);
+    // At the limits both are fine.
+    let mut m = sim.request(&[b"SET", b"k", b"v"]);
+    m.correlation_data = Some(vec![7; 256]);
+    // The longest message expiry there is: the entry still goes in 6 min.
+    m.message_expiry_interval = Some(u32::MAX);
+    let out = sim.send(&m);
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    assert_eq!(sim.next_deadline(), Some(sim.now + 5 * 60_000 + 60_000));
+    // A payload that is not a command gets its error and is not cached.
+    sim.advance(6 * 60_000);
+    assert_eq!(sim.next_deadline(), None);
+    let mut m = sim.request(&[b"SET", b"k", b"v"]);
+    m.payload = b"this is not RESP3".to_vec();
+    let out = sim.send(&m);
+    assert!(reply(&out).payload.starts_with(b"-ERR"));
+    assert_eq!(sim.next_deadline(), None);
+    sim.finish();
+}
+
 #[test]
 fn identity_and_disconnect() {
     let mut sim = Sim::new(

@@ -241,6 +241,32 @@ impl StateMachine {
             self.reply(response_topic, None, expiry, &reply);
             return;
         };
+        // What the dedup cache would keep for this request is bounded.
+        let too_long = if correlation.len() > rpc::MAX_CORRELATION_LEN {
+            Some((
+                "correlation data",
+                rpc::MAX_CORRELATION_LEN,
+                "Correlation Data",
+            ))
+        } else if response_topic.len() > rpc::MAX_RESPONSE_TOPIC_LEN {
+            Some((
+                "response topic",
+                rpc::MAX_RESPONSE_TOPIC_LEN,
+                "Response Topic",
+            ))
+        } else {
+            None
+        };
+        if let Some((what, max, name)) = too_long {
+            let reply = Reply::status(
+                Status::BadRequest,
+                format!("the {what} is longer than {max} bytes"),
+                &[(prop::PROPERTY_NAME, name.into())],
+            );
+            let expiry = deadline.map(|d| rpc::remaining_secs(d, now));
+            self.reply(response_topic, Some(correlation), expiry, &reply);
+            return;
+        }
         let Some(deadline) = deadline else {
             let reply = Reply::status(
                 Status::BadRequest,
@@ -258,21 +284,24 @@ impl StateMachine {
         let (reply, cache) = self.execute(msg, &props, identity, now);
         self.reply(response_topic, Some(correlation), expiry, &reply);
         if cache {
-            self.cache_reply(response_topic, correlation, deadline, reply);
+            self.cache_reply(response_topic, correlation, deadline, now, reply);
         }
     }
 
-    /// Keeps a reply for retries of its request until `deadline` and the
-    /// dedup buffer have passed, and journals it when the store is durable.
+    /// Keeps a reply for retries of its request until `deadline` (at most
+    /// [`rpc::MAX_DEDUP_MS`] from `now`) and the dedup buffer have passed,
+    /// and journals it when the store is durable.
     fn cache_reply(
         &mut self,
         response_topic: &str,
         correlation: &[u8],
         deadline: u64,
+        now: u64,
         reply: Reply,
     ) {
+        let until = deadline.min(now.saturating_add(rpc::MAX_DEDUP_MS));
         let cached = Cached {
-            expires_at: deadline.saturating_add(rpc::DEDUP_BUFFER_MS),
+            expires_at: until.saturating_add(rpc::DEDUP_BUFFER_MS),
             reply,
         };
         if self.config.persist != Persist::None {
@@ -296,8 +325,11 @@ impl StateMachine {
     }
 
     /// Everything after the envelope checks; notifications are written
-    /// here, the reply is returned with whether the dedup cache keeps it
-    /// (not a GET's: re-reading is harmless and values can be large).
+    /// here, the reply is returned with whether the dedup cache keeps it:
+    /// every reply, errors included (spec §13.1), except a GET's (re-reading
+    /// is harmless and values can be large) and the refusal of a payload
+    /// that is not a command at all (its retry is refused again, and a flood
+    /// of garbage must not fill the cache).
     fn execute(
         &mut self,
         msg: &MessageRef<'_>,
@@ -311,8 +343,8 @@ impl StateMachine {
         }
     }
 
-    /// [`StateMachine::execute`]: `Err` is a reply to a request refused
-    /// before it reached the table.
+    /// [`StateMachine::execute`]: `Err` is a reply the cache keeps, returned
+    /// early.
     fn execute_command(
         &mut self,
         msg: &MessageRef<'_>,
@@ -334,7 +366,7 @@ impl StateMachine {
         }
         let command = match command::parse(msg.payload) {
             Ok(c) => c,
-            Err(e) => return Err(Reply::error(e)),
+            Err(e) => return Ok((Reply::error(e), false)),
         };
         #[cfg(feature = "fault-injection")]
         if let Some(payload) = crate::fault::inject(&command) {

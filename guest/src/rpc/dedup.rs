@@ -6,9 +6,14 @@
 //!
 //! Every request is looked up here, so the lookup is two hash probes (the
 //! topic, then the correlation data under it), never a walk over ordered
-//! maps of long, shared-prefix topics. The topic probe also hands the
-//! machine the topic as a shared [`Str`], which its reply reuses instead
-//! of copying the request's.
+//! maps of long, shared-prefix topics.
+//!
+//! Bounded: the cache counts the bytes it holds (each entry's correlation
+//! data and reply, each topic's name, and a fixed overhead per entry and per
+//! topic). Past [`MAX_TOPIC_BYTES`] under one response topic (one client)
+//! that topic's oldest entries go; past [`MAX_BYTES`] in all, the entries
+//! nearest their deadline go. A forgotten entry only means that a retry of
+//! its request is executed again; its client is the one that flooded.
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
@@ -42,10 +47,33 @@ struct Entry {
 struct Topic {
     name: Str,
     replies: HashTable<Entry>,
+    /// Bytes counted for the topic and its entries.
+    bytes: usize,
 }
 
 /// (response topic, correlation data) of a cached reply.
 type Key = (Str, Box<[u8]>);
+
+/// The most bytes the whole cache holds.
+pub const MAX_BYTES: usize = 32 << 20;
+/// The most bytes the cache holds under one response topic.
+pub const MAX_TOPIC_BYTES: usize = 4 << 20;
+/// What an entry costs beyond its correlation data and reply payload (its
+/// slots in two tables and the deadline index, the reply's fields).
+const ENTRY_OVERHEAD: usize = 160;
+/// What a topic costs beyond its name.
+const TOPIC_OVERHEAD: usize = 64;
+
+/// The bytes an entry is counted for.
+fn entry_bytes(correlation: &[u8], cached: &Cached) -> usize {
+    let extra: usize = cached
+        .reply
+        .extra
+        .iter()
+        .map(|(n, v)| n.len() + v.len())
+        .sum();
+    ENTRY_OVERHEAD + correlation.len() + cached.reply.payload.len() + extra
+}
 
 /// Mixed into the host's seed.
 const HASH_SEED: u64 = 0x6465_6475_7063_6163;
@@ -63,6 +91,8 @@ pub struct DedupCache {
     hasher: FixedState,
     seq: u64,
     len: usize,
+    /// Bytes counted for every topic and entry.
+    bytes: usize,
     /// The topic the last probe found, and its hash: a client's requests
     /// come in runs, and comparing with it costs less than hashing the
     /// topic again (the clone keeps its buffer, so its address stays its).
@@ -94,6 +124,7 @@ impl DedupCache {
             hasher: FixedState::with_seed(seed ^ HASH_SEED),
             seq: 0,
             len: 0,
+            bytes: 0,
             last: None,
         }
     }
@@ -147,9 +178,34 @@ impl DedupCache {
         self.probe(response_topic, Some(correlation), now).cached
     }
 
-    /// Remembers a reply.
+    /// Remembers a reply, then forgets the oldest entries while the cache
+    /// (or this topic) holds more than its bound.
     pub fn insert(&mut self, response_topic: &str, correlation: &[u8], cached: Cached) {
+        self.put(response_topic, correlation, cached);
+        let hash = self.hash(response_topic.as_bytes());
+        while let Some(topic) = self.topics.find(hash, |t| *t.name == *response_topic)
+            && topic.bytes > MAX_TOPIC_BYTES
+        {
+            // The topic's oldest entry (a scan of its own entries: only a
+            // client past its bound pays for it).
+            let Some(oldest) = topic.replies.iter().min_by_key(|r| r.seq) else {
+                break;
+            };
+            let key = (oldest.cached.expires_at, oldest.seq);
+            self.forget(key);
+        }
+        while self.bytes > MAX_BYTES {
+            let Some((&key, _)) = self.deadlines.first_key_value() else {
+                break;
+            };
+            self.forget(key);
+        }
+    }
+
+    /// Remembers a reply, unbounded.
+    fn put(&mut self, response_topic: &str, correlation: &[u8], cached: Cached) {
         let at = cached.expires_at;
+        let size = entry_bytes(correlation, &cached);
         self.seq += 1;
         let seq = self.seq;
         let hasher = self.hasher.clone();
@@ -164,7 +220,9 @@ impl DedupCache {
                 let topic = Topic {
                     name: Str::from(response_topic),
                     replies: HashTable::new(),
+                    bytes: TOPIC_OVERHEAD + response_topic.len(),
                 };
+                self.bytes += topic.bytes;
                 self.topics
                     .insert_unique(topic_hash, topic, |t| hash(t.name.as_bytes()))
                     .into_mut()
@@ -189,8 +247,13 @@ impl DedupCache {
                 None
             }
         };
+        topic.bytes += size;
+        self.bytes += size;
         match old {
             Some(old) => {
+                let freed = entry_bytes(&old.correlation, &old.cached);
+                topic.bytes -= freed;
+                self.bytes -= freed;
                 self.deadlines.remove(&(old.cached.expires_at, old.seq));
             }
             None => self.len += 1,
@@ -200,28 +263,47 @@ impl DedupCache {
 
     /// Forgets everything that expired at `now`.
     pub fn evict(&mut self, now: u64) {
-        while let Some(entry) = self.deadlines.first_entry() {
-            if entry.key().0 > now {
+        while let Some((&key, _)) = self.deadlines.first_key_value() {
+            if key.0 > now {
                 break;
             }
-            let (name, corr) = entry.remove();
-            let topic_hash = self.hash(name.as_bytes());
-            let corr_hash = self.hash(&corr);
-            let Ok(mut topic) = self.topics.find_entry(topic_hash, |t| t.name == name) else {
-                continue;
-            };
-            if let Ok(reply) = topic
-                .get_mut()
-                .replies
-                .find_entry(corr_hash, |r| r.correlation == corr)
-            {
-                reply.remove();
-                self.len -= 1;
-            }
-            if topic.get().replies.is_empty() {
-                topic.remove();
+            self.forget(key);
+        }
+    }
+
+    /// Forgets the entry with this deadline key.
+    fn forget(&mut self, key: (u64, u64)) {
+        let Some((name, corr)) = self.deadlines.remove(&key) else {
+            return;
+        };
+        let topic_hash = self.hash(name.as_bytes());
+        let corr_hash = self.hash(&corr);
+        let Ok(mut topic) = self.topics.find_entry(topic_hash, |t| t.name == name) else {
+            return;
+        };
+        if let Ok(reply) = topic
+            .get_mut()
+            .replies
+            .find_entry(corr_hash, |r| r.correlation == corr)
+        {
+            let (entry, _) = reply.remove();
+            let freed = entry_bytes(&entry.correlation, &entry.cached);
+            topic.get_mut().bytes -= freed;
+            self.bytes -= freed;
+            self.len -= 1;
+        }
+        if topic.get().replies.is_empty() {
+            let (gone, _) = topic.remove();
+            self.bytes -= gone.bytes;
+            if self.last.as_ref().is_some_and(|(n, _)| *n == gone.name) {
+                self.last = None;
             }
         }
+    }
+
+    /// Bytes counted for every entry and topic held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// When the next entry is forgotten.
@@ -300,6 +382,59 @@ mod tests {
         c.insert("a/b", b"9", cached("a/b", 9, 400));
         assert_eq!(c.get("a/b", b"9", 0).map(|c| c.reply.payload[0]), Some(9));
         assert_eq!(c.get("a/b", b"9", 0).map(|c| c.reply.payload[0]), Some(9));
+    }
+
+    /// One client past its bound loses its own oldest entries, nobody
+    /// else's; the whole cache past its bound loses the entries nearest
+    /// their deadline; the count of bytes goes back to zero.
+    #[test]
+    fn the_cache_stays_within_its_bounds() {
+        let big = |_: u32, at: u64| Cached {
+            expires_at: at,
+            reply: Reply::ok(vec![0u8; 64 << 10], None),
+        };
+        let mut c = DedupCache::with_seed(3);
+        c.insert("quiet", b"q", cached("quiet", 1, 10_000));
+        for i in 0..200u32 {
+            c.insert("flood", &i.to_be_bytes(), big(i, 20_000 + u64::from(i)));
+            assert!(c.bytes() <= MAX_BYTES);
+        }
+        assert!(
+            c.get("quiet", b"q", 0).is_some(),
+            "the quiet client keeps its entry"
+        );
+        assert!(
+            c.get("flood", &199u32.to_be_bytes(), 0).is_some(),
+            "the newest stays"
+        );
+        assert!(
+            c.get("flood", &0u32.to_be_bytes(), 0).is_none(),
+            "the oldest went"
+        );
+        let per_entry = (64 << 10) + ENTRY_OVERHEAD + 4;
+        assert_eq!(
+            c.len(),
+            1 + MAX_TOPIC_BYTES.saturating_sub(TOPIC_OVERHEAD + 5) / per_entry
+        );
+        // Many clients: the whole cache is bounded.
+        for t in 0..20u32 {
+            let topic = format!("client-{t}");
+            for i in 0..60u32 {
+                c.insert(
+                    &topic,
+                    &i.to_be_bytes(),
+                    big(i, 30_000 + u64::from(t * 100 + i)),
+                );
+            }
+        }
+        assert!(c.bytes() <= MAX_BYTES);
+        assert!(c.bytes() > MAX_BYTES - per_entry - 1024);
+        assert!(
+            c.get("quiet", b"q", 0).is_none(),
+            "the entry nearest its deadline went"
+        );
+        c.evict(u64::MAX);
+        assert_eq!((c.len(), c.bytes()), (0, 0));
     }
 
     #[test]

@@ -21,6 +21,16 @@ pub const PROTOCOL_VERSION: &str = "1.0";
 pub const MAX_TOPIC_LEN: usize = 65_535;
 /// How long a reply stays in the dedup cache after its request's deadline.
 pub const DEDUP_BUFFER_MS: u64 = 60_000;
+/// The longest a request's deadline is honoured for its dedup entry: a
+/// client may ask for a message expiry of 136 years, the cache keeps its
+/// reply for at most this (plus [`DEDUP_BUFFER_MS`]). The SDKs time out in
+/// seconds.
+pub const MAX_DEDUP_MS: u64 = 5 * 60_000;
+/// Longest correlation data accepted (the SDKs send 16 bytes).
+pub const MAX_CORRELATION_LEN: usize = 256;
+/// Longest response topic accepted (the SDKs' are about 100 bytes plus the
+/// client id).
+pub const MAX_RESPONSE_TOPIC_LEN: usize = 4096;
 
 /// User property names (spec §3.1, §4.1).
 pub mod prop {
