@@ -5,24 +5,84 @@ use std::collections::{BTreeMap, BTreeSet};
 pub use crate::rpc::MAX_TOPIC_LEN;
 use crate::rpc::STORE_ID;
 
-/// The set of (client, key) registrations, indexed both ways.
+/// The most registrations one client may hold.
+pub const MAX_PER_CLIENT: usize = 1_000;
+/// The most bytes one client's registrations may take.
+pub const MAX_CLIENT_BYTES: usize = 1 << 20;
+/// The most registrations a store holds.
+pub const MAX_TOTAL: usize = 100_000;
+/// The most bytes a store's registrations take.
+pub const MAX_TOTAL_BYTES: usize = 64 << 20;
+
+/// What one registration is counted for: the key and the client id, each
+/// held in both indexes, and the nodes that hold them.
+pub fn registration_bytes(client: &str, key: &[u8]) -> usize {
+    96 + 2 * (client.len() + key.len())
+}
+
+/// A registration refused: the client or the store holds as many (or as
+/// many bytes of) registrations as it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitReached;
+
+/// The set of (client, key) registrations, indexed both ways, and what they
+/// hold (bounded per client and in all: see [`MAX_PER_CLIENT`] and the
+/// other limits).
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     by_key: BTreeMap<Box<[u8]>, BTreeSet<String>>,
-    by_client: BTreeMap<String, BTreeSet<Box<[u8]>>>,
+    by_client: BTreeMap<String, Observer>,
+    count: usize,
+    bytes: usize,
+}
+
+/// One client's registrations.
+#[derive(Debug, Clone, Default)]
+struct Observer {
+    keys: BTreeSet<Box<[u8]>>,
+    bytes: usize,
 }
 
 impl Registry {
-    /// Registers `client` for `key` (idempotent).
-    pub fn register(&mut self, client: &str, key: &[u8]) {
+    /// Registers `client` for `key` (idempotent), unless that would take the
+    /// client or the store past its limits.
+    pub fn register(&mut self, client: &str, key: &[u8]) -> Result<(), LimitReached> {
+        let cost = registration_bytes(client, key);
+        let (count, bytes) = match self.by_client.get(client) {
+            Some(o) if o.keys.contains(key) => return Ok(()),
+            Some(o) => (o.keys.len(), o.bytes),
+            None => (0, 0),
+        };
+        if count >= MAX_PER_CLIENT
+            || bytes + cost > MAX_CLIENT_BYTES
+            || self.count >= MAX_TOTAL
+            || self.bytes + cost > MAX_TOTAL_BYTES
+        {
+            return Err(LimitReached);
+        }
+        self.insert(client, key);
+        Ok(())
+    }
+
+    /// Registers `client` for `key` whatever the limits (restoring a
+    /// snapshot: what was held before is held again).
+    pub fn restore(&mut self, client: &str, key: &[u8]) {
+        self.insert(client, key);
+    }
+
+    fn insert(&mut self, client: &str, key: &[u8]) {
+        let observer = self.by_client.entry(client.to_string()).or_default();
+        if !observer.keys.insert(key.into()) {
+            return;
+        }
+        let cost = registration_bytes(client, key);
+        observer.bytes += cost;
+        self.count += 1;
+        self.bytes += cost;
         self.by_key
             .entry(key.into())
             .or_default()
             .insert(client.to_string());
-        self.by_client
-            .entry(client.to_string())
-            .or_default()
-            .insert(key.into());
     }
 
     /// Removes a registration; whether it existed.
@@ -36,9 +96,14 @@ impl Registry {
         if clients.is_empty() {
             self.by_key.remove(key);
         }
-        if let Some(keys) = self.by_client.get_mut(client) {
-            keys.remove(key);
-            if keys.is_empty() {
+        if let Some(observer) = self.by_client.get_mut(client)
+            && observer.keys.remove(key)
+        {
+            let cost = registration_bytes(client, key);
+            observer.bytes -= cost;
+            self.count -= 1;
+            self.bytes -= cost;
+            if observer.keys.is_empty() {
                 self.by_client.remove(client);
             }
         }
@@ -47,9 +112,11 @@ impl Registry {
 
     /// Drops every registration of `client`; how many there were.
     pub fn drop_client(&mut self, client: &str) -> usize {
-        let Some(keys) = self.by_client.remove(client) else {
+        let Some(Observer { keys, bytes }) = self.by_client.remove(client) else {
             return 0;
         };
+        self.count -= keys.len();
+        self.bytes -= bytes;
         for key in &keys {
             if let Some(clients) = self.by_key.get_mut(key) {
                 clients.remove(client);
@@ -78,12 +145,17 @@ impl Registry {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.by_client
             .iter()
-            .flat_map(|(c, keys)| keys.iter().map(move |k| (c.as_str(), &**k)))
+            .flat_map(|(c, o)| o.keys.iter().map(move |k| (c.as_str(), &**k)))
     }
 
     /// Number of registrations.
     pub fn len(&self) -> usize {
-        self.by_client.values().map(BTreeSet::len).sum()
+        self.count
+    }
+
+    /// Bytes counted for the registrations.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Whether there are none.
@@ -135,16 +207,59 @@ mod tests {
     #[test]
     fn registry_both_ways() {
         let mut r = Registry::default();
-        r.register("c2", b"k");
-        r.register("c1", b"k");
-        r.register("c1", b"k");
-        r.register("c1", b"j");
+        r.register("c2", b"k").expect("room");
+        r.register("c1", b"k").expect("room");
+        r.register("c1", b"k").expect("room");
+        r.register("c1", b"j").expect("room");
         assert_eq!(r.observers(b"k").collect::<Vec<_>>(), ["c1", "c2"]);
         assert_eq!(r.len(), 3);
         assert!(r.unregister("c2", b"k"));
         assert!(!r.unregister("c2", b"k"));
         assert_eq!(r.drop_client("c1"), 2);
         assert!(r.is_empty());
+        assert_eq!((r.len(), r.bytes()), (0, 0));
         assert!(!r.is_observed(b"k"));
+    }
+
+    /// A client cannot hold more than its share, nor the store more than
+    /// its bound; re-registering is free, and what was dropped frees room.
+    #[test]
+    fn registrations_are_bounded() {
+        let mut r = Registry::default();
+        for i in 0..MAX_PER_CLIENT {
+            r.register("flood", format!("k{i}").as_bytes())
+                .expect("room");
+        }
+        assert_eq!(r.register("flood", b"one-more"), Err(LimitReached));
+        assert_eq!(r.register("flood", b"k7"), Ok(()), "already held");
+        r.register("owner", b"k")
+            .expect("another client has its own share");
+        assert!(r.unregister("flood", b"k0"));
+        r.register("flood", b"one-more").expect("room again");
+        // Bytes: big keys reach the byte bound before the count.
+        let big = vec![b'x'; 64 << 10];
+        let mut n = 0;
+        while r.register("big", &[&big[..], &[n]].concat()).is_ok() {
+            n += 1;
+        }
+        assert!(usize::from(n) < MAX_PER_CLIENT);
+        assert!(usize::from(n) * registration_bytes("big", &big) <= MAX_CLIENT_BYTES);
+        // The store's bound, across many clients.
+        let mut total = Registry::default();
+        let mut refused = false;
+        'fill: for c in 0..=MAX_TOTAL / MAX_PER_CLIENT {
+            for k in 0..MAX_PER_CLIENT {
+                if total
+                    .register(&format!("c{c}"), format!("{k}").as_bytes())
+                    .is_err()
+                {
+                    refused = true;
+                    break 'fill;
+                }
+            }
+        }
+        assert!(refused);
+        assert_eq!(total.len(), MAX_TOTAL);
+        assert!(total.bytes() <= MAX_TOTAL_BYTES);
     }
 }

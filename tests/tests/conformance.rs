@@ -709,6 +709,40 @@ fn dedup_bounds() {
     sim.finish();
 }
 
+/// KEYNOTIFY registrations are bounded per client (issue 15, finding 3):
+/// past its share a client gets the quota error, other clients and the
+/// owner's keys are untouched, and a disconnect frees the share. Run in
+/// the component too; not recorded as a vector (a thousand steps).
+#[test]
+fn keynotify_registrations_are_bounded() {
+    for kind in [Kind::Native, Kind::Wasm] {
+        let mut sim = Sim::with(kind, "keynotify_bounded", "not recorded");
+        let (_, out) = sim.call(&[b"SET", b"owned", b"v"]);
+        assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+        for i in 0..statestore_guest::notify::MAX_PER_CLIENT {
+            let key = format!("k{i}");
+            let m = sim.request_from("flood", &[b"KEYNOTIFY", key.as_bytes()]);
+            assert_eq!(reply(&sim.send(&m)).payload, &b"+OK\r\n"[..], "{i}");
+        }
+        let m = sim.request_from("flood", &[b"KEYNOTIFY", b"one-more"]);
+        assert_eq!(
+            reply(&sim.send(&m)).payload,
+            &b"-ERR the quota has been exceeded\r\n"[..]
+        );
+        let m = sim.request_from("other", &[b"KEYNOTIFY", b"owned"]);
+        assert_eq!(reply(&sim.send(&m)).payload, &b"+OK\r\n"[..]);
+        let (_, out) = sim.call(&[b"GET", b"owned"]);
+        assert_eq!(reply(&out).payload, &b"$1\r\nv\r\n"[..]);
+        sim.disconnect("flood");
+        let m = sim.request_from("flood", &[b"KEYNOTIFY", b"one-more"]);
+        assert_eq!(
+            reply(&sim.send(&m)).payload,
+            &b"+OK\r\n"[..],
+            "freed by the disconnect"
+        );
+    }
+}
+
 #[test]
 fn identity_and_disconnect() {
     let mut sim = Sim::new(

@@ -418,7 +418,9 @@ impl StateMachine {
         };
         if let (Command::KeyNotify { key, stop }, Some(client)) = (&command, observer) {
             let payload = if !*stop {
-                self.registry.register(client, key);
+                if self.registry.register(client, key).is_err() {
+                    return Err(Reply::error(ServiceError::QuotaExceeded));
+                }
                 resp3::REPLY_OK
             } else if self.registry.unregister(client, key) {
                 resp3::REPLY_OK

@@ -145,7 +145,7 @@ impl Visitor for Restored {
         self.table.put(key, entry.as_ref());
     }
     fn registration(&mut self, client: &str, key: &[u8]) {
-        self.registry.register(client, key);
+        self.registry.restore(client, key);
     }
     fn reply(
         &mut self,
