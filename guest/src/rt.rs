@@ -172,10 +172,12 @@ pub unsafe fn cabi_realloc(
     // Whole steps, so that the block fills the size class the pool files it
     // under if Rust frees it (a dlmalloc block of 100 bytes has no room for
     // the 104 of its class).
-    let (old_len, new_len) = (
-        old_len.next_multiple_of(STEP),
-        new_len.next_multiple_of(STEP),
-    );
+    let (Some(old_len), Some(new_len)) = (
+        old_len.checked_next_multiple_of(STEP),
+        new_len.checked_next_multiple_of(STEP),
+    ) else {
+        std::process::abort();
+    };
     let ptr = if old_len == 0 {
         // SAFETY: `align` is a power of two (the caller's contract) and the
         // size is not zero.

@@ -114,7 +114,30 @@ fn prepare(dir: &Path) -> std::result::Result<(), String> {
             .create(dir)
             .map_err(|e| format!("cannot create it: {e}"))?;
     }
-    trusted(dir)
+    trusted(dir)?;
+    // No directory above it may let another user swap it: each belongs to
+    // this user or root, and is writable by no one else unless it is sticky
+    // (as /tmp is: there others cannot rename what is ours).
+    let absolute = fs::canonicalize(dir).map_err(|e| e.to_string())?;
+    let me = rustix::process::geteuid().as_raw();
+    for ancestor in absolute.ancestors().skip(1) {
+        let meta = fs::metadata(ancestor).map_err(|e| e.to_string())?;
+        if meta.uid() != me && meta.uid() != 0 {
+            return Err(format!(
+                "{} above it is owned by uid {}",
+                ancestor.display(),
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+            return Err(format!(
+                "others can write {} above it (mode {:o})",
+                ancestor.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn store(component: &Component, dir: &Path, path: &Path) -> Result<()> {
@@ -183,6 +206,16 @@ mod tests {
         assert_eq!(fs::read_dir(&dir)?.count(), 0);
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
         assert!(trusted(&dir).is_ok(), "writable by its owner only");
+        // A private directory under one others can write (not sticky).
+        let open = temp("open-parent");
+        fs::create_dir_all(open.join("cache"))?;
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777))?;
+        fs::set_permissions(open.join("cache"), fs::Permissions::from_mode(0o700))?;
+        let why = prepare(&open.join("cache")).expect_err("a swappable parent");
+        assert!(why.contains("above it"), "{why}");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o1777))?;
+        assert!(prepare(&open.join("cache")).is_ok(), "sticky, as /tmp");
+        let _ = fs::remove_dir_all(&open);
         let link = dir.with_extension("link");
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(&dir, &link)?;

@@ -301,6 +301,7 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                     max_value_bytes: s.max_value_bytes,
                 },
                 clock: crate::clock::system(),
+                on_damage: Default::default(),
             },
             limits: StoreLimits {
                 memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),

@@ -114,6 +114,22 @@ pub enum JournalError {
         #[source]
         source: GuestError,
     },
+    /// The log is damaged before its end (a bad frame with valid frames after
+    /// it): starting would silently drop acknowledged writes.
+    #[error(
+        "{dir}/{file} is damaged at byte {offset}, and valid records follow the damage: \
+         starting would lose them. The files are untouched. Restore the directory from a \
+         backup, or start once with --recover-damaged-log to keep what precedes the damage \
+         (the damaged segment is copied aside first)"
+    )]
+    Damaged {
+        /// The storage.
+        dir: String,
+        /// The damaged segment.
+        file: String,
+        /// Where its valid prefix ends.
+        offset: u64,
+    },
     /// Snapshots exist but none loads: starting without them would lose data.
     #[error(
         "none of the {count} snapshots in {dir} can be loaded (see the warnings above); refusing \
@@ -165,6 +181,20 @@ impl<T> IoContext<T> for io::Result<T> {
     }
 }
 
+/// What recovery does with a log damaged before its end: a frame that fails
+/// its checks with valid frames after it (in the same segment or a later
+/// one) is not a torn tail but lost or corrupted data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDamage {
+    /// Refuse to start and say where (the default): an operator decides.
+    #[default]
+    Refuse,
+    /// Keep the valid prefix and start (`--recover-damaged-log`); the
+    /// damaged segment is first copied aside as `<name>.damaged`, and
+    /// the segments after it are kept aside as `<name>.dropped`.
+    KeepPrefix,
+}
+
 /// What recovery found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -195,6 +225,7 @@ pub struct Journal {
     /// Set when a failed write could not be cleanly taken back: every later
     /// append fails rather than write after damaged bytes.
     broken: bool,
+    on_damage: OnDamage,
 }
 
 fn snapshot_name(seq: u64) -> String {
@@ -231,18 +262,51 @@ fn list(
     Ok(out)
 }
 
-/// The frames of one WAL segment: its records, the length of its valid
-/// prefix, and whether anything after that was dropped.
-fn read_segment(
-    storage: &dyn Storage,
-    name: &str,
-) -> Result<(Vec<Vec<u8>>, u64, u64), JournalError> {
+/// Whether a valid frame starts anywhere in `data` after `from`: damage
+/// followed by valid records, rather than a torn tail. A candidate must have
+/// a plausible length, a record version byte of 1 to 9 (`wit/WIRE.md`), and
+/// its CRC-32; the version filter keeps the scan linear in practice.
+fn valid_frame_after(data: &[u8], from: usize) -> bool {
+    let mut p = from + 1;
+    while p + 8 + 6 <= data.len() {
+        let len = u32::from_le_bytes([data[p], data[p + 1], data[p + 2], data[p + 3]]) as usize;
+        if len >= 6 && len <= data.len() - p - 8 && (1..=9).contains(&data[p + 8]) {
+            let crc = u32::from_le_bytes([data[p + 4], data[p + 5], data[p + 6], data[p + 7]]);
+            if crc32fast::hash(&data[p + 8..p + 8 + len]) == crc {
+                return true;
+            }
+        }
+        p += 1;
+    }
+    false
+}
+
+/// What [`read_segment`] found in one WAL segment.
+struct Segment {
+    /// Its valid records.
+    records: Vec<Vec<u8>>,
+    /// The length of its valid prefix.
+    good: u64,
+    /// Bytes after that prefix.
+    dropped: u64,
+    /// Whether a valid frame follows the damage (not a torn tail).
+    damaged_inside: bool,
+}
+
+/// The frames of one WAL segment.
+fn read_segment(storage: &dyn Storage, name: &str) -> Result<Segment, JournalError> {
     let data = storage
         .read(name)
         .doing(|| format!("cannot read {name} in {}", storage.describe()))?;
     if data.len() < HEADER_LEN as usize || &data[..8] != WAL_MAGIC {
-        // A segment created but not yet given its header by a crash.
-        return Ok((Vec::new(), 0, data.len() as u64));
+        // A segment created but not yet given its header by a crash, or a
+        // damaged header.
+        return Ok(Segment {
+            records: Vec::new(),
+            good: 0,
+            dropped: data.len() as u64,
+            damaged_inside: valid_frame_after(&data, 0),
+        });
     }
     let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
     if version > WAL_VERSION {
@@ -272,7 +336,12 @@ fn read_segment(
         records.push(record.to_vec());
         pos += 8 + len;
     }
-    Ok((records, pos as u64, (data.len() - pos) as u64))
+    Ok(Segment {
+        records,
+        good: pos as u64,
+        dropped: (data.len() - pos) as u64,
+        damaged_inside: pos < data.len() && valid_frame_after(&data, pos),
+    })
 }
 
 impl Journal {
@@ -286,9 +355,18 @@ impl Journal {
         fsync: Fsync,
         policy: SnapshotPolicy,
         clock: &dyn Clock,
+        on_damage: OnDamage,
     ) -> Result<(Journal, WasmStore, Recovery), JournalError> {
         let storage = DirStorage::open(dir).doing(|| format!("cannot create {}", dir.display()))?;
-        Journal::open_in(Arc::new(storage), runtime, config, fsync, policy, clock)
+        Journal::open_in(
+            Arc::new(storage),
+            runtime,
+            config,
+            fsync,
+            policy,
+            clock,
+            on_damage,
+        )
     }
 
     /// [`Journal::open`] on any [`Storage`].
@@ -299,6 +377,7 @@ impl Journal {
         fsync: Fsync,
         policy: SnapshotPolicy,
         clock: &dyn Clock,
+        on_damage: OnDamage,
     ) -> Result<(Journal, WasmStore, Recovery), JournalError> {
         match storage.lock() {
             Ok(()) => {}
@@ -317,11 +396,27 @@ impl Journal {
             }
         }
         let (mut store, recovery, last_seq, repairs) =
-            recover_with_repairs(runtime, config, &*storage)?;
+            recover_with_repairs(runtime, config, &*storage, on_damage)?;
         // Make the damaged tail clean (shrinking needs no free space), and
-        // keep what followed it aside rather than delete it.
+        // keep what followed it aside rather than delete it. The copies and
+        // the moves come first: a crash between two repairs must never
+        // leave a cut segment with the segments after it still in the log.
+        let mut repairs = repairs;
+        repairs.sort_by_key(|r| match r {
+            Repair::CopyAside(_) => 0,
+            Repair::MoveAside(_) => 1,
+            Repair::Truncate(..) => 2,
+        });
         for repair in repairs {
             match repair {
+                Repair::CopyAside(name) => {
+                    let aside = format!("{name}.damaged");
+                    storage
+                        .read(&name)
+                        .and_then(|bytes| storage.write_atomic(&aside, &bytes))
+                        .doing(|| format!("cannot copy {name} aside in {}", storage.describe()))?;
+                    warn!(file = %aside, dir = %storage.describe(), "kept the damaged segment as it was");
+                }
                 Repair::Truncate(name, len) => {
                     storage.truncate(&name, len).doing(|| {
                         format!(
@@ -357,6 +452,7 @@ impl Journal {
             config: config.clone(),
             pending_snapshot: None,
             broken: false,
+            on_damage,
         };
         // Start from a fresh snapshot when there is room for one, so that
         // old files can go; on a full disk carry on with the old ones.
@@ -548,7 +644,7 @@ impl Journal {
     /// The store as the disk has it (after a failed write: nothing of the
     /// failed batch).
     pub fn reload(&self) -> Result<WasmStore, JournalError> {
-        let (store, _, _) = recover(&self.runtime, &self.config, &*self.storage)?;
+        let (store, _, _) = recover(&self.runtime, &self.config, &*self.storage, self.on_damage)?;
         Ok(store)
     }
 
@@ -592,6 +688,8 @@ fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64
 /// Loads the newest valid snapshot and replays the log after it.
 /// What to do to a damaged log so that appending after it is safe.
 enum Repair {
+    /// Keep a copy of a damaged segment, as it was, under another name.
+    CopyAside(String),
     /// Cut a segment back to its valid prefix.
     Truncate(String, u64),
     /// Keep a segment that follows a damaged one, under another name.
@@ -602,8 +700,9 @@ fn recover(
     runtime: &Runtime,
     config: &Config,
     storage: &dyn Storage,
+    on_damage: OnDamage,
 ) -> Result<(WasmStore, Recovery, u64), JournalError> {
-    let (store, recovery, last_seq, _) = recover_with_repairs(runtime, config, storage)?;
+    let (store, recovery, last_seq, _) = recover_with_repairs(runtime, config, storage, on_damage)?;
     Ok((store, recovery, last_seq))
 }
 
@@ -611,6 +710,7 @@ fn recover_with_repairs(
     runtime: &Runtime,
     config: &Config,
     storage: &dyn Storage,
+    on_damage: OnDamage,
 ) -> Result<(WasmStore, Recovery, u64, Vec<Repair>), JournalError> {
     let dir = storage.describe();
     let mut repairs = Vec::new();
@@ -674,7 +774,7 @@ fn recover_with_repairs(
         expect = Some(seq + 1);
     }
     let mut damaged = false;
-    for (seq, path) in &segments {
+    for (i, (seq, path)) in segments.iter().enumerate() {
         last_seq = last_seq.max(*seq);
         if damaged {
             // Everything after a damaged frame is dropped too.
@@ -682,7 +782,34 @@ fn recover_with_repairs(
             repairs.push(Repair::MoveAside(path.clone()));
             continue;
         }
-        let (records, good, dropped) = read_segment(storage, path)?;
+        let Segment {
+            records,
+            good,
+            dropped,
+            damaged_inside,
+        } = read_segment(storage, path)?;
+        if dropped > 0 {
+            // A torn tail is the end of the log; valid records after the
+            // bad frame (here or in a later segment) mean lost data.
+            let mut inside = damaged_inside;
+            for (_, later) in &segments[i + 1..] {
+                if inside {
+                    break;
+                }
+                inside = !read_segment(storage, later)?.records.is_empty();
+            }
+            if inside {
+                if on_damage == OnDamage::Refuse {
+                    return Err(JournalError::Damaged {
+                        dir,
+                        file: path.clone(),
+                        offset: good,
+                    });
+                }
+                warn!(file = %path, %dir, offset = good, "the log is damaged before its end: keeping what precedes the damage (--recover-damaged-log); the damaged segment is copied aside");
+                repairs.push(Repair::CopyAside(path.clone()));
+            }
+        }
         for chunk in records.chunks(1024) {
             store.replay(chunk).map_err(|source| JournalError::Guest {
                 what: format!("cannot replay {dir}/{path}"),

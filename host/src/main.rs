@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use statestore::config::{self, Matcher, TenantBroker, TenantSpec};
 use statestore::driver::Control;
 use statestore::embedded::{EmbeddedServer, Route};
-use statestore::journal::{Fsync, SnapshotPolicy};
+use statestore::journal::{Fsync, OnDamage, SnapshotPolicy};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore::store::StoreOptions;
@@ -148,6 +148,13 @@ struct ServeArgs {
     #[arg(long, env = "STATESTORE_DATA_DIR")]
     data_dir: Option<PathBuf>,
 
+    /// Start even if the log is damaged before its end (a corrupt record
+    /// with valid records after it): keep what precedes the damage. The
+    /// damaged segment is copied aside first. Without it such a start is
+    /// refused, and nothing is changed.
+    #[arg(long)]
+    recover_damaged_log: bool,
+
     /// Which keys survive a restart: `all`, `flagged` (only keys set with
     /// `aio-persistence: true`) or `none` (volatile). Default: `all` with
     /// --data-dir, else `none`.
@@ -253,6 +260,11 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
             },
             quota: Default::default(),
             clock: statestore::clock::system(),
+            on_damage: if args.recover_damaged_log {
+                OnDamage::KeepPrefix
+            } else {
+                OnDamage::Refuse
+            },
         },
         limits: StoreLimits {
             memory_bytes: None,
@@ -281,6 +293,9 @@ fn tenant_specs(args: &ServeArgs, password: Option<String>) -> Result<Vec<Tenant
                 if spec.broker.username.is_none() {
                     spec.broker.username.clone_from(&args.username);
                     spec.broker.password.clone_from(&password);
+                }
+                if args.recover_damaged_log {
+                    spec.store.on_damage = OnDamage::KeepPrefix;
                 }
             }
             Ok(specs)

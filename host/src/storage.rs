@@ -78,13 +78,6 @@ impl DirStorage {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
-        for e in fs::read_dir(dir)? {
-            let e = e?;
-            if e.file_type()?.is_file() && e.metadata()?.permissions().mode() & 0o077 != 0 {
-                fs::set_permissions(e.path(), fs::Permissions::from_mode(0o600))?;
-            }
-        }
         Ok(DirStorage {
             dir: dir.to_path_buf(),
             lock: Mutex::new(None),
@@ -137,6 +130,14 @@ impl Storage for DirStorage {
             Err(fs::TryLockError::Error(e)) => return Err(e),
         }
         *lock(&self.lock) = Some(file);
+        // Ours now: make it private (an older build left it readable).
+        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o700))?;
+        for e in fs::read_dir(&self.dir)? {
+            let e = e?;
+            if e.file_type()?.is_file() && e.metadata()?.permissions().mode() & 0o077 != 0 {
+                fs::set_permissions(e.path(), fs::Permissions::from_mode(0o600))?;
+            }
+        }
         Ok(())
     }
 

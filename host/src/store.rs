@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use tracing::info;
 
 use crate::clock::{self, Clock};
-use crate::journal::{Fsync, Journal, SnapshotPolicy};
+use crate::journal::{Fsync, Journal, OnDamage, SnapshotPolicy};
 use crate::{Config, Persist, Runtime, WasmStore};
 use statestore_guest::types::Quota;
 
@@ -30,6 +30,8 @@ pub struct StoreOptions {
     pub quota: Quota,
     /// The wall clock the store is driven by.
     pub clock: Arc<dyn Clock>,
+    /// What to do with a log damaged before its end.
+    pub on_damage: OnDamage,
 }
 
 impl StoreOptions {
@@ -44,6 +46,7 @@ impl StoreOptions {
             snapshots: SnapshotPolicy::default(),
             quota: Quota::default(),
             clock: clock::system(),
+            on_damage: OnDamage::Refuse,
         }
     }
 }
@@ -84,6 +87,7 @@ pub fn open_with(
                 opts.fsync,
                 opts.snapshots,
                 &*opts.clock,
+                opts.on_damage,
             )?;
             info!(dir = %dir.display(), persist = ?opts.persist, fsync = ?opts.fsync, "durable store");
             Ok((store, Some(journal)))

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use statestore::clock::{Clock, ManualClock, SystemClock};
-use statestore::journal::{Fsync, Journal, JournalError, Recovery, SnapshotPolicy};
+use statestore::journal::{Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy};
 use statestore::{Backend, Config, InboundMessage, Output, Persist, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_tests::{reply, resp, wasm_runtime};
@@ -43,9 +43,26 @@ impl Store {
 
     /// [`Store::open`] with the clock that decides what expired while down.
     fn open_at(dir: &Path, policy: SnapshotPolicy, clock: &dyn Clock) -> (Store, Recovery) {
-        let (journal, store, recovery) =
-            Journal::open(wasm_runtime(), &config(), dir, Fsync::Always, policy, clock)
-                .expect("open the data dir");
+        Store::open_with(dir, policy, clock, OnDamage::Refuse)
+    }
+
+    /// [`Store::open_at`], choosing what a damaged log does.
+    fn open_with(
+        dir: &Path,
+        policy: SnapshotPolicy,
+        clock: &dyn Clock,
+        on_damage: OnDamage,
+    ) -> (Store, Recovery) {
+        let (journal, store, recovery) = Journal::open(
+            wasm_runtime(),
+            &config(),
+            dir,
+            Fsync::Always,
+            policy,
+            clock,
+            on_damage,
+        )
+        .expect("open the data dir");
         (
             Store {
                 store,
@@ -93,6 +110,7 @@ fn open_error(dir: &Path, why: &str) -> JournalError {
         Fsync::Always,
         SnapshotPolicy::default(),
         &SystemClock,
+        OnDamage::Refuse,
     ) {
         Ok(_) => panic!("opening {} must fail: {why}", dir.display()),
         Err(e) => e,
@@ -192,12 +210,12 @@ fn a_torn_last_record_is_dropped_and_reported() {
 }
 
 #[test]
-fn a_flipped_byte_stops_replay_at_that_record() {
+fn a_flipped_byte_before_valid_records_refuses_to_start() {
     let dir = temp_dir("flipped");
     write_three(&dir);
     let wal = wal_files(&dir).pop().expect("a log segment");
     let mut data = std::fs::read(&wal).expect("read");
-    // Find b's value in the log and corrupt it.
+    // Find b's value in the log and corrupt it: c's record follows, intact.
     let at = data
         .windows(5)
         .position(|w| w == b"\x01\x00\x00\x00b")
@@ -205,7 +223,34 @@ fn a_flipped_byte_stops_replay_at_that_record() {
         + 6;
     data[at] ^= 0xFF;
     std::fs::write(&wal, &data).expect("write");
-    let (mut s, rec) = Store::open(&dir, SnapshotPolicy::default());
+    // Not a torn tail: the start is refused and nothing is touched.
+    let err = open_error(&dir, "damage before valid records");
+    assert!(matches!(err, JournalError::Damaged { .. }), "{err:?}");
+    assert!(err.to_string().contains("--recover-damaged-log"), "{err}");
+    assert_eq!(
+        std::fs::read(&wal).expect("read"),
+        data,
+        "the file is untouched"
+    );
+    // In the segment header too (it lost every record before).
+    let mut header = data.clone();
+    header[0] ^= 0xFF;
+    std::fs::write(&wal, &header).expect("write");
+    assert!(matches!(
+        open_error(&dir, "damaged header"),
+        JournalError::Damaged { .. }
+    ));
+    std::fs::write(&wal, &data).expect("write");
+    // With the operator's flag: the prefix is kept, the damaged segment
+    // copied aside as it was.
+    let (mut s, rec) = Store::open_with(
+        &dir,
+        SnapshotPolicy::default(),
+        &SystemClock,
+        OnDamage::KeepPrefix,
+    );
+    let aside = wal.with_extension("log.damaged");
+    assert_eq!(std::fs::read(&aside).expect("kept aside"), data);
     assert!(rec.dropped_bytes > 0, "{rec:?}");
     assert_eq!(s.call(&[b"GET", b"a"], now()).0, "$1\r\n1\r\n");
     assert_eq!(

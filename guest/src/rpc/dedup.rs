@@ -11,11 +11,11 @@
 //! Bounded: the cache counts the bytes it holds (each entry's correlation
 //! data and reply, each topic's name, and a fixed overhead per entry and per
 //! topic). Past [`MAX_TOPIC_BYTES`] under one response topic (one client)
-//! that topic's oldest entries go; past [`MAX_BYTES`] in all, the entries
-//! nearest their deadline go. A forgotten entry only means that a retry of
+//! that topic's entries nearest their deadline go; past [`MAX_BYTES`] in
+//! all, the cache's entries nearest their deadline go. A forgotten entry only means that a retry of
 //! its request is executed again; its client is the one that flooded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
 
 use foldhash::fast::FixedState;
@@ -49,6 +49,10 @@ struct Topic {
     replies: HashTable<Entry>,
     /// Bytes counted for the topic and its entries.
     bytes: usize,
+    /// Its entries' keys in the deadline index, nearest first: what goes
+    /// when the topic is past its bound (an order that replay and restore
+    /// rebuild, unlike insertion order).
+    by_deadline: BTreeSet<(u64, u64)>,
 }
 
 /// (response topic, correlation data) of a cached reply.
@@ -58,9 +62,10 @@ type Key = (Str, Box<[u8]>);
 pub const MAX_BYTES: usize = 32 << 20;
 /// The most bytes the cache holds under one response topic.
 pub const MAX_TOPIC_BYTES: usize = 4 << 20;
-/// What an entry costs beyond its correlation data and reply payload (its
-/// slots in two tables and the deadline index, the reply's fields).
-const ENTRY_OVERHEAD: usize = 160;
+/// What an entry costs beyond its correlation data (held twice: in its
+/// topic and in the deadline index) and reply payload: its slots in two
+/// tables and two ordered indexes, the reply's fields.
+const ENTRY_OVERHEAD: usize = 192;
 /// What a topic costs beyond its name.
 const TOPIC_OVERHEAD: usize = 64;
 
@@ -72,7 +77,7 @@ fn entry_bytes(correlation: &[u8], cached: &Cached) -> usize {
         .iter()
         .map(|(n, v)| n.len() + v.len())
         .sum();
-    ENTRY_OVERHEAD + correlation.len() + cached.reply.payload.len() + extra
+    ENTRY_OVERHEAD + 2 * correlation.len() + cached.reply.payload.len() + extra
 }
 
 /// Mixed into the host's seed.
@@ -186,12 +191,10 @@ impl DedupCache {
         while let Some(topic) = self.topics.find(hash, |t| *t.name == *response_topic)
             && topic.bytes > MAX_TOPIC_BYTES
         {
-            // The topic's oldest entry (a scan of its own entries: only a
-            // client past its bound pays for it).
-            let Some(oldest) = topic.replies.iter().min_by_key(|r| r.seq) else {
+            // The topic's entry nearest its deadline.
+            let Some(&key) = topic.by_deadline.first() else {
                 break;
             };
-            let key = (oldest.cached.expires_at, oldest.seq);
             self.forget(key);
         }
         while self.bytes > MAX_BYTES {
@@ -221,6 +224,7 @@ impl DedupCache {
                     name: Str::from(response_topic),
                     replies: HashTable::new(),
                     bytes: TOPIC_OVERHEAD + response_topic.len(),
+                    by_deadline: BTreeSet::new(),
                 };
                 self.bytes += topic.bytes;
                 self.topics
@@ -249,11 +253,13 @@ impl DedupCache {
         };
         topic.bytes += size;
         self.bytes += size;
+        topic.by_deadline.insert((at, seq));
         match old {
             Some(old) => {
                 let freed = entry_bytes(&old.correlation, &old.cached);
                 topic.bytes -= freed;
                 self.bytes -= freed;
+                topic.by_deadline.remove(&(old.cached.expires_at, old.seq));
                 self.deadlines.remove(&(old.cached.expires_at, old.seq));
             }
             None => self.len += 1,
@@ -289,6 +295,7 @@ impl DedupCache {
             let (entry, _) = reply.remove();
             let freed = entry_bytes(&entry.correlation, &entry.cached);
             topic.get_mut().bytes -= freed;
+            topic.get_mut().by_deadline.remove(&key);
             self.bytes -= freed;
             self.len -= 1;
         }
@@ -411,7 +418,7 @@ mod tests {
             c.get("flood", &0u32.to_be_bytes(), 0).is_none(),
             "the oldest went"
         );
-        let per_entry = (64 << 10) + ENTRY_OVERHEAD + 4;
+        let per_entry = (64 << 10) + ENTRY_OVERHEAD + 8;
         assert_eq!(
             c.len(),
             1 + MAX_TOPIC_BYTES.saturating_sub(TOPIC_OVERHEAD + 5) / per_entry
@@ -435,6 +442,29 @@ mod tests {
         );
         c.evict(u64::MAX);
         assert_eq!((c.len(), c.bytes()), (0, 0));
+    }
+
+    /// Past its bound a topic loses the entry nearest its deadline, not the
+    /// one inserted first: an order a restart rebuilds (replay and restore
+    /// insert in another order).
+    #[test]
+    fn a_topic_past_its_bound_loses_its_nearest_deadline() {
+        let entry = |at: u64| Cached {
+            expires_at: at,
+            reply: Reply::ok(vec![0u8; 64 << 10], None),
+        };
+        let mut c = DedupCache::with_seed(5);
+        // A long-lived entry first, then short-lived ones past the bound.
+        c.insert("t", b"long", entry(1_000_000));
+        for i in 0..100u32 {
+            c.insert("t", &i.to_be_bytes(), entry(1_000 + u64::from(i)));
+        }
+        assert!(
+            c.get("t", b"long", 0).is_some(),
+            "the long-lived entry stays"
+        );
+        assert!(c.get("t", &0u32.to_be_bytes(), 0).is_none());
+        assert!(c.get("t", &99u32.to_be_bytes(), 0).is_some());
     }
 
     #[test]
