@@ -212,13 +212,17 @@ pub struct Journal {
     fsync: Fsync,
     policy: SnapshotPolicy,
     seq: u64,
-    file: Box<dyn LogFile>,
+    /// The active segment; `None` while the disk had no room to start one
+    /// (reads are served, and every append tries again).
+    file: Option<Box<dyn LogFile>>,
     len: u64,
     logged_since_snapshot: u64,
     last_snapshot: Instant,
     dirty: Arc<AtomicBool>,
     /// The active segment, for the `everysec` syncer thread.
     sync_target: Arc<Mutex<Option<Box<dyn LogFile>>>>,
+    /// Whether the `everysec` syncer runs.
+    syncing: bool,
     runtime: Runtime,
     config: Config,
     pending_snapshot: Option<(u64, std::thread::JoinHandle<io::Result<()>>)>,
@@ -436,7 +440,16 @@ impl Journal {
             }
         }
         let seq = last_seq + 1;
-        let (file, len) = new_segment(&*storage, seq)?;
+        // On a full disk the store still starts and serves reads; writes
+        // fail (500) until there is room for the segment.
+        let (file, len) = match new_segment(&*storage, seq) {
+            Ok((file, len)) => (Some(file), len),
+            Err(e) if no_space(&e) => {
+                warn!(dir = %storage.describe(), error = %e, "no room to start a log segment: serving reads; every write fails until there is space");
+                (None, HEADER_LEN)
+            }
+            Err(e) => return Err(e),
+        };
         let mut journal = Journal {
             storage,
             fsync,
@@ -448,6 +461,7 @@ impl Journal {
             last_snapshot: Instant::now(),
             dirty: Arc::new(AtomicBool::new(false)),
             sync_target: Arc::new(Mutex::new(None)),
+            syncing: false,
             runtime: runtime.clone(),
             config: config.clone(),
             pending_snapshot: None,
@@ -468,9 +482,19 @@ impl Journal {
         // Expiry answers nobody: only its records matter.
         let (records, _) = split_records(outputs);
         let describe = journal.storage.describe();
-        journal
-            .append(&records)
-            .doing(|| format!("cannot write the log in {describe}"))?;
+        match journal.append(&records) {
+            Ok(()) => {}
+            // They expire again at the next start: their deadlines passed.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+                ) =>
+            {
+                warn!(dir = %describe, error = %e, "no room to log the expiry of keys that expired while down");
+            }
+            Err(e) => return Err(e).doing(|| format!("cannot write the log in {describe}")),
+        }
         if fsync == Fsync::Everysec {
             journal
                 .start_syncer()
@@ -497,8 +521,19 @@ impl Journal {
             buf.extend_from_slice(&crc32fast::hash(r).to_le_bytes());
             buf.extend_from_slice(r);
         }
-        let written = self.file.append(&buf).and_then(|()| match self.fsync {
-            Fsync::Always => self.file.sync(),
+        if self.file.is_none() {
+            // The disk had no room for a segment: try again now.
+            let (file, len) = new_segment(&*self.storage, self.seq).map_err(|e| match e {
+                JournalError::Io { source, .. } => source,
+                other => io::Error::other(other.to_string()),
+            })?;
+            self.set_file(file, len);
+        }
+        let Some(file) = self.file.as_mut() else {
+            return Err(io::Error::other("no log segment"));
+        };
+        let written = file.append(&buf).and_then(|()| match self.fsync {
+            Fsync::Always => file.sync(),
             Fsync::Everysec => {
                 self.dirty.store(true, Ordering::Release);
                 Ok(())
@@ -508,9 +543,9 @@ impl Journal {
         if let Err(e) = written {
             // Take back whatever part of it reached the file, and write the
             // next batch exactly where this one started.
-            let undone = self.file.set_len(self.len).and_then(|()| match self.fsync {
+            let undone = file.set_len(self.len).and_then(|()| match self.fsync {
                 Fsync::No => Ok(()),
-                _ => self.file.sync(),
+                _ => file.sync(),
             });
             if let Err(t) = undone {
                 warn!(error = %t, "cannot take back a failed log write: refusing further writes");
@@ -564,24 +599,30 @@ impl Journal {
     }
 
     fn switch_segment(&mut self) -> Result<u64, JournalError> {
-        if self.fsync != Fsync::No {
-            self.file
-                .sync()
+        if self.fsync != Fsync::No
+            && let Some(file) = self.file.as_mut()
+        {
+            file.sync()
                 .doing(|| format!("cannot sync the log in {}", self.storage.describe()))?;
         }
         let seq = self.seq + 1;
         let (file, len) = new_segment(&*self.storage, seq)?;
-        if let Ok(mut target) = self.sync_target.lock()
-            && target.is_some()
-        {
-            *target = file.try_clone().ok();
-        }
-        self.file = file;
-        self.len = len;
+        self.set_file(file, len);
         self.seq = seq;
         self.logged_since_snapshot = 0;
         self.last_snapshot = Instant::now();
         Ok(seq)
+    }
+
+    /// Makes `file` the active segment (and the syncer's).
+    fn set_file(&mut self, file: Box<dyn LogFile>, len: u64) {
+        if self.syncing
+            && let Ok(mut target) = self.sync_target.lock()
+        {
+            *target = file.try_clone().ok();
+        }
+        self.file = Some(file);
+        self.len = len;
     }
 
     /// Collects a finished background snapshot and deletes what it replaces.
@@ -615,12 +656,15 @@ impl Journal {
         }
     }
 
-    fn start_syncer(&self) -> io::Result<()> {
+    fn start_syncer(&mut self) -> io::Result<()> {
+        self.syncing = true;
         *self
             .sync_target
             .lock()
-            .map_err(|_| io::Error::other("the syncer's lock is poisoned"))? =
-            Some(self.file.try_clone()?);
+            .map_err(|_| io::Error::other("the syncer's lock is poisoned"))? = match &self.file {
+            Some(f) => Some(f.try_clone()?),
+            None => None,
+        };
         let target = Arc::downgrade(&self.sync_target);
         let dirty = self.dirty.clone();
         std::thread::spawn(move || {
@@ -666,10 +710,19 @@ impl Drop for Journal {
         if let Some((_, handle)) = self.pending_snapshot.take() {
             let _ = handle.join();
         }
-        if self.fsync != Fsync::No {
-            let _ = self.file.sync();
+        if self.fsync != Fsync::No
+            && let Some(file) = self.file.as_mut()
+        {
+            let _ = file.sync();
         }
+        self.storage.unlock();
     }
+}
+
+/// Whether an error is the disk (or the user's quota) being full.
+fn no_space(e: &JournalError) -> bool {
+    matches!(e, JournalError::Io { source, .. }
+        if matches!(source.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded))
 }
 
 fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64), JournalError> {

@@ -27,6 +27,8 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Takes exclusive use of the storage for this process (a second
     /// journal on the same storage is refused).
     fn lock(&self) -> io::Result<()>;
+    /// Gives up [`Storage::lock`] (the journal closes).
+    fn unlock(&self);
     /// The names of the files, in no particular order.
     fn list(&self) -> io::Result<Vec<String>>;
     /// The whole content of `name`.
@@ -139,6 +141,11 @@ impl Storage for DirStorage {
             }
         }
         Ok(())
+    }
+
+    fn unlock(&self) {
+        // Closing the file releases the flock.
+        *lock(&self.lock) = None;
     }
 
     fn list(&self) -> io::Result<Vec<String>> {
@@ -409,6 +416,10 @@ impl Storage for MemStorage {
         Ok(())
     }
 
+    fn unlock(&self) {
+        lock(&self.0).locked = false;
+    }
+
     fn list(&self) -> io::Result<Vec<String>> {
         Ok(lock(&self.0).files.keys().cloned().collect())
     }
@@ -549,10 +560,13 @@ pub mod conformance {
         Ok(())
     }
 
-    /// A second `lock` of the same storage is refused.
+    /// A second `lock` of the same storage is refused until the first is
+    /// given up.
     pub fn exclusive_lock(first: &dyn Storage, second: &dyn Storage) -> io::Result<()> {
         first.lock()?;
         assert!(second.lock().is_err(), "a second lock must be refused");
+        first.unlock();
+        second.lock()?;
         Ok(())
     }
 

@@ -227,3 +227,38 @@ fn one_journal_per_storage() {
     );
     assert!(second.is_err());
 }
+
+/// A full disk does not stop a restart (issue 15, finding 10): the store
+/// starts, serves reads, answers writes with 500 until there is room, and
+/// then takes writes again, durably.
+#[test]
+fn a_full_disk_does_not_stop_a_restart() {
+    let clock = ManualClock::at(T0);
+    let storage = MemStorage::new();
+    {
+        let mut node = Node::open(&storage, &clock);
+        assert_eq!(
+            node.call(&[b"SET", b"a", b"1"], clock.now_ms()).0,
+            "+OK\r\n"
+        );
+    }
+    storage.set_space(Some(0));
+    clock.advance(10);
+    let mut node = Node::open(&storage, &clock);
+    assert_eq!(node.call(&[b"GET", b"a"], clock.now_ms()).0, "$1\r\n1\r\n");
+    let (payload, stat) = node.call(&[b"SET", b"b", b"2"], clock.now_ms());
+    assert_eq!((payload.as_str(), stat.as_str()), ("", "500"));
+    assert_eq!(node.call(&[b"GET", b"b"], clock.now_ms()).0, "$-1\r\n");
+    storage.set_space(None);
+    clock.advance(10);
+    assert_eq!(
+        node.call(&[b"SET", b"c", b"3"], clock.now_ms()).0,
+        "+OK\r\n"
+    );
+    let kept = storage.crash(None);
+    drop(node);
+    let mut node = Node::open(&kept, &clock);
+    assert_eq!(node.call(&[b"GET", b"a"], clock.now_ms()).0, "$1\r\n1\r\n");
+    assert_eq!(node.call(&[b"GET", b"b"], clock.now_ms()).0, "$-1\r\n");
+    assert_eq!(node.call(&[b"GET", b"c"], clock.now_ms()).0, "$1\r\n3\r\n");
+}
