@@ -5,7 +5,7 @@
 //! memory_mib = 64               # linear memory cap of its guest
 //! call_ms = 1000                # longest one call into its guest may run
 //! max_keys = 100000             # quota: keys ...
-//! max_bytes = 67108864          #   ... and bytes of keys and values
+//! max_bytes = 16777216          #   ... and bytes of keys and values (at most a third of memory_mib)
 //! max_key_bytes = 65536         # longest key a SET may create
 //! max_value_bytes = 4194304     # longest value a SET may write
 //! data_root = "/var/lib/statestore"   # each tenant in data_root/<name>
@@ -238,6 +238,20 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
         let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
         if memory_mib == 0 || memory_mib > (WASM32_MAX_MEMORY >> 20) as u64 {
             bail!("{}: memory_mib must be 1 to 4096", ctx());
+        }
+        // The keys and values live in the guest's memory, and a snapshot
+        // (taken to truncate the log and to upgrade) is built there too:
+        // a byte quota must leave room for both and for the work of a call.
+        if let Some(max) = s.max_bytes
+            && max.saturating_mul(3) > memory_mib << 20
+        {
+            bail!(
+                "{}: max_bytes = {max} cannot fit memory_mib = {memory_mib}: the keys and values, \
+                 a snapshot of them and the work of a call all live in the guest's memory; \
+                 keep max_bytes at most a third of the cap ({} bytes) or raise memory_mib",
+                ctx(),
+                (memory_mib << 20) / 3
+            );
         }
         let call_ms = s.call_ms.unwrap_or(DEFAULT_CALL_MS);
         if call_ms == 0 {
@@ -487,6 +501,12 @@ mod tests {
         assert!(
             parse_err("[[tenant]]\nname = \"a\"\ndefault = true\nmemory_mib = 5000\n")
                 .contains("memory_mib")
+        );
+        assert!(
+            parse_err(
+                "[[tenant]]\nname = \"a\"\ndefault = true\nmemory_mib = 16\nmax_bytes = 16777216\n"
+            )
+            .contains("cannot fit memory_mib = 16")
         );
         assert!(
             parse_err(

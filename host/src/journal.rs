@@ -863,7 +863,7 @@ fn recover_with_repairs(
                 repairs.push(Repair::CopyAside(path.clone()));
             }
         }
-        for chunk in records.chunks(1024) {
+        for chunk in replay_chunks(&records) {
             store.replay(chunk).map_err(|source| JournalError::Guest {
                 what: format!("cannot replay {dir}/{path}"),
                 source,
@@ -890,6 +890,31 @@ fn recover_with_repairs(
         "recovered"
     );
     Ok((store, recovery, last_seq, repairs))
+}
+
+/// The most bytes of records handed to the guest in one `replay` call: the
+/// records are copied into its memory, which may be capped (a record larger
+/// than this goes alone).
+const REPLAY_CHUNK_BYTES: usize = 4 << 20;
+
+/// `records` in runs of at most 1,024 records and [`REPLAY_CHUNK_BYTES`].
+fn replay_chunks(records: &[Vec<u8>]) -> impl Iterator<Item = &[Vec<u8>]> {
+    let mut rest = records;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let mut n = 0;
+        while n < rest.len() && n < 1024 && (n == 0 || bytes + rest[n].len() <= REPLAY_CHUNK_BYTES)
+        {
+            bytes += rest[n].len();
+            n += 1;
+        }
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        Some(chunk)
+    })
 }
 
 /// The journal records among `outputs`, and the rest, each in order. The
@@ -953,4 +978,23 @@ fn failed(reply: &OutboundMessage, e: &std::io::Error) -> OutboundMessage {
         Status::InternalError,
         format!("the state store could not make the change durable: {e}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_chunks_are_bounded_in_count_and_bytes() {
+        let small: Vec<Vec<u8>> = (0..3000).map(|_| vec![0; 10]).collect();
+        let sizes: Vec<usize> = replay_chunks(&small).map(<[_]>::len).collect();
+        assert_eq!(sizes, [1024, 1024, 952]);
+        let big: Vec<Vec<u8>> = (0..5).map(|_| vec![0; 3 << 20]).collect();
+        let sizes: Vec<usize> = replay_chunks(&big).map(<[_]>::len).collect();
+        assert_eq!(sizes, [1, 1, 1, 1, 1], "two would pass 4 MiB");
+        let huge = vec![vec![0; 9 << 20], vec![0; 1]];
+        let sizes: Vec<usize> = replay_chunks(&huge).map(<[_]>::len).collect();
+        assert_eq!(sizes, [1, 1], "a record larger than a chunk goes alone");
+        assert_eq!(replay_chunks(&[]).count(), 0);
+    }
 }
