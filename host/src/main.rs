@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use statestore::config::{self, Matcher, TenantBroker, TenantSpec};
 use statestore::driver::Control;
 use statestore::embedded::{EmbeddedServer, Route};
@@ -45,6 +45,61 @@ enum Command {
     /// A bare MQTT5 echo responder (the baseline for `bench`): replies to
     /// every request on --topic with its own payload.
     Echo(EchoArgs),
+    /// Write the state store component this binary serves (its sha256 is in
+    /// `statestore --version`), and with --wit its interface (store.wit) and
+    /// byte-level contract (WIRE.md): a host in any language can load the
+    /// very build this binary serves.
+    Component(ComponentArgs),
+}
+
+#[derive(clap::Args)]
+struct ComponentArgs {
+    /// Where to write the component (.wasm).
+    #[arg(long)]
+    out: PathBuf,
+    /// A directory to write store.wit and WIRE.md into (created if needed).
+    #[arg(long)]
+    wit: Option<PathBuf>,
+}
+
+/// The WIT and the byte-level contract of the embedded component.
+const WIT: &str = include_str!("../../wit/store.wit");
+const WIRE: &str = include_str!("../../wit/WIRE.md");
+
+/// The version text: this build, the embedded component's sha256 and its WIT
+/// package.
+fn version_text() -> String {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(statestore::GUEST_COMPONENT);
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    let package = WIT
+        .lines()
+        .find_map(|l| l.strip_prefix("package ")?.strip_suffix(';'))
+        .unwrap_or("statestore:core");
+    format!(
+        "{} (component sha256 {hex}, {package})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+fn component(args: ComponentArgs) -> Result<()> {
+    std::fs::write(&args.out, statestore::GUEST_COMPONENT)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    eprintln!(
+        "wrote {} ({} bytes)",
+        args.out.display(),
+        statestore::GUEST_COMPONENT.len()
+    );
+    if let Some(dir) = &args.wit {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for (name, text) in [("store.wit", WIT), ("WIRE.md", WIRE)] {
+            let path = dir.join(name);
+            std::fs::write(&path, text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -222,11 +277,18 @@ fn main() -> ExitCode {
         // Colours only on a terminal: not in log files or journald.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    // The version names the embedded component's hash, computed at start.
+    let version: &'static str = Box::leak(version_text().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
+        Command::Component(args) => component(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

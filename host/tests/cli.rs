@@ -404,3 +404,52 @@ fn a_bad_config_is_a_clear_error() {
     assert!(err.contains("tenants.toml"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `statestore component` writes the very build the binary serves, and its
+/// WIT and contract; `--version` names the build's sha256.
+#[test]
+fn the_component_can_be_taken_away() {
+    use sha2::{Digest, Sha256};
+    let dir = std::env::temp_dir().join(format!("statestore-cli-component-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = dir.join("statestore.wasm");
+    let wit = dir.join("wit");
+    let o = statestore()
+        .args(["component", "--out"])
+        .arg(&out)
+        .arg("--wit")
+        .arg(&wit)
+        .output()
+        .expect("run");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).expect("component written");
+    assert_eq!(bytes, statestore::GUEST_COMPONENT);
+    assert_eq!(
+        std::fs::read_to_string(wit.join("store.wit")).expect("wit"),
+        include_str!("../../wit/store.wit")
+    );
+    assert_eq!(
+        std::fs::read_to_string(wit.join("WIRE.md")).expect("wire"),
+        include_str!("../../wit/WIRE.md")
+    );
+    let hex: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let v = run(&["--version"]);
+    let text = String::from_utf8_lossy(&v.stdout);
+    assert!(
+        text.contains(&format!("component sha256 {hex}")) && text.contains("statestore:core@0.2.0"),
+        "{text}"
+    );
+    // A path it cannot write is a clear error.
+    let bad = run(&["component", "--out", "/nonexistent/dir/x.wasm"]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("cannot write /nonexistent/dir/x.wasm"),
+        "{}",
+        stderr(&bad)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
