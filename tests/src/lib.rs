@@ -44,6 +44,17 @@ pub fn test_config() -> Config {
     }
 }
 
+/// The config of the journal tests: every key persisted, no server client id.
+pub fn durable_config() -> Config {
+    Config {
+        node_id: "StateStore".into(),
+        server_client_id: None,
+        persist: statestore::Persist::All,
+        hash_seed: 0,
+        quota: Default::default(),
+    }
+}
+
 /// A build of the guest that claims an output list version no host reads
 /// (its `next-formats` feature): hosts must refuse to load it.
 pub fn next_formats_wasm() -> Vec<u8> {

@@ -14,23 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use statestore::clock::{Clock, ManualClock};
-use statestore::journal::{self, Fsync, Journal, OnDamage, SnapshotPolicy};
+use statestore::journal::{self, Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy};
 use statestore::storage::{MemStorage, Storage, conformance};
-use statestore::{Backend, Config, InboundMessage, Output, Persist, WasmStore};
+use statestore::{Backend, InboundMessage, Output, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_tests::{reply, resp, wasm_runtime};
+use statestore_tests::{durable_config, reply, resp, wasm_runtime};
 
 const T0: u64 = 1_700_000_000_000;
-
-fn config() -> Config {
-    Config {
-        node_id: "StateStore".into(),
-        server_client_id: None,
-        persist: Persist::All,
-        hash_seed: 0,
-        quota: Default::default(),
-    }
-}
 
 /// Snapshots often, so that crashes fall between every kind of step.
 fn policy() -> SnapshotPolicy {
@@ -62,19 +52,26 @@ struct Node {
 /// and would answer a reused one with its old reply).
 static CORRELATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// A journal (and the store it recovers) on `storage`.
+fn open_journal(
+    storage: &MemStorage,
+    clock: &ManualClock,
+) -> Result<(Journal, WasmStore, Recovery), JournalError> {
+    let shared: Arc<dyn Storage> = Arc::new(storage.clone());
+    Journal::open_in(
+        shared,
+        wasm_runtime(),
+        &durable_config(),
+        Fsync::Always,
+        policy(),
+        clock,
+        OnDamage::Refuse,
+    )
+}
+
 impl Node {
     fn open(storage: &MemStorage, clock: &ManualClock) -> Node {
-        let shared: Arc<dyn Storage> = Arc::new(storage.clone());
-        let (journal, store, _) = Journal::open_in(
-            shared,
-            wasm_runtime(),
-            &config(),
-            Fsync::Always,
-            policy(),
-            clock,
-            OnDamage::Refuse,
-        )
-        .expect("recovers");
+        let (journal, store, _) = open_journal(storage, clock).expect("recovers");
         Node { store, journal }
     }
 
@@ -215,17 +212,7 @@ fn one_journal_per_storage() {
     let storage = MemStorage::new();
     let clock = ManualClock::at(T0);
     let _first = Node::open(&storage, &clock);
-    let shared: Arc<dyn Storage> = Arc::new(storage.clone());
-    let second = Journal::open_in(
-        shared,
-        wasm_runtime(),
-        &config(),
-        Fsync::Always,
-        policy(),
-        &clock,
-        OnDamage::Refuse,
-    );
-    assert!(second.is_err());
+    assert!(open_journal(&storage, &clock).is_err());
 }
 
 /// A full disk does not stop a restart (issue 15, finding 10): the store

@@ -7,19 +7,9 @@ use std::time::Duration;
 
 use statestore::clock::{Clock, ManualClock, SystemClock};
 use statestore::journal::{Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy};
-use statestore::{Backend, Config, InboundMessage, Output, Persist, WasmStore};
+use statestore::{Backend, InboundMessage, Output, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_tests::{reply, resp, wasm_runtime};
-
-fn config() -> Config {
-    Config {
-        node_id: "StateStore".into(),
-        server_client_id: None,
-        persist: Persist::All,
-        hash_seed: 0,
-        quota: Default::default(),
-    }
-}
+use statestore_tests::{durable_config, reply, resp, wasm_runtime};
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
@@ -55,7 +45,7 @@ impl Store {
     ) -> (Store, Recovery) {
         let (journal, store, recovery) = Journal::open(
             wasm_runtime(),
-            &config(),
+            &durable_config(),
             dir,
             Fsync::Always,
             policy,
@@ -105,7 +95,7 @@ impl Store {
 fn open_error(dir: &Path, why: &str) -> JournalError {
     match Journal::open(
         wasm_runtime(),
-        &config(),
+        &durable_config(),
         dir,
         Fsync::Always,
         SnapshotPolicy::default(),
