@@ -89,7 +89,7 @@ impl wit::GuestStore for Store {
         let inputs: Vec<types::Input<'_>> = owned.iter().map(Owned::as_input).collect();
         // The same path as `handle-wire`: encoded, handled, decoded.
         let outputs = self.0.borrow_mut().step(&inputs, now);
-        outputs.into_iter().map(output_out).collect()
+        outputs.into_iter().filter_map(output_out).collect()
     }
 
     fn next_deadline(&self) -> Option<u64> {
@@ -184,8 +184,8 @@ fn message_in(m: wit::InboundMessage) -> types::InboundMessage {
     }
 }
 
-fn output_out(o: types::Output) -> wit::Output {
-    match o {
+fn output_out(o: types::Output) -> Option<wit::Output> {
+    Some(match o {
         types::Output::Publish(m) => wit::Output::Publish(wit::OutboundMessage {
             kind: match m.kind {
                 types::PublishKind::Response => wit::PublishKind::Response,
@@ -211,10 +211,13 @@ fn output_out(o: types::Output) -> wit::Output {
             target_client: m.target_client.map(|t| t.to_string()),
         }),
         types::Output::Journal(record) => wit::Output::Journal(record),
+        // `step` ends a list with it only after a call with no inputs;
+        // `next-deadline` tells the typed door's host the same.
+        types::Output::More(_) => return None,
         types::Output::Violation { client_id, reason } => {
             wit::Output::Violation(wit::Violation { client_id, reason })
         }
-    }
+    })
 }
 
 export!(Component);

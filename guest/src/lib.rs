@@ -75,7 +75,7 @@ pub fn formats() -> Formats {
     }
 }
 
-pub use machine::{HostReply, StateMachine};
+pub use machine::{EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, StateMachine};
 pub use snapshot::SnapshotScope;
 pub use types::{
     Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, PublishKind,

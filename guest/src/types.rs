@@ -154,6 +154,11 @@ pub enum Output {
         /// What it did.
         reason: String,
     },
+    /// The call stopped early to keep what crosses the boundary bounded
+    /// (only ever the last output of a list): it handled the first `n`
+    /// inputs, and the host calls again with the rest. After a call with
+    /// no inputs (`n` = 0): more keys or dedup entries are due, call again.
+    More(u32),
 }
 
 /// Which state changes become journal records (WIT `persist-mode`).

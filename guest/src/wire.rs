@@ -16,9 +16,9 @@
 //!           opt<bytes> correlation, opt<u32> message-expiry, opt<str> content-type,
 //!           opt<u8> payload-format, u32 n, (str name, str value)*n,
 //!           opt<str> client-id, opt<u64> received-at
-//! outputs = u8 version (3), u32 count, output*
+//! outputs = u8 version (4), u32 count, output*
 //! output  = u8 1, bytes record | u8 2, opt<str> client-id, str reason
-//!         | u8 3, reply | u8 4, notify
+//!         | u8 3, reply | u8 4, notify | u8 5, u32 handled (last only)
 //! reply   = str topic, opt<bytes> correlation, opt<u32> message-expiry, u16 status,
 //!           bytes payload, opt<str> timestamp, opt<str> source-id,
 //!           u32 n, (str name, str value)*n
@@ -48,9 +48,9 @@ pub const BATCH_VERSION: u8 = 2;
 /// The batch versions this build reads: 1 (messages only) and 2.
 pub const BATCH_VERSIONS: &[u8] = &[1, 2];
 
-/// Version byte that starts every output list: 3 since every publish is
-/// compact and a reply carries its extra properties.
-pub const OUTPUTS_VERSION: u8 = 3;
+/// Version byte that starts every output list: 4 since a call may stop
+/// early (the `more` output) to bound what crosses the boundary.
+pub const OUTPUTS_VERSION: u8 = 4;
 
 /// What the notifications of one change have in common: what the compact
 /// `notify` output holds (once for all observers).
@@ -388,6 +388,23 @@ impl OutputWriter {
         }
     }
 
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.e.buf.len()
+    }
+
+    /// Whether nothing but the header is written.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The call stops here, after `handled` inputs: the last output.
+    pub fn more(&mut self, handled: u32) {
+        self.e.u8(5);
+        self.e.u32(handled);
+        self.count += 1;
+    }
+
     /// The encoded list.
     pub fn finish(self) -> Vec<u8> {
         self.e.finish(self.count)
@@ -550,6 +567,7 @@ impl<'a> Decoder<'a> {
             },
             3 => Output::Publish(self.reply(base)?),
             4 => Output::Publish(self.notification(base, last)?),
+            5 => Output::More(self.u32()?),
             _ => return Err(bad("unknown output tag")),
         })
     }
@@ -660,7 +678,11 @@ pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
     let mut out = Vec::with_capacity((n as usize).min(base.len() / 4));
     let mut last = None;
     for _ in 0..n {
-        out.push(d.output(base, &mut last)?);
+        let output = d.output(base, &mut last)?;
+        if matches!(out.last(), Some(Output::More(_))) {
+            return Err(bad("an output after `more`"));
+        }
+        out.push(output);
     }
     if !d.rest.is_empty() {
         return Err(bad("bytes after the last output"));

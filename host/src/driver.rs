@@ -30,6 +30,24 @@ use crate::{InboundMessage, Output, Runtime};
 /// of the requests behind it.
 pub const MAX_BATCH: usize = 256;
 
+/// The most bytes of requests a transport hands the guest in one call
+/// (a first request of any size is taken alone).
+pub const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// What a request weighs in a batch: its payload and the fields the guest
+/// reads.
+pub fn message_bytes(m: &InboundMessage) -> usize {
+    m.payload.len()
+        + m.topic.len()
+        + m.response_topic.as_ref().map_or(0, String::len)
+        + m.correlation_data.as_ref().map_or(0, Vec::len)
+        + m.user_properties
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 8)
+            .sum::<usize>()
+        + 64
+}
+
 /// What a transport hands the state machine.
 #[derive(Debug)]
 pub enum Input {
@@ -87,7 +105,10 @@ impl std::fmt::Debug for Control {
 /// transport ends), then closes the transport. The journal records of every
 /// input are durable before its outputs are published; a failing guest is
 /// restarted by the tenant (see [`Tenant::handle`]); `control` commands run
-/// between inputs.
+/// between inputs. A tenant that cannot go on (its journal or its restart
+/// failed) stops, but its transport stays: every later request gets a 503
+/// reply until shutdown, never silence, and the tenant's error is returned
+/// then.
 pub async fn drive<T: Transport>(
     tenant: &mut Tenant,
     transport: &mut T,
@@ -95,14 +116,63 @@ pub async fn drive<T: Transport>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     tokio::pin!(shutdown);
+    let result = match serve(tenant, transport, control, &mut shutdown).await {
+        Ended::Shutdown => Ok(()),
+        Ended::Transport(e) => Err(e),
+        Ended::Tenant(e) => {
+            tracing::error!(tenant = tenant.name(), error = %format!("{e:#}"), "the tenant stopped: its clients get 503 replies until the server restarts");
+            match unavailable(tenant, transport, &mut shutdown).await {
+                Ok(()) => Err(e),
+                Err(t) => Err(e.context(format!("then its transport failed: {t:#}"))),
+            }
+        }
+    };
+    if result.is_ok() {
+        info!(tenant = tenant.name(), "shutting down");
+    }
+    transport.close().await;
+    result
+}
+
+/// How [`serve`] ended.
+enum Ended {
+    Shutdown,
+    /// The transport failed or ended.
+    Transport(anyhow::Error),
+    /// The tenant cannot go on.
+    Tenant(anyhow::Error),
+}
+
+async fn serve<T: Transport>(
+    tenant: &mut Tenant,
+    transport: &mut T,
+    control: &mut mpsc::UnboundedReceiver<Control>,
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Ended {
+    macro_rules! tenant_op {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Ended::Tenant(e),
+            }
+        };
+    }
+    macro_rules! transport_op {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Ended::Transport(e),
+            }
+        };
+    }
     // One timer for the guest's next deadline, reset only when the deadline
     // changes; when it fires the wall clock decides (a sleep can end early).
     let timer = tokio::time::sleep(Duration::from_secs(3600));
     tokio::pin!(timer);
     let mut armed: Option<u64> = None;
-    let mut deadline = tenant.next_deadline()?;
+    let mut deadline = tenant_op!(tenant.next_deadline());
     let mut control_open = true;
-    let result = loop {
+    loop {
         if deadline != armed {
             armed = deadline;
             if let Some(at) = armed {
@@ -112,7 +182,7 @@ pub async fn drive<T: Transport>(
         }
         tokio::select! {
             biased;
-            () = &mut shutdown => break Ok(()),
+            () = shutdown.as_mut() => return Ended::Shutdown,
             command = control.recv(), if control_open => {
                 match command {
                     None => control_open = false,
@@ -122,41 +192,51 @@ pub async fn drive<T: Transport>(
                             tracing::error!(tenant = tenant.name(), error = %format!("{e:#}"), "upgrade refused; the running component keeps serving");
                         }
                         let _ = done.send(outcome);
-                        deadline = tenant.next_deadline()?;
+                        deadline = tenant_op!(tenant.next_deadline());
                     }
                 }
             }
             event = transport.recv() => {
                 let Some(event) = event else {
-                    break Err(anyhow::anyhow!("the transport stopped"));
+                    return Ended::Transport(anyhow::anyhow!("the transport stopped"));
                 };
-                let Some(input) = transport.on_event(event).await? else { continue };
+                let Some(input) = transport_op!(transport.on_event(event).await) else { continue };
                 let now = tenant.now_ms();
                 let outputs = match input {
                     Input::Messages(messages) => {
-                        let outputs = tenant.handle(&messages, now)?;
+                        let outputs = match tenant.handle(&messages, now) {
+                            Ok(outputs) => outputs,
+                            Err(e) => {
+                                // These requests get their 503 too.
+                                transport_op!(transport.emit(unavailable_replies(tenant, &messages, now)).await);
+                                transport_op!(transport.settle().await);
+                                return Ended::Tenant(e);
+                            }
+                        };
                         debug!(tenant = tenant.name(), requests = messages.len(), outputs = outputs.len(), "handled");
                         outputs
                     }
                     Input::ClientGone(id) => {
                         debug!(tenant = tenant.name(), client_id = %id, "client gone: dropping its KEYNOTIFY registrations");
-                        tenant.client_gone(&id, now)?
+                        tenant_op!(tenant.client_gone(&id, now))
                     }
                 };
-                transport.emit(outputs).await?;
-                transport.settle().await?;
-                deadline = tenant.next_deadline()?;
+                transport_op!(transport.emit(outputs).await);
+                transport_op!(transport.settle().await);
+                deadline = tenant_op!(tenant.next_deadline());
             }
+            // Requests come first (the select is biased): a mass expiry in
+            // bounded calls (more due now) leaves room for them between.
             () = &mut timer, if armed.is_some() => {
                 let now = tenant.now_ms();
                 if deadline.is_some_and(|at| now < at) {
                     armed = None; // woke early: arm again for the same deadline
                     continue;
                 }
-                let outputs = tenant.timeout(now)?;
-                transport.emit(outputs).await?;
-                deadline = tenant.next_deadline()?;
-                if deadline.is_some_and(|at| at <= now) {
+                let outputs = tenant_op!(tenant.timeout(now));
+                transport_op!(transport.emit(outputs).await);
+                deadline = tenant_op!(tenant.next_deadline());
+                if deadline.is_some_and(|at| at <= now) && !tenant.more_due() {
                     // The expiry could not be journaled (a full disk) or the
                     // guest failed on it, and the restarted store has it due
                     // again: retry in a second, not in a hot loop.
@@ -164,12 +244,49 @@ pub async fn drive<T: Transport>(
                 }
             }
         }
-    };
-    if result.is_ok() {
-        info!(tenant = tenant.name(), "shutting down");
     }
-    transport.close().await;
-    result
+}
+
+/// 503 replies (spec §4.3, "server not ready") to requests a stopped
+/// tenant cannot handle.
+fn unavailable_replies(tenant: &Tenant, messages: &[InboundMessage], now: u64) -> Vec<Output> {
+    messages
+        .iter()
+        .filter_map(|m| {
+            statestore_guest::StateMachine::host_reply(
+                tenant.config(),
+                m,
+                now,
+                statestore_guest::HostReply::Unavailable(format!(
+                    "the state store tenant {:?} has stopped; see the server log",
+                    tenant.name()
+                )),
+            )
+        })
+        .map(Output::Publish)
+        .collect()
+}
+
+/// A stopped tenant's transport until shutdown: 503 to every request.
+async fn unavailable<T: Transport>(
+    tenant: &mut Tenant,
+    transport: &mut T,
+    shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<()> {
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.as_mut() => return Ok(()),
+            event = transport.recv() => {
+                let Some(event) = event else { return Ok(()) };
+                if let Some(Input::Messages(messages)) = transport.on_event(event).await? {
+                    let replies = unavailable_replies(tenant, &messages, tenant.now_ms());
+                    transport.emit(replies).await?;
+                }
+                transport.settle().await?;
+            }
+        }
+    }
 }
 
 /// Spawns one task per tenant, each handed a future that completes at

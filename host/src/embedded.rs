@@ -23,8 +23,10 @@
 //! clients. A tenant with a password makes the broker refuse its user names
 //! without it.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU16, NonZeroU32};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -37,11 +39,11 @@ use rmqtt::server::MqttServer;
 use rmqtt::session::SessionState;
 use rmqtt::types::{AuthResult, ClientId, CodecPublish, From as MsgFrom, Id, Publish};
 use statestore_guest::rpc::REQUEST_TOPIC;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{debug, info, warn};
 
 use crate::config::Matcher;
-use crate::driver::{Control, Input, MAX_BATCH, Transport, now_ms};
+use crate::driver::{Control, Input, MAX_BATCH, MAX_BATCH_BYTES, Transport, message_bytes, now_ms};
 use crate::store::StoreOptions;
 use crate::tenant::Tenant;
 use crate::{Config, InboundMessage, OutboundMessage, Output, PublishKind, Runtime};
@@ -51,8 +53,40 @@ use statestore_guest::{HostReply, StateMachine};
 /// `$` ids are refused): routing a request copy to it drops the copy.
 const CONSUMED: &str = "$statestore/consumed";
 
-/// Largest packet the listener accepts and sends (the MQTT maximum).
-const MAX_PACKET: u32 = 268_435_455;
+/// What the embedded broker lets clients make it hold (issue 15, finding 7):
+/// every default is a bound, and every one is a `serve` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokerLimits {
+    /// Largest packet accepted or sent, bytes.
+    pub max_packet: u32,
+    /// Longest session expiry a client may ask for (a longer one is cut).
+    pub max_session_expiry: Duration,
+    /// Most messages queued for one session (offline or slow); the oldest
+    /// is dropped past it. With `max_packet` this bounds a session's queue
+    /// in bytes.
+    pub max_queued: usize,
+    /// Most connections at once.
+    pub max_connections: usize,
+    /// Most connections at once from one IP address (0: no limit).
+    pub max_connections_per_address: usize,
+    /// Most bytes of requests waiting for one tenant's store; a client whose
+    /// request would go past it waits (its connection stops being read)
+    /// until the store catches up.
+    pub inbound_bytes: usize,
+}
+
+impl Default for BrokerLimits {
+    fn default() -> Self {
+        BrokerLimits {
+            max_packet: 32 << 20,
+            max_session_expiry: Duration::from_secs(24 * 3600),
+            max_queued: 1000,
+            max_connections: 10_000,
+            max_connections_per_address: 256,
+            inbound_bytes: 64 << 20,
+        }
+    }
+}
 
 /// Everything the embedded mode needs to know (one tenant).
 #[derive(Debug, Clone)]
@@ -82,17 +116,40 @@ pub struct TenantHandle {
 }
 
 enum BrokerEvent {
-    Request(InboundMessage),
+    /// A request, with its share of the tenant's inbound byte budget
+    /// (returned when the request has been handled).
+    Request(InboundMessage, Option<OwnedSemaphorePermit>),
     Gone(String),
+}
+
+/// One tenant's inbound queue: unbounded in count, bounded in bytes by a
+/// semaphore whose permits are bytes.
+struct Inbound {
+    tx: mpsc::UnboundedSender<BrokerEvent>,
+    budget: Arc<Semaphore>,
+    total: usize,
+}
+
+impl Inbound {
+    /// Hands a request over, waiting while the tenant already holds its
+    /// budget of waiting requests (the publisher waits with it).
+    async fn request(&self, message: InboundMessage) {
+        let want = u32::try_from(message_bytes(&message).min(self.total)).unwrap_or(u32::MAX);
+        let permit = self.budget.clone().acquire_many_owned(want).await.ok();
+        let _ = self.tx.send(BrokerEvent::Request(message, permit));
+    }
 }
 
 /// Which tenant's channel a client's events go to.
 struct Router {
     routes: Vec<Route>,
     default: Option<usize>,
-    tenants: Vec<mpsc::UnboundedSender<BrokerEvent>>,
+    tenants: Vec<Inbound>,
     /// Requests of clients that belong to no tenant.
     strangers: mpsc::UnboundedSender<InboundMessage>,
+    /// Connections per IP address, and the most allowed (0: no limit).
+    per_address: std::sync::Mutex<HashMap<IpAddr, usize>>,
+    max_per_address: usize,
 }
 
 impl Router {
@@ -101,6 +158,31 @@ impl Router {
             .iter()
             .position(|r| r.matcher.matches(username, client_id))
             .or(self.default)
+    }
+
+    /// Whether `addr` may open one more connection.
+    fn address_has_room(&self, addr: Option<SocketAddr>) -> bool {
+        let Some(addr) = addr else { return true };
+        if self.max_per_address == 0 {
+            return true;
+        }
+        let counts = self.per_address.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(&addr.ip()).copied().unwrap_or(0) < self.max_per_address
+    }
+
+    /// A connection from `addr` opened (+1) or closed (-1).
+    fn count_connection(&self, addr: Option<SocketAddr>, opened: bool) {
+        let Some(addr) = addr else { return };
+        let mut counts = self.per_address.lock().unwrap_or_else(|e| e.into_inner());
+        let n = counts.entry(addr.ip()).or_insert(0);
+        if opened {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&addr.ip());
+            }
+        }
     }
 
     /// The verdict on a client's credentials: `None` if no tenant claims
@@ -133,14 +215,32 @@ impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
         match param {
             Parameter::ClientAuthenticate(info) => {
+                let addr = info.id().remote_addr;
+                if !self.router.address_has_room(addr) {
+                    warn!(client_id = %info.id().client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
+                    return (
+                        false,
+                        Some(HookResult::AuthResult(AuthResult::NotAuthorized)),
+                    );
+                }
+                // The listener refuses anonymous clients unless a hook allows
+                // them (so that every client passes the check above): allow.
                 let Some(user) = info.username() else {
-                    return (true, acc);
+                    return (
+                        false,
+                        Some(HookResult::AuthResult(AuthResult::Allow(false, None))),
+                    );
                 };
                 let password = info.password().map(|p| p.as_ref());
-                match self.router.authenticate(user.as_ref(), password) {
-                    Some(verdict) => (false, Some(HookResult::AuthResult(verdict))),
-                    None => (true, acc),
-                }
+                let verdict = self
+                    .router
+                    .authenticate(user.as_ref(), password)
+                    .unwrap_or(AuthResult::Allow(false, None));
+                (false, Some(HookResult::AuthResult(verdict)))
+            }
+            Parameter::ClientConnected(session) => {
+                self.router.count_connection(session.id.remote_addr, true);
+                (true, acc)
             }
             Parameter::MessagePublish(_, from, publish)
                 if from.is_custom() && publish.topic.as_ref() as &str == REQUEST_TOPIC =>
@@ -148,9 +248,7 @@ impl Handler for Hooks {
                 let client_id: &str = from.id.client_id.as_ref();
                 let message = inbound(client_id, publish);
                 match self.router.tenant_of(username(&from.id), client_id) {
-                    Some(t) => {
-                        let _ = self.router.tenants[t].send(BrokerEvent::Request(message));
-                    }
+                    Some(t) => self.router.tenants[t].request(message).await,
                     None => {
                         let _ = self.router.strangers.send(message);
                     }
@@ -164,11 +262,12 @@ impl Handler for Hooks {
                 (true, Some(HookResult::Publish(copy)))
             }
             Parameter::ClientDisconnected(session, reason) => {
+                self.router.count_connection(session.id.remote_addr, false);
                 // A takeover (same client id connecting again) is not a departure.
                 if !reason.is_kicked(false) {
                     let id = session.id.client_id.to_string();
                     if let Some(t) = self.router.tenant_of(username(&session.id), &id) {
-                        let _ = self.router.tenants[t].send(BrokerEvent::Gone(id));
+                        let _ = self.router.tenants[t].tx.send(BrokerEvent::Gone(id));
                     }
                 }
                 (true, acc)
@@ -248,6 +347,8 @@ struct BrokerTransport {
     scx: ServerContext,
     events: mpsc::UnboundedReceiver<BrokerEvent>,
     pending: Option<BrokerEvent>,
+    /// The inbound budget of the requests being handled.
+    permits: Vec<OwnedSemaphorePermit>,
 }
 
 impl EmbeddedServer {
@@ -264,13 +365,25 @@ impl EmbeddedServer {
         EmbeddedServer::start_tenants(opts.listen, &server_id, vec![(tenant, route)]).await
     }
 
-    /// Starts the broker on `listen` serving `tenants`, each with the route
-    /// that says which clients are its. `server_client_id` is the `__srcId`
-    /// of replies to clients of no tenant.
+    /// [`EmbeddedServer::start_tenants_with`] the default [`BrokerLimits`].
     pub async fn start_tenants(
         listen: SocketAddr,
         server_client_id: &str,
         tenants: Vec<(Tenant, Route)>,
+    ) -> Result<EmbeddedServer> {
+        let limits = BrokerLimits::default();
+        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, &limits).await
+    }
+
+    /// Starts the broker on `listen` serving `tenants`, each with the route
+    /// that says which clients are its, within `limits`.
+    /// `server_client_id` is the `__srcId` of replies to clients of no
+    /// tenant.
+    pub async fn start_tenants_with(
+        listen: SocketAddr,
+        server_client_id: &str,
+        tenants: Vec<(Tenant, Route)>,
+        limits: &BrokerLimits,
     ) -> Result<EmbeddedServer> {
         let scx = ServerContext::new().busy_check_enable(false).build().await;
         let (strangers_tx, strangers) = mpsc::unbounded_channel();
@@ -281,7 +394,12 @@ impl EmbeddedServer {
         for (tenant, route) in tenants {
             let (tx, events) = mpsc::unbounded_channel();
             let (control, control_rx) = mpsc::unbounded_channel();
-            senders.push(tx);
+            let total = limits.inbound_bytes.clamp(1, u32::MAX as usize);
+            senders.push(Inbound {
+                tx,
+                budget: Arc::new(Semaphore::new(total)),
+                total,
+            });
             routes.push(route);
             handles.push(TenantHandle {
                 name: tenant.name().to_string(),
@@ -291,6 +409,7 @@ impl EmbeddedServer {
                 scx: scx.clone(),
                 events,
                 pending: None,
+                permits: Vec::new(),
             };
             running.push((tenant, transport, control_rx));
         }
@@ -299,10 +418,13 @@ impl EmbeddedServer {
             routes,
             tenants: senders,
             strangers: strangers_tx,
+            per_address: std::sync::Mutex::new(HashMap::new()),
+            max_per_address: limits.max_connections_per_address,
         });
         let register = scx.extends.hook_mgr().register();
         for t in [
             Type::ClientAuthenticate,
+            Type::ClientConnected,
             Type::MessagePublish,
             Type::ClientDisconnected,
         ] {
@@ -321,9 +443,14 @@ impl EmbeddedServer {
             .laddr(listen)
             .nodelay(true)
             .reuseaddr(Some(true))
-            .max_packet_size(MAX_PACKET)
+            .max_packet_size(limits.max_packet)
             .max_inflight(NonZeroU16::new(256).unwrap_or(NonZeroU16::MIN))
-            .max_mqueue_len(100_000)
+            .max_mqueue_len(limits.max_queued)
+            .max_session_expiry_interval(limits.max_session_expiry)
+            .max_connections(limits.max_connections)
+            // Every client passes the authentication hook (the limit per
+            // address is checked there); the hook allows anonymous ones.
+            .allow_anonymous(false)
             // Do not give messages without an expiry one of 300 s.
             .message_expiry_interval(Duration::ZERO)
             .bind()
@@ -495,13 +622,21 @@ impl Transport for BrokerTransport {
 
     async fn on_event(&mut self, event: BrokerEvent) -> Result<Option<Input>> {
         Ok(Some(match event {
-            BrokerEvent::Request(first) => {
+            BrokerEvent::Request(first, permit) => {
+                let mut bytes = message_bytes(&first);
                 let mut batch = vec![first];
+                // Their budget is given back once the batch is handled.
+                self.permits.extend(permit);
                 while batch.len() < MAX_BATCH
+                    && bytes < MAX_BATCH_BYTES
                     && let Ok(e) = self.events.try_recv()
                 {
                     match e {
-                        BrokerEvent::Request(m) => batch.push(m),
+                        BrokerEvent::Request(m, permit) => {
+                            bytes += message_bytes(&m);
+                            batch.push(m);
+                            self.permits.extend(permit);
+                        }
                         other => {
                             self.pending = Some(other);
                             break;
@@ -534,14 +669,16 @@ impl Transport for BrokerTransport {
                         self.kick(&id).await;
                     }
                 }
-                Output::Journal(_) => {}
+                Output::Journal(_) | Output::More(_) => {}
             }
         }
         Ok(())
     }
 
-    /// The broker acknowledged each request when it was handed over.
+    /// The broker acknowledged each request when it was handed over; its
+    /// bytes leave the tenant's inbound budget now.
     async fn settle(&mut self) -> Result<()> {
+        self.permits.clear();
         Ok(())
     }
 

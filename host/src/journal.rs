@@ -230,7 +230,19 @@ pub struct Journal {
     /// append fails rather than write after damaged bytes.
     broken: bool,
     on_damage: OnDamage,
+    /// After a failed snapshot: not before this instant, and the wait
+    /// after the next failure (doubling, at most [`SNAPSHOT_BACKOFF_MAX`]).
+    snapshot_backoff: Option<(Instant, Duration)>,
+    /// Snapshots that failed (in the guest or on the disk).
+    snapshots_failed: u64,
+    /// Whether the last append failed.
+    append_failed: bool,
 }
+
+/// The first wait after a failed snapshot.
+pub const SNAPSHOT_BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// The longest wait between snapshot attempts after failures.
+pub const SNAPSHOT_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 fn snapshot_name(seq: u64) -> String {
     format!("snapshot-{seq:020}.snap")
@@ -459,6 +471,9 @@ impl Journal {
             len,
             logged_since_snapshot: 0,
             last_snapshot: Instant::now(),
+            snapshot_backoff: None,
+            snapshots_failed: 0,
+            append_failed: false,
             dirty: Arc::new(AtomicBool::new(false)),
             sync_target: Arc::new(Mutex::new(None)),
             syncing: false,
@@ -509,6 +524,37 @@ impl Journal {
         if records.is_empty() {
             return Ok(());
         }
+        let written = self.append_records(records);
+        self.append_failed = written.is_err();
+        written
+    }
+
+    /// Whether the last [`Journal::append`] failed (the disk is full or
+    /// failing): work that would only fail again should wait.
+    pub fn last_append_failed(&self) -> bool {
+        self.append_failed
+    }
+
+    /// Snapshots that failed since the journal opened.
+    pub fn snapshots_failed(&self) -> u64 {
+        self.snapshots_failed
+    }
+
+    /// A snapshot failed: the next attempt waits, twice as long each time.
+    pub fn snapshot_failed(&mut self) {
+        self.snapshots_failed += 1;
+        let wait = match self.snapshot_backoff {
+            None => SNAPSHOT_BACKOFF_MIN,
+            Some((_, last)) => (last * 2).min(SNAPSHOT_BACKOFF_MAX),
+        };
+        warn!(
+            retry_in_s = wait.as_secs(),
+            "snapshot failed; the log keeps everything, next attempt after a pause"
+        );
+        self.snapshot_backoff = Some((Instant::now() + wait, wait));
+    }
+
+    fn append_records(&mut self, records: &[Vec<u8>]) -> io::Result<()> {
         if self.broken {
             return Err(io::Error::other(
                 "the journal is unusable after an earlier write error; restart the server",
@@ -561,6 +607,12 @@ impl Journal {
     /// Whether a snapshot is due by size or time.
     pub fn snapshot_due(&mut self) -> bool {
         self.finish_snapshot();
+        if self
+            .snapshot_backoff
+            .is_some_and(|(not_before, _)| Instant::now() < not_before)
+        {
+            return false;
+        }
         self.pending_snapshot.is_none()
             && (self.logged_since_snapshot >= self.policy.max_log_bytes
                 || (self.logged_since_snapshot > 0
@@ -636,9 +688,18 @@ impl Journal {
         }
         if let Some((seq, handle)) = self.pending_snapshot.take() {
             match handle.join() {
-                Ok(Ok(())) => self.cleanup(seq),
-                Ok(Err(e)) => warn!(error = %e, "snapshot failed; the log keeps everything"),
-                Err(_) => warn!("the snapshot writer panicked; the log keeps everything"),
+                Ok(Ok(())) => {
+                    self.snapshot_backoff = None;
+                    self.cleanup(seq);
+                }
+                Ok(Err(e)) => {
+                    warn!(error = %e, "cannot write the snapshot file");
+                    self.snapshot_failed();
+                }
+                Err(_) => {
+                    warn!("the snapshot writer panicked");
+                    self.snapshot_failed();
+                }
             }
         }
     }
@@ -950,8 +1011,10 @@ pub fn commit(
             if journal.snapshot_due()
                 && let Err(e) = journal.snapshot(store)
             {
-                // The log keeps everything; the next due check tries again.
+                // The log keeps everything; a later batch tries again, after
+                // a pause that doubles with every failure.
                 tracing::warn!(error = %format!("{e:#}"), "cannot take a snapshot");
+                journal.snapshot_failed();
             }
             Ok(publishes)
         }

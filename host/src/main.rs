@@ -11,13 +11,14 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use statestore::config::{self, Matcher, TenantBroker, TenantSpec};
 use statestore::driver::Control;
-use statestore::embedded::{EmbeddedServer, Route};
+use statestore::embedded::{BrokerLimits, EmbeddedServer, Route};
 use statestore::journal::{Fsync, OnDamage, SnapshotPolicy};
 use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore::store::StoreOptions;
 use statestore::tenant::{ComponentSource, Fleet, Tenant, WASM32_MAX_MEMORY, component_hash};
 use statestore::{Persist, StoreLimits, cache};
+use statestore_guest::types::Quota;
 use tokio::sync::mpsc;
 
 /// The MQTT broker state store: the key-value service of Azure IoT Operations,
@@ -222,6 +223,13 @@ struct ServeArgs {
     #[arg(long, value_enum, default_value_t = Fsync::Always)]
     fsync: Fsync,
 
+    /// Volatile store (`--persist none`): do not keep a journal in memory.
+    /// With it (the default) a guest that fails restarts with everything it
+    /// acknowledged, for about the state's size again in memory; without
+    /// it, it restarts empty.
+    #[arg(long)]
+    no_memory_journal: bool,
+
     /// Snapshot and truncate the log after this many MiB of log.
     #[arg(long, default_value_t = 64)]
     snapshot_log_mib: u64,
@@ -240,6 +248,53 @@ struct ServeArgs {
     /// SIGHUP reads it again and applies new components and limits.
     #[arg(long, env = "STATESTORE_CONFIG")]
     config: Option<PathBuf>,
+
+    /// Largest MQTT packet the embedded broker accepts or sends, MiB.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=255))]
+    max_packet_mib: u32,
+
+    /// Longest value a SET may write, MiB (without --config; tenants have
+    /// `max_value_bytes`).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_value_mib: u64,
+
+    /// Linear memory cap of the store's guest, MiB (without --config;
+    /// tenants have `memory_mib`). A guest that needs more fails and
+    /// restarts from its journal.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=4096))]
+    memory_mib: u64,
+
+    /// Most bytes of keys and values the store holds, MiB (without --config);
+    /// a SET that would create a key past it gets the quota error. Default
+    /// and most: a third of --memory-mib (the state, a snapshot of it and
+    /// the work of a call all live in the guest's memory).
+    #[arg(long)]
+    max_bytes_mib: Option<u64>,
+
+    /// Longest session expiry a client of the embedded broker may ask for,
+    /// seconds (a longer one is cut to it).
+    #[arg(long, default_value_t = 86_400)]
+    max_session_expiry: u64,
+
+    /// Most messages queued for one session of the embedded broker (an
+    /// offline or slow client); past it the oldest are dropped. With
+    /// --max-packet-mib this bounds a session's queue in bytes.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_queued: u64,
+
+    /// Most connections the embedded broker holds at once.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+
+    /// Most connections at once from one IP address (0: no limit); one
+    /// more is refused (CONNACK "not authorized") and logged.
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_address: u64,
+
+    /// Most MiB of requests waiting for a store: past it, publishers wait
+    /// (their connections are not read) until the store catches up.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4095))]
+    inbound_mib: u64,
 
     /// Longest time one call into the guest may run, in ms, before the
     /// call is stopped and the store restarted (without --config).
@@ -320,16 +375,21 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
                 max_log_bytes: args.snapshot_log_mib.saturating_mul(1 << 20).max(1),
                 max_interval: Duration::from_secs(args.snapshot_interval.max(1)),
             },
-            quota: Default::default(),
+            quota: Quota {
+                max_bytes: Some(max_bytes_mib(args).saturating_mul(1 << 20)),
+                max_value_bytes: Some(u32::try_from(args.max_value_mib << 20).unwrap_or(u32::MAX)),
+                ..Quota::default()
+            },
             clock: statestore::clock::system(),
             on_damage: if args.recover_damaged_log {
                 OnDamage::KeepPrefix
             } else {
                 OnDamage::Refuse
             },
+            memory_journal: !args.no_memory_journal,
         },
         limits: StoreLimits {
-            memory_bytes: None,
+            memory_bytes: Some(usize::try_from(args.memory_mib << 20).unwrap_or(usize::MAX)),
             call_ms: Some(args.call_ms),
         },
         component: match &args.component {
@@ -342,6 +402,24 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
             username: args.username.clone(),
             password,
         },
+    }
+}
+
+/// `--max-bytes-mib`, or a third of `--memory-mib`.
+fn max_bytes_mib(args: &ServeArgs) -> u64 {
+    args.max_bytes_mib.unwrap_or(args.memory_mib / 3)
+}
+
+/// The embedded broker's limits from the flags.
+fn broker_limits(args: &ServeArgs) -> BrokerLimits {
+    let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    BrokerLimits {
+        max_packet: args.max_packet_mib << 20,
+        max_session_expiry: Duration::from_secs(args.max_session_expiry),
+        max_queued: usize_of(args.max_queued),
+        max_connections: usize_of(args.max_connections),
+        max_connections_per_address: usize_of(args.max_connections_per_address),
+        inbound_bytes: usize_of(args.inbound_mib << 20),
     }
 }
 
@@ -378,6 +456,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         Some(p) => Some(config::read_secret(p)?),
         None => None,
     };
+    if args.config.is_none() && max_bytes_mib(&args) > args.memory_mib / 3 {
+        anyhow::bail!(
+            "--max-bytes-mib {} is more than a third of --memory-mib {}: the keys and values, a snapshot of them and the work of a call all live in the guest's memory; raise --memory-mib (at most 4096) or lower --max-bytes-mib",
+            max_bytes_mib(&args),
+            args.memory_mib
+        );
+    }
     let specs = tenant_specs(&args, password.clone())?;
     let max_memory = specs
         .iter()
@@ -419,8 +504,13 @@ fn serve(args: ServeArgs) -> Result<()> {
                 with_routes.push((tenant, route));
                 running.push((spec, hash));
             }
-            let server =
-                EmbeddedServer::start_tenants(args.listen, &args.client_id, with_routes).await?;
+            let server = EmbeddedServer::start_tenants_with(
+                args.listen,
+                &args.client_id,
+                with_routes,
+                &broker_limits(&args),
+            )
+            .await?;
             let running = running
                 .into_iter()
                 .zip(server.tenants())

@@ -27,7 +27,7 @@ use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::driver::{Control, Input, MAX_BATCH};
+use crate::driver::{Control, Input, MAX_BATCH, MAX_BATCH_BYTES, message_bytes};
 use crate::mqtt::{self, BrokerUrl};
 use crate::store::StoreOptions;
 use crate::tenant::Tenant;
@@ -328,12 +328,16 @@ impl crate::driver::Transport for ClientTransport {
                     return Ok(input);
                 };
                 // Take every request already waiting: one call into the guest.
+                let mut bytes: usize = batch.iter().map(message_bytes).sum();
                 while batch.len() < MAX_BATCH
+                    && bytes < MAX_BATCH_BYTES
                     && let Ok(e) = self.events.try_recv()
                 {
                     match e {
                         NetEvent::Publish(p) if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() => {
-                            batch.push(mqtt::inbound(&p));
+                            let m = mqtt::inbound(&p);
+                            bytes += message_bytes(&m);
+                            batch.push(m);
                             self.to_ack.push(p);
                         }
                         other => {
@@ -391,7 +395,7 @@ impl crate::driver::Transport for ClientTransport {
                     // A plain client cannot disconnect another client.
                     warn!(client_id = client_id.as_deref().unwrap_or("?"), %reason, "protocol violation; request ignored");
                 }
-                Output::Journal(_) => {}
+                Output::Journal(_) | Output::More(_) => {}
             }
         }
         Ok(())

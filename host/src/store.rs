@@ -8,6 +8,7 @@ use tracing::info;
 
 use crate::clock::{self, Clock};
 use crate::journal::{Fsync, Journal, OnDamage, SnapshotPolicy};
+use crate::storage::MemStorage;
 use crate::{Config, Persist, Runtime, WasmStore};
 use statestore_guest::types::Quota;
 
@@ -32,6 +33,11 @@ pub struct StoreOptions {
     pub clock: Arc<dyn Clock>,
     /// What to do with a log damaged before its end.
     pub on_damage: OnDamage,
+    /// A volatile store (`persist` `None`) keeps a journal in memory, so
+    /// that a guest that fails restarts with everything it acknowledged
+    /// rather than empty (it costs about the state's size again in host
+    /// memory; see BENCHMARKS.md). Nothing reaches the disk either way.
+    pub memory_journal: bool,
 }
 
 impl StoreOptions {
@@ -47,6 +53,7 @@ impl StoreOptions {
             quota: Quota::default(),
             clock: clock::system(),
             on_damage: OnDamage::Refuse,
+            memory_journal: true,
         }
     }
 }
@@ -56,12 +63,17 @@ pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option
     open_with(runtime, opts, &guest_config(opts))
 }
 
-/// The guest config for `opts`, with a fresh random hash seed.
+/// The guest config for `opts`, with a fresh random hash seed. A volatile
+/// store with a memory journal journals every change (in memory).
 pub fn guest_config(opts: &StoreOptions) -> Config {
+    let persist = match opts.persist {
+        Persist::None if opts.memory_journal => Persist::All,
+        p => p,
+    };
     Config {
         node_id: opts.node_id.clone(),
         server_client_id: Some(opts.server_client_id.clone()),
-        persist: opts.persist,
+        persist,
         hash_seed: random_seed(),
         quota: opts.quota,
     }
@@ -74,8 +86,25 @@ pub fn open_with(
     config: &Config,
 ) -> Result<(WasmStore, Option<Journal>)> {
     match (opts.persist, &opts.data_dir) {
+        (Persist::None, _) if opts.memory_journal => {
+            info!(
+                "volatile store: nothing is written to disk (--persist none); a journal in memory restarts a failed guest with what it acknowledged"
+            );
+            let (journal, store, _) = Journal::open_in(
+                Arc::new(MemStorage::new()),
+                runtime,
+                config,
+                Fsync::No,
+                opts.snapshots,
+                &*opts.clock,
+                OnDamage::Refuse,
+            )?;
+            Ok((store, Some(journal)))
+        }
         (Persist::None, _) => {
-            info!("volatile store: nothing is written to disk (--persist none)");
+            info!(
+                "volatile store: nothing is written to disk (--persist none), and a failed guest restarts empty (no memory journal)"
+            );
             Ok((runtime.instantiate(config)?, None))
         }
         (_, None) => bail!("--persist {:?} needs --data-dir", opts.persist),

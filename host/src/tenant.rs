@@ -33,8 +33,7 @@ use crate::store::StoreOptions;
 use crate::wasm::{EngineOptions, PoolOptions};
 use crate::{Backend, Config, GuestError, InboundMessage, Output, Runtime, StoreLimits, WasmStore};
 
-/// The largest linear memory a wasm32 instance can have.
-pub const WASM32_MAX_MEMORY: usize = 4 << 30;
+pub use crate::wasm::WASM32_MAX_MEMORY;
 
 /// Which component a tenant runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -139,6 +138,7 @@ pub struct Tenant {
     journal: Option<Journal>,
     faults: u64,
     clock: std::sync::Arc<dyn crate::clock::Clock>,
+    more_due: bool,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -165,12 +165,18 @@ impl Tenant {
             journal,
             faults: 0,
             clock: opts.clock.clone(),
+            more_due: false,
         })
     }
 
     /// Now, by the clock the tenant is driven by (ms since the Unix epoch).
     pub fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// The guest config it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// The tenant's name.
@@ -223,10 +229,32 @@ impl Tenant {
         self.commit_or_restart(outputs)
     }
 
-    /// The deadline passed: expire keys, evict dedup entries.
+    /// The deadline passed: expire keys, evict dedup entries (a bounded
+    /// number per call: [`Tenant::more_due`] says whether more are due).
     pub fn timeout(&mut self, now: u64) -> Result<Vec<Output>> {
-        let outputs = self.store.timeout(now);
-        self.commit_or_restart(outputs)
+        let mut outputs = self.store.timeout(now);
+        self.more_due = false;
+        if let Ok(list) = &mut outputs
+            && let Some(Output::More(_)) = list.last()
+        {
+            list.pop();
+            self.more_due = true;
+        }
+        let outputs = self.commit_or_restart(outputs)?;
+        if self
+            .journal
+            .as_ref()
+            .is_some_and(Journal::last_append_failed)
+        {
+            self.more_due = false; // it would fail again: the driver waits
+        }
+        Ok(outputs)
+    }
+
+    /// Whether the last [`Tenant::timeout`] stopped at its budget with more
+    /// due (call it again soon), rather than finishing.
+    pub fn more_due(&self) -> bool {
+        self.more_due
     }
 
     /// The outputs of a call that answers no request: committed, or, if the

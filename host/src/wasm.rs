@@ -72,6 +72,9 @@ pub struct StoreLimits {
     pub call_ms: Option<u64>,
 }
 
+/// The largest linear memory a wasm32 instance can have.
+pub const WASM32_MAX_MEMORY: usize = 4 << 30;
+
 /// How often the epoch advances.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
@@ -304,6 +307,11 @@ impl Runtime {
             },
         );
         store.limiter(|limits| limits);
+        // What one call may move out of the guest: anything its memory can
+        // hold (wasmtime's default, 128 MiB, made a large reply or snapshot
+        // fail the call). Calls are bounded by the guest's output budget and
+        // its memory cap, not by this.
+        store.set_hostcall_fuel(self.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY));
         if self.epoch {
             // The constructor or restore runs with the bulk budget.
             let bulk = BULK_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis());
@@ -385,6 +393,9 @@ impl wasmtime::ResourceLimiter for Limits {
     }
 }
 
+/// The largest batch buffer a [`WasmStore`] keeps between calls.
+const SCRATCH_KEPT: usize = 1 << 20;
+
 /// The wasmtime settings every runtime uses. `STATESTORE_PERF_MAP=1` writes
 /// `/tmp/perf-<pid>.map` so that `perf report` names the guest's functions.
 fn engine_config() -> wasmtime::Config {
@@ -441,7 +452,41 @@ impl WasmStore {
         self.call(&[], now, true)
     }
 
+    /// Handles every input: the guest may stop a call early (its outputs
+    /// reached its budget, [`statestore_guest::OUTPUT_BUDGET`]), and is
+    /// then called again with the rest, so what crosses in one call stays
+    /// bounded. After a call with no inputs a last [`Output::More`] is
+    /// kept: more keys are due now.
     fn call(
+        &mut self,
+        inputs: &[Input<'_>],
+        now: u64,
+        bulk: bool,
+    ) -> Result<Vec<Output>, GuestError> {
+        let mut all: Vec<Output> = Vec::new();
+        let mut rest = inputs;
+        loop {
+            let mut outputs = self.call_once(rest, now, bulk)?;
+            let handled = match outputs.last() {
+                Some(&Output::More(n)) if !rest.is_empty() => {
+                    outputs.pop();
+                    (n as usize).clamp(1, rest.len())
+                }
+                _ => rest.len(),
+            };
+            if all.is_empty() {
+                all = outputs;
+            } else {
+                all.extend(outputs);
+            }
+            rest = &rest[handled..];
+            if rest.is_empty() {
+                return Ok(all);
+            }
+        }
+    }
+
+    fn call_once(
         &mut self,
         inputs: &[Input<'_>],
         now: u64,
@@ -463,6 +508,11 @@ impl WasmStore {
             .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)
             .map_err(failed)?
             .map_err(refused)?;
+        // The scratch buffer keeps the capacity of the largest batch: give
+        // back what a large one took.
+        if self.scratch.capacity() > SCRATCH_KEPT {
+            self.scratch = Vec::new();
+        }
         // The replies' strings and payloads become slices of this one
         // buffer: no allocation per field.
         statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)

@@ -358,7 +358,7 @@ async fn config_tenants_and_a_sighup_upgrade() {
     assert!(
         log.lock()
             .expect("log")
-            .contains("writes output list version 4; this host writes batch version 2 and reads output list version 3"),
+            .contains("writes output list version 5; this host writes batch version 2 and reads output list version 4"),
         "the refusal says why"
     );
     assert_eq!(

@@ -2,12 +2,12 @@
 //! SIGKILL at random moments under load, and a really full disk.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use statestore_tests::broker::{RawClient, free_port, prop, text};
-use statestore_tests::process::capture_stderr;
+use statestore_tests::process::Server;
 use statestore_tests::resp;
 
 fn statestore() -> Command {
@@ -17,57 +17,6 @@ fn statestore() -> Command {
         std::env::temp_dir().join("statestore-crash-test-cache"),
     );
     c
-}
-
-struct Server {
-    child: Child,
-    log: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn spawn(mut cmd: Command) -> Server {
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start statestore");
-        let log = capture_stderr(&mut child);
-        let s = Server { child, log };
-        let start = Instant::now();
-        while !s.log().contains("embedded MQTT broker listening") {
-            if let Ok(Some(status)) = { s.child_status() } {
-                panic!("statestore exited ({status}):\n{}", s.log());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "not ready:\n{}",
-                s.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-
-    fn child_status(&self) -> std::io::Result<Option<std::process::ExitStatus>> {
-        // try_wait needs &mut; the pid check is enough here.
-        let alive = Command::new("kill")
-            .args(["-0", &self.child.id().to_string()])
-            .status()?;
-        Ok(if alive.success() { None } else { Some(alive) })
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().expect("lock").clone()
-    }
-
-    fn kill9(self) {} // Drop sends SIGKILL
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
 }
 
 fn durable(port: u16, dir: &std::path::Path) -> Command {

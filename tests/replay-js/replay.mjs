@@ -50,7 +50,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const BATCH_VERSION = 2;
-const OUTPUTS_VERSION = 3;
+const OUTPUTS_VERSION = 4;
 const SEED_WIRE = 7n;
 const SEED_TYPED = 0x9e3779b97f4a7c15n;
 const NOTIFY_PREFIX = 'clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/';
@@ -457,8 +457,10 @@ function upperHex(bytes) {
 }
 
 /**
- * The `handle-wire` output list, version 3, decoded and turned into the
+ * The `handle-wire` output list, version 4, decoded and turned into the
  * messages a host sends ("Building the MQTT messages"), in comparable form.
+ * A last `more` output (tag 5) is returned as `{ more: handled }` after the
+ * list: `{ outputs, more }`.
  */
 function decodeOutputs(bytes) {
   const r = new Reader(bytes);
@@ -466,6 +468,7 @@ function decodeOutputs(bytes) {
   if (version !== OUTPUTS_VERSION) throw new WireError(`output list version ${version}, not ${OUTPUTS_VERSION}`);
   const n = r.count(1, 'outputs');
   const out = [];
+  let more;
   let previousNotify; // {key, payload, timestamp, sourceId} of the last notify in this list
   for (let i = 0; i < n; i++) {
     const what = `output ${i}`;
@@ -554,12 +557,17 @@ function decodeOutputs(bytes) {
         }));
         break;
       }
+      case 5: {
+        more = r.u32(`${what} more handled`);
+        if (i !== n - 1) throw new WireError(`${what} at offset ${at}: more is not the last output`);
+        break;
+      }
       default:
         throw new WireError(`${what} at offset ${at}: output tag ${tag}`);
     }
   }
   r.end('output list');
-  return out;
+  return { outputs: out, more };
 }
 
 // ---------------------------------------------------------------- the component
@@ -637,9 +645,21 @@ const wireDoor = {
   name: 'wire',
   seed: SEED_WIRE,
   handle(store, inputs, now) {
-    const result = store.handleWire(encodeBatch(inputs), now);
-    if (!(result instanceof Uint8Array)) throw new Error(`handle-wire returned ${typeof result}, not bytes`);
-    return decodeOutputs(result);
+    // A call may stop early (`more`: it handled the first n inputs): call
+    // again with the rest. After a call with no inputs, `more` says more is
+    // due now, which `next-deadline` says too.
+    const all = [];
+    let rest = inputs;
+    for (;;) {
+      const result = store.handleWire(encodeBatch(rest), now);
+      if (!(result instanceof Uint8Array)) throw new Error(`handle-wire returned ${typeof result}, not bytes`);
+      const { outputs, more } = decodeOutputs(result);
+      all.push(...outputs);
+      if (more === undefined || rest.length === 0) return all;
+      if (more < 1 || more > rest.length) throw new WireError(`more ${more} of ${rest.length} inputs`);
+      rest = rest.slice(more);
+      if (rest.length === 0) return all;
+    }
   },
 };
 
@@ -846,7 +866,7 @@ function request(n, ...args) {
 
 /** Sends one request through `handle-wire`; its reply, checked to be a 200 on our envelope. */
 function expectReply(store, req, label) {
-  const outputs = decodeOutputs(store.handleWire(encodeBatch([req]), PANIC_NOW));
+  const { outputs } = decodeOutputs(store.handleWire(encodeBatch([req]), PANIC_NOW));
   if (outputs.length !== 1 || !outputs[0].publish || outputs[0].publish.kind !== 'response') {
     throw new Error(`${label}: expected one reply, got ${JSON.stringify(outputs)}`);
   }

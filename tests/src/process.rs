@@ -36,3 +36,67 @@ pub fn wait_for(log: &Mutex<String>, text: &str, limit: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A `statestore serve` child process, killed (SIGKILL) when dropped.
+pub struct Server {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `cmd` (stdout ignored, stderr collected) and waits until its
+    /// embedded broker listens; panics with its log if it exits first.
+    pub fn spawn(mut cmd: std::process::Command) -> Server {
+        let mut child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start statestore");
+        let log = capture_stderr(&mut child);
+        let mut s = Server { child, log };
+        let start = Instant::now();
+        while !s.log().contains("embedded MQTT broker listening") {
+            if let Ok(Some(status)) = s.child.try_wait() {
+                panic!("statestore exited ({status}):\n{}", s.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not ready:\n{}",
+                s.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    /// Its stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log lock").clone()
+    }
+
+    /// Its resident memory (VmRSS), KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("/proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// Whether it has exited.
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Kills it with SIGKILL (what dropping it does).
+    pub fn kill9(self) {}
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}

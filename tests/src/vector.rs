@@ -136,6 +136,7 @@ pub fn output_to_json(o: &Output) -> Value {
         Output::Violation { client_id, reason } => {
             json!({ "violation": { "client_id": client_id, "reason": reason } })
         }
+        Output::More(n) => json!({ "more": n }),
     }
 }
 
@@ -375,6 +376,10 @@ fn output_from_json(v: &Value) -> Result<Output> {
             client_id: opt_str(viol, "client_id")?,
             reason: str_field(viol, "reason")?,
         });
+    }
+    if let Some(n) = o.get("more") {
+        let n = n.as_u64().and_then(|n| u32::try_from(n).ok());
+        return Ok(Output::More(n.context("`more` is not a u32")?));
     }
     bail!("unknown output {v}")
 }

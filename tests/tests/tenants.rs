@@ -111,7 +111,12 @@ impl Server {
         }
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
+        self.stop_result().await.expect("ran without error");
+    }
+
+    /// Stops it and returns how it ended.
+    async fn stop_result(mut self) -> anyhow::Result<()> {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -119,7 +124,6 @@ impl Server {
             .await
             .expect("stops within 10 s")
             .expect("join")
-            .expect("ran without error");
     }
 }
 
@@ -576,13 +580,13 @@ fn a_component_with_unknown_formats_is_refused_at_load() {
         &statestore_tests::next_formats_wasm(),
         StoreLimits::default(),
     ) else {
-        panic!("a component with output version 4 loaded");
+        panic!("a component with output version 5 loaded");
     };
     let incompatible = err
         .downcast_ref::<statestore::IncompatibleComponent>()
         .unwrap_or_else(|| panic!("not an IncompatibleComponent: {err:#}"));
-    assert_eq!(incompatible.outputs_version, 4);
-    assert_eq!(incompatible.reads, 3);
+    assert_eq!(incompatible.outputs_version, 5);
+    assert_eq!(incompatible.reads, 4);
     let ok = fleet
         .runtime_from_bytes(statestore::GUEST_COMPONENT, StoreLimits::default())
         .expect("the built-in component loads");
@@ -592,4 +596,92 @@ fn a_component_with_unknown_formats_is_refused_at_load() {
             .contains(&statestore_guest::wire::BATCH_VERSION)
     );
     assert_eq!(f.outputs_version, statestore_guest::wire::OUTPUTS_VERSION);
+}
+
+/// A volatile tenant keeps a journal in memory (issue 15, finding 8): a
+/// guest fault restarts it with everything it acknowledged; without the
+/// memory journal it restarts empty, as before.
+#[test]
+fn a_volatile_tenant_keeps_what_it_acknowledged_across_a_fault() {
+    let mut fleet = Fleet::new(2, 64 << 20, None).expect("engine");
+    for memory_journal in [true, false] {
+        let runtime = fleet
+            .runtime_from_bytes(&faulty_wasm(), StoreLimits::default())
+            .expect("loads");
+        let opts = StoreOptions {
+            memory_journal,
+            ..StoreOptions::volatile("StateStore", "statestore")
+        };
+        let mut tenant = Tenant::open("v", runtime, &opts).expect("opens");
+        let now = statestore::serve::now_ms();
+        let out = tenant
+            .handle(&[request("c", 1, &[b"SET", b"a", b"1"])], now)
+            .expect("handled");
+        assert_eq!(replies(&out)[0].2, b"+OK\r\n");
+        let out = tenant
+            .handle(&[request("c", 2, &[b"SET", b"__fault/trap", b"x"])], now)
+            .expect("handled");
+        assert_eq!(replies(&out)[0].1, "500");
+        assert_eq!(tenant.faults(), 1);
+        let out = tenant
+            .handle(&[request("c", 3, &[b"GET", b"a"])], now)
+            .expect("handled");
+        let expected: &[u8] = if memory_journal {
+            b"$1\r\n1\r\n"
+        } else {
+            b"$-1\r\n"
+        };
+        assert_eq!(
+            replies(&out)[0].2,
+            expected,
+            "memory journal {memory_journal}"
+        );
+    }
+}
+
+/// A tenant that cannot go on (its restart from the journal failed) stops,
+/// but its clients get 503 replies, never silence (issue 15, finding 5);
+/// the other tenant goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_tenant_answers_503() {
+    let dir = temp_dir("stopped");
+    let server = Server::start(vec![
+        Def {
+            name: "doomed",
+            route: prefix("d-"),
+            wasm: faulty_wasm(),
+            limits: StoreLimits::default(),
+            store: durable(dir.clone()),
+        },
+        Def {
+            name: "fine",
+            route: prefix("f-"),
+            wasm: statestore::GUEST_COMPONENT.to_vec(),
+            limits: StoreLimits::default(),
+            store: StoreOptions::volatile("StateStore", "statestore-under-test"),
+        },
+    ])
+    .await;
+    let mut d = client(server.port, "d-1").await;
+    assert_eq!(text(&d.call(&[b"SET", b"k", b"1"]).await), "+OK\r\n");
+    // The journal's directory is gone, and a file stands in its place: the
+    // restart after the next fault cannot read it.
+    std::fs::remove_dir_all(&dir).expect("remove the data directory");
+    std::fs::write(&dir, b"not a directory").expect("a file in its place");
+    let r = d.call(&[b"SET", b"__fault/trap", b"x"]).await;
+    assert_eq!(prop(&r, "__stat"), Some("503"), "{r:?}");
+    for key in [&b"k"[..], b"other"] {
+        let r = d.call(&[b"GET", key]).await;
+        assert_eq!(prop(&r, "__stat"), Some("503"), "{r:?}");
+        assert!(r.payload.is_empty());
+        let msg = prop(&r, "__stMsg").unwrap_or_default();
+        assert!(msg.contains("doomed") && msg.contains("stopped"), "{msg}");
+    }
+    let mut f = client(server.port, "f-1").await;
+    assert_eq!(text(&f.call(&[b"SET", b"k", b"2"]).await), "+OK\r\n");
+    assert_eq!(text(&f.call(&[b"GET", b"k"]).await), "$1\r\n2\r\n");
+    let result = server.stop_result().await;
+    let e = result.expect_err("the stopped tenant's error is reported at shutdown");
+    assert!(format!("{e:#}").contains("doomed"), "{e:#}");
+    let _ = std::fs::remove_file(&dir);
 }

@@ -3,8 +3,11 @@
 //!
 //! ```text
 //!  handle_wire(batch, now) ─┐  for each input (an empty batch: once):
-//!  step(inputs, now) ───────┘   1. expire keys due at `now` (DELETE notifications)
+//!  step(inputs, now) ───────┘   1. expire keys due at `now` (DELETE notifications;
+//!                                  at most EXPIRY_BUDGET a call)
 //!                               2. the input itself (a request, a disconnect)
+//!                               until the outputs hold OUTPUT_BUDGET bytes:
+//!                               then `more(n)`, and the host calls again
 //!                     v
 //!   OutputWriter: journal records of an input first, then its notifications,
 //!                 then its reply  ──> the encoded output list (crate::wire)
@@ -34,6 +37,16 @@ use crate::types::{
 };
 use crate::wire::{self, InputRef, MessageRef, NotificationParts, OutputWriter, ReplyTo};
 
+/// A call takes no further input once its output list holds this many
+/// bytes: what crosses the boundary in one call stays bounded (wasmtime
+/// also refuses to move more than its hostcall fuel at once). One input's
+/// outputs can go past it (a GET of a large value).
+pub const OUTPUT_BUDGET: usize = 8 << 20;
+
+/// Most keys one call expires, and most dedup entries it forgets: a million
+/// keys due together expire over many calls, with requests served between.
+pub const EXPIRY_BUDGET: usize = 4096;
+
 /// The whole state store.
 #[derive(Debug, Clone)]
 pub struct StateMachine {
@@ -44,6 +57,9 @@ pub struct StateMachine {
     pub(crate) dedup: DedupCache,
     /// The outputs of the call in progress.
     out: OutputWriter,
+    /// Keys the call in progress may still expire (and dedup entries it
+    /// may still forget).
+    expiry_budget: usize,
     /// `config.server_client_id`, shared by every reply and notification.
     server_id: Option<Str>,
 }
@@ -79,6 +95,7 @@ impl StateMachine {
             registry,
             dedup,
             out: OutputWriter::default(),
+            expiry_budget: EXPIRY_BUDGET,
         }
     }
 
@@ -88,16 +105,33 @@ impl StateMachine {
     }
 
     /// Handles a batch of inputs in the [`crate::wire`] encoding at `now`,
-    /// in order, and returns every output they caused, in that encoding. A
+    /// in order, and returns the outputs they caused, in that encoding. A
     /// batch that does not decode is an error and nothing of it is handled.
+    ///
+    /// A call is bounded: it takes no further input once its outputs hold
+    /// [`OUTPUT_BUDGET`] bytes (the first input is always handled), and it
+    /// expires at most [`EXPIRY_BUDGET`] keys and forgets as many dedup
+    /// entries. Where it stopped early, the last output is
+    /// [`Output::More`]: the number of inputs handled, or (for a call with
+    /// no inputs) 0 to say more is due now.
     pub fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
         let inputs = wire::decode_batch(batch)?;
-        // A reply is about as long as its request; the list grows if not.
-        self.out = OutputWriter::new(batch.len() + batch.len() / 2 + 64);
+        // A reply is about as long as its request (up to a point: a large
+        // SET's reply is short); the list grows if not.
+        let capacity = (batch.len() + batch.len() / 2 + 64).min(1 << 20);
+        self.out = OutputWriter::new(capacity);
+        self.expiry_budget = EXPIRY_BUDGET;
         if inputs.is_empty() {
             self.begin_input(now);
+            if self.next_deadline().is_some_and(|d| d <= now) {
+                self.out.more(0);
+            }
         }
-        for input in &inputs {
+        for (i, input) in inputs.iter().enumerate() {
+            if i > 0 && self.out.len() >= OUTPUT_BUDGET {
+                self.out.more(u32::try_from(i).unwrap_or(u32::MAX));
+                break;
+            }
             self.begin_input(now);
             match input {
                 InputRef::Message(m) => self.request(m, now),
@@ -111,11 +145,31 @@ impl StateMachine {
 
     /// [`StateMachine::handle_wire`] for inputs that are not encoded yet,
     /// with the outputs decoded: the same path, for native hosts and tests.
+    /// Every input is handled (a call that stops early is followed by one
+    /// with the rest); after a call with no inputs, a last
+    /// [`Output::More`] says more is due now.
     pub fn step(&mut self, inputs: &[Input<'_>], now: u64) -> Vec<Output> {
-        let outputs = self
-            .handle_wire(&wire::encode_batch(inputs), now)
-            .expect("a batch this crate encoded decodes");
-        wire::decode_outputs(&outputs).expect("an output list this crate wrote decodes")
+        let mut all = Vec::new();
+        let mut rest = inputs;
+        loop {
+            let outputs = self
+                .handle_wire(&wire::encode_batch(rest), now)
+                .expect("a batch this crate encoded decodes");
+            let mut outputs =
+                wire::decode_outputs(&outputs).expect("an output list this crate wrote decodes");
+            let handled = match outputs.last() {
+                Some(&Output::More(n)) if !rest.is_empty() => {
+                    outputs.pop();
+                    (n as usize).clamp(1, rest.len())
+                }
+                _ => rest.len(),
+            };
+            all.extend(outputs);
+            rest = &rest[handled..];
+            if rest.is_empty() {
+                return all;
+            }
+        }
     }
 
     /// One message at `now`: [`StateMachine::step`].
@@ -149,22 +203,43 @@ impl StateMachine {
     }
 
     /// The next outputs belong to a new input, handled at `now`: keys due
-    /// by then expire first.
+    /// by then expire first, as many as the call's budget allows (a key
+    /// left due is dead to every command, and one a command touches is
+    /// expired first: [`StateMachine::expire_if_due`]).
     fn begin_input(&mut self, now: u64) {
         self.out.begin_input();
-        while let Some((key, persist)) = self.table.pop_expired(now) {
-            // An expiry is a deletion: it gets its own HLC. On counter
-            // overflow reuse L rather than fail a timer.
-            let version = self
-                .clock
-                .tick_version(now)
-                .unwrap_or_else(|_| self.clock.version());
-            if self.journals(persist) {
-                self.out.journal(&journal::expire(&key, version));
-            }
-            self.notify(&key, Change::Delete, version);
+        while self.expiry_budget > 0 {
+            let Some((key, persist)) = self.table.pop_expired(now) else {
+                break;
+            };
+            self.expiry_budget -= 1;
+            self.expired(&key, persist, now);
         }
-        self.dedup.evict(now);
+        self.expiry_budget -= self.dedup.evict(now, self.expiry_budget);
+    }
+
+    /// A key whose deadline passed is gone: its journal record and DELETE
+    /// notifications.
+    fn expired(&mut self, key: &[u8], persist: bool, now: u64) {
+        // An expiry is a deletion: it gets its own HLC. On counter
+        // overflow reuse L rather than fail a timer.
+        let version = self
+            .clock
+            .tick_version(now)
+            .unwrap_or_else(|_| self.clock.version());
+        if self.journals(persist) {
+            self.out.journal(&journal::expire(key, version));
+        }
+        self.notify(key, Change::Delete, version);
+    }
+
+    /// Expires `key` now if it is due and still there (the call's expiry
+    /// budget ran out before it): a command that changes a key sees its
+    /// expiry happen first, as it would have.
+    fn expire_if_due(&mut self, key: &[u8], now: u64) {
+        if let Some(persist) = self.table.take_due(key, now) {
+            self.expired(key, persist, now);
+        }
     }
 
     /// Whether a change to a key with this persist flag is journaled (a
@@ -437,6 +512,9 @@ impl StateMachine {
                 .persist
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         };
+        if !matches!(command, Command::Get { .. }) {
+            self.expire_if_due(command.key(), now);
+        }
         // Whether the key's current value was journaled (only Persist::Flagged
         // asks; a GET changes nothing).
         let before = self.config.persist == Persist::Flagged
@@ -534,6 +612,7 @@ impl StateMachine {
         let reply = match reply {
             HostReply::InternalError(message) => Reply::status(Status::InternalError, message, &[]),
             HostReply::NotAuthorized => Reply::error(ServiceError::NotAuthorized),
+            HostReply::Unavailable(message) => Reply::status(Status::Unavailable, message, &[]),
         };
         Some(reply.message(
             topic.into(),
@@ -552,4 +631,7 @@ pub enum HostReply {
     InternalError(String),
     /// 200 with `-ERR not authorized`.
     NotAuthorized,
+    /// 503 ("server not ready", spec §4.3) with this `__stMsg`: the
+    /// tenant has stopped.
+    Unavailable(String),
 }

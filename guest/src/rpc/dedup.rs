@@ -267,14 +267,20 @@ impl DedupCache {
         self.deadlines.insert((at, seq), (name, correlation.into()));
     }
 
-    /// Forgets everything that expired at `now`.
-    pub fn evict(&mut self, now: u64) {
-        while let Some((&key, _)) = self.deadlines.first_key_value() {
+    /// Forgets what expired at `now`, at most `max` entries; returns how
+    /// many it forgot.
+    pub fn evict(&mut self, now: u64, max: usize) -> usize {
+        let mut evicted = 0;
+        while evicted < max
+            && let Some((&key, _)) = self.deadlines.first_key_value()
+        {
             if key.0 > now {
                 break;
             }
             self.forget(key);
+            evicted += 1;
         }
+        evicted
     }
 
     /// Forgets the entry with this deadline key.
@@ -375,13 +381,13 @@ mod tests {
         c.insert("a/b", b"1", cached("a/b", 4, 300));
         assert_eq!(c.len(), 3);
         assert_eq!(c.next_deadline(), Some(150));
-        c.evict(150);
+        c.evict(150, usize::MAX);
         assert_eq!(c.len(), 2);
         assert_eq!(known(&mut c, "c"), None, "empty topics go");
-        c.evict(250);
+        c.evict(250, usize::MAX);
         assert_eq!(c.len(), 1);
         assert_eq!(c.get("a/b", b"1", 299).map(|c| c.reply.payload[0]), Some(4));
-        c.evict(300);
+        c.evict(300, usize::MAX);
         assert!(c.is_empty());
         assert_eq!(c.next_deadline(), None);
         assert_eq!(known(&mut c, "a/b"), None, "the remembered topic went too");
@@ -440,7 +446,7 @@ mod tests {
             c.get("quiet", b"q", 0).is_none(),
             "the entry nearest its deadline went"
         );
-        c.evict(u64::MAX);
+        c.evict(u64::MAX, usize::MAX);
         assert_eq!((c.len(), c.bytes()), (0, 0));
     }
 

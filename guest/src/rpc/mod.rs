@@ -71,6 +71,9 @@ pub enum Status {
     BadRequest = 400,
     /// Internal failure (HLC counter overflow).
     InternalError = 500,
+    /// The store cannot serve (a host's reply for a stopped tenant; never
+    /// in a guest's output list).
+    Unavailable = 503,
     /// Unsupported `__protVer`.
     VersionNotSupported = 505,
 }
@@ -82,11 +85,13 @@ impl Status {
             Status::Ok => "200",
             Status::BadRequest => "400",
             Status::InternalError => "500",
+            Status::Unavailable => "503",
             Status::VersionNotSupported => "505",
         }
     }
 
-    /// The status whose code is `code`, if we send it.
+    /// The status whose code is `code`, if a guest's output list may hold
+    /// it (503 is a host's own reply).
     pub fn from_code(code: u16) -> Option<Status> {
         Some(match code {
             200 => Status::Ok,

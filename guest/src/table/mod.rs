@@ -389,6 +389,15 @@ impl Table {
         self.deadlines.next()
     }
 
+    /// Removes `key` if its deadline is `<= now`; returns whether it was
+    /// persisted.
+    pub fn take_due(&mut self, key: &[u8], now: u64) -> Option<bool> {
+        if self.entry(key)?.live_at(now) {
+            return None;
+        }
+        self.remove(key)
+    }
+
     /// Removes one key whose deadline is `<= now`; returns it and whether
     /// it was persisted.
     pub fn pop_expired(&mut self, now: u64) -> Option<(Box<[u8]>, bool)> {

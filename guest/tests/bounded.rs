@@ -1,0 +1,187 @@
+//! Every call is bounded (issue 15, findings 1 and 8): it stops taking
+//! inputs once its outputs hold `OUTPUT_BUDGET` bytes, and it expires at
+//! most `EXPIRY_BUDGET` keys, in simulated time, with exact outputs.
+
+use statestore_guest::rpc::REQUEST_TOPIC;
+use statestore_guest::wire::{self, InputRef};
+use statestore_guest::{Config, InboundMessage, Input, Output, Persist, PublishKind, StateMachine};
+use statestore_guest::{EXPIRY_BUDGET, OUTPUT_BUDGET};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn request(n: u64, parts: &[&[u8]], client: &str) -> InboundMessage {
+    InboundMessage {
+        topic: REQUEST_TOPIC.into(),
+        payload: statestore_guest::resp3::request(parts),
+        qos: 1,
+        response_topic: Some(format!("clients/{client}/resp")),
+        correlation_data: Some(n.to_be_bytes().to_vec()),
+        message_expiry_interval: Some(10),
+        user_properties: vec![("__ts".into(), format!("{T0}:0:{client}"))],
+        client_id: Some(client.into()),
+        ..Default::default()
+    }
+}
+
+fn durable() -> StateMachine {
+    StateMachine::new(Config {
+        persist: Persist::All,
+        ..Config::default()
+    })
+    .expect("config")
+}
+
+fn replies(out: &[Output]) -> Vec<Vec<u8>> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Publish(p) if p.kind == PublishKind::Response => Some(p.payload.to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Three GETs of 5 MiB values: the first call answers two (the outputs
+/// then hold 10 MiB, past the 8 MiB budget) and says so; `step` carries on
+/// with the third; nothing is lost or answered twice.
+#[test]
+fn a_call_stops_taking_inputs_past_the_output_budget() {
+    let mut sm = durable();
+    let value = vec![b'v'; 5 << 20];
+    for (i, key) in [b"a", b"b", b"c"].iter().enumerate() {
+        let out = sm.handle(&request(i as u64, &[b"SET", *key, &value], "w"), T0);
+        assert_eq!(replies(&out), [b"+OK\r\n".to_vec()]);
+    }
+    let gets: Vec<InboundMessage> = [b"a", b"b", b"c"]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| request(10 + i as u64, &[b"GET", *k], "r"))
+        .collect();
+    let inputs: Vec<Input<'_>> = gets.iter().map(Input::Message).collect();
+    let raw = sm
+        .handle_wire(&wire::encode_batch(&inputs), T0)
+        .expect("handled");
+    assert!(raw.len() >= OUTPUT_BUDGET && raw.len() < OUTPUT_BUDGET + (5 << 20));
+    let out = wire::decode_outputs(&raw).expect("decodes");
+    assert_eq!(out.len(), 3);
+    assert_eq!(out.last(), Some(&Output::More(2)));
+    let mut expected = b"$5242880\r\n".to_vec();
+    expected.extend_from_slice(&value);
+    expected.extend_from_slice(b"\r\n");
+    assert_eq!(replies(&out), [expected.clone(), expected.clone()]);
+    // The rest, in a call of its own.
+    let out = sm
+        .handle_wire(&wire::encode_batch(&inputs[2..]), T0)
+        .expect("handled");
+    let out = wire::decode_outputs(&out).expect("decodes");
+    assert_eq!(replies(&out), [expected.clone()]);
+    assert!(!out.iter().any(|o| matches!(o, Output::More(_))));
+    // `step` does the same loop: all three, once each, no `More`.
+    let out = sm.step(&inputs, T0);
+    assert_eq!(
+        replies(&out),
+        [expected.clone(), expected.clone(), expected]
+    );
+    assert!(!out.iter().any(|o| matches!(o, Output::More(_))));
+}
+
+/// One input is always handled, however large its outputs.
+#[test]
+fn the_first_input_is_always_handled() {
+    let mut sm = durable();
+    let value = vec![7u8; OUTPUT_BUDGET + 1];
+    sm.handle(&request(1, &[b"SET", b"big", &value], "w"), T0);
+    let get = request(2, &[b"GET", b"big"], "r");
+    let raw = sm
+        .handle_wire(&wire::encode_batch(&[Input::Message(&get)]), T0)
+        .expect("handled");
+    let out = wire::decode_outputs(&raw).expect("decodes");
+    assert_eq!(out.len(), 1, "one reply, no `More`");
+    assert_eq!(replies(&out)[0].len(), value.len() + 12);
+}
+
+/// 20,000 keys due at once expire over timer calls of at most
+/// `EXPIRY_BUDGET` each; until then a key left due is dead to GET and a
+/// SET over it sees its expiry (journal and notification) first.
+#[test]
+fn mass_expiry_runs_in_bounded_steps() {
+    let mut sm = durable();
+    let n = 20_000u64;
+    for i in 0..n {
+        let key = format!("k{i:05}");
+        sm.handle(
+            &request(i, &[b"SET", key.as_bytes(), b"v", b"PX", b"1000"], "w"),
+            T0,
+        );
+    }
+    // An observer of the last key to expire by order of insertion.
+    let watch = request(n, &[b"KEYNOTIFY", b"k19999"], "o");
+    assert_eq!(replies(&sm.handle(&watch, T0)), [b"+OK\r\n".to_vec()]);
+    let due = T0 + 1000;
+    assert_eq!(sm.next_deadline(), Some(due));
+    let first = sm.timeout(due);
+    let expiries = |out: &[Output]| {
+        out.iter()
+            .filter(|o| matches!(o, Output::Journal(r) if r[1] == 3))
+            .count()
+    };
+    assert_eq!(expiries(&first), EXPIRY_BUDGET);
+    assert_eq!(first.last(), Some(&Output::More(0)));
+    assert_eq!(sm.next_deadline(), Some(due), "more is due");
+    assert_eq!(sm.key_count(), (n as usize) - EXPIRY_BUDGET);
+    // Dead to GET before its expiry is carried out.
+    let get = request(n + 1, &[b"GET", b"k19999"], "r");
+    let out = sm.step(&[Input::Message(&get)], due);
+    assert_eq!(replies(&out), [b"$-1\r\n".to_vec()]);
+    // A SET over it: the expiry's record and DELETE notification first.
+    let set = request(n + 2, &[b"SET", b"k19999", b"new"], "w");
+    // (Its step expires another EXPIRY_BUDGET keys first, in deadline and
+    // key order: k19999 is still there, left for the SET to expire.)
+    let out = sm.step(&[Input::Message(&set)], due);
+    let kinds: Vec<&str> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Journal(r) if r[1] == 3 => None, // other keys' expiries
+            Output::Journal(r) if r[1] == 1 => Some("put"),
+            Output::Journal(r) if r[1] == 4 => Some("cached reply"),
+            Output::Journal(_) => Some("other record"),
+            Output::Publish(p) if p.kind == PublishKind::Notification => Some(
+                if *p.payload == *b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n" {
+                    "delete"
+                } else {
+                    "set"
+                },
+            ),
+            Output::Publish(_) => Some("reply"),
+            Output::Violation { .. } => Some("violation"),
+            Output::More(_) => Some("more"),
+        })
+        .collect();
+    assert_eq!(kinds, ["put", "cached reply", "delete", "set", "reply"]);
+    // Its own budget's worth, and k19999 on top.
+    assert_eq!(expiries(&out), EXPIRY_BUDGET + 1);
+    // Timer calls finish the rest; the last one says nothing is left.
+    let mut calls = 0;
+    loop {
+        let out = sm.timeout(due);
+        calls += 1;
+        assert!(expiries(&out) <= EXPIRY_BUDGET);
+        if out.last() != Some(&Output::More(0)) {
+            break;
+        }
+    }
+    assert!(calls <= 2, "{calls}");
+    assert_eq!(sm.key_count(), 1, "only the new k19999");
+    assert!(
+        sm.next_deadline().is_some_and(|d| d > due),
+        "only dedup evictions left"
+    );
+}
+
+/// A batch of inputs decodes in place (used above through `encode_batch`).
+#[test]
+fn batches_decode() {
+    let m = request(1, &[b"GET", b"k"], "c");
+    let batch = wire::encode_batch(&[Input::Message(&m), Input::Disconnected("c")]);
+    let inputs = wire::decode_batch(&batch).expect("decodes");
+    assert!(matches!(inputs[1], InputRef::Disconnected("c")));
+}

@@ -1,0 +1,143 @@
+//! Robustness against large and hostile input (issue 15), against the real
+//! binary with its default limits, on loopback, with real MQTT5 clients:
+//! large replies, the largest allowed value, values past the limit, and the
+//! resident memory they cost.
+
+use std::process::Command;
+use std::time::Duration;
+
+use statestore_tests::broker::{RawClient, free_port, prop, text};
+use statestore_tests::process::Server;
+
+fn serve(port: u16, extra: &[&str]) -> Server {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    c.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-limits-test-cache"),
+    )
+    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    .args(extra);
+    Server::spawn(c)
+}
+
+async fn client(port: u16, id: &str) -> RawClient {
+    let mut c = RawClient::connect(port, id).await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    c
+}
+
+fn bulk(value: &[u8]) -> Vec<u8> {
+    let mut out = format!("${}\r\n", value.len()).into_bytes();
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Finding 1: 60 pipelined GETs of an 8 MiB value, and one GET of the
+/// largest value the defaults allow (16 MiB), all return the value; no
+/// key is lost and the guest never fails (a volatile store, which used to
+/// restart empty). A value past the limit gets the quota error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_replies_are_delivered_and_nothing_is_lost() {
+    let port = free_port();
+    let server = serve(port, &[]);
+    let mut c = client(port, "large-replies").await;
+    for i in 0..20 {
+        let k = format!("small{i}");
+        assert_eq!(
+            text(&c.call(&[b"SET", k.as_bytes(), b"v"]).await),
+            "+OK\r\n"
+        );
+    }
+    let eight: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+    assert_eq!(text(&c.call(&[b"SET", b"eight", &eight]).await), "+OK\r\n");
+    // 60 GETs in flight at once: one batch of 480 MiB of replies, before.
+    let get = statestore_tests::resp(&[b"GET", b"eight"]);
+    let mut correlations = std::collections::BTreeSet::new();
+    for _ in 0..60 {
+        let mut props = c.request_properties();
+        props.message_expiry_interval = Some(120);
+        correlations.insert(props.correlation_data.clone().expect("correlation"));
+        c.publish_request(get.clone(), props).await;
+    }
+    let expected = bulk(&eight);
+    for n in 0..60 {
+        let r = c
+            .recv(Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|| panic!("reply {n} of 60"));
+        assert_eq!(prop(&r, "__stat"), Some("200"), "reply {n}");
+        assert!(
+            r.payload == expected,
+            "reply {n}: {} bytes",
+            r.payload.len()
+        );
+        let corr = r
+            .properties
+            .as_ref()
+            .and_then(|p| p.correlation_data.clone())
+            .expect("correlation");
+        assert!(correlations.remove(&corr), "one reply per request");
+    }
+    // The largest value allowed by default, and one byte more.
+    let largest = vec![b'L'; 16 << 20];
+    assert_eq!(
+        text(&c.call(&[b"SET", b"largest", &largest]).await),
+        "+OK\r\n"
+    );
+    let r = c.call(&[b"GET", b"largest"]).await;
+    assert!(r.payload == bulk(&largest), "{} bytes", r.payload.len());
+    let over = vec![b'O'; (16 << 20) + 1];
+    assert_eq!(
+        text(&c.call(&[b"SET", b"over", &over]).await),
+        "-ERR the quota has been exceeded\r\n"
+    );
+    for i in 0..20 {
+        let k = format!("small{i}");
+        assert_eq!(
+            text(&c.call(&[b"GET", k.as_bytes()]).await),
+            "$1\r\nv\r\n",
+            "{k}"
+        );
+    }
+    let log = server.log();
+    assert!(!log.contains("guest failed"), "{log}");
+}
+
+/// Finding 7: a packet past --max-packet-mib is refused by the broker
+/// (the client is disconnected), and the store goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packet_past_the_limit_is_refused() {
+    let port = free_port();
+    let _server = serve(port, &["--max-packet-mib", "1"]);
+    let mut c = client(port, "too-big").await;
+    let big = vec![b'x'; 2 << 20];
+    let props = c.request_properties();
+    c.publish_request(statestore_tests::resp(&[b"SET", b"k", &big]), props)
+        .await;
+    assert!(
+        c.recv(Duration::from_secs(3)).await.is_none(),
+        "no reply to a refused packet"
+    );
+    let mut other = client(port, "fine").await;
+    assert_eq!(text(&other.call(&[b"SET", b"k", b"1"]).await), "+OK\r\n");
+    assert_eq!(text(&other.call(&[b"GET", b"k"]).await), "$1\r\n1\r\n");
+}
+
+/// Finding 7: connections from one address past the limit are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_address_are_limited() {
+    let port = free_port();
+    let _server = serve(port, &["--max-connections-per-address", "3"]);
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(client(port, &format!("conn-{i}")).await);
+    }
+    let refused = RawClient::try_connect(port, "conn-3", None).await;
+    assert!(refused.is_err(), "the fourth connection is refused");
+    held.pop().expect("one").disconnect().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut again = client(port, "conn-4").await;
+    assert_eq!(text(&again.call(&[b"SET", b"k", b"1"]).await), "+OK\r\n");
+}
