@@ -24,8 +24,20 @@ enum Word {
 }
 
 const WORDS: &[&[u8]] = &[
-    b"SET", b"GET", b"DEL", b"VDEL", b"KEYNOTIFY", b"NX", b"NEX", b"PX", b"STOP", b"set", b"k",
-    b"v", b"", b"MGET",
+    b"SET",
+    b"GET",
+    b"DEL",
+    b"VDEL",
+    b"KEYNOTIFY",
+    b"NX",
+    b"NEX",
+    b"PX",
+    b"STOP",
+    b"set",
+    b"k",
+    b"v",
+    b"",
+    b"MGET",
 ];
 
 #[derive(Debug, Arbitrary)]
@@ -57,7 +69,11 @@ enum TsChoice {
 fn ts(choice: &TsChoice, now: u64) -> String {
     match choice {
         TsChoice::Now { ahead_ms, counter } => {
-            format!("{}:{}:fz", now.saturating_add_signed(i64::from(*ahead_ms)), counter)
+            format!(
+                "{}:{}:fz",
+                now.saturating_add_signed(i64::from(*ahead_ms)),
+                counter
+            )
         }
         TsChoice::Text(t) => t.clone(),
     }
@@ -89,7 +105,18 @@ fuzz_target!(|events: Vec<Event>| {
     let mut now: u64 = 1_700_000_000_000;
     for event in &events {
         let outputs = match event {
-            Event::Message { payload: p, qos, response_topic, correlation, expiry, ts: t, ft, props, client_id, received_back } => {
+            Event::Message {
+                payload: p,
+                qos,
+                response_topic,
+                correlation,
+                expiry,
+                ts: t,
+                ft,
+                props,
+                client_id,
+                received_back,
+            } => {
                 let mut user_properties = props.clone();
                 if let Some(t) = t {
                     user_properties.insert(0, ("__ts".into(), ts(t, now)));

@@ -17,7 +17,10 @@ fuzz_target!(|data: &[u8]| {
                 again.extend_from_slice(b"\r\n");
             }
             // Leading zeros in counts are legal on input but not re-emitted.
-            if !data.windows(2).any(|w| (w[0] == b'*' || w[0] == b'$') && w[1] == b'0') {
+            if !data
+                .windows(2)
+                .any(|w| (w[0] == b'*' || w[0] == b'$') && w[1] == b'0')
+            {
                 assert_eq!(&again[..], &data[..used]);
             }
         }

@@ -15,9 +15,14 @@ fn with_crc(mut body: Vec<u8>) -> Vec<u8> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, data)) = data.split_first() else { return };
+    let Some((&mode, data)) = data.split_first() else {
+        return;
+    };
     let fix = mode & 1 == 1;
-    let config = Config { persist: Persist::All, ..Config::default() };
+    let config = Config {
+        persist: Persist::All,
+        ..Config::default()
+    };
     // First part: a snapshot; the rest: records separated by 0xFF.
     let split = data.iter().position(|&b| b == 0xFE).unwrap_or(data.len());
     let (snap, rest) = data.split_at(split);

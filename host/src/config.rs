@@ -308,6 +308,7 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                         .saturating_mul(1 << 20)
                         .max(1),
                     max_interval: Duration::from_secs(s.snapshot_interval.unwrap_or(300).max(1)),
+                    ..SnapshotPolicy::default()
                 },
                 quota: Quota {
                     max_keys: s.max_keys,

@@ -64,6 +64,9 @@ pub struct SnapshotPolicy {
     pub max_log_bytes: u64,
     /// After this long, if anything was logged.
     pub max_interval: Duration,
+    /// After a failed snapshot, the wait before the next attempt; it
+    /// doubles with every failure in a row, up to [`SNAPSHOT_BACKOFF_MAX`].
+    pub retry_after: Duration,
 }
 
 impl Default for SnapshotPolicy {
@@ -71,6 +74,7 @@ impl Default for SnapshotPolicy {
         SnapshotPolicy {
             max_log_bytes: 64 << 20,
             max_interval: Duration::from_secs(300),
+            retry_after: SNAPSHOT_BACKOFF_MIN,
         }
     }
 }
@@ -239,7 +243,7 @@ pub struct Journal {
     append_failed: bool,
 }
 
-/// The first wait after a failed snapshot.
+/// The first wait after a failed snapshot, by default.
 pub const SNAPSHOT_BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// The longest wait between snapshot attempts after failures.
 pub const SNAPSHOT_BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -544,7 +548,7 @@ impl Journal {
     pub fn snapshot_failed(&mut self) {
         self.snapshots_failed += 1;
         let wait = match self.snapshot_backoff {
-            None => SNAPSHOT_BACKOFF_MIN,
+            None => self.policy.retry_after,
             Some((_, last)) => (last * 2).min(SNAPSHOT_BACKOFF_MAX),
         };
         warn!(

@@ -374,6 +374,7 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
             snapshots: SnapshotPolicy {
                 max_log_bytes: args.snapshot_log_mib.saturating_mul(1 << 20).max(1),
                 max_interval: Duration::from_secs(args.snapshot_interval.max(1)),
+                ..SnapshotPolicy::default()
             },
             quota: Quota {
                 max_bytes: Some(max_bytes_mib(args).saturating_mul(1 << 20)),

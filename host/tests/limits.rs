@@ -141,3 +141,71 @@ async fn connections_per_address_are_limited() {
     let mut again = client(port, "conn-4").await;
     assert_eq!(text(&again.call(&[b"SET", b"k", b"1"]).await), "+OK\r\n");
 }
+
+/// Finding 6: a snapshot of more than 128 MiB of state succeeds (wasmtime
+/// refused to move more than 128 MiB out of the guest in one call), the log
+/// is cut, and a restart recovers from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_of_more_than_128_mib_succeed() {
+    let dir = std::env::temp_dir().join(format!("statestore-limits-snap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let durable = |port: u16| {
+        let dir = dir.to_str().expect("utf-8 path").to_string();
+        serve(
+            port,
+            &[
+                "--data-dir",
+                &dir,
+                "--fsync",
+                "no",
+                "--snapshot-log-mib",
+                "140",
+            ],
+        )
+    };
+    let port = free_port();
+    let server = durable(port);
+    let mut c = client(port, "snapshots").await;
+    let value = |i: u8| vec![i; 15 << 20];
+    for i in 0..10u8 {
+        let k = format!("v{i}");
+        assert_eq!(
+            text(&c.call(&[b"SET", k.as_bytes(), &value(i)]).await),
+            "+OK\r\n"
+        );
+    }
+    // The snapshot is written in the background.
+    let snapshot = || {
+        std::fs::read_dir(&dir)
+            .expect("data dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+            .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    };
+    let started = std::time::Instant::now();
+    while snapshot() <= 128 << 20 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no snapshot above 128 MiB:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = server.log();
+    assert!(
+        !log.contains("cannot take a snapshot") && !log.contains("guest failed"),
+        "{log}"
+    );
+    server.kill9();
+    let port = free_port();
+    let _server = durable(port);
+    let mut c = client(port, "snapshots-2").await;
+    for i in 0..10u8 {
+        let k = format!("v{i}");
+        let r = c.call(&[b"GET", k.as_bytes()]).await;
+        assert!(r.payload == bulk(&value(i)), "{k} after the restart");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -137,6 +137,7 @@ fn writes_survive_reopening_across_snapshots() {
     let policy = SnapshotPolicy {
         max_log_bytes: 300,
         max_interval: Duration::from_secs(3600),
+        ..SnapshotPolicy::default()
     };
     let mut versions = Vec::new();
     {
