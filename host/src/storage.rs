@@ -240,14 +240,23 @@ struct MemState {
     locked: bool,
     /// Bytes that may still be written before writes fail (a full disk).
     space: Option<u64>,
+    /// Whether to keep what a crash would keep ([`MemStorage::crash`]);
+    /// not for a memory journal, where it would only double the memory.
+    crashes: bool,
 }
 
 /// Storage in memory that knows what a crash would keep: the names as of
 /// the last `sync_dir` and, of each file, what was synced. For the
 /// conformance and crash tests (and volatile stores that must survive a
 /// restart of their guest). Clones share the files.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MemStorage(Arc<Mutex<MemState>>);
+
+impl Default for MemStorage {
+    fn default() -> Self {
+        MemStorage::new()
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding it cannot leave it half-updated in a way that
@@ -279,12 +288,43 @@ impl MemState {
         self.next_id += 1;
         self.next_id
     }
+
+    /// A crash keeps `file` as the contents of file `id`.
+    fn keep(&mut self, id: u64, file: impl FnOnce() -> MemFile) {
+        if self.crashes {
+            self.durable.insert(id, file());
+        }
+    }
+
+    /// Forgets the crash contents of files no name leads to any more.
+    fn prune(&mut self) {
+        let Self {
+            durable,
+            durable_names,
+            ids,
+            ..
+        } = self;
+        durable.retain(|id, _| {
+            durable_names.values().any(|d| d == id) || ids.values().any(|i| i == id)
+        });
+    }
 }
 
 impl MemStorage {
-    /// Empty storage.
+    /// Empty storage that knows what a crash would keep (for tests).
     pub fn new() -> MemStorage {
-        MemStorage::default()
+        let st = MemState {
+            crashes: true,
+            ..MemState::default()
+        };
+        MemStorage(Arc::new(Mutex::new(st)))
+    }
+
+    /// Empty storage that keeps each file once and nothing for a crash
+    /// ([`MemStorage::crash`] then keeps nothing): a volatile store's
+    /// journal in memory.
+    pub fn volatile() -> MemStorage {
+        MemStorage(Arc::new(Mutex::new(MemState::default())))
     }
 
     /// From now on only `bytes` more bytes can be written: a write past
@@ -299,7 +339,10 @@ impl MemStorage {
     /// lock is released.
     pub fn crash(&self, torn: Option<usize>) -> MemStorage {
         let st = lock(&self.0);
-        let mut after = MemState::default();
+        let mut after = MemState {
+            crashes: st.crashes,
+            ..MemState::default()
+        };
         for (name, id) in &st.durable_names {
             let Some(durable) = st.durable.get(id) else {
                 continue;
@@ -337,7 +380,7 @@ impl MemStorage {
             f.data[offset] ^= 1;
             let copy = f.clone();
             if let Some(id) = id {
-                st.durable.insert(id, copy);
+                st.keep(id, || copy);
             }
         }
     }
@@ -378,8 +421,10 @@ impl LogFile for MemLogFile {
         self.with(|st, name| {
             let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
             f.synced = f.data.len();
-            let copy = f.clone();
-            st.durable.insert(id, copy);
+            if st.crashes {
+                let copy = f.clone();
+                st.durable.insert(id, copy);
+            }
             Ok(())
         })
     }
@@ -454,10 +499,15 @@ impl Storage for MemStorage {
             data: bytes.to_vec(),
             synced: bytes.len(),
         };
-        st.files.insert(name.to_string(), file.clone());
-        st.ids.insert(name.to_string(), id);
-        st.durable.insert(id, file);
-        st.durable_names.insert(name.to_string(), id);
+        if st.crashes {
+            st.durable.insert(id, file.clone());
+            st.durable_names.insert(name.to_string(), id);
+        }
+        let old = st.ids.insert(name.to_string(), id);
+        st.files.insert(name.to_string(), file);
+        if old.is_some() {
+            st.prune();
+        }
         Ok(())
     }
 
@@ -469,7 +519,7 @@ impl Storage for MemStorage {
         f.data.truncate(len);
         f.synced = f.data.len();
         let copy = f.clone();
-        st.durable.insert(id, copy);
+        st.keep(id, || copy);
         Ok(())
     }
 
@@ -480,8 +530,11 @@ impl Storage for MemStorage {
         st.files.insert(to.to_string(), f);
         st.ids.insert(to.to_string(), id);
         // Durable at once, as `DirStorage::rename` syncs the directory.
-        st.durable_names.remove(from);
-        st.durable_names.insert(to.to_string(), id);
+        if st.crashes {
+            st.durable_names.remove(from);
+            st.durable_names.insert(to.to_string(), id);
+        }
+        st.prune();
         Ok(())
     }
 
@@ -489,17 +542,22 @@ impl Storage for MemStorage {
         let mut st = lock(&self.0);
         st.files.remove(name).ok_or_else(|| not_found(name))?;
         st.ids.remove(name);
+        st.prune();
         Ok(())
     }
 
     fn sync_dir(&self) -> io::Result<()> {
         let mut st = lock(&self.0);
+        if !st.crashes {
+            return Ok(());
+        }
         st.durable_names = st.ids.clone();
         let ids: Vec<u64> = st.ids.values().copied().collect();
         for id in ids {
             // A file that was never synced is named but empty after a crash.
             st.durable.entry(id).or_default();
         }
+        st.prune();
         Ok(())
     }
 

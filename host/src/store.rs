@@ -58,6 +58,9 @@ impl StoreOptions {
     }
 }
 
+/// The most log a memory journal keeps before it takes a snapshot.
+pub const MEMORY_JOURNAL_LOG: u64 = 16 << 20;
+
 /// Instantiates the store, recovering it from its data directory if durable.
 pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option<Journal>)> {
     open_with(runtime, opts, &guest_config(opts))
@@ -90,12 +93,18 @@ pub fn open_with(
             info!(
                 "volatile store: nothing is written to disk (--persist none); a journal in memory restarts a failed guest with what it acknowledged"
             );
+            // A short log: it is memory, and a snapshot of it is cheap to
+            // take compared with what a long log holds.
+            let policy = SnapshotPolicy {
+                max_log_bytes: opts.snapshots.max_log_bytes.min(MEMORY_JOURNAL_LOG),
+                ..opts.snapshots
+            };
             let (journal, store, _) = Journal::open_in(
-                Arc::new(MemStorage::new()),
+                Arc::new(MemStorage::volatile()),
                 runtime,
                 config,
                 Fsync::No,
-                opts.snapshots,
+                policy,
                 &*opts.clock,
                 OnDamage::Refuse,
             )?;

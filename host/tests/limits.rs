@@ -209,3 +209,91 @@ async fn snapshots_of_more_than_128_mib_succeed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Findings 3 and 4: a flood of KEYNOTIFY registrations (20,000 of 8 KiB
+/// keys from one client) and of requests whose replies the dedup cache
+/// would keep (10,000 with 256-byte correlation data, 4,000-byte response
+/// topics and the longest message expiry) is answered with the quota error
+/// and bounded caching: the owner's keys stay, and the server's resident
+/// memory grows by less than 96 MiB, or 320 MiB with the memory journal of
+/// a volatile store (it grew by 335 MiB and by 1.5 GiB). The journal's
+/// share: the log, and a snapshot of the dedup cache (whose 32 MiB take
+/// about twice that in a snapshot, which writes each reply's topic twice)
+/// in the guest's memory and in the host's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_registrations_and_cached_replies_stay_bounded() {
+    flood(&["--no-memory-journal"], 96).await;
+    flood(&[], 320).await;
+}
+
+async fn flood(extra: &[&str], bound_mib: u64) {
+    let port = free_port();
+    let server = serve(port, extra);
+    let mut owner = client(port, "owner").await;
+    for i in 0..10 {
+        let k = format!("owned{i}");
+        assert_eq!(
+            text(&owner.call(&[b"SET", k.as_bytes(), b"mine"]).await),
+            "+OK\r\n"
+        );
+    }
+    let before = server.rss_kib();
+    let mut hostile = client(port, "flooder").await;
+    let notify = |i: u32| {
+        let mut key = format!("{i:08}").into_bytes();
+        key.resize(8 << 10, b'k');
+        statestore_tests::resp(&[b"KEYNOTIFY", &key])
+    };
+    for i in 0..20_000 {
+        let props = hostile.request_properties();
+        hostile.publish_request(notify(i), props).await;
+    }
+    let (mut ok, mut quota) = (0, 0);
+    for n in 0..20_000 {
+        let r = hostile
+            .recv(Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|| panic!("reply {n} of 20,000"));
+        match &*text(&r) {
+            "+OK\r\n" => ok += 1,
+            "-ERR the quota has been exceeded\r\n" => quota += 1,
+            other => panic!("{other}"),
+        }
+    }
+    assert!(
+        ok <= 1000 && quota >= 19_000,
+        "{ok} registered, {quota} refused"
+    );
+    for i in 0..10_000u32 {
+        let mut props = hostile.request_properties();
+        let mut corr = i.to_be_bytes().to_vec();
+        corr.resize(256, 0);
+        props.correlation_data = Some(corr.into());
+        props.response_topic = Some(format!("flood/{i}/{}", "t".repeat(4000)));
+        props.message_expiry_interval = Some(u32::MAX);
+        let key = format!("f{}", i % 50);
+        hostile
+            .publish_request(statestore_tests::resp(&[b"DEL", key.as_bytes()]), props)
+            .await;
+    }
+    // Handled in order: once this is answered, so is the flood.
+    assert_eq!(
+        text(&hostile.call(&[b"GET", b"owned0"]).await),
+        "$4\r\nmine\r\n"
+    );
+    let after = server.rss_kib();
+    let grown_mib = after.saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < bound_mib,
+        "{extra:?}: resident memory grew by {grown_mib} MiB"
+    );
+    for i in 0..10 {
+        let k = format!("owned{i}");
+        assert_eq!(
+            text(&owner.call(&[b"GET", k.as_bytes()]).await),
+            "$4\r\nmine\r\n"
+        );
+    }
+    let log = server.log();
+    assert!(!log.contains("guest failed"), "{log}");
+}
