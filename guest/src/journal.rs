@@ -38,9 +38,34 @@ fn frame(kind: u8, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
     w.finish_with_crc()
 }
 
+/// Appends a record of `kind` to `buf`.
+fn frame_into(buf: &mut Vec<u8>, kind: u8, body: impl FnOnce(&mut Writer)) {
+    let mut w = Writer(core::mem::take(buf));
+    let start = w.0.len();
+    w.u8(RECORD_VERSION);
+    w.u8(kind);
+    body(&mut w);
+    let crc = crc32fast::hash(&w.0[start..]);
+    w.u32(crc);
+    *buf = w.0;
+}
+
 /// A put of `key` with this entry.
 pub fn put(key: &[u8], e: EntryRef<'_>) -> Vec<u8> {
-    frame(PUT, |w| w.entry(key, e))
+    let mut buf = Vec::with_capacity(put_size(key, e));
+    put_into(&mut buf, key, e);
+    buf
+}
+
+/// Appends [`put`] to `buf`, in place (no copy of the value on its own).
+pub fn put_into(buf: &mut Vec<u8>, key: &[u8], e: EntryRef<'_>) {
+    frame_into(buf, PUT, |w| w.entry(key, e));
+}
+
+/// The length of [`put`].
+pub fn put_size(key: &[u8], e: EntryRef<'_>) -> usize {
+    let fencing = e.fencing_token.map_or(0, |ft| 20 + ft.node.len());
+    2 + 4 + key.len() + 4 + e.value.len() + 12 + 1 + fencing + 9 + 1 + 4
 }
 
 /// A decoded journal record.

@@ -180,6 +180,7 @@ impl Encoder {
     fn bytes(&mut self, v: &[u8]) {
         // Every field comes from an MQTT packet (< 256 MiB) or the guest.
         self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
+        reserve_for(&mut self.buf, v.len());
         self.buf.extend_from_slice(v);
     }
 
@@ -327,9 +328,21 @@ impl OutputWriter {
     /// Writes a journal record of the current input after its earlier
     /// records and before its other outputs.
     pub fn journal(&mut self, record: &[u8]) {
+        self.journal_with(record.len(), |buf| buf.extend_from_slice(record));
+    }
+
+    /// [`OutputWriter::journal`] of the record that `write` appends to the
+    /// list in place (about `size` bytes): a record of a large value is
+    /// not built on its own first, then copied.
+    pub fn journal_with(&mut self, size: usize, write: impl FnOnce(&mut Vec<u8>)) {
         let (at, end) = (self.records_at, self.e.buf.len());
+        reserve_for(&mut self.e.buf, size + 5);
         self.e.u8(1);
-        self.e.bytes(record);
+        self.e.u32(0);
+        let body = self.e.buf.len();
+        write(&mut self.e.buf);
+        let len = u32::try_from(self.e.buf.len() - body).unwrap_or(u32::MAX);
+        self.e.buf[body - 4..body].copy_from_slice(&len.to_le_bytes());
         let written = self.e.buf.len() - end;
         if at != end {
             // Move it from the end to its place.
@@ -408,6 +421,19 @@ impl OutputWriter {
     /// The encoded list.
     pub fn finish(self) -> Vec<u8> {
         self.e.finish(self.count)
+    }
+}
+
+/// Room past a large field for what follows it in the same list.
+const SLACK: usize = 64 << 10;
+
+/// Makes room for `n` more bytes in `buf`. A large field gets exactly its
+/// room and some slack, rather than a doubling: an output list holding a
+/// 64 MiB value is 64 MiB, not 128 (the guest's memory never shrinks).
+#[inline]
+fn reserve_for(buf: &mut Vec<u8>, n: usize) {
+    if n >= SLACK && buf.capacity() - buf.len() < n {
+        buf.reserve_exact(n + SLACK);
     }
 }
 

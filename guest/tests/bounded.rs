@@ -185,3 +185,35 @@ fn batches_decode() {
     let inputs = wire::decode_batch(&batch).expect("decodes");
     assert!(matches!(inputs[1], InputRef::Disconnected("c")));
 }
+
+/// A large value is not copied twice into an output list, and the list is
+/// not twice its size (issue 15, finding 7: the guest's memory keeps its
+/// high-water mark): the SET's list (its journal record, written in place)
+/// and the GET's (its reply) each hold the value once, with little room
+/// to spare.
+#[test]
+fn a_large_value_costs_one_copy_in_an_output_list() {
+    let mut sm = durable();
+    let value = vec![b'x'; 16 << 20];
+    let set = request(1, &[b"SET", b"big", &value], "w");
+    let raw = sm
+        .handle_wire(&wire::encode_batch(&[Input::Message(&set)]), T0)
+        .expect("handled");
+    assert!(raw.len() > value.len() && raw.len() < value.len() + (1 << 20));
+    assert!(
+        raw.capacity() < value.len() + (1 << 20),
+        "{}",
+        raw.capacity()
+    );
+    let out = wire::decode_outputs(&raw).expect("decodes");
+    assert!(matches!(&out[0], Output::Journal(r) if r.len() > value.len()));
+    let get = request(2, &[b"GET", b"big"], "r");
+    let raw = sm
+        .handle_wire(&wire::encode_batch(&[Input::Message(&get)]), T0)
+        .expect("handled");
+    assert!(
+        raw.capacity() < value.len() + (1 << 20),
+        "{}",
+        raw.capacity()
+    );
+}

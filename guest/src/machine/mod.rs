@@ -546,7 +546,13 @@ impl StateMachine {
         let record = match change {
             Change::None => return,
             Change::Set => match self.table.entry(key) {
-                Some(e) if self.journals(e.persist) => journal::put(key, e),
+                Some(e) if self.journals(e.persist) => {
+                    // Written in place: a large value is copied once.
+                    let size = journal::put_size(key, e);
+                    self.out
+                        .journal_with(size, |buf| journal::put_into(buf, key, e));
+                    return;
+                }
                 // Flagged mode, an unflagged SET over a persisted value: the
                 // old value must not come back after a restart.
                 Some(_) if self.journals(was_persisted) => journal::delete(key, version),
