@@ -34,6 +34,8 @@ pub struct Registry {
     by_client: BTreeMap<String, Observer>,
     count: usize,
     bytes: usize,
+    /// Fewer bytes than [`MAX_TOTAL_BYTES`], if the store's quota says so.
+    limit: Option<usize>,
 }
 
 /// One client's registrations.
@@ -56,12 +58,18 @@ impl Registry {
         if count >= MAX_PER_CLIENT
             || bytes + cost > MAX_CLIENT_BYTES
             || self.count >= MAX_TOTAL
-            || self.bytes + cost > MAX_TOTAL_BYTES
+            || self.bytes + cost > self.limit.unwrap_or(MAX_TOTAL_BYTES)
         {
             return Err(LimitReached);
         }
         self.insert(client, key);
         Ok(())
+    }
+
+    /// Holds at most `bytes` of registrations (at most [`MAX_TOTAL_BYTES`])
+    /// from the next registration on.
+    pub fn set_limit(&mut self, bytes: usize) {
+        self.limit = Some(bytes.min(MAX_TOTAL_BYTES));
     }
 
     /// Registers `client` for `key` whatever the limits (restoring a

@@ -217,3 +217,44 @@ fn a_large_value_costs_one_copy_in_an_output_list() {
         raw.capacity()
     );
 }
+
+/// A store's quota bounds what its clients can make it hold besides keys
+/// (issue 15, finding 3): KEYNOTIFY registrations and cached replies each
+/// get a quarter of `max_bytes` (here 8 MiB: 2 MiB each).
+#[test]
+fn registrations_and_cached_replies_count_in_the_quota() {
+    let mut sm = StateMachine::new(Config {
+        persist: Persist::All,
+        quota: statestore_guest::types::Quota {
+            max_bytes: Some(8 << 20),
+            ..Default::default()
+        },
+        ..Config::default()
+    })
+    .expect("config");
+    let mut registered = 0;
+    let mut n = 0;
+    for client in 0..8 {
+        for k in 0..60u32 {
+            n += 1;
+            let mut key = format!("{k:04}").into_bytes();
+            key.resize(8 << 10, b'k');
+            let r = request(n, &[b"KEYNOTIFY", &key], &format!("obs{client}"));
+            if replies(&sm.handle(&r, T0)) == [b"+OK\r\n".to_vec()] {
+                registered += 1;
+            }
+        }
+    }
+    // About 16 KiB counted each: 2 MiB holds about 120 of the 480.
+    assert!((100..=130).contains(&registered), "{registered}");
+    // 5,000 DELs with 1,000-byte response topics: a cached reply each.
+    for i in 0..5_000u64 {
+        let mut r = request(10_000 + i, &[b"DEL", b"nothing"], "flooder");
+        r.response_topic = Some(format!("clients/flooder/{i}/{}", "t".repeat(1000)));
+        assert_eq!(replies(&sm.handle(&r, T0)), [b":0\r\n".to_vec()]);
+    }
+    let snapshot = sm.snapshot_with(statestore_guest::SnapshotScope::Everything);
+    // Registrations (1 MiB of keys) and a dedup cache of 2 MiB, which a
+    // snapshot writes at most about twice as large; unbounded it was 10 MiB.
+    assert!(snapshot.len() < 7 << 20, "{}", snapshot.len());
+}

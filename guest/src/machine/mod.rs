@@ -83,10 +83,20 @@ impl StateMachine {
         clock: Clock,
         config: Config,
         mut table: Table,
-        registry: Registry,
-        dedup: DedupCache,
+        mut registry: Registry,
+        mut dedup: DedupCache,
     ) -> StateMachine {
         table.set_quota(config.quota);
+        // What a store's quota allows it to hold bounds what its clients can
+        // make it hold besides keys: a quarter of it each for KEYNOTIFY
+        // registrations and cached replies (at least 1 MiB).
+        if let Some(bytes) = config.quota.max_bytes {
+            let share = usize::try_from(bytes / 4)
+                .unwrap_or(usize::MAX)
+                .max(1 << 20);
+            registry.set_limit(share);
+            dedup.set_limit(share);
+        }
         StateMachine {
             server_id: config.server_client_id.as_deref().map(Str::from),
             config,

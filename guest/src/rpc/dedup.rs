@@ -102,6 +102,9 @@ pub struct DedupCache {
     /// come in runs, and comparing with it costs less than hashing the
     /// topic again (the clone keeps its buffer, so its address stays its).
     last: Option<(Str, u64)>,
+    /// The most bytes it holds ([`MAX_BYTES`] unless the store's quota
+    /// gives it less: [`DedupCache::set_limit`]).
+    max_bytes: usize,
 }
 
 impl Default for DedupCache {
@@ -131,7 +134,13 @@ impl DedupCache {
             len: 0,
             bytes: 0,
             last: None,
+            max_bytes: MAX_BYTES,
         }
+    }
+
+    /// Holds at most `bytes` (at most [`MAX_BYTES`]) from the next insert on.
+    pub fn set_limit(&mut self, bytes: usize) {
+        self.max_bytes = bytes.min(MAX_BYTES);
     }
 
     fn hash(&self, bytes: &[u8]) -> u64 {
@@ -197,7 +206,7 @@ impl DedupCache {
             };
             self.forget(key);
         }
-        while self.bytes > MAX_BYTES {
+        while self.bytes > self.max_bytes {
             let Some((&key, _)) = self.deadlines.first_key_value() else {
                 break;
             };
