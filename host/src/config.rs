@@ -5,7 +5,7 @@
 //! memory_mib = 64               # linear memory cap of its guest
 //! call_ms = 1000                # longest one call into its guest may run
 //! max_keys = 100000             # quota: keys ...
-//! max_bytes = 16777216          #   ... and bytes of keys and values (at most a third of memory_mib)
+//! max_bytes = 16777216          #   ... and bytes of keys and values (default and most: a third of memory_mib)
 //! max_key_bytes = 65536         # longest key a SET may create
 //! max_value_bytes = 4194304     # longest value a SET may write
 //! data_root = "/var/lib/statestore"   # each tenant in data_root/<name>
@@ -312,7 +312,9 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                 },
                 quota: Quota {
                     max_keys: s.max_keys,
-                    max_bytes: s.max_bytes,
+                    // Unset: a third of the memory cap, so that every
+                    // tenant's keys, registrations and cached replies fit it.
+                    max_bytes: Some(s.max_bytes.unwrap_or((memory_mib << 20) / 3)),
                     max_key_bytes: s.max_key_bytes,
                     max_value_bytes: s.max_value_bytes,
                 },
