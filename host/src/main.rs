@@ -249,7 +249,8 @@ struct ServeArgs {
     #[arg(long, env = "STATESTORE_CONFIG")]
     config: Option<PathBuf>,
 
-    /// Largest MQTT packet the embedded broker accepts or sends, MiB.
+    /// Largest MQTT packet accepted, MiB: the embedded broker's limit for
+    /// every client; with --broker, the most the broker may send us.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=255))]
     max_packet_mib: u32,
 
@@ -541,6 +542,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 ca_file: args.ca_file.clone(),
                 keep_alive: Duration::from_secs(args.keep_alive),
                 session_expiry: Duration::from_secs(args.session_expiry),
+                max_packet: args.max_packet_mib << 20,
                 connect_timeout: Duration::from_secs(args.connect_timeout),
                 client_events: args.client_events,
                 store: spec.store.clone(),

@@ -108,6 +108,10 @@ pub struct ServeOptions {
     pub connect_timeout: Duration,
     /// Where disconnect events come from.
     pub client_events: ClientEvents,
+    /// The largest packet we accept (the broker must not send more, MQTT5
+    /// Maximum Packet Size); with the receive maximum of 256 unacknowledged
+    /// requests it bounds what the broker can make us hold.
+    pub max_packet: u32,
     /// The store: node id, persistence.
     pub store: StoreOptions,
 }
@@ -161,7 +165,7 @@ impl Server {
                 u32::try_from(opts.session_expiry.as_secs()).unwrap_or(u32::MAX),
             ))
             .set_manual_acks(true)
-            .set_max_packet_size(Some(MAX_PACKET))
+            .set_max_packet_size(Some(opts.max_packet))
             .set_receive_maximum(Some(256))
             .set_connection_timeout(opts.connect_timeout.as_secs().max(1));
         if let Some(user) = &opts.username {

@@ -197,6 +197,7 @@ pub fn serve_options(broker: BrokerUrl, client_events: ClientEvents) -> ServeOpt
         ca_file: None,
         keep_alive: Duration::from_secs(30),
         session_expiry: Duration::from_secs(600),
+        max_packet: statestore::serve::MAX_PACKET,
         connect_timeout: Duration::from_secs(10),
         client_events,
         store: StoreOptions::volatile("StateStore", "statestore-under-test"),
