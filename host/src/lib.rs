@@ -17,6 +17,7 @@
 pub mod bench;
 mod bindings;
 pub mod cache;
+pub mod client;
 pub mod clock;
 pub mod config;
 mod convert;

@@ -51,6 +51,135 @@ enum Command {
     /// byte-level contract (WIRE.md): a host in any language can load the
     /// very build this binary serves.
     Component(ComponentArgs),
+    /// Print a key's value (alone, as stored). Exit 0, or 1 if there is none.
+    Get(GetArgs),
+    /// Set a key (VALUE, `@FILE`, or stdin if absent or `-`) and print its
+    /// new version. Exit 0, or 1 if a condition (--nx, --nex) kept it.
+    Set(SetArgs),
+    /// Delete a key. Exit 0, or 1 if there was none.
+    Del(DelArgs),
+    /// Delete a key only if it holds VALUE. Exit 0, or 1 if not.
+    Vdel(VdelArgs),
+    /// Print one line per change of the keys (`KEY SET VALUE VERSION` or
+    /// `KEY DELETE VERSION`) until Ctrl-C (or --count lines).
+    Watch(WatchArgs),
+    /// Take the lease NAME, run COMMAND with its fencing token in
+    /// $STATESTORE_FENCING_TOKEN (and $STATESTORE_LOCK_HOLDER), renewing the
+    /// lease while it runs, then release it. Exits with the command's code
+    /// (1 if the lease was not had within --wait-ms).
+    Lock(LockArgs),
+}
+
+/// How the client commands reach the store.
+#[derive(clap::Args, Debug, Clone)]
+struct ClientArgs {
+    /// The broker the store serves on: `mqtt://HOST:PORT` or `mqtts://HOST:PORT`.
+    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883", env = "STATESTORE_BROKER")]
+    broker: BrokerUrl,
+    /// Our MQTT client id (also the lock holder). Default: statestore-cli-<pid>.
+    #[arg(long)]
+    client_id: Option<String>,
+    /// MQTT user name.
+    #[arg(long)]
+    username: Option<String>,
+    /// A file whose first line is the MQTT password.
+    #[arg(long)]
+    password_file: Option<PathBuf>,
+    /// CA certificate (PEM) for `mqtts://` (default: the system's roots).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// How long to wait for the broker and for each reply, ms.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
+    /// Keys and values are hexadecimal on the command line and in the output.
+    #[arg(long, conflicts_with = "base64")]
+    hex: bool,
+    /// Keys and values are base64 on the command line and in the output.
+    #[arg(long)]
+    base64: bool,
+}
+
+#[derive(clap::Args)]
+struct GetArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key.
+    key: String,
+}
+
+#[derive(clap::Args)]
+struct SetArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key.
+    key: String,
+    /// The value; `@FILE` reads a file; absent or `-` reads stdin.
+    value: Option<String>,
+    /// Only if the key does not exist.
+    #[arg(long, conflicts_with = "nex")]
+    nx: bool,
+    /// Only if the key does not exist or holds this value.
+    #[arg(long)]
+    nex: bool,
+    /// The key expires after this many ms.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    px: Option<u64>,
+    /// A fencing token (a lease's version, `WALL:COUNTER:NODE`).
+    #[arg(long)]
+    fencing_token: Option<String>,
+    /// Keep the key across a restart under `--persist flagged`.
+    #[arg(long)]
+    persist: bool,
+}
+
+#[derive(clap::Args)]
+struct DelArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key.
+    key: String,
+    /// A fencing token (a lease's version).
+    #[arg(long)]
+    fencing_token: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct VdelArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key.
+    key: String,
+    /// The value it must hold; `@FILE` reads a file.
+    value: String,
+}
+
+#[derive(clap::Args)]
+struct WatchArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The keys.
+    #[arg(required = true)]
+    keys: Vec<String>,
+    /// Stop after this many lines.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+#[derive(clap::Args)]
+struct LockArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The lease's key.
+    name: String,
+    /// How long the lease lasts unless renewed, ms (renewed every half).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(100..))]
+    ttl: u64,
+    /// How long to wait for the lease, ms.
+    #[arg(long, default_value_t = 10_000)]
+    wait_ms: u64,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -340,7 +469,20 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    let client = |run: fn(Command) -> Result<u8>, command| match run(command) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(statestore::client::ERROR)
+        }
+    };
     let result = match cli.command {
+        c @ (Command::Get(_)
+        | Command::Set(_)
+        | Command::Del(_)
+        | Command::Vdel(_)
+        | Command::Watch(_)
+        | Command::Lock(_)) => return client(run_client, c),
         Command::Serve(args) => serve(*args),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
@@ -353,6 +495,117 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The encoding of keys and values on the command line.
+fn encoding(a: &ClientArgs) -> statestore::client::Encoding {
+    use statestore::client::Encoding;
+    if a.hex {
+        Encoding::Hex
+    } else if a.base64 {
+        Encoding::Base64
+    } else {
+        Encoding::Raw
+    }
+}
+
+/// A value argument: itself, `@FILE`, or stdin (absent or `-`), decoded.
+fn value_arg(value: Option<&str>, enc: statestore::client::Encoding) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let raw = match value {
+        None | Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read stdin")?;
+            buf
+        }
+        Some(v) => match v.strip_prefix('@') {
+            Some(path) => std::fs::read(path).with_context(|| format!("cannot read {path}"))?,
+            None => v.as_bytes().to_vec(),
+        },
+    };
+    enc.decode(&raw)
+}
+
+/// Runs a client command; its exit code.
+fn run_client(command: Command) -> Result<u8> {
+    use statestore::client::{self, Client, ClientOptions, SetOptions};
+    let args = match &command {
+        Command::Get(a) => &a.client,
+        Command::Set(a) => &a.client,
+        Command::Del(a) => &a.client,
+        Command::Vdel(a) => &a.client,
+        Command::Watch(a) => &a.client,
+        Command::Lock(a) => &a.client,
+        _ => anyhow::bail!("not a client command"),
+    }
+    .clone();
+    let enc = encoding(&args);
+    let credentials = match (&args.username, &args.password_file) {
+        (Some(u), Some(p)) => Some((u.clone(), config::read_secret(p)?)),
+        (Some(u), None) => Some((u.clone(), String::new())),
+        (None, Some(_)) => anyhow::bail!("--password-file needs --username"),
+        (None, None) => None,
+    };
+    let opts = ClientOptions {
+        broker: args.broker.clone(),
+        client_id: args
+            .client_id
+            .clone()
+            .unwrap_or_else(|| format!("statestore-cli-{}", std::process::id())),
+        credentials,
+        ca_file: args.ca_file.clone(),
+        timeout: Duration::from_millis(args.timeout_ms),
+    };
+    let key = |k: &str| enc.decode(k.as_bytes()).context("the key");
+    runtime()?.block_on(async move {
+        let mut c = Client::connect(&opts).await?;
+        let mut out = std::io::stdout().lock();
+        let code = match command {
+            Command::Get(a) => client::get(&mut c, &key(&a.key)?, enc, &mut out).await?,
+            Command::Set(a) => {
+                let value = value_arg(a.value.as_deref(), enc).context("the value")?;
+                let o = SetOptions {
+                    nx: a.nx,
+                    nex: a.nex,
+                    px: a.px,
+                    fencing_token: a.fencing_token,
+                    persist: a.persist,
+                };
+                client::set(&mut c, &key(&a.key)?, &value, &o, &mut out).await?
+            }
+            Command::Del(a) => {
+                client::del(&mut c, &key(&a.key)?, None, a.fencing_token.as_deref()).await?
+            }
+            Command::Vdel(a) => {
+                let value = value_arg(Some(&a.value), enc).context("the value")?;
+                client::del(&mut c, &key(&a.key)?, Some(&value), None).await?
+            }
+            Command::Watch(a) => {
+                let keys = a.keys.iter().map(|k| key(k)).collect::<Result<Vec<_>>>()?;
+                tokio::select! {
+                    code = client::watch(&mut c, &keys, enc, a.count, &mut out) => code?,
+                    () = shutdown_signal() => client::OK,
+                }
+            }
+            Command::Lock(a) => {
+                client::lock(
+                    &mut c,
+                    &key(&a.name)?,
+                    Duration::from_millis(a.ttl),
+                    Duration::from_millis(a.wait_ms),
+                    &a.command,
+                )
+                .await?
+            }
+            _ => client::ERROR,
+        };
+        use std::io::Write;
+        out.flush()?;
+        c.close().await;
+        Ok(code)
+    })
 }
 
 /// The one tenant of a server started without --config.

@@ -46,7 +46,12 @@ pub struct Server {
 impl Server {
     /// Starts `cmd` (stdout ignored, stderr collected) and waits until its
     /// embedded broker listens; panics with its log if it exits first.
-    pub fn spawn(mut cmd: std::process::Command) -> Server {
+    pub fn spawn(cmd: std::process::Command) -> Server {
+        Server::spawn_until(cmd, "embedded MQTT broker listening")
+    }
+
+    /// Starts `cmd` and waits until its log says `ready`.
+    pub fn spawn_until(mut cmd: std::process::Command, ready: &str) -> Server {
         let mut child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -55,7 +60,7 @@ impl Server {
         let log = capture_stderr(&mut child);
         let mut s = Server { child, log };
         let start = Instant::now();
-        while !s.log().contains("embedded MQTT broker listening") {
+        while !s.log().contains(ready) {
             if let Ok(Some(status)) = s.child.try_wait() {
                 panic!("statestore exited ({status}):\n{}", s.log());
             }

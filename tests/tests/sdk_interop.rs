@@ -114,6 +114,7 @@ in_both_modes!(
     observe_set_delete_and_expiry_notifications,
     leased_lock_acquire_renew_expire_and_takeover,
     binary_long_keys_and_mib_values,
+    cli_and_sdk_read_each_other,
 );
 
 fn opts(set_condition: SetCondition, expires: Option<Duration>) -> SetOptions {
@@ -650,5 +651,68 @@ async fn binary_long_keys_and_mib_values(mode: Mode) {
         );
     }
     a.close().await;
+    store.stop().await;
+}
+
+/// The client commands (`statestore get`, `set`, `del`; the library code the
+/// binary runs) and the SDK read each other's writes, binary ones included
+/// (issue 18, item 2).
+async fn cli_and_sdk_read_each_other(mode: Mode) {
+    use statestore::client::{self, Client, ClientOptions, Encoding, OK};
+    let store = Deployment::start(mode).await;
+    let sdk = Sdk::connect(store.port(), "sdk-and-cli").await;
+    let mut cli = Client::connect(&ClientOptions {
+        broker: format!("mqtt://127.0.0.1:{}", store.port())
+            .parse()
+            .expect("url"),
+        client_id: "cli-and-sdk".into(),
+        credentials: None,
+        ca_file: None,
+        timeout: T,
+    })
+    .await
+    .expect("the CLI connects");
+    let key = b"shared\0\xff".to_vec();
+    let value: Vec<u8> = (0..=255).collect();
+    let mut out = Vec::new();
+    let plain = client::SetOptions::default();
+    let code = client::set(&mut cli, &key, &value, &plain, &mut out)
+        .await
+        .expect("set");
+    assert_eq!(code, OK);
+    let got = sdk.ss.get(key.clone(), T).await.expect("sdk get");
+    assert_eq!(got.response.as_deref(), Some(value.as_slice()));
+    // The version the CLI printed is the one the SDK reads.
+    assert_eq!(
+        String::from_utf8_lossy(&out).trim(),
+        got.version.expect("a version").to_string()
+    );
+    let r = sdk
+        .ss
+        .set(
+            key.clone(),
+            b"from the sdk".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("sdk set");
+    assert!(r.response);
+    let mut out = Vec::new();
+    assert_eq!(
+        client::get(&mut cli, &key, Encoding::Hex, &mut out)
+            .await
+            .expect("get"),
+        OK
+    );
+    assert_eq!(out, b"66726f6d207468652073646b\n");
+    assert_eq!(
+        client::del(&mut cli, &key, None, None).await.expect("del"),
+        OK
+    );
+    assert_eq!(sdk.ss.get(key, T).await.expect("sdk get").response, None);
+    cli.close().await;
+    sdk.close().await;
     store.stop().await;
 }

@@ -1,0 +1,580 @@
+//! `statestore get | set | del | vdel | watch | lock`: a command-line client
+//! that speaks the protocol as the Azure IoT Operations SDKs do (the same
+//! request topic, response topic, properties, `__ts` and timeouts), for
+//! people and scripts.
+//!
+//! ```text
+//!   connect (MQTT5, clean start) ── subscribe to our response topic
+//!   request: PUBLISH QoS 1 on the request topic, correlation data (16
+//!            bytes), message expiry = the timeout, __ts, __srcId, __protVer
+//!   reply:   matched by correlation data; __stat, RESP3 payload, __ts
+//! ```
+//!
+//! Exit codes a script can use: 0 done, 1 not found or not applied, 2 error.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use base64::Engine;
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rumqttc::{TlsConfiguration, Transport};
+use statestore_guest::rpc::{REQUEST_TOPIC, STORE_ID};
+use tokio::sync::mpsc;
+
+use crate::mqtt::BrokerUrl;
+
+/// Exit code: done.
+pub const OK: u8 = 0;
+/// Exit code: not found, or not applied (a condition, a lock held).
+pub const NOT_APPLIED: u8 = 1;
+/// Exit code: an error (the broker, the store, the arguments).
+pub const ERROR: u8 = 2;
+
+/// How keys and values are written on the command line and printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    /// As they are (bytes).
+    #[default]
+    Raw,
+    /// Hexadecimal.
+    Hex,
+    /// Standard base64.
+    Base64,
+}
+
+impl Encoding {
+    /// The bytes that `text` stands for.
+    pub fn decode(self, text: &[u8]) -> Result<Vec<u8>> {
+        match self {
+            Encoding::Raw => Ok(text.to_vec()),
+            Encoding::Hex => {
+                let text: Vec<u8> = text
+                    .iter()
+                    .copied()
+                    .filter(|c| !c.is_ascii_whitespace())
+                    .collect();
+                if !text.len().is_multiple_of(2) {
+                    bail!("odd number of hex digits");
+                }
+                text.chunks(2)
+                    .map(|p| {
+                        let s = std::str::from_utf8(p).map_err(|_| anyhow!("not hex"))?;
+                        u8::from_str_radix(s, 16).map_err(|_| anyhow!("not hex: {s:?}"))
+                    })
+                    .collect()
+            }
+            Encoding::Base64 => {
+                let text: Vec<u8> = text
+                    .iter()
+                    .copied()
+                    .filter(|c| !c.is_ascii_whitespace())
+                    .collect();
+                base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .context("not base64")
+            }
+        }
+    }
+
+    /// `bytes` as this encoding writes them.
+    pub fn encode(self, bytes: &[u8]) -> Vec<u8> {
+        match self {
+            Encoding::Raw => bytes.to_vec(),
+            Encoding::Hex => bytes
+                .iter()
+                .flat_map(|b| format!("{b:02x}").into_bytes())
+                .collect(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into_bytes(),
+        }
+    }
+}
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The broker (`mqtt://` or `mqtts://`).
+    pub broker: BrokerUrl,
+    /// Our MQTT client id (also `__srcId`, and the lock holder).
+    pub client_id: String,
+    /// MQTT user name and password.
+    pub credentials: Option<(String, String)>,
+    /// CA certificate (PEM) for `mqtts://`; the system roots if absent.
+    pub ca_file: Option<PathBuf>,
+    /// How long to wait for the broker and for each reply.
+    pub timeout: Duration,
+}
+
+/// A reply of the store.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// `__stat`.
+    pub status: String,
+    /// The RESP3 payload.
+    pub payload: Bytes,
+    /// `__ts`: the version of the change, if any.
+    pub version: Option<String>,
+    /// `__stMsg`, on an error status.
+    pub message: Option<String>,
+}
+
+/// A RESP3 reply payload, as far as the store uses them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// `+OK`.
+    Ok,
+    /// `$-1`: no value.
+    Nil,
+    /// A bulk string.
+    Bulk(Vec<u8>),
+    /// An integer.
+    Int(i64),
+    /// `-ERR ...`.
+    Error(String),
+}
+
+/// Parses a reply payload.
+pub fn parse(payload: &[u8]) -> Result<Resp> {
+    let line_end = payload
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .ok_or_else(|| anyhow!("not a RESP3 reply: {:?}", String::from_utf8_lossy(payload)))?;
+    let line = std::str::from_utf8(&payload[1..line_end]).unwrap_or("");
+    Ok(match payload.first() {
+        Some(b'+') => Resp::Ok,
+        Some(b'-') => Resp::Error(line.to_string()),
+        Some(b':') => Resp::Int(line.parse().context("a RESP3 integer")?),
+        Some(b'$') if line == "-1" => Resp::Nil,
+        Some(b'$') => {
+            let n: usize = line.parse().context("a RESP3 length")?;
+            let start = line_end + 2;
+            let value = payload
+                .get(start..start + n)
+                .ok_or_else(|| anyhow!("a RESP3 bulk string cut short"))?;
+            Resp::Bulk(value.to_vec())
+        }
+        _ => bail!("not a RESP3 reply: {:?}", String::from_utf8_lossy(payload)),
+    })
+}
+
+/// A connection to the broker, ready to make requests.
+pub struct Client {
+    client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Publish>,
+    acks: mpsc::UnboundedReceiver<()>,
+    id: String,
+    timeout: Duration,
+    response_topic: String,
+    next: u64,
+}
+
+impl Client {
+    /// Connects and subscribes to our response topic.
+    pub async fn connect(opts: &ClientOptions) -> Result<Client> {
+        let mut o = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);
+        o.set_keep_alive(Duration::from_secs(30))
+            .set_clean_start(true)
+            .set_max_packet_size(Some(crate::serve::MAX_PACKET));
+        if let Some((user, password)) = &opts.credentials {
+            o.set_credentials(user, password);
+        }
+        if opts.broker.tls {
+            let tls = match &opts.ca_file {
+                Some(path) => TlsConfiguration::SimpleNative {
+                    ca: std::fs::read(path)
+                        .with_context(|| format!("cannot read CA file {}", path.display()))?,
+                    client_auth: None,
+                },
+                None => TlsConfiguration::Native,
+            };
+            o.set_transport(Transport::Tls(tls));
+        }
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        o.set_network_options(net);
+        let (client, mut eventloop) = AsyncClient::new(o, 16);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ack_tx, mut acks) = mpsc::unbounded_channel();
+        let (conn_tx, mut connected) = mpsc::unbounded_channel::<Result<(), String>>();
+        tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        let _ = conn_tx.send(Ok(()));
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = ack_tx.send(());
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        if tx.send(p).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = conn_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                }
+            }
+        });
+        let broker = format!("{}:{}", opts.broker.host, opts.broker.port);
+        match tokio::time::timeout(opts.timeout, connected.recv()).await {
+            Ok(Some(Ok(()))) => {}
+            Ok(Some(Err(e))) => bail!("cannot connect to {broker}: {e}"),
+            Ok(None) | Err(_) => bail!("no answer from {broker} within {:?}", opts.timeout),
+        }
+        let response_topic = format!(
+            "clients/{}/services/statestore/v1/{STORE_ID}/command/invoke/response",
+            opts.client_id
+        );
+        client.subscribe(&response_topic, QoS::AtLeastOnce).await?;
+        tokio::time::timeout(opts.timeout, acks.recv())
+            .await
+            .map_err(|_| anyhow!("no SUBACK from {broker} within {:?}", opts.timeout))?;
+        Ok(Client {
+            client,
+            rx,
+            acks,
+            id: opts.client_id.clone(),
+            timeout: opts.timeout,
+            response_topic,
+            next: 0,
+        })
+    }
+
+    /// Sends a request (`parts` of a RESP3 array, `props` beside the usual
+    /// ones) and waits for its reply.
+    pub async fn request(&mut self, parts: &[&[u8]], props: &[(&str, &str)]) -> Result<Reply> {
+        self.next += 1;
+        let mut correlation = [0u8; 16];
+        correlation[..8].copy_from_slice(&std::process::id().to_be_bytes().repeat(2));
+        correlation[8..].copy_from_slice(&self.next.to_be_bytes());
+        let mut user_properties = vec![
+            ("__srcId".to_string(), self.id.clone()),
+            ("__ts".to_string(), hlc_now(&self.id)),
+            ("__protVer".to_string(), "1.0".to_string()),
+        ];
+        user_properties.extend(props.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+        let properties = PublishProperties {
+            response_topic: Some(self.response_topic.clone()),
+            correlation_data: Some(Bytes::copy_from_slice(&correlation)),
+            message_expiry_interval: Some(
+                u32::try_from(self.timeout.as_secs().max(1)).unwrap_or(u32::MAX),
+            ),
+            content_type: Some("application/octet-stream".into()),
+            payload_format_indicator: Some(0),
+            user_properties,
+            ..Default::default()
+        };
+        self.client
+            .publish_with_properties(
+                REQUEST_TOPIC,
+                QoS::AtLeastOnce,
+                false,
+                statestore_guest::resp3::request(parts),
+                properties,
+            )
+            .await?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let p = tokio::time::timeout(left, self.rx.recv())
+                .await
+                .map_err(|_| anyhow!("no reply from the state store within {:?}", self.timeout))?
+                .ok_or_else(|| anyhow!("the connection to the broker was lost"))?;
+            let props = p.properties.clone().unwrap_or_default();
+            if props.correlation_data.as_deref() != Some(&correlation[..]) {
+                continue; // a notification, or a late reply
+            }
+            let prop = |name: &str| {
+                props
+                    .user_properties
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.clone())
+            };
+            return Ok(Reply {
+                status: prop("__stat").unwrap_or_default(),
+                payload: p.payload.clone(),
+                version: prop("__ts"),
+                message: prop("__stMsg"),
+            });
+        }
+    }
+
+    /// Subscribes to our notification topic (the embedded broker delivers
+    /// notifications without it; another broker needs it).
+    pub async fn subscribe_notifications(&mut self) -> Result<()> {
+        let mut hex = String::new();
+        for b in self.id.as_bytes() {
+            hex.push_str(&format!("{b:02X}"));
+        }
+        let filter = format!("clients/statestore/v1/{STORE_ID}/{hex}/command/notify/+");
+        self.client.subscribe(filter, QoS::AtLeastOnce).await?;
+        tokio::time::timeout(self.timeout, self.acks.recv())
+            .await
+            .map_err(|_| anyhow!("no SUBACK within {:?}", self.timeout))?;
+        Ok(())
+    }
+
+    /// The next message that is not a reply, if one comes within `wait`.
+    pub async fn next_notification(&mut self, wait: Option<Duration>) -> Result<Option<Publish>> {
+        loop {
+            let p = match wait {
+                Some(w) => match tokio::time::timeout(w, self.rx.recv()).await {
+                    Ok(p) => p,
+                    Err(_) => return Ok(None),
+                },
+                None => self.rx.recv().await,
+            };
+            let p = p.ok_or_else(|| anyhow!("the connection to the broker was lost"))?;
+            if p.topic.ends_with(b"/response") {
+                continue;
+            }
+            return Ok(Some(p));
+        }
+    }
+
+    /// Disconnects cleanly.
+    pub async fn close(self) {
+        let _ = self.client.disconnect().await;
+    }
+}
+
+/// Now as an SDK's `__ts`: wall-clock ms, counter 0, our node id.
+fn hlc_now(node: &str) -> String {
+    format!("{:015}:00000:{node}", crate::clock::now_ms())
+}
+
+/// A reply that is not a store-level outcome: an error.
+fn check(reply: &Reply) -> Result<Resp> {
+    if reply.status != "200" {
+        bail!(
+            "the state store answered {}: {}",
+            reply.status,
+            reply.message.as_deref().unwrap_or("(no message)")
+        );
+    }
+    match parse(&reply.payload)? {
+        Resp::Error(e) => bail!("the state store refused it: {e}"),
+        other => Ok(other),
+    }
+}
+
+/// What `set` does.
+#[derive(Debug, Clone, Default)]
+pub struct SetOptions {
+    /// Only if the key does not exist.
+    pub nx: bool,
+    /// Only if the key does not exist or holds the same value.
+    pub nex: bool,
+    /// Expires after this many ms.
+    pub px: Option<u64>,
+    /// The fencing token (`__ft`).
+    pub fencing_token: Option<String>,
+    /// `aio-persistence: true`.
+    pub persist: bool,
+}
+
+/// `get`: the value, alone, on `out`.
+pub async fn get(c: &mut Client, key: &[u8], enc: Encoding, out: &mut dyn Write) -> Result<u8> {
+    match check(&c.request(&[b"GET", key], &[]).await?)? {
+        Resp::Bulk(v) => {
+            out.write_all(&enc.encode(&v))?;
+            if enc != Encoding::Raw {
+                out.write_all(b"\n")?;
+            }
+            Ok(OK)
+        }
+        Resp::Nil => Ok(NOT_APPLIED),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+/// `set`: prints the new version.
+pub async fn set(
+    c: &mut Client,
+    key: &[u8],
+    value: &[u8],
+    o: &SetOptions,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    let px = o.px.map(|p| p.to_string());
+    let mut parts: Vec<&[u8]> = vec![b"SET", key, value];
+    if o.nx {
+        parts.push(b"NX");
+    } else if o.nex {
+        parts.push(b"NEX");
+    }
+    if let Some(px) = &px {
+        parts.push(b"PX");
+        parts.push(px.as_bytes());
+    }
+    let mut props: Vec<(&str, &str)> = Vec::new();
+    if let Some(ft) = &o.fencing_token {
+        props.push(("__ft", ft));
+    }
+    if o.persist {
+        props.push(("aio-persistence", "true"));
+    }
+    let reply = c.request(&parts, &props).await?;
+    match check(&reply)? {
+        Resp::Ok => {
+            writeln!(out, "{}", reply.version.unwrap_or_default())?;
+            Ok(OK)
+        }
+        Resp::Int(-1) => Ok(NOT_APPLIED),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+/// `del` (and `vdel` with a value): exit 1 if there was nothing to delete
+/// (or it held another value).
+pub async fn del(
+    c: &mut Client,
+    key: &[u8],
+    value: Option<&[u8]>,
+    fencing_token: Option<&str>,
+) -> Result<u8> {
+    let parts: Vec<&[u8]> = match value {
+        Some(v) => vec![b"VDEL", key, v],
+        None => vec![b"DEL", key],
+    };
+    let props: Vec<(&str, &str)> = fencing_token.map(|ft| ("__ft", ft)).into_iter().collect();
+    match check(&c.request(&parts, &props).await?)? {
+        Resp::Int(1) => Ok(OK),
+        Resp::Int(0 | -1) => Ok(NOT_APPLIED),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+/// `watch`: registers for `keys`, then prints one line per notification
+/// (`<key> SET <value> <version>` or `<key> DELETE <version>`) until
+/// `count` lines (if given) or the connection ends.
+pub async fn watch(
+    c: &mut Client,
+    keys: &[Vec<u8>],
+    enc: Encoding,
+    count: Option<u64>,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    c.subscribe_notifications().await?;
+    for key in keys {
+        if check(&c.request(&[b"KEYNOTIFY", key], &[]).await?)? != Resp::Ok {
+            bail!("KEYNOTIFY was not accepted");
+        }
+    }
+    out.flush()?;
+    let mut seen = 0;
+    while count.is_none_or(|n| seen < n) {
+        let Some(p) = c.next_notification(None).await? else {
+            break;
+        };
+        let Some(line) = notification_line(&p, enc) else {
+            continue;
+        };
+        out.write_all(&line)?;
+        out.flush()?;
+        seen += 1;
+    }
+    Ok(OK)
+}
+
+/// One line for a notification: `<key> SET <value> <version>` or `<key>
+/// DELETE <version>`.
+pub fn notification_line(p: &Publish, enc: Encoding) -> Option<Vec<u8>> {
+    let topic = std::str::from_utf8(&p.topic).ok()?;
+    let hex = topic.rsplit('/').next()?;
+    let key = Encoding::Hex.decode(hex.as_bytes()).ok()?;
+    let version = p
+        .properties
+        .as_ref()?
+        .user_properties
+        .iter()
+        .find(|(n, _)| n == "__ts")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let statestore_guest::resp3::Decoded::Complete(parts, _) =
+        statestore_guest::resp3::decode_request(&p.payload).ok()?
+    else {
+        return None;
+    };
+    let mut line = enc.encode(&key);
+    match parts.get(1).copied() {
+        Some(b"SET") => {
+            line.extend_from_slice(b" SET ");
+            line.extend_from_slice(&enc.encode(parts.get(3)?));
+        }
+        Some(b"DELETE") => line.extend_from_slice(b" DELETE"),
+        _ => return None,
+    }
+    line.push(b' ');
+    line.extend_from_slice(version.as_bytes());
+    line.push(b'\n');
+    Some(line)
+}
+
+/// `lock`: takes the lease `name` (waiting up to `wait` for it), runs
+/// `command` with `STATESTORE_FENCING_TOKEN` (the lease's version) and
+/// `STATESTORE_LOCK_HOLDER` in its environment, renews the lease while it
+/// runs, and releases it. Returns the command's exit code (1 if the lease
+/// was not had within `wait`).
+pub async fn lock(
+    c: &mut Client,
+    name: &[u8],
+    ttl: Duration,
+    wait: Duration,
+    command: &[String],
+) -> Result<u8> {
+    let Some((program, args)) = command.split_first() else {
+        bail!("lock needs a command to run (after --)");
+    };
+    let holder = c.id.clone();
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    let acquire = SetOptions {
+        nex: true,
+        px: Some(ttl_ms),
+        ..SetOptions::default()
+    };
+    let deadline = Instant::now() + wait;
+    let token = loop {
+        let mut version = Vec::new();
+        if set(c, name, holder.as_bytes(), &acquire, &mut version).await? == OK {
+            break String::from_utf8_lossy(&version).trim().to_string();
+        }
+        if Instant::now() >= deadline {
+            return Ok(NOT_APPLIED);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("STATESTORE_FENCING_TOKEN", &token)
+        .env("STATESTORE_LOCK_HOLDER", &holder)
+        .spawn()
+        .with_context(|| format!("cannot run {program:?}"))?;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            () = tokio::time::sleep(ttl / 2) => {
+                let mut ignored = Vec::new();
+                if set(c, name, holder.as_bytes(), &acquire, &mut ignored).await? != OK {
+                    tracing::warn!("the lease was lost while the command ran");
+                }
+            }
+        }
+    };
+    let _ = del(c, name, Some(holder.as_bytes()), None).await;
+    Ok(status
+        .code()
+        .and_then(|c| u8::try_from(c).ok())
+        .unwrap_or(ERROR))
+}

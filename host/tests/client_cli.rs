@@ -1,0 +1,207 @@
+//! The client commands (`get`, `set`, `del`, `vdel`, `watch`, `lock`)
+//! through the real binary, against both modes: the embedded broker, and
+//! `serve --broker` on a real mosquitto. Output, exit codes (0 done, 1 not
+//! found or not applied, 2 error), binary keys and values, stdin and @file.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use statestore_tests::broker::{Mosquitto, free_port};
+use statestore_tests::process::Server;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    c.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-client-cli-test-cache"),
+    );
+    c
+}
+
+/// A store to talk to, in one mode or the other.
+struct Store {
+    _server: Server,
+    _mosquitto: Option<Mosquitto>,
+    url: String,
+}
+
+fn embedded() -> Store {
+    let port = free_port();
+    let mut c = bin();
+    c.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
+    Store {
+        _server: Server::spawn(c),
+        _mosquitto: None,
+        url: format!("mqtt://127.0.0.1:{port}"),
+    }
+}
+
+fn external() -> Store {
+    let m = Mosquitto::start();
+    let url = format!("mqtt://127.0.0.1:{}", m.port);
+    let mut c = bin();
+    c.args([
+        "serve",
+        "--broker",
+        &url,
+        "--client-id",
+        "statestore-cli-test",
+    ]);
+    Store {
+        _server: Server::spawn_until(c, "subscribed; serving"),
+        _mosquitto: Some(m),
+        url,
+    }
+}
+
+impl Store {
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, None)
+    }
+
+    fn run_with(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut c = bin();
+        c.arg(args[0])
+            .args(["--broker", &self.url])
+            .args(&args[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("run statestore");
+        let mut input = child.stdin.take().expect("stdin");
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).expect("write stdin");
+        }
+        drop(input);
+        child.wait_with_output().expect("statestore ran")
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn scenario(store: &Store) {
+    // set prints the version; get prints the value alone.
+    let o = store.run(&["set", "greeting", "hello world"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    let version = String::from_utf8(o.stdout).expect("utf-8");
+    assert_eq!(version.trim().split(':').count(), 3, "{version}");
+    let o = store.run(&["get", "greeting"]);
+    assert_eq!((code(&o), &o.stdout[..]), (0, &b"hello world"[..]));
+    // Not found, and a condition that keeps the value: 1.
+    assert_eq!(code(&store.run(&["get", "absent"])), 1);
+    assert_eq!(code(&store.run(&["set", "greeting", "x", "--nx"])), 1);
+    assert_eq!(store.run(&["get", "greeting"]).stdout, b"hello world");
+    // Binary keys and values: hex and base64 both ways; stdin and @file.
+    let o = store.run(&["set", "--hex", "00ff0d0a", "000102ff"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    let o = store.run(&["get", "--base64", "AP8NCg=="]);
+    assert_eq!((code(&o), &o.stdout[..]), (0, &b"AAEC/w==\n"[..]));
+    let binary: Vec<u8> = (0..=255).collect();
+    let o = store.run_with(&["set", "from-stdin"], Some(&binary));
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(store.run(&["get", "from-stdin"]).stdout, binary);
+    let file = std::env::temp_dir().join(format!(
+        "statestore-cli-{}-{}",
+        std::process::id(),
+        store.url.rsplit(':').next().unwrap_or("0")
+    ));
+    std::fs::write(&file, b"from a file").expect("write");
+    let at = format!("@{}", file.display());
+    assert_eq!(code(&store.run(&["set", "from-file", &at])), 0);
+    assert_eq!(store.run(&["get", "from-file"]).stdout, b"from a file");
+    let _ = std::fs::remove_file(&file);
+    // vdel: only with the right value; del: 1 when there is nothing.
+    assert_eq!(code(&store.run(&["vdel", "greeting", "wrong"])), 1);
+    assert_eq!(code(&store.run(&["vdel", "greeting", "hello world"])), 0);
+    assert_eq!(code(&store.run(&["del", "greeting"])), 1);
+    assert_eq!(code(&store.run(&["del", "from-file"])), 0);
+    // Errors: 2, with a message.
+    let o = store.run(&["get", "--hex", "not-hex"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("hex"), "{o:?}");
+    let o = store.run(&["set", "k", "v", "--fencing-token", "garbage"]);
+    assert_eq!(code(&o), 2, "{o:?}");
+}
+
+fn watch_and_lock(store: &Store) {
+    // watch: one line per change, until --count.
+    let mut w = bin();
+    w.args(["watch", "--broker", &store.url, "--count", "3", "w1", "w2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let watcher = w.spawn().expect("watch");
+    std::thread::sleep(Duration::from_millis(700));
+    let v1 = store.run(&["set", "w1", "one"]);
+    store.run(&["set", "other", "ignored"]);
+    let v2 = store.run(&["set", "w2", "two"]);
+    assert_eq!(code(&store.run(&["del", "w1"])), 0);
+    let out = watcher.wait_with_output().expect("watch ends");
+    assert_eq!(code(&out), 0, "{out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    let v = |o: &Output| String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], format!("w1 SET one {}", v(&v1)));
+    assert_eq!(lines[1], format!("w2 SET two {}", v(&v2)));
+    assert!(lines[2].starts_with("w1 DELETE "), "{text}");
+    // lock: the command runs with the fencing token, its exit code is ours,
+    // and the lease is released after it.
+    let o = store.run(&[
+        "lock",
+        "the-lock",
+        "--ttl",
+        "2000",
+        "--",
+        "sh",
+        "-c",
+        "echo $STATESTORE_FENCING_TOKEN; exit 3",
+    ]);
+    assert_eq!(code(&o), 3, "{o:?}");
+    let token = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert_eq!(token.split(':').count(), 3, "{token}");
+    assert_eq!(code(&store.run(&["get", "the-lock"])), 1, "released");
+    // Held by another: not had within --wait-ms.
+    assert_eq!(
+        code(&store.run(&["set", "held", "someone-else", "--px", "5000"])),
+        0
+    );
+    let o = store.run(&[
+        "lock",
+        "held",
+        "--ttl",
+        "1000",
+        "--wait-ms",
+        "300",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 1, "{o:?}");
+}
+
+#[test]
+fn client_commands_against_the_embedded_broker() {
+    let store = embedded();
+    scenario(&store);
+    watch_and_lock(&store);
+}
+
+#[test]
+fn client_commands_through_mosquitto() {
+    let store = external();
+    scenario(&store);
+    watch_and_lock(&store);
+}
+
+#[test]
+fn an_unreachable_broker_is_exit_code_2() {
+    let port = free_port();
+    let o = bin()
+        .args(["get", "--broker", &format!("mqtt://127.0.0.1:{port}"), "k"])
+        .output()
+        .expect("runs");
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot connect"));
+}
