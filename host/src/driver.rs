@@ -131,6 +131,7 @@ pub async fn drive<T: Transport>(
         info!(tenant = tenant.name(), "shutting down");
     }
     transport.close().await;
+    tenant.shutdown();
     result
 }
 

@@ -770,6 +770,46 @@ impl Journal {
     }
 }
 
+/// What a journal made durable when it closed: [`Journal::flush`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Where its files are.
+    pub dir: String,
+    /// Bytes of the active log segment, all synced now.
+    pub log_bytes: u64,
+    /// Bytes logged since the last snapshot (what a restart replays).
+    pub since_snapshot: u64,
+    /// Whether a snapshot still being written was waited for.
+    pub snapshot_finished: bool,
+}
+
+impl Journal {
+    /// Waits for a snapshot being written, syncs the log (whatever the
+    /// fsync policy: a clean shutdown leaves nothing in the page cache
+    /// only) and says what is on disk: a graceful shutdown's report.
+    pub fn flush(&mut self) -> io::Result<FlushReport> {
+        let snapshot_finished = match self.pending_snapshot.take() {
+            Some((seq, handle)) => {
+                if let Ok(Ok(())) = handle.join() {
+                    self.cleanup(seq);
+                }
+                true
+            }
+            None => false,
+        };
+        if let Some(file) = self.file.as_mut() {
+            file.sync()?;
+        }
+        self.storage.sync_dir()?;
+        Ok(FlushReport {
+            dir: self.storage.describe(),
+            log_bytes: self.len,
+            since_snapshot: self.logged_since_snapshot,
+            snapshot_finished,
+        })
+    }
+}
+
 impl Drop for Journal {
     fn drop(&mut self) {
         if let Some((_, handle)) = self.pending_snapshot.take() {

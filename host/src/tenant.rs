@@ -284,6 +284,26 @@ impl Tenant {
         }
     }
 
+    /// A graceful shutdown: makes the journal durable and logs what was
+    /// flushed (or that the store is volatile).
+    pub fn shutdown(&mut self) {
+        match self.journal.as_mut().map(Journal::flush) {
+            None => info!(tenant = %self.name, "shut down; volatile store: nothing to flush"),
+            Some(Ok(r)) if r.dir == "memory" => {
+                info!(tenant = %self.name, "shut down; volatile store (journal in memory): nothing to flush");
+            }
+            Some(Ok(r)) => info!(
+                tenant = %self.name,
+                dir = %r.dir,
+                log_bytes = r.log_bytes,
+                since_snapshot_bytes = r.since_snapshot,
+                waited_for_snapshot = r.snapshot_finished,
+                "shut down; journal flushed: every acknowledged write is on disk"
+            ),
+            Some(Err(e)) => error!(tenant = %self.name, error = %e, "shut down; the journal could not be flushed"),
+        }
+    }
+
     /// Moves the tenant to `runtime` (a newer build of the component, or
     /// new limits) with `quota`: a snapshot of the whole state from the old
     /// instance is restored into a new one, and only then does the new one

@@ -453,3 +453,105 @@ fn the_component_can_be_taken_away() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A graceful shutdown flushes the journal and says so (issue 18, item 6):
+/// with `--fsync no` the write is only in the page cache until then; after
+/// SIGTERM the log reports the flushed log, and a restart has the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_shutdown_reports_what_it_flushed() {
+    let dir = std::env::temp_dir().join(format!("statestore-cli-flush-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = free_port();
+    let serve = |port: u16| {
+        let mut c = statestore();
+        c.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--fsync", "no"])
+            .arg("--data-dir")
+            .arg(&dir)
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut child = serve(port).spawn().expect("start statestore");
+    let log = capture_stderr(&mut child);
+    wait_for(&log, "listening", Duration::from_secs(30));
+    let status = set_get_then_sigterm(port, &mut child).await;
+    assert!(status.success(), "{}", log.lock().expect("log"));
+    let text_of_log = log.lock().expect("log").clone();
+    let line = text_of_log
+        .lines()
+        .find(|l| l.contains("journal flushed"))
+        .unwrap_or_else(|| panic!("no flush report:\n{text_of_log}"));
+    assert!(line.contains("tenant=default") && line.contains("log_bytes="), "{line}");
+    assert!(!line.contains("log_bytes=0 "), "{line}");
+    let port = free_port();
+    let mut child = serve(port).spawn().expect("restart statestore");
+    let log = capture_stderr(&mut child);
+    wait_for(&log, "listening", Duration::from_secs(30));
+    let mut c = RawClient::connect(port, "after-restart").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The example systemd unit (issue 18, item 6) is valid and its ExecStart
+/// serves: run as written, with the binary, data directory and port put
+/// in for this machine; `systemd-analyze verify` checks the unit where
+/// systemd is installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_systemd_unit_serves() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/statestore.service"
+    ))
+    .expect("examples/statestore.service");
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("an ExecStart line");
+    let dir = std::env::temp_dir().join(format!("statestore-unit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = free_port();
+    let bin = env!("CARGO_BIN_EXE_statestore");
+    let line = exec
+        .replace("/usr/local/bin/statestore", bin)
+        .replace("/var/lib/statestore/data", &dir.display().to_string())
+        .replace("127.0.0.1:1883", &format!("127.0.0.1:{port}"));
+    assert_ne!(line, exec, "the unit names the binary, data directory and address");
+    if std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let copy = dir.with_extension("service");
+        std::fs::write(&copy, unit.replace(exec, &line)).expect("write the unit");
+        let v = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&copy)
+            .output()
+            .expect("systemd-analyze");
+        assert!(
+            v.stderr.is_empty() && v.status.success(),
+            "{}",
+            String::from_utf8_lossy(&v.stderr)
+        );
+        let _ = std::fs::remove_file(&copy);
+    }
+    let mut words = line.split_whitespace();
+    let mut child = Command::new(words.next().expect("a program"))
+        .args(words)
+        .env(
+            "STATESTORE_CACHE_DIR",
+            std::env::temp_dir().join("statestore-cli-test-cache"),
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the unit's command");
+    let log = capture_stderr(&mut child);
+    wait_for(&log, "listening", Duration::from_secs(30));
+    let status = set_get_then_sigterm(port, &mut child).await;
+    assert!(status.success(), "{}", log.lock().expect("log"));
+    assert!(log.lock().expect("log").contains("journal flushed"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
