@@ -50,6 +50,10 @@ pub(crate) struct Parts<'a, K, R, D> {
     pub registrations: R,
     /// (response topic, correlation, expires-at, reply) of every dedup entry.
     pub dedup: D,
+    /// About how long the snapshot is (at least): its buffer is made this
+    /// size at once, rather than doubled as it grows (the guest's memory
+    /// keeps its high-water mark).
+    pub capacity: usize,
     _at: core::marker::PhantomData<&'a ()>,
 }
 
@@ -66,8 +70,14 @@ where
             keys,
             registrations,
             dedup,
+            capacity: 0,
             _at: core::marker::PhantomData,
         }
+    }
+
+    /// The same, written into a buffer of `capacity` bytes.
+    pub(crate) fn with_capacity(self, capacity: usize) -> Self {
+        Parts { capacity, ..self }
     }
 }
 
@@ -78,7 +88,7 @@ where
     R: ExactSizeIterator<Item = (&'a str, &'a [u8])>,
     D: ExactSizeIterator<Item = (&'a str, &'a [u8], u64, OutboundMessage)>,
 {
-    let mut w = Writer::new();
+    let mut w = Writer(Vec::with_capacity(parts.capacity.max(64)));
     w.0.extend_from_slice(MAGIC);
     w.u32(FORMAT_VERSION);
     let (wall, counter) = parts.clock;

@@ -258,3 +258,30 @@ fn registrations_and_cached_replies_count_in_the_quota() {
     // snapshot writes at most about twice as large; unbounded it was 10 MiB.
     assert!(snapshot.len() < 7 << 20, "{}", snapshot.len());
 }
+
+/// A snapshot's buffer is sized before it is written, not doubled as it
+/// grows (a doubling left the guest's memory at up to twice the state on
+/// top of it, and a store at a third of its memory cap could not take a
+/// snapshot).
+#[test]
+fn a_snapshot_is_written_into_a_buffer_of_its_size() {
+    let mut sm = durable();
+    let value = vec![b'v'; 1000];
+    for i in 0..3000u64 {
+        let key = format!("key{i}");
+        sm.handle(&request(i, &[b"SET", key.as_bytes(), &value], "w"), T0);
+    }
+    for scope in [
+        statestore_guest::SnapshotScope::Everything,
+        statestore_guest::SnapshotScope::Durable,
+    ] {
+        let snapshot = sm.snapshot_with(scope);
+        assert!(snapshot.len() > 3000 * 1000);
+        assert!(
+            snapshot.capacity() < snapshot.len() + snapshot.len() / 5,
+            "{} of {}",
+            snapshot.capacity(),
+            snapshot.len()
+        );
+    }
+}

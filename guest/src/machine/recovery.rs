@@ -30,12 +30,50 @@ impl StateMachine {
             (topic, corr, cached.expires_at, message)
         });
         let dedup = ExactLen(dedup, self.dedup.len());
-        snapshot::write(Parts::new(
-            self.clock.parts(),
-            keys.into_iter(),
-            ExactLen(self.registry.iter().take(registrations), registrations),
-            dedup,
-        ))
+        // The length it will have (an upper bound for the dedup cache).
+        let node = self.config.node_id.len();
+        let keys_len: usize = keys
+            .iter()
+            .map(|(k, e)| {
+                let ft = e.fencing_token.map_or(1, |ft| 21 + ft.node.len());
+                4 + k.len() + 4 + e.value.len() + 12 + ft + 9 + 1
+            })
+            .sum();
+        let registrations_len: usize = self
+            .registry
+            .iter()
+            .take(registrations)
+            .map(|(c, k)| 8 + c.len() + k.len())
+            .sum();
+        let dedup_len: usize = self
+            .dedup
+            .iter()
+            .map(|(topic, corr, cached)| {
+                let extra: usize = cached
+                    .reply
+                    .extra
+                    .iter()
+                    .map(|(n, v)| 8 + n.len() + v.len())
+                    .sum();
+                2 * (4 + topic.len())
+                    + 2 * (5 + corr.len())
+                    + 8
+                    + 4
+                    + cached.reply.payload.len()
+                    + extra
+                    + 160
+                    + 2 * node
+            })
+            .sum();
+        snapshot::write(
+            Parts::new(
+                self.clock.parts(),
+                keys.into_iter(),
+                ExactLen(self.registry.iter().take(registrations), registrations),
+                dedup,
+            )
+            .with_capacity(64 + keys_len + registrations_len + dedup_len),
+        )
     }
 
     /// A store with the state of `snapshot`.
