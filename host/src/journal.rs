@@ -629,6 +629,20 @@ impl Journal {
         let bytes = self.take_snapshot(store)?;
         let seq = self.switch_segment()?;
         let storage = self.storage.clone();
+        if !storage.writes_in_background() {
+            // In memory: now, and the older snapshot and log go now too.
+            match storage.write_atomic(&snapshot_name(seq), &bytes) {
+                Ok(()) => {
+                    self.snapshot_backoff = None;
+                    self.cleanup(seq);
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot write the snapshot");
+                    self.snapshot_failed();
+                }
+            }
+            return Ok(());
+        }
         let handle = std::thread::spawn(move || storage.write_atomic(&snapshot_name(seq), &bytes));
         self.pending_snapshot = Some((seq, handle));
         Ok(())

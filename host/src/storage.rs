@@ -50,6 +50,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn sync_dir(&self) -> io::Result<()>;
     /// Where the files are, for messages.
     fn describe(&self) -> String;
+    /// Whether a write is slow enough to do in the background (a disk);
+    /// memory is written at once, and what it replaces freed at once.
+    fn writes_in_background(&self) -> bool {
+        true
+    }
 }
 
 /// A file being appended to.
@@ -563,6 +568,12 @@ impl Storage for MemStorage {
 
     fn describe(&self) -> String {
         "memory".to_string()
+    }
+
+    /// A memory journal's storage writes at once; one that simulates a
+    /// disk for the crash tests writes as a disk does.
+    fn writes_in_background(&self) -> bool {
+        lock(&self.0).crashes
     }
 }
 

@@ -300,7 +300,9 @@ impl Tenant {
                 waited_for_snapshot = r.snapshot_finished,
                 "shut down; journal flushed: every acknowledged write is on disk"
             ),
-            Some(Err(e)) => error!(tenant = %self.name, error = %e, "shut down; the journal could not be flushed"),
+            Some(Err(e)) => {
+                error!(tenant = %self.name, error = %e, "shut down; the journal could not be flushed")
+            }
         }
     }
 

@@ -464,10 +464,16 @@ async fn a_graceful_shutdown_reports_what_it_flushed() {
     let port = free_port();
     let serve = |port: u16| {
         let mut c = statestore();
-        c.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--fsync", "no"])
-            .arg("--data-dir")
-            .arg(&dir)
-            .stderr(Stdio::piped());
+        c.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--fsync",
+            "no",
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .stderr(Stdio::piped());
         c
     };
     let mut child = serve(port).spawn().expect("start statestore");
@@ -480,7 +486,10 @@ async fn a_graceful_shutdown_reports_what_it_flushed() {
         .lines()
         .find(|l| l.contains("journal flushed"))
         .unwrap_or_else(|| panic!("no flush report:\n{text_of_log}"));
-    assert!(line.contains("tenant=default") && line.contains("log_bytes="), "{line}");
+    assert!(
+        line.contains("tenant=default") && line.contains("log_bytes="),
+        "{line}"
+    );
     assert!(!line.contains("log_bytes=0 "), "{line}");
     let port = free_port();
     let mut child = serve(port).spawn().expect("restart statestore");
@@ -518,7 +527,10 @@ async fn the_example_systemd_unit_serves() {
         .replace("/usr/local/bin/statestore", bin)
         .replace("/var/lib/statestore/data", &dir.display().to_string())
         .replace("127.0.0.1:1883", &format!("127.0.0.1:{port}"));
-    assert_ne!(line, exec, "the unit names the binary, data directory and address");
+    assert_ne!(
+        line, exec,
+        "the unit names the binary, data directory and address"
+    );
     if std::process::Command::new("systemd-analyze")
         .arg("--version")
         .output()
