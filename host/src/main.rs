@@ -354,8 +354,8 @@ struct ServeArgs {
 
     /// Volatile store (`--persist none`): do not keep a journal in memory.
     /// With it (the default) a guest that fails restarts with everything it
-    /// acknowledged, for about the state's size again in memory; without
-    /// it, it restarts empty.
+    /// acknowledged, for about twice the state's size again in memory (see
+    /// BENCHMARKS.md); without it, it restarts empty.
     #[arg(long)]
     no_memory_journal: bool,
 

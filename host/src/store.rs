@@ -35,7 +35,7 @@ pub struct StoreOptions {
     pub on_damage: OnDamage,
     /// A volatile store (`persist` `None`) keeps a journal in memory, so
     /// that a guest that fails restarts with everything it acknowledged
-    /// rather than empty (it costs about the state's size again in host
+    /// rather than empty (it costs about twice the state's size again in
     /// memory; see BENCHMARKS.md). Nothing reaches the disk either way.
     pub memory_journal: bool,
 }
