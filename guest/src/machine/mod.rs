@@ -390,9 +390,19 @@ impl StateMachine {
             reply,
         };
         if self.config.persist != Persist::None {
-            let message = self.cached_message(response_topic, correlation, &cached.reply);
-            let record = journal::reply(response_topic, correlation, cached.expires_at, &message);
-            self.out.journal(&record);
+            let (node, source) = (&self.config.node_id, self.server_id.as_deref());
+            let size = journal::reply_size(response_topic, correlation, &cached.reply, node);
+            self.out.journal_with(size, |buf| {
+                journal::reply_into(
+                    buf,
+                    response_topic,
+                    correlation,
+                    cached.expires_at,
+                    &cached.reply,
+                    node,
+                    source,
+                );
+            });
         }
         self.dedup.insert(response_topic, correlation, cached);
     }
