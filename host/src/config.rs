@@ -51,6 +51,10 @@ pub const DEFAULT_CALL_MS: u64 = 1000;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    /// `serve` options (see [`serve_settings`]); checked there.
+    #[serde(default)]
+    #[allow(dead_code)]
+    serve: Option<toml::Table>,
     #[serde(default)]
     defaults: Settings,
     #[serde(default, rename = "tenant")]
@@ -164,10 +168,87 @@ pub fn load(path: &Path, server_client_id: &str) -> Result<Vec<TenantSpec>> {
     .with_context(|| format!("in the config file {}", path.display()))
 }
 
+/// Whether the file declares tenants (else it only sets `serve` options).
+pub fn has_tenants(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text).is_ok_and(|t| t.contains_key("tenant"))
+}
+
+/// One `serve` option from a config file's `[serve]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeSetting {
+    /// The option's name, as in the table (`max_packet_mib`).
+    pub key: String,
+    /// Its value.
+    pub value: toml::Value,
+    /// The line it is on (1-based), for messages.
+    pub line: usize,
+}
+
+/// The `[serve]` table of a config file: every `serve` flag may be given
+/// there by its name with `_` for `-` (`max_packet_mib = 16`); flags on the
+/// command line override it. Keys of the other tables are checked by
+/// [`parse`]. A table other than `serve`, `defaults` and `tenant` is an
+/// error, with its line.
+pub fn serve_settings(text: &str) -> Result<Vec<ServeSetting>> {
+    let raw: toml::Table = toml::from_str(text)?;
+    for key in raw.keys() {
+        if !["serve", "defaults", "tenant"].contains(&key.as_str()) {
+            bail!(
+                "line {}: unknown key {key:?} (known: serve, defaults, tenant)",
+                line_of(text, None, key)
+            );
+        }
+    }
+    let Some(table) = raw.get("serve") else {
+        return Ok(Vec::new());
+    };
+    let Some(table) = table.as_table() else {
+        bail!(
+            "line {}: `serve` must be a table ([serve])",
+            line_of(text, None, "serve")
+        );
+    };
+    Ok(table
+        .iter()
+        .map(|(key, value)| ServeSetting {
+            key: key.clone(),
+            value: value.clone(),
+            line: line_of(text, Some("serve"), key),
+        })
+        .collect())
+}
+
+/// The line (1-based) where `key` is set, in `table` (`None`: before any
+/// table header); 0 if it cannot be found.
+fn line_of(text: &str, table: Option<&str>, key: &str) -> usize {
+    let mut current: Option<String> = None;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if let Some(header) = t.strip_prefix('[') {
+            let name = header
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
+            if table.is_none() && name == key {
+                return i + 1;
+            }
+            current = Some(name.to_string());
+            continue;
+        }
+        let name = t.split('=').next().unwrap_or("").trim().trim_matches('"');
+        if t.contains('=') && name == key && current.as_deref() == table {
+            return i + 1;
+        }
+    }
+    0
+}
+
 /// Parses config text; relative paths are taken from `base`.
 pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<TenantSpec>> {
     let raw: toml::Table = toml::from_str(text)?;
-    check_keys(&raw)?;
+    check_keys(&raw, text)?;
     let file: File = toml::from_str(text)?;
     if file.tenants.is_empty() {
         bail!("no [[tenant]] is declared");
@@ -378,7 +459,7 @@ const SETTINGS_KEYS: &[&str] = &[
 ];
 
 /// Refuses a misspelt key in a `[[tenant]]` rather than ignore it.
-fn check_keys(raw: &toml::Table) -> Result<()> {
+fn check_keys(raw: &toml::Table, text: &str) -> Result<()> {
     let Some(toml::Value::Array(tenants)) = raw.get("tenant") else {
         return Ok(());
     };
@@ -388,7 +469,8 @@ fn check_keys(raw: &toml::Table) -> Result<()> {
             if !TENANT_KEYS.contains(&key.as_str()) && !SETTINGS_KEYS.contains(&key.as_str()) {
                 let name = t.get("name").and_then(toml::Value::as_str).unwrap_or("?");
                 bail!(
-                    "tenant {name:?}: unknown key {key:?} (known: {}, {})",
+                    "line {}: tenant {name:?}: unknown key {key:?} (known: {}, {})",
+                    line_of(text, Some("tenant"), key),
                     TENANT_KEYS.join(", "),
                     SETTINGS_KEYS.join(", ")
                 );

@@ -51,6 +51,9 @@ enum Command {
     /// byte-level contract (WIRE.md): a host in any language can load the
     /// very build this binary serves.
     Component(ComponentArgs),
+    /// Work with config files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Print a key's value (alone, as stored). Exit 0, or 1 if there is none.
     Get(GetArgs),
     /// Set a key (VALUE, `@FILE`, or stdin if absent or `-`) and print its
@@ -68,6 +71,17 @@ enum Command {
     /// lease while it runs, then release it. Exits with the command's code
     /// (1 if the lease was not had within --wait-ms).
     Lock(LockArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a config file (its `[serve]` options, and its tenants if it
+    /// declares any) and print the settings `serve --config FILE` would run
+    /// with. Exit 0 if valid, 2 with the reason (and line) if not.
+    Check {
+        /// The config file.
+        file: PathBuf,
+    },
 }
 
 /// How the client commands reach the store.
@@ -464,7 +478,15 @@ fn main() -> ExitCode {
         .init();
     // The version names the embedded component's hash, computed at start.
     let version: &'static str = Box::leak(version_text().into_boxed_str());
-    let matches = Cli::command().version(version).get_matches();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let argv = match with_config_file(argv) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let matches = cli_command().version(version).get_matches_from(argv);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -483,6 +505,15 @@ fn main() -> ExitCode {
         | Command::Vdel(_)
         | Command::Watch(_)
         | Command::Lock(_)) => return client(run_client, c),
+        Command::Config(ConfigCommand::Check { file }) => {
+            return match config_check(&file) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Serve(args) => serve(*args),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
@@ -495,6 +526,187 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line's parser; `serve` options may be given twice (the
+/// config file's first, then the command line's, which win).
+fn cli_command() -> clap::Command {
+    Cli::command().mut_subcommand("serve", |c| c.args_override_self(true))
+}
+
+/// `argv` with the `[serve]` options of the file of `serve --config FILE`
+/// put before the command line's own (which override them). Unknown keys
+/// are an error with their line.
+fn with_config_file(argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>> {
+    let Ok(matches) = cli_command().try_get_matches_from(&argv) else {
+        return Ok(argv); // the real parse reports it
+    };
+    let Some(("serve", serve)) = matches.subcommand() else {
+        return Ok(argv);
+    };
+    let Some(path) = serve.get_one::<PathBuf>("config") else {
+        return Ok(argv);
+    };
+    let file_args = config_file_args(path)?;
+    let at = argv
+        .iter()
+        .position(|a| a == "serve")
+        .map_or(argv.len(), |i| i + 1);
+    let mut merged = argv[..at].to_vec();
+    merged.extend(file_args);
+    merged.extend_from_slice(&argv[at..]);
+    Ok(merged)
+}
+
+/// The `serve` flags that the `[serve]` table of `path` sets.
+fn config_file_args(path: &std::path::Path) -> Result<Vec<std::ffi::OsString>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    let settings = config::serve_settings(&text)
+        .with_context(|| format!("in the config file {}", path.display()))?;
+    let cmd = cli_command();
+    let serve = cmd
+        .find_subcommand("serve")
+        .context("no serve subcommand")?;
+    let mut args = Vec::new();
+    for s in settings {
+        let known = serve
+            .get_arguments()
+            .find(|a| a.get_id() == s.key.as_str() && a.get_long().is_some());
+        let Some(arg) = known.filter(|_| s.key != "config") else {
+            let mut names: Vec<String> = serve
+                .get_arguments()
+                .filter(|a| a.get_long().is_some() && a.get_id() != "config")
+                .map(|a| a.get_id().to_string())
+                .collect();
+            names.sort();
+            anyhow::bail!(
+                "in the config file {}, line {}: unknown key {:?} in [serve] (known: {})",
+                path.display(),
+                s.line,
+                s.key,
+                names.join(", ")
+            );
+        };
+        let long = format!("--{}", arg.get_long().unwrap_or_default());
+        let takes_value = arg.get_action().takes_values();
+        match (&s.value, takes_value) {
+            (toml::Value::Boolean(true), false) => args.push(long.into()),
+            (toml::Value::Boolean(false), false) => {}
+            (toml::Value::String(v), true) => {
+                args.push(long.into());
+                args.push(v.into());
+            }
+            (toml::Value::Integer(v), true) => {
+                args.push(long.into());
+                args.push(v.to_string().into());
+            }
+            (toml::Value::Boolean(v), true) => {
+                args.push(long.into());
+                args.push(v.to_string().into());
+            }
+            (other, _) => anyhow::bail!(
+                "in the config file {}, line {}: {} = {other} is not a {}",
+                path.display(),
+                s.line,
+                s.key,
+                if takes_value {
+                    "value"
+                } else {
+                    "flag (true or false)"
+                }
+            ),
+        }
+    }
+    Ok(args)
+}
+
+/// `statestore config check FILE`.
+fn config_check(file: &std::path::Path) -> Result<()> {
+    let mut argv: Vec<std::ffi::OsString> = vec![
+        "statestore".into(),
+        "serve".into(),
+        "--config".into(),
+        file.into(),
+    ];
+    argv.extend(config_file_args(file)?);
+    let matches = cli_command()
+        .try_get_matches_from(&argv)
+        .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim()))?;
+    let Some(("serve", m)) = matches.subcommand() else {
+        anyhow::bail!("not a serve command line");
+    };
+    let args = ServeArgs::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !has_tenants(&args) && max_bytes_mib(&args) > args.memory_mib / 3 {
+        anyhow::bail!(
+            "max_bytes_mib {} is more than a third of memory_mib {}",
+            max_bytes_mib(&args),
+            args.memory_mib
+        );
+    }
+    let password = match &args.password_file {
+        Some(p) => Some(config::read_secret(p)?),
+        None => None,
+    };
+    let specs = tenant_specs(&args, password)?;
+    println!(
+        "# the settings of `statestore serve --config {}`",
+        file.display()
+    );
+    println!("[serve]");
+    let cmd = cli_command();
+    let serve = cmd
+        .find_subcommand("serve")
+        .context("no serve subcommand")?;
+    for arg in serve.get_arguments() {
+        let id = arg.get_id().as_str();
+        if arg.get_long().is_none() || id == "config" {
+            continue;
+        }
+        let source = match m.value_source(id) {
+            Some(clap::parser::ValueSource::CommandLine) => "file",
+            Some(clap::parser::ValueSource::EnvVariable) => "environment",
+            _ => "default",
+        };
+        let value = m
+            .get_raw(id)
+            .map(|v| {
+                v.map(|x| x.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .filter(|v| !v.is_empty());
+        match value {
+            Some(v) if v.parse::<i64>().is_ok() || v == "true" || v == "false" => {
+                println!("{id} = {v}   # {source}");
+            }
+            Some(v) => println!("{id} = {v:?}   # {source}"),
+            None => println!("# {id}: not set"),
+        }
+    }
+    for spec in &specs {
+        println!();
+        println!("[[tenant]]   # effective");
+        println!("name = {:?}", spec.name);
+        println!(
+            "memory_mib = {}",
+            spec.limits.memory_bytes.map_or(4096, |b| b >> 20)
+        );
+        if let Some(b) = spec.store.quota.max_bytes {
+            println!("max_bytes = {b}");
+        }
+        if let Some(b) = spec.store.quota.max_value_bytes {
+            println!("max_value_bytes = {b}");
+        }
+        println!(
+            "persist = {:?}",
+            format!("{:?}", spec.store.persist).to_lowercase()
+        );
+        if let Some(d) = &spec.store.data_dir {
+            println!("data_dir = {:?}", d.display().to_string());
+        }
+    }
+    Ok(())
 }
 
 /// The encoding of keys and values on the command line.
@@ -679,8 +891,17 @@ fn broker_limits(args: &ServeArgs) -> BrokerLimits {
 }
 
 /// The tenants to serve: from --config, or the one the flags describe.
+/// Whether --config names a file that declares tenants (a file may also
+/// only set `serve` options).
+fn has_tenants(args: &ServeArgs) -> bool {
+    args.config
+        .as_ref()
+        .is_some_and(|p| std::fs::read_to_string(p).is_ok_and(|t| config::has_tenants(&t)))
+}
+
 fn tenant_specs(args: &ServeArgs, password: Option<String>) -> Result<Vec<TenantSpec>> {
-    match &args.config {
+    let tenants = args.config.as_ref().filter(|_| has_tenants(args));
+    match tenants {
         Some(path) => {
             let mut specs = config::load(path, &args.client_id)?;
             for spec in &mut specs {
@@ -711,7 +932,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         Some(p) => Some(config::read_secret(p)?),
         None => None,
     };
-    if args.config.is_none() && max_bytes_mib(&args) > args.memory_mib / 3 {
+    if !has_tenants(&args) && max_bytes_mib(&args) > args.memory_mib / 3 {
         anyhow::bail!(
             "--max-bytes-mib {} is more than a third of --memory-mib {}: the keys and values, a snapshot of them and the work of a call all live in the guest's memory; raise --memory-mib (at most 4096) or lower --max-bytes-mib",
             max_bytes_mib(&args),

@@ -567,3 +567,115 @@ async fn the_example_systemd_unit_serves() {
     assert!(log.lock().expect("log").contains("journal flushed"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One config file for everything (issue 18, item 4): `serve --config FILE`
+/// takes every `serve` flag from its `[serve]` table, flags on the command
+/// line override it, `config check` prints the effective settings, and an
+/// unknown key is an error with its line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_config_file_for_every_serve_flag() {
+    let dir = std::env::temp_dir().join(format!(
+        "statestore-cli-serve-config-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file_port = free_port();
+    let file = dir.join("statestore.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "# one store\n[serve]\nlisten = \"127.0.0.1:{file_port}\"\nmax_value_mib = 1\nmemory_mib = 256\nno_memory_journal = true\n"
+        ),
+    )
+    .expect("write");
+    // config check: the effective settings, and where each comes from.
+    let o = statestore()
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .expect("config check");
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("listen = \"127.0.0.1:{file_port}\"   # file")),
+        "{out}"
+    );
+    assert!(out.contains("memory_mib = 256   # file"), "{out}");
+    assert!(out.contains("max_packet_mib = 32   # default"), "{out}");
+    assert!(out.contains("max_value_bytes = 1048576"), "{out}");
+    // serve: the file's listen address and value limit.
+    let mut child = statestore()
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let log = capture_stderr(&mut child);
+    wait_for(
+        &log,
+        &format!("listen=127.0.0.1:{file_port}"),
+        Duration::from_secs(30),
+    );
+    let mut c = RawClient::connect(file_port, "config-client").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    let over = vec![b'x'; (1 << 20) + 1];
+    assert_eq!(
+        text(&c.call(&[b"SET", b"k", &over]).await),
+        "-ERR the quota has been exceeded\r\n"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    // A flag overrides the file.
+    let flag_port = free_port();
+    let mut child = statestore()
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .args(["--listen", &format!("127.0.0.1:{flag_port}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let log = capture_stderr(&mut child);
+    wait_for(
+        &log,
+        &format!("listen=127.0.0.1:{flag_port}"),
+        Duration::from_secs(30),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    // Unknown keys: errors with their line, in [serve] and in a tenant.
+    std::fs::write(
+        &file,
+        "[serve]\nlisten = \"127.0.0.1:1\"\n\nmax_pakket_mib = 3\n",
+    )
+    .expect("write");
+    for args in [vec!["config", "check"], vec!["serve", "--config"]] {
+        let o = statestore().args(&args).arg(&file).output().expect("runs");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("line 4: unknown key \"max_pakket_mib\""),
+            "{err}"
+        );
+    }
+    std::fs::write(
+        &file,
+        "[[tenant]]\nname = \"a\"\ndefault = true\n\nmemroy_mib = 16\n",
+    )
+    .expect("write");
+    let o = statestore()
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("line 5") && err.contains("memroy_mib"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
