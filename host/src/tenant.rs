@@ -240,13 +240,17 @@ impl Tenant {
             list.pop();
             self.more_due = true;
         }
+        let failed = outputs.is_err();
         let outputs = self.commit_or_restart(outputs)?;
-        if self
-            .journal
-            .as_ref()
-            .is_some_and(Journal::last_append_failed)
+        if failed
+            || self
+                .journal
+                .as_ref()
+                .is_some_and(Journal::last_append_failed)
         {
-            self.more_due = false; // it would fail again: the driver waits
+            // The guest failed, or the journal: trying again at once would
+            // fail again. The driver waits.
+            self.more_due = false;
         }
         Ok(outputs)
     }
