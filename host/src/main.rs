@@ -440,6 +440,13 @@ struct ServeArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4095))]
     inbound_mib: u64,
 
+    /// Listen beyond loopback even though the embedded broker has neither
+    /// TLS nor authentication for every client: anyone who can reach the
+    /// port can read and write every key. Without it, such a --listen is
+    /// refused (Redis' protected mode).
+    #[arg(long)]
+    allow_insecure: bool,
+
     /// Longest time one call into the guest may run, in ms, before the
     /// call is stopped and the store restarted (without --config).
     #[arg(long, default_value_t = config::DEFAULT_CALL_MS, value_parser = clap::value_parser!(u64).range(1..))]
@@ -937,6 +944,15 @@ fn serve(args: ServeArgs) -> Result<()> {
             "--max-bytes-mib {} is more than a third of --memory-mib {}: the keys and values, a snapshot of them and the work of a call all live in the guest's memory; raise --memory-mib (at most 4096) or lower --max-bytes-mib",
             max_bytes_mib(&args),
             args.memory_mib
+        );
+    }
+    if args.broker.is_none() && !args.listen.ip().is_loopback() && !args.allow_insecure {
+        anyhow::bail!(
+            "refusing to listen on {}: the embedded broker has no TLS and lets any client connect, \
+             so anyone who can reach this address could read and write every key. Listen on \
+             loopback (the default, 127.0.0.1:1883), or serve through a broker with TLS and \
+             authentication (--broker mqtts://...), or pass --allow-insecure to do it anyway",
+            args.listen
         );
     }
     let specs = tenant_specs(&args, password.clone())?;

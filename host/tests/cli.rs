@@ -679,3 +679,36 @@ async fn one_config_file_for_every_serve_flag() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Secure by default (issue 16, item 3, until TLS and authentication land):
+/// the embedded broker refuses to listen beyond loopback unless told
+/// `--allow-insecure`, with a message that says what to do.
+#[test]
+fn listening_beyond_loopback_needs_allow_insecure() {
+    let port = free_port();
+    let addr = format!("0.0.0.0:{port}");
+    let o = statestore()
+        .args(["serve", "--listen", &addr])
+        .output()
+        .expect("runs");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("refusing to listen on {addr}")) && err.contains("--allow-insecure"),
+        "{err}"
+    );
+    // With it, the check is passed: an address of no interface here
+    // (TEST-NET-1) then fails at the bind, so no port is opened beyond
+    // loopback by this test.
+    let addr = format!("192.0.2.1:{port}");
+    let o = statestore()
+        .args(["serve", "--listen", &addr, "--allow-insecure"])
+        .output()
+        .expect("runs");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !err.contains("refusing") && err.contains(&format!("cannot listen on {addr}")),
+        "{err}"
+    );
+}
