@@ -238,6 +238,40 @@ impl Handler for Hooks {
                     .unwrap_or(AuthResult::Allow(false, None));
                 (false, Some(HookResult::AuthResult(verdict)))
             }
+            Parameter::ClientSubscribeCheckAcl(session, sub) => {
+                let client: &str = session.id.client_id.as_ref();
+                let filter: &str = sub.topic_filter.as_ref();
+                if crate::isolation::may_subscribe(client, filter) {
+                    (true, acc)
+                } else {
+                    warn!(
+                        client_id = client,
+                        filter,
+                        "subscription refused: it would reach another client's replies or notifications"
+                    );
+                    let refused = rmqtt::types::SubscribeAclResult::new_failure(
+                        rmqtt::codec::v5::SubscribeAckReason::NotAuthorized,
+                    );
+                    (false, Some(HookResult::SubscribeAclResult(refused)))
+                }
+            }
+            Parameter::MessagePublishCheckAcl(session, publish) => {
+                let client: &str = session.id.client_id.as_ref();
+                let topic: &str = publish.topic.as_ref();
+                if crate::isolation::may_publish(client, topic) {
+                    (true, acc)
+                } else {
+                    warn!(
+                        client_id = client,
+                        topic, "publish refused: another client's or the store's topic"
+                    );
+                    let refused = rmqtt::types::PublishAclResult::rejected(
+                        false,
+                        Some("the topic belongs to another client or the state store".into()),
+                    );
+                    (false, Some(HookResult::PublishAclResult(refused)))
+                }
+            }
             Parameter::ClientConnected(session) => {
                 self.router.count_connection(session.id.remote_addr, true);
                 (true, acc)
@@ -247,7 +281,18 @@ impl Handler for Hooks {
             {
                 let client_id: &str = from.id.client_id.as_ref();
                 let message = inbound(client_id, publish);
+                let response_topic = message.response_topic.as_deref().unwrap_or("");
+                let own_topic = crate::isolation::may_publish(client_id, response_topic)
+                    // The store's own space: the guest answers it as a violation.
+                    || response_topic.starts_with("clients/statestore/");
                 match self.router.tenant_of(username(&from.id), client_id) {
+                    _ if !own_topic => {
+                        warn!(
+                            client_id,
+                            response_topic,
+                            "request ignored: its response topic is another client's (a reply goes only where its requester could publish)"
+                        );
+                    }
                     Some(t) => self.router.tenants[t].request(message).await,
                     None => {
                         let _ = self.router.strangers.send(message);
@@ -425,6 +470,8 @@ impl EmbeddedServer {
         for t in [
             Type::ClientAuthenticate,
             Type::ClientConnected,
+            Type::ClientSubscribeCheckAcl,
+            Type::MessagePublishCheckAcl,
             Type::MessagePublish,
             Type::ClientDisconnected,
         ] {

@@ -23,6 +23,7 @@ pub mod config;
 mod convert;
 pub mod driver;
 pub mod embedded;
+pub mod isolation;
 pub mod journal;
 pub mod mqtt;
 pub mod serve;

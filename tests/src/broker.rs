@@ -336,7 +336,7 @@ pub struct RawClient {
     /// The rumqttc client.
     pub client: AsyncClient,
     rx: mpsc::UnboundedReceiver<Publish>,
-    subacks: mpsc::UnboundedReceiver<()>,
+    subacks: mpsc::UnboundedReceiver<bool>,
     task: tokio::task::JoinHandle<()>,
     next_correlation: u128,
     lost: Arc<std::sync::atomic::AtomicBool>,
@@ -386,8 +386,14 @@ impl RawClient {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = tx.send(p);
                     }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = stx.send(());
+                    Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                        let granted = ack.return_codes.iter().all(|c| {
+                            matches!(
+                                c,
+                                rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)
+                            )
+                        });
+                        let _ = stx.send(granted);
                     }
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
                     Ok(_) => {}
@@ -425,6 +431,14 @@ impl RawClient {
 
     /// Subscribes (QoS 1) and waits for the SUBACK.
     pub async fn subscribe(&mut self, filter: &str) {
+        assert!(
+            self.try_subscribe(filter).await,
+            "subscription to {filter} refused"
+        );
+    }
+
+    /// Subscribes (QoS 1); whether the SUBACK granted it.
+    pub async fn try_subscribe(&mut self, filter: &str) -> bool {
         self.client
             .subscribe(filter, QoS::AtLeastOnce)
             .await
@@ -432,7 +446,7 @@ impl RawClient {
         tokio::time::timeout(Duration::from_secs(5), self.subacks.recv())
             .await
             .expect("suback in time")
-            .expect("suback");
+            .expect("suback")
     }
 
     /// This client's response topic.
@@ -462,6 +476,14 @@ impl RawClient {
             ],
             ..Default::default()
         }
+    }
+
+    /// Publishes `payload` to `topic` (QoS 1) with these properties.
+    pub async fn publish_to(&self, topic: &str, payload: Vec<u8>, props: PublishProperties) {
+        self.client
+            .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, props)
+            .await
+            .expect("publish");
     }
 
     /// Publishes a request with these properties (QoS 1).

@@ -148,9 +148,7 @@ async fn identity_comes_from_the_connection_not_src_id() {
     let store = Embedded::start().await;
     let mut alice = client(store.port, "alice").await;
     alice
-        .subscribe(&format!(
-            "clients/statestore/v1/{STORE_ID}/+/command/notify/+"
-        ))
+        .subscribe(&notify::topic("alice", b"k").replace("/command/notify/6B", "/command/notify/+"))
         .await;
     let mut mallory = client(store.port, "mallory").await;
     let mut props = mallory.request_properties();
@@ -215,5 +213,71 @@ async fn requests_are_consumed_by_the_store() {
         snoop.recv(Duration::from_millis(500)).await.is_none(),
         "other subscribers do not get requests"
     );
+    store.stop().await;
+}
+
+/// The store's traffic is private with no rules file (issue 16, item 5):
+/// another client can neither subscribe to a client's replies or
+/// notifications (`#` included), nor forge them, nor have the store reply
+/// into another client's topics; ordinary topics still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_and_notifications_are_private() {
+    let store = Embedded::start().await;
+    let mut victim = client(store.port, "victim").await;
+    let mut snoop = RawClient::connect(store.port, "snoop").await;
+    let victim_notes =
+        notify::topic("victim", b"k").replace("/command/notify/6B", "/command/notify/+");
+    for filter in [
+        "#",
+        "+/#",
+        "clients/#",
+        "clients/+/services/#",
+        "clients/victim/#",
+        &format!("clients/statestore/v1/{STORE_ID}/+/command/notify/+"),
+        victim_notes.as_str(),
+    ] {
+        assert!(!snoop.try_subscribe(filter).await, "{filter} was granted");
+    }
+    // Its own spaces, and ordinary topics, are granted.
+    assert!(snoop.try_subscribe("clients/snoop/#").await);
+    assert!(snoop.try_subscribe("sensors/#").await);
+    assert!(victim.try_subscribe(&victim_notes).await);
+    assert_eq!(text(&victim.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
+    assert_eq!(
+        text(&victim.call(&[b"SET", b"k", b"secret"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&victim.call(&[b"GET", b"k"]).await),
+        "$6\r\nsecret\r\n"
+    );
+    // (The victim's calls read past its notification.) The snoop saw nothing.
+    assert!(snoop.recv(Duration::from_millis(500)).await.is_none());
+    // Forged replies and notifications are refused by the broker.
+    let mut mallory = RawClient::connect(store.port, "mallory").await;
+    let forged = rumqttc::v5::mqttbytes::v5::PublishProperties {
+        correlation_data: Some(bytes::Bytes::from_static(b"x")),
+        ..Default::default()
+    };
+    for topic in [victim.response_topic(), notify::topic("victim", b"k")] {
+        mallory
+            .publish_to(&topic, b"$6\r\nforged\r\n".to_vec(), forged.clone())
+            .await;
+    }
+    assert!(
+        victim.recv(Duration::from_millis(500)).await.is_none(),
+        "nothing forged arrives"
+    );
+    // A request whose response topic is the victim's is not answered.
+    let mut props = mallory.request_properties();
+    props.response_topic = Some(victim.response_topic());
+    mallory.publish_request(resp(&[b"GET", b"k"]), props).await;
+    assert!(victim.recv(Duration::from_millis(500)).await.is_none());
+    // Ordinary MQTT between clients still works.
+    mallory
+        .publish_to("sensors/1", b"21.5".to_vec(), Default::default())
+        .await;
+    let m = snoop.recv(Duration::from_secs(5)).await.expect("sensors/1");
+    assert_eq!(&m.payload[..], b"21.5");
     store.stop().await;
 }
