@@ -150,7 +150,16 @@ struct Router {
     /// Connections per IP address, and the most allowed (0: no limit).
     per_address: std::sync::Mutex<HashMap<IpAddr, usize>>,
     max_per_address: usize,
+    /// The users every client must be (`--users-file`); none: anonymous
+    /// clients are welcome.
+    users: Option<crate::users::Users>,
+    /// Client ids held by an authenticated user, and the connection
+    /// holding each: nobody else may take them.
+    owners: std::sync::Mutex<HashMap<String, (String, Option<SocketAddr>)>>,
 }
+
+/// How long a failed authentication waits before its refusal.
+const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
 
 impl Router {
     fn tenant_of(&self, username: Option<&str>, client_id: &str) -> Option<usize> {
@@ -168,6 +177,12 @@ impl Router {
         }
         let counts = self.per_address.lock().unwrap_or_else(|e| e.into_inner());
         counts.get(&addr.ip()).copied().unwrap_or(0) < self.max_per_address
+    }
+
+    /// The user holding `client_id`, if an authenticated one does.
+    fn owner_of(&self, client_id: &str) -> Option<String> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.get(client_id).map(|(user, _)| user.clone())
     }
 
     /// A connection from `addr` opened (+1) or closed (-1).
@@ -223,6 +238,39 @@ impl Handler for Hooks {
                         Some(HookResult::AuthResult(AuthResult::NotAuthorized)),
                     );
                 }
+                if let Some(users) = &self.router.users {
+                    let client_id: &str = info.id().client_id.as_ref();
+                    let user = info.username().map(|u| u.to_string());
+                    let password = info.password().map(|p| p.to_vec()).unwrap_or_default();
+                    let ok = user.as_deref().is_some_and(|u| users.verify(u, &password));
+                    if !ok {
+                        warn!(client_id, user = user.as_deref().unwrap_or("(none)"), remote = ?addr, "authentication failed");
+                        tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                        return (
+                            false,
+                            Some(HookResult::AuthResult(AuthResult::BadUsernameOrPassword)),
+                        );
+                    }
+                    let user = user.unwrap_or_default();
+                    if let Some(owner) = self.router.owner_of(client_id)
+                        && owner != user
+                    {
+                        warn!(
+                            client_id,
+                            user,
+                            owner,
+                            "connection refused: the client id is held by another user"
+                        );
+                        return (
+                            false,
+                            Some(HookResult::AuthResult(AuthResult::NotAuthorized)),
+                        );
+                    }
+                    return (
+                        false,
+                        Some(HookResult::AuthResult(AuthResult::Allow(false, None))),
+                    );
+                }
                 // The listener refuses anonymous clients unless a hook allows
                 // them (so that every client passes the check above): allow.
                 let Some(user) = info.username() else {
@@ -274,6 +322,15 @@ impl Handler for Hooks {
             }
             Parameter::ClientConnected(session) => {
                 self.router.count_connection(session.id.remote_addr, true);
+                if self.router.users.is_some()
+                    && let Some(user) = username(&session.id)
+                {
+                    let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
+                    owners.insert(
+                        session.id.client_id.to_string(),
+                        (user.to_string(), session.id.remote_addr),
+                    );
+                }
                 (true, acc)
             }
             Parameter::MessagePublish(_, from, publish)
@@ -308,6 +365,17 @@ impl Handler for Hooks {
             }
             Parameter::ClientDisconnected(session, reason) => {
                 self.router.count_connection(session.id.remote_addr, false);
+                {
+                    // Only the connection that holds the id lets it go.
+                    let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
+                    let id: &str = session.id.client_id.as_ref();
+                    if owners
+                        .get(id)
+                        .is_some_and(|(_, at)| *at == session.id.remote_addr)
+                    {
+                        owners.remove(id);
+                    }
+                }
                 // A takeover (same client id connecting again) is not a departure.
                 if !reason.is_kicked(false) {
                     let id = session.id.client_id.to_string();
@@ -417,7 +485,7 @@ impl EmbeddedServer {
         tenants: Vec<(Tenant, Route)>,
     ) -> Result<EmbeddedServer> {
         let limits = BrokerLimits::default();
-        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, &limits).await
+        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, &limits, None).await
     }
 
     /// Starts the broker on `listen` serving `tenants`, each with the route
@@ -429,6 +497,7 @@ impl EmbeddedServer {
         server_client_id: &str,
         tenants: Vec<(Tenant, Route)>,
         limits: &BrokerLimits,
+        users: Option<crate::users::Users>,
     ) -> Result<EmbeddedServer> {
         let scx = ServerContext::new().busy_check_enable(false).build().await;
         let (strangers_tx, strangers) = mpsc::unbounded_channel();
@@ -465,6 +534,8 @@ impl EmbeddedServer {
             strangers: strangers_tx,
             per_address: std::sync::Mutex::new(HashMap::new()),
             max_per_address: limits.max_connections_per_address,
+            users,
+            owners: std::sync::Mutex::new(HashMap::new()),
         });
         let register = scx.extends.hook_mgr().register();
         for t in [

@@ -30,6 +30,7 @@ pub mod serve;
 pub mod storage;
 pub mod store;
 pub mod tenant;
+pub mod users;
 pub mod wasm;
 
 pub use statestore_guest::SnapshotScope;

@@ -440,6 +440,13 @@ struct ServeArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4095))]
     inbound_mib: u64,
 
+    /// Embedded broker: every client must give the user name and password
+    /// of a user in this file, in the format `mosquitto_passwd` writes
+    /// (`$7$` PBKDF2-SHA512 or `$6$` SHA-512). A client id held by an
+    /// authenticated user cannot be taken by another while it is connected.
+    #[arg(long)]
+    users_file: Option<PathBuf>,
+
     /// Listen beyond loopback even though the embedded broker has neither
     /// TLS nor authentication for every client: anyone who can reach the
     /// port can read and write every key. Without it, such a --listen is
@@ -996,11 +1003,16 @@ fn serve(args: ServeArgs) -> Result<()> {
                 with_routes.push((tenant, route));
                 running.push((spec, hash));
             }
+            let users = match &args.users_file {
+                Some(path) => Some(statestore::users::Users::load(path)?),
+                None => None,
+            };
             let server = EmbeddedServer::start_tenants_with(
                 args.listen,
                 &args.client_id,
                 with_routes,
                 &broker_limits(&args),
+                users,
             )
             .await?;
             let running = running

@@ -712,3 +712,62 @@ fn listening_beyond_loopback_needs_allow_insecure() {
         "{err}"
     );
 }
+
+/// Authentication (issue 16, item 2): `--users-file` in the format
+/// `mosquitto_passwd` writes; every client must be a user, failures wait,
+/// and a client id held by a user cannot be taken by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_file_authenticates_every_client() {
+    // Written by mosquitto_passwd 2.0: alice/secret ($7$), bob/hunter2 ($6$).
+    let users = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\nbob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\n";
+    let file = std::env::temp_dir().join(format!("statestore-users-{}", std::process::id()));
+    std::fs::write(&file, users).expect("write");
+    let port = free_port();
+    let mut child = statestore()
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--users-file",
+        ])
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let log = capture_stderr(&mut child);
+    wait_for(&log, "listening", Duration::from_secs(30));
+    // A user with the right password.
+    let mut alice = RawClient::try_connect(port, "alice-id", Some(("alice", "secret")))
+        .await
+        .expect("alice connects");
+    let rt = alice.response_topic();
+    alice.subscribe(&rt).await;
+    assert_eq!(text(&alice.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    // A wrong password, an unknown user, no user: refused, after a pause.
+    for credentials in [Some(("alice", "Secret")), Some(("carol", "secret")), None] {
+        let started = Instant::now();
+        let refused = RawClient::try_connect(port, "intruder", credentials).await;
+        assert!(refused.is_err(), "{credentials:?} was let in");
+        if credentials.is_some() {
+            assert!(
+                started.elapsed() >= Duration::from_millis(900),
+                "{credentials:?}"
+            );
+        }
+    }
+    // Another user cannot take alice's client id; alice stays connected.
+    let taken = RawClient::try_connect(port, "alice-id", Some(("bob", "hunter2"))).await;
+    assert!(taken.is_err(), "bob took alice's client id");
+    assert_eq!(text(&alice.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    assert!(!alice.was_disconnected());
+    // bob with his own id is fine.
+    let mut bob = RawClient::try_connect(port, "bob-id", Some(("bob", "hunter2")))
+        .await
+        .expect("bob connects");
+    let rt = bob.response_topic();
+    bob.subscribe(&rt).await;
+    assert_eq!(text(&bob.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&file);
+}

@@ -1,0 +1,176 @@
+//! The embedded broker's users: a password file in the format
+//! `mosquitto_passwd` writes, so operators keep using that tool.
+//!
+//! ```text
+//! user:$7$<iterations>$<base64 salt>$<base64 hash>   PBKDF2-HMAC-SHA512 (mosquitto 2)
+//! user:$6$<base64 salt>$<base64 hash>                SHA-512 of password and salt
+//! ```
+//!
+//! Hashes are compared in constant time, and an unknown user costs the same
+//! hashing as a known one.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use sha2::{Digest, Sha512};
+use subtle::ConstantTimeEq;
+
+#[derive(Debug, Clone)]
+enum Hash {
+    Pbkdf2 {
+        iterations: u32,
+        salt: Vec<u8>,
+        hash: Vec<u8>,
+    },
+    Sha512 {
+        salt: Vec<u8>,
+        hash: Vec<u8>,
+    },
+}
+
+impl Hash {
+    fn parse(text: &str) -> Result<Hash> {
+        let b64 = |s: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(s)
+                .context("not base64")
+        };
+        let parts: Vec<&str> = text.split('$').collect();
+        match parts.as_slice() {
+            ["", "7", iterations, salt, hash] => Ok(Hash::Pbkdf2 {
+                iterations: iterations
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .context("bad iteration count")?,
+                salt: b64(salt)?,
+                hash: b64(hash)?,
+            }),
+            ["", "6", salt, hash] => Ok(Hash::Sha512 {
+                salt: b64(salt)?,
+                hash: b64(hash)?,
+            }),
+            _ => {
+                bail!("not a mosquitto_passwd hash ($7$ or $6$); plain passwords are not accepted")
+            }
+        }
+    }
+
+    fn matches(&self, password: &[u8]) -> bool {
+        let (computed, expected) = match self {
+            Hash::Pbkdf2 {
+                iterations,
+                salt,
+                hash,
+            } => {
+                let mut out = vec![0u8; hash.len()];
+                pbkdf2::pbkdf2_hmac::<Sha512>(password, salt, *iterations, &mut out);
+                (out, hash)
+            }
+            Hash::Sha512 { salt, hash } => {
+                let mut h = Sha512::new();
+                h.update(password);
+                h.update(salt);
+                (h.finalize().to_vec(), hash)
+            }
+        };
+        computed.ct_eq(expected).into()
+    }
+}
+
+/// The users of a password file.
+#[derive(Debug, Clone)]
+pub struct Users {
+    by_name: HashMap<String, Hash>,
+    /// Hashed against when the user is unknown, so that the time does not
+    /// tell which users exist.
+    decoy: Hash,
+}
+
+impl Users {
+    /// Reads a `mosquitto_passwd` file; a bad line is an error with its
+    /// number.
+    pub fn load(path: &Path) -> Result<Users> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the users file {}", path.display()))?;
+        Users::parse(&text).with_context(|| format!("in the users file {}", path.display()))
+    }
+
+    /// Parses the text of a password file.
+    pub fn parse(text: &str) -> Result<Users> {
+        let mut by_name = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim_end_matches('\r');
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((user, hash)) = line.split_once(':') else {
+                bail!("line {}: not `user:hash`", i + 1);
+            };
+            let hash = Hash::parse(hash).with_context(|| format!("line {}", i + 1))?;
+            if by_name.insert(user.to_string(), hash).is_some() {
+                bail!("line {}: user {user:?} appears twice", i + 1);
+            }
+        }
+        if by_name.is_empty() {
+            bail!("no users");
+        }
+        let decoy = by_name.values().next().cloned().context("no users")?;
+        Ok(Users { by_name, decoy })
+    }
+
+    /// Whether `user` exists and `password` is theirs.
+    pub fn verify(&self, user: &str, password: &[u8]) -> bool {
+        match self.by_name.get(user) {
+            Some(hash) => hash.matches(password),
+            None => {
+                let _ = self.decoy.matches(password);
+                false
+            }
+        }
+    }
+
+    /// How many users there are.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// Whether there are none (never: loading refuses an empty file).
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines `mosquitto_passwd` 2.0 wrote (`-b`, and `-H sha512`).
+    const FILE: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\nbob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\n";
+
+    #[test]
+    fn mosquitto_passwd_hashes_verify() {
+        let users = Users::parse(FILE).expect("parses");
+        assert_eq!(users.len(), 2);
+        assert!(users.verify("alice", b"secret"));
+        assert!(!users.verify("alice", b"Secret"));
+        assert!(users.verify("bob", b"hunter2"));
+        assert!(!users.verify("bob", b"secret"));
+        assert!(!users.verify("carol", b"secret"));
+    }
+
+    #[test]
+    fn bad_files_name_the_line() {
+        for (text, want) in [
+            ("alice:plain\n", "line 1"),
+            ("# users\nalice\n", "line 2"),
+            ("alice:$7$x$AA==$AA==\n", "line 1"),
+            ("", "no users"),
+        ] {
+            let e = format!("{:#}", Users::parse(text).expect_err(text));
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+}
