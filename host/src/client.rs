@@ -22,7 +22,7 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use rumqttc::{TlsConfiguration, Transport};
+
 use statestore_guest::rpc::{REQUEST_TOPIC, STORE_ID};
 use tokio::sync::mpsc;
 
@@ -184,20 +184,7 @@ impl Client {
         if let Some((user, password)) = &opts.credentials {
             o.set_credentials(user, password);
         }
-        if opts.broker.tls {
-            let tls = match &opts.ca_file {
-                Some(path) => TlsConfiguration::SimpleNative {
-                    ca: std::fs::read(path)
-                        .with_context(|| format!("cannot read CA file {}", path.display()))?,
-                    client_auth: None,
-                },
-                None => TlsConfiguration::Native,
-            };
-            o.set_transport(Transport::Tls(tls));
-        }
-        let mut net = rumqttc::NetworkOptions::new();
-        net.set_tcp_nodelay(true);
-        o.set_network_options(net);
+        crate::mqtt::connection_options(&mut o, &opts.broker, opts.ca_file.as_deref())?;
         let (client, mut eventloop) = AsyncClient::new(o, 16);
         let (tx, rx) = mpsc::unbounded_channel();
         let (ack_tx, mut acks) = mpsc::unbounded_channel();

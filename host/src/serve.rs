@@ -19,10 +19,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
-use rumqttc::{Outgoing, TlsConfiguration, Transport};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -171,22 +171,7 @@ impl Server {
         if let Some(user) = &opts.username {
             mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
         }
-        if opts.broker.tls {
-            let tls = match &opts.ca_file {
-                Some(path) => TlsConfiguration::SimpleNative {
-                    ca: std::fs::read(path)
-                        .with_context(|| format!("cannot read CA file {}", path.display()))?,
-                    client_auth: None,
-                },
-                // The system's trusted roots.
-                None => TlsConfiguration::Native,
-            };
-            mqtt.set_transport(Transport::Tls(tls));
-        }
-        let mut net_opts = rumqttc::NetworkOptions::new();
-        // Without it every round trip waits ~40 ms for Nagle and delayed ACKs.
-        net_opts.set_tcp_nodelay(true);
-        mqtt.set_network_options(net_opts);
+        crate::mqtt::connection_options(&mut mqtt, &opts.broker, opts.ca_file.as_deref())?;
         let (client, eventloop) = AsyncClient::new(mqtt, 256);
         let (tx, events) = mpsc::unbounded_channel();
         let net = tokio::spawn(pump(eventloop, tx));
