@@ -690,6 +690,19 @@ pub fn decode_batch(buf: &[u8]) -> Result<Vec<InputRef<'_>>, Error> {
     Ok(inputs)
 }
 
+/// How many of a call's `inputs` its `outputs` say were handled: a last
+/// [`Output::More`] of a call with inputs is taken off and names them (the
+/// caller calls again with the rest); a timer call's keeps it (more due).
+pub fn handled(outputs: &mut Vec<Output>, inputs: usize) -> usize {
+    match outputs.last() {
+        Some(&Output::More(n)) if inputs > 0 => {
+            outputs.pop();
+            (n as usize).clamp(1, inputs)
+        }
+        _ => inputs,
+    }
+}
+
 /// Decodes a list of outputs (copying `buf` once; see [`decode_outputs_shared`]).
 pub fn decode_outputs(buf: &[u8]) -> Result<Vec<Output>, Error> {
     decode_outputs_shared(Bytes::copy_from_slice(buf))

@@ -50,14 +50,18 @@ pub enum Encoding {
 impl Encoding {
     /// The bytes that `text` stands for.
     pub fn decode(self, text: &[u8]) -> Result<Vec<u8>> {
+        if self == Encoding::Raw {
+            return Ok(text.to_vec());
+        }
+        // Hex and base64 may be wrapped over lines.
+        let text: Vec<u8> = text
+            .iter()
+            .copied()
+            .filter(|c| !c.is_ascii_whitespace())
+            .collect();
         match self {
-            Encoding::Raw => Ok(text.to_vec()),
+            Encoding::Raw => Ok(text),
             Encoding::Hex => {
-                let text: Vec<u8> = text
-                    .iter()
-                    .copied()
-                    .filter(|c| !c.is_ascii_whitespace())
-                    .collect();
                 if !text.len().is_multiple_of(2) {
                     bail!("odd number of hex digits");
                 }
@@ -68,16 +72,9 @@ impl Encoding {
                     })
                     .collect()
             }
-            Encoding::Base64 => {
-                let text: Vec<u8> = text
-                    .iter()
-                    .copied()
-                    .filter(|c| !c.is_ascii_whitespace())
-                    .collect();
-                base64::engine::general_purpose::STANDARD
-                    .decode(text)
-                    .context("not base64")
-            }
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .context("not base64"),
         }
     }
 

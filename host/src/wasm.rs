@@ -467,13 +467,7 @@ impl WasmStore {
         let mut rest = inputs;
         loop {
             let mut outputs = self.call_once(rest, now, bulk)?;
-            let handled = match outputs.last() {
-                Some(&Output::More(n)) if !rest.is_empty() => {
-                    outputs.pop();
-                    (n as usize).clamp(1, rest.len())
-                }
-                _ => rest.len(),
-            };
+            let handled = statestore_guest::wire::handled(&mut outputs, rest.len());
             if all.is_empty() {
                 all = outputs;
             } else {

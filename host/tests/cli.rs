@@ -6,7 +6,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use statestore_tests::broker::{Mosquitto, RawClient, free_port, text};
-use statestore_tests::process::{capture_stderr, wait_for};
+use statestore_tests::process::{Server, capture_stderr, wait_for};
 
 fn statestore() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
@@ -605,19 +605,12 @@ async fn one_config_file_for_every_serve_flag() {
     assert!(out.contains("max_packet_mib = 32   # default"), "{out}");
     assert!(out.contains("max_value_bytes = 1048576"), "{out}");
     // serve: the file's listen address and value limit.
-    let mut child = statestore()
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let log = capture_stderr(&mut child);
-    wait_for(
-        &log,
-        &format!("listen=127.0.0.1:{file_port}"),
-        Duration::from_secs(30),
-    );
+    let serve_with = |extra: &[&str], port: u16| {
+        let mut cmd = statestore();
+        cmd.arg("serve").arg("--config").arg(&file).args(extra);
+        Server::spawn_until(cmd, &format!("listen=127.0.0.1:{port}"))
+    };
+    let server = serve_with(&[], file_port);
     let mut c = RawClient::connect(file_port, "config-client").await;
     let rt = c.response_topic();
     c.subscribe(&rt).await;
@@ -626,26 +619,10 @@ async fn one_config_file_for_every_serve_flag() {
         text(&c.call(&[b"SET", b"k", &over]).await),
         "-ERR the quota has been exceeded\r\n"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    server.kill9();
     // A flag overrides the file.
     let flag_port = free_port();
-    let mut child = statestore()
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .args(["--listen", &format!("127.0.0.1:{flag_port}")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let log = capture_stderr(&mut child);
-    wait_for(
-        &log,
-        &format!("listen=127.0.0.1:{flag_port}"),
-        Duration::from_secs(30),
-    );
-    let _ = child.kill();
-    let _ = child.wait();
+    serve_with(&["--listen", &format!("127.0.0.1:{flag_port}")], flag_port).kill9();
     // Unknown keys: errors with their line, in [serve] and in a tenant.
     std::fs::write(
         &file,

@@ -167,13 +167,7 @@ impl StateMachine {
                 .expect("a batch this crate encoded decodes");
             let mut outputs =
                 wire::decode_outputs(&outputs).expect("an output list this crate wrote decodes");
-            let handled = match outputs.last() {
-                Some(&Output::More(n)) if !rest.is_empty() => {
-                    outputs.pop();
-                    (n as usize).clamp(1, rest.len())
-                }
-                _ => rest.len(),
-            };
+            let handled = wire::handled(&mut outputs, rest.len());
             all.extend(outputs);
             rest = &rest[handled..];
             if rest.is_empty() {
