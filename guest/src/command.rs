@@ -45,6 +45,13 @@ pub enum Command<'a> {
         /// Delete only if the key holds this value.
         value: &'a [u8],
     },
+    /// `SCAN pattern [token]` (spec §12).
+    Scan {
+        /// The glob pattern (may be empty: it matches no key).
+        pattern: &'a [u8],
+        /// The previous page's token.
+        token: Option<&'a [u8]>,
+    },
     /// `KEYNOTIFY key [STOP]`.
     KeyNotify {
         /// The key.
@@ -112,19 +119,32 @@ pub fn parse(payload: &[u8]) -> Result<Command<'_>, ServiceError> {
             [_, _] => return Err(ServiceError::SyntaxError),
             _ => return Err(ServiceError::WrongNumberOfArguments),
         }
+    } else if is("SCAN") {
+        match *args {
+            [pattern] => Command::Scan {
+                pattern,
+                token: None,
+            },
+            [pattern, token] => Command::Scan {
+                pattern,
+                token: Some(token),
+            },
+            _ => return Err(ServiceError::WrongNumberOfArguments),
+        }
     } else {
         return Err(ServiceError::UnknownCommand);
     };
-    if command.key().is_empty() {
+    if !matches!(command, Command::Scan { .. }) && command.key().is_empty() {
         return Err(ServiceError::KeyLengthZero);
     }
     Ok(command)
 }
 
 impl<'a> Command<'a> {
-    /// The key the command is about.
+    /// The key the command is about (SCAN's pattern).
     pub fn key(&self) -> &'a [u8] {
         match *self {
+            Command::Scan { pattern, .. } => pattern,
             Command::Get { key }
             | Command::Set { key, .. }
             | Command::Del { key }
@@ -225,6 +245,8 @@ mod tests {
         let cases: &[(&[&[u8]], ServiceError)] = &[
             (&[b"MGET", b"a"], UnknownCommand),
             (&[b"SCANX", b"a"], UnknownCommand),
+            (&[b"SCAN"], WrongNumberOfArguments),
+            (&[b"SCAN", b"a", b"0;1;a", b"x"], WrongNumberOfArguments),
             (&[b"GET", b"a", b"b"], WrongNumberOfArguments),
             (&[b"GET"], WrongNumberOfArguments),
             (&[b"SET", b"k"], WrongNumberOfArguments),

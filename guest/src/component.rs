@@ -121,6 +121,7 @@ fn config_in(c: wit::Config) -> types::Config {
             wit::PersistMode::None => types::Persist::None,
             wit::PersistMode::All => types::Persist::All,
             wit::PersistMode::Flagged => types::Persist::Flagged,
+            wit::PersistMode::Custom => types::Persist::Custom,
         },
         hash_seed: c.hash_seed,
         quota: types::Quota {
@@ -128,6 +129,18 @@ fn config_in(c: wit::Config) -> types::Config {
             max_bytes: c.quota.max_bytes,
             max_key_bytes: c.quota.max_key_bytes,
             max_value_bytes: c.quota.max_value_bytes,
+        },
+        persist_keys: c
+            .persist_keys
+            .into_iter()
+            .map(|m| match m {
+                wit::KeyMatch::Pattern(p) => types::KeyMatch::Pattern(p),
+                wit::KeyMatch::Exact(k) => types::KeyMatch::Exact(k),
+            })
+            .collect(),
+        scan_page: types::ScanPage {
+            max_keys: c.scan_page.max_keys,
+            max_bytes: c.scan_page.max_bytes,
         },
     }
 }

@@ -37,6 +37,7 @@ pub mod notify;
 pub mod resp3;
 pub mod rpc;
 pub(crate) mod rt;
+pub mod scan;
 pub mod snapshot;
 pub mod table;
 pub mod types;
@@ -78,5 +79,6 @@ pub fn formats() -> Formats {
 pub use machine::{EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, StateMachine};
 pub use snapshot::SnapshotScope;
 pub use types::{
-    Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, PublishKind,
+    Config, Error, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,
+    ScanPage,
 };

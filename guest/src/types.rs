@@ -172,6 +172,38 @@ pub enum Persist {
     /// Only keys set with `aio-persistence: true`; a SET without it journals
     /// the key's removal, so an older persisted value cannot come back.
     Flagged,
+    /// As `Flagged`, and also keys that match one of
+    /// [`Config::persist_keys`] when they are set.
+    Custom,
+}
+
+/// Which keys persist under [`Persist::Custom`] (WIT `key-match`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyMatch {
+    /// A glob pattern, with SCAN's rules (`crate::scan`).
+    Pattern(String),
+    /// This key exactly (from a string or a base64 binary key).
+    Exact(Vec<u8>),
+}
+
+/// How much one SCAN page holds at most (WIT `scan-page`): a page ends
+/// before a key that would pass either limit, but always holds at least one
+/// key when one matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanPage {
+    /// Most keys in a page (at least 1).
+    pub max_keys: u32,
+    /// Most bytes of encoded keys in a page (at least 1).
+    pub max_bytes: u32,
+}
+
+impl Default for ScanPage {
+    fn default() -> Self {
+        ScanPage {
+            max_keys: 1000,
+            max_bytes: 256 * 1024,
+        }
+    }
 }
 
 /// How a store is set up (WIT `config`).
@@ -188,6 +220,10 @@ pub struct Config {
     pub hash_seed: u64,
     /// Limits on what clients may store (WIT `quota`).
     pub quota: Quota,
+    /// The keys that persist under [`Persist::Custom`] (ignored otherwise).
+    pub persist_keys: Vec<KeyMatch>,
+    /// SCAN page size.
+    pub scan_page: ScanPage,
 }
 
 impl Default for Config {
@@ -198,6 +234,8 @@ impl Default for Config {
             persist: Persist::None,
             hash_seed: 0,
             quota: Quota::default(),
+            persist_keys: Vec::new(),
+            scan_page: ScanPage::default(),
         }
     }
 }
@@ -235,6 +273,18 @@ impl Config {
             return Err(Error::InvalidConfig(
                 "node-id must be printable ASCII without ':' or spaces".into(),
             ));
+        }
+        if self.scan_page.max_keys == 0 || self.scan_page.max_bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "scan-page limits must be at least 1".into(),
+            ));
+        }
+        for m in &self.persist_keys {
+            if let KeyMatch::Pattern(p) = m {
+                crate::scan::Glob::new(p).map_err(|e| {
+                    Error::InvalidConfig(format!("persist-keys pattern {p:?}: {e}"))
+                })?;
+            }
         }
         Ok(())
     }

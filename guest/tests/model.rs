@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_guest::{Config, InboundMessage, Output, Persist, PublishKind, StateMachine};
+use statestore_guest::{
+    Config, InboundMessage, Output, Persist, PublishKind, ScanPage, StateMachine,
+};
 
 const T0: u64 = 1_700_000_000_000;
 const KEYS: &[&[u8]] = &[b"a", b"b", b"c\0\r\n", b"\xff"];
@@ -39,6 +41,24 @@ enum Op {
     },
     Restore,
     Redeliver,
+    /// One SCAN page: the first of a new scan, or the next of the scan
+    /// in progress.
+    Scan {
+        pattern: usize,
+    },
+}
+
+const PATTERNS: &[&[u8]] = &[b"*", b"?", b"[ab]", b"c*", b"[!a]*", b"b", b"\xff*"];
+
+/// A scan in progress, and what the model knows of it.
+struct Cursor {
+    pattern: &'static [u8],
+    token: Vec<u8>,
+    /// Keys returned so far, in order.
+    returned: Vec<Vec<u8>>,
+    /// Matching keys live when the scan began and not deleted or expired
+    /// since: each must be returned, once.
+    stable: BTreeSet<Vec<u8>>,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -54,6 +74,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop_oneof![0..5u64, 0..4000u64].prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Restore),
         1 => Just(Op::Redeliver),
+        3 => (0..PATTERNS.len()).prop_map(|pattern| Op::Scan { pattern }),
     ]
 }
 
@@ -72,13 +93,56 @@ struct Harness {
     last_version: String,
     /// Every journal record so far.
     journal: Vec<Vec<u8>>,
+    cursor: Option<Cursor>,
 }
 
 fn config() -> Config {
     Config {
         persist: Persist::All,
+        // Pages of at most two keys: a scan of four keys takes several.
+        scan_page: ScanPage {
+            max_keys: 2,
+            max_bytes: 1000,
+        },
         ..Config::default()
     }
+}
+
+/// The keys of a SCAN reply, and its token if more pages follow.
+fn parse_page(payload: &[u8]) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
+    fn line(buf: &[u8], at: &mut usize) -> String {
+        let end = *at
+            + buf[*at..]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("crlf");
+        let s = String::from_utf8(buf[*at..end].to_vec()).unwrap();
+        *at = end + 2;
+        s
+    }
+    fn bulk(buf: &[u8], at: &mut usize) -> Vec<u8> {
+        let head = line(buf, at);
+        let n: usize = head.strip_prefix('$').expect("bulk").parse().unwrap();
+        let v = buf[*at..*at + n].to_vec();
+        assert_eq!(&buf[*at + n..*at + n + 2], b"\r\n");
+        *at += n + 2;
+        v
+    }
+    let mut at = 0;
+    let parts = line(payload, &mut at);
+    let k: usize = line(payload, &mut at)
+        .strip_prefix('*')
+        .unwrap()
+        .parse()
+        .unwrap();
+    let keys = (0..k).map(|_| bulk(payload, &mut at)).collect();
+    let token = match parts.as_str() {
+        "*1" => None,
+        "*2" => Some(bulk(payload, &mut at)),
+        other => panic!("{other}"),
+    };
+    assert_eq!(at, payload.len(), "trailing bytes");
+    (keys, token)
 }
 
 impl Harness {
@@ -92,6 +156,83 @@ impl Harness {
             observed: BTreeSet::new(),
             last_version: String::new(),
             journal: Vec::new(),
+            cursor: None,
+        }
+    }
+
+    /// `key` stops existing (deleted or expired): a scan in progress no
+    /// longer owes it.
+    fn gone(&mut self, key: &[u8]) {
+        if let Some(c) = &mut self.cursor {
+            c.stable.remove(key);
+        }
+    }
+
+    /// Whether the glob `pattern` (of [`PATTERNS`]) matches `key`.
+    fn matches(pattern: &[u8], key: &[u8]) -> bool {
+        let Ok(key) = std::str::from_utf8(key) else {
+            return false;
+        };
+        let first = key.chars().next();
+        match pattern {
+            b"*" => true,
+            b"?" => key.chars().count() == 1,
+            b"[ab]" => key == "a" || key == "b",
+            b"c*" => first == Some('c'),
+            b"[!a]*" => first.is_some_and(|c| c != 'a'),
+            b"b" => key == "b",
+            _ => false, // not UTF-8
+        }
+    }
+
+    fn scan(&mut self, pattern: usize) {
+        let cursor = match self.cursor.take() {
+            Some(c) => c,
+            None => {
+                let pattern = PATTERNS[pattern];
+                let stable = self
+                    .keys
+                    .keys()
+                    .filter(|k| self.live(k).is_some() && Self::matches(pattern, k))
+                    .cloned()
+                    .collect();
+                Cursor {
+                    pattern,
+                    token: Vec::new(),
+                    returned: Vec::new(),
+                    stable,
+                }
+            }
+        };
+        let mut parts: Vec<&[u8]> = vec![b"SCAN", cursor.pattern];
+        if !cursor.token.is_empty() {
+            parts.push(&cursor.token);
+        }
+        let (payload, ts, notes) = self.send(&parts);
+        assert!(notes.is_empty());
+        assert_eq!(ts, None);
+        let (keys, token) = parse_page(&payload);
+        let mut cursor = cursor;
+        for k in keys {
+            assert!(self.live(&k).is_some(), "{k:?} is not live");
+            assert!(Self::matches(cursor.pattern, &k), "{k:?}");
+            assert!(cursor.returned.last().is_none_or(|l| *l < k), "order");
+            cursor.returned.push(k);
+        }
+        match token {
+            Some(t) => {
+                assert!(t.starts_with(b"0;1;"));
+                cursor.token = t;
+                self.cursor = Some(cursor);
+            }
+            None => {
+                let returned: BTreeSet<Vec<u8>> = cursor.returned.iter().cloned().collect();
+                assert!(
+                    cursor.stable.is_subset(&returned),
+                    "missed {:?}",
+                    cursor.stable.difference(&returned).collect::<Vec<_>>()
+                );
+            }
         }
     }
 
@@ -234,6 +375,7 @@ impl Harness {
                     assert_eq!(payload, b":1\r\n");
                     self.newer(ts);
                     self.keys.remove(k);
+                    self.gone(k);
                     assert_eq!(notes.len(), usize::from(self.observed.contains(k)));
                 } else {
                     assert_eq!(payload, b":-1\r\n");
@@ -293,19 +435,21 @@ impl Harness {
                 let want = gone.iter().filter(|k| self.observed.contains(*k)).count();
                 for k in gone {
                     self.keys.remove(&k);
+                    self.gone(&k);
                 }
                 assert_eq!(deletes, want);
                 assert_eq!(self.sm.key_count(), self.keys.len());
             }
             Op::Restore => {
                 let snap = self.sm.snapshot();
-                self.sm = StateMachine::restore(Config::default(), &snap).expect("restore");
+                self.sm = StateMachine::restore(config(), &snap).expect("restore");
                 assert_eq!(
                     self.sm.snapshot(),
                     snap,
                     "snapshot is stable across restore"
                 );
             }
+            Op::Scan { pattern } => self.scan(pattern),
             Op::Redeliver => {
                 // The same request again: identical reply, no effect, no notification.
                 let Some((m, payload)) = self.last.clone() else {
@@ -325,9 +469,10 @@ impl Harness {
                         _ => true,
                     })
                     .collect();
-                let is_get = m.payload.starts_with(b"*2\r\n$3\r\nGET");
-                if is_get {
-                    return; // GETs are re-read, not cached; checked by Op::Get.
+                let is_read = m.payload.starts_with(b"*2\r\n$3\r\nGET")
+                    || m.payload.windows(4).take(16).any(|w| w == b"SCAN");
+                if is_read {
+                    return; // GET and SCAN are re-read, not cached: checked by Op::Get/Scan.
                 }
                 assert_eq!(out.len(), 1, "{out:?}");
                 let Output::Publish(r) = &out[0] else {

@@ -9,8 +9,11 @@
 //! max_key_bytes = 65536         # longest key a SET may create
 //! max_value_bytes = 4194304     # longest value a SET may write
 //! data_root = "/var/lib/statestore"   # each tenant in data_root/<name>
-//! persist = "all"               # all | flagged | none
+//! persist = "all"               # all | flagged | custom | none
+//! persist_keys = ["sensors/*", "string:config", "binary:AAEC"]  # with "custom"
 //! fsync = "always"              # always | everysec | no
+//! scan_page_keys = 1000         # most keys in one SCAN page ...
+//! scan_page_kib = 256           #   ... and KiB of keys
 //!
 //! [[tenant]]
 //! name = "factory-a"
@@ -77,6 +80,9 @@ struct Settings {
     snapshot_log_mib: Option<u64>,
     snapshot_interval: Option<u64>,
     memory_journal: Option<bool>,
+    persist_keys: Option<Vec<String>>,
+    scan_page_keys: Option<u32>,
+    scan_page_kib: Option<u32>,
     component: Option<PathBuf>,
     broker: Option<String>,
     node_id: Option<String>,
@@ -276,10 +282,11 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
         let persist = match s.persist.as_deref() {
             Some("all") => Some(Persist::All),
             Some("flagged") => Some(Persist::Flagged),
+            Some("custom") => Some(Persist::Custom),
             Some("none") => Some(Persist::None),
             None => None,
             Some(other) => bail!(
-                "{}: persist must be all, flagged or none, not {other:?}",
+                "{}: persist must be all, flagged, custom or none, not {other:?}",
                 ctx()
             ),
         };
@@ -315,6 +322,26 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                 "{}: data directory {} is another tenant's",
                 ctx(),
                 d.display()
+            );
+        }
+        let persist_keys = s
+            .persist_keys
+            .iter()
+            .flatten()
+            .map(|k| crate::store::parse_key_match(k))
+            .collect::<Result<Vec<_>>>()
+            .with_context(ctx)?;
+        if !persist_keys.is_empty() && persist != Persist::Custom {
+            bail!("{}: persist_keys needs persist = \"custom\"", ctx());
+        }
+        let scan_page = crate::ScanPage {
+            max_keys: s.scan_page_keys.unwrap_or(1000),
+            max_bytes: s.scan_page_kib.unwrap_or(256).saturating_mul(1024),
+        };
+        if scan_page.max_keys == 0 || scan_page.max_bytes == 0 {
+            bail!(
+                "{}: scan_page_keys and scan_page_kib must be at least 1",
+                ctx()
             );
         }
         let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
@@ -402,6 +429,8 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                 clock: crate::clock::system(),
                 on_damage: Default::default(),
                 memory_journal: s.memory_journal.unwrap_or(true),
+                persist_keys,
+                scan_page,
             },
             limits: StoreLimits {
                 memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),
@@ -453,6 +482,9 @@ const SETTINGS_KEYS: &[&str] = &[
     "snapshot_log_mib",
     "snapshot_interval",
     "memory_journal",
+    "persist_keys",
+    "scan_page_keys",
+    "scan_page_kib",
     "component",
     "broker",
     "node_id",
@@ -496,6 +528,9 @@ fn merge(defaults: &Settings, own: &Settings) -> Settings {
         snapshot_log_mib: o.snapshot_log_mib.or(d.snapshot_log_mib),
         snapshot_interval: o.snapshot_interval.or(d.snapshot_interval),
         memory_journal: o.memory_journal.or(d.memory_journal),
+        persist_keys: o.persist_keys.or(d.persist_keys),
+        scan_page_keys: o.scan_page_keys.or(d.scan_page_keys),
+        scan_page_kib: o.scan_page_kib.or(d.scan_page_kib),
         component: o.component.or(d.component),
         broker: o.broker.or(d.broker),
         node_id: o.node_id.or(d.node_id),

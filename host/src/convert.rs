@@ -11,6 +11,7 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
             types::Persist::None => wit::PersistMode::None,
             types::Persist::All => wit::PersistMode::All,
             types::Persist::Flagged => wit::PersistMode::Flagged,
+            types::Persist::Custom => wit::PersistMode::Custom,
         },
         hash_seed: c.hash_seed,
         quota: wit::Quota {
@@ -18,6 +19,18 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
             max_bytes: c.quota.max_bytes,
             max_key_bytes: c.quota.max_key_bytes,
             max_value_bytes: c.quota.max_value_bytes,
+        },
+        persist_keys: c
+            .persist_keys
+            .iter()
+            .map(|m| match m {
+                types::KeyMatch::Pattern(p) => wit::KeyMatch::Pattern(p.clone()),
+                types::KeyMatch::Exact(k) => wit::KeyMatch::Exact(k.clone()),
+            })
+            .collect(),
+        scan_page: wit::ScanPage {
+            max_keys: c.scan_page.max_keys,
+            max_bytes: c.scan_page.max_bytes,
         },
     }
 }

@@ -35,7 +35,8 @@ pub mod wasm;
 
 pub use statestore_guest::SnapshotScope;
 pub use statestore_guest::types::{
-    Config, InboundMessage, Input, OutboundMessage, Output, Persist, PublishKind,
+    Config, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,
+    ScanPage,
 };
 pub use wasm::{
     EngineOptions, IncompatibleComponent, OwnedFormats, PoolOptions, Runtime, StoreLimits,

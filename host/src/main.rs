@@ -17,7 +17,7 @@ use statestore::mqtt::BrokerUrl;
 use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore::store::StoreOptions;
 use statestore::tenant::{ComponentSource, Fleet, Tenant, WASM32_MAX_MEMORY, component_hash};
-use statestore::{Persist, StoreLimits, cache};
+use statestore::{KeyMatch, Persist, ScanPage, StoreLimits, cache};
 use statestore_guest::types::Quota;
 use tokio::sync::mpsc;
 
@@ -355,10 +355,27 @@ struct ServeArgs {
     recover_damaged_log: bool,
 
     /// Which keys survive a restart: `all`, `flagged` (only keys set with
-    /// `aio-persistence: true`) or `none` (volatile). Default: `all` with
+    /// `aio-persistence: true`), `custom` (those, and keys that match
+    /// --persist-keys) or `none` (volatile). Default: `all` with
     /// --data-dir, else `none`.
     #[arg(long, value_enum)]
     persist: Option<PersistArg>,
+
+    /// With `--persist custom`: keys that persist, by glob pattern
+    /// (`pattern:sensors/*`, or just `sensors/*`), exact string
+    /// (`string:config`) or base64 binary key (`binary:AAEC`). Repeat the
+    /// flag for more. A key matches when it is set; it stays persisted
+    /// until set again.
+    #[arg(long, value_name = "KEY", value_parser = parse_key_match_arg)]
+    persist_keys: Vec<KeyMatch>,
+
+    /// Most keys in one SCAN page.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    scan_page_keys: u32,
+
+    /// Most KiB of keys in one SCAN page (a page holds at least one key).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=(1 << 20)))]
+    scan_page_kib: u32,
 
     /// When writes reach the disk: `always` (before the reply; concurrent
     /// requests share one fsync), `everysec` (a crash loses at most ~1 s) or
@@ -470,7 +487,12 @@ struct ServeArgs {
 enum PersistArg {
     All,
     Flagged,
+    Custom,
     None,
+}
+
+fn parse_key_match_arg(s: &str) -> Result<KeyMatch, String> {
+    statestore::store::parse_key_match(s).map_err(|e| format!("{e:#}"))
 }
 
 fn parse_url(s: &str) -> Result<BrokerUrl, String> {
@@ -651,13 +673,7 @@ fn config_check(file: &std::path::Path) -> Result<()> {
         anyhow::bail!("not a serve command line");
     };
     let args = ServeArgs::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
-    if !has_tenants(&args) && max_bytes_mib(&args) > args.memory_mib / 3 {
-        anyhow::bail!(
-            "max_bytes_mib {} is more than a third of memory_mib {}",
-            max_bytes_mib(&args),
-            args.memory_mib
-        );
-    }
+    check_serve_args(&args)?;
     let password = match &args.password_file {
         Some(p) => Some(config::read_secret(p)?),
         None => None,
@@ -839,6 +855,7 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
     let persist = match (args.persist, &args.data_dir) {
         (Some(PersistArg::All), _) | (None, Some(_)) => Persist::All,
         (Some(PersistArg::Flagged), _) => Persist::Flagged,
+        (Some(PersistArg::Custom), _) => Persist::Custom,
         (Some(PersistArg::None), _) | (None, None) => Persist::None,
     };
     TenantSpec {
@@ -868,6 +885,11 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
                 OnDamage::Refuse
             },
             memory_journal: !args.no_memory_journal,
+            persist_keys: args.persist_keys.clone(),
+            scan_page: ScanPage {
+                max_keys: args.scan_page_keys,
+                max_bytes: args.scan_page_kib.saturating_mul(1024),
+            },
         },
         limits: StoreLimits {
             memory_bytes: Some(usize::try_from(args.memory_mib << 20).unwrap_or(usize::MAX)),
@@ -941,18 +963,34 @@ struct Running {
     control: mpsc::UnboundedSender<Control>,
 }
 
+/// What clap cannot check of the `serve` flags alone.
+fn check_serve_args(args: &ServeArgs) -> Result<()> {
+    if !has_tenants(args) && max_bytes_mib(args) > args.memory_mib / 3 {
+        anyhow::bail!(
+            "--max-bytes-mib {} is more than a third of --memory-mib {}: the keys and values, a snapshot of them and the work of a call all live in the guest's memory; raise --memory-mib (at most 4096) or lower --max-bytes-mib",
+            max_bytes_mib(args),
+            args.memory_mib
+        );
+    }
+    if !args.persist_keys.is_empty() && !matches!(args.persist, Some(PersistArg::Custom)) {
+        anyhow::bail!("--persist-keys needs --persist custom (it says which keys that mode keeps)");
+    }
+    if u64::from(args.scan_page_kib) * 1024 >= u64::from(args.max_packet_mib) << 20 {
+        anyhow::bail!(
+            "--scan-page-kib {} does not fit a packet of --max-packet-mib {}: a SCAN page must",
+            args.scan_page_kib,
+            args.max_packet_mib
+        );
+    }
+    Ok(())
+}
+
 fn serve(args: ServeArgs) -> Result<()> {
     let password = match &args.password_file {
         Some(p) => Some(config::read_secret(p)?),
         None => None,
     };
-    if !has_tenants(&args) && max_bytes_mib(&args) > args.memory_mib / 3 {
-        anyhow::bail!(
-            "--max-bytes-mib {} is more than a third of --memory-mib {}: the keys and values, a snapshot of them and the work of a call all live in the guest's memory; raise --memory-mib (at most 4096) or lower --max-bytes-mib",
-            max_bytes_mib(&args),
-            args.memory_mib
-        );
-    }
+    check_serve_args(&args)?;
     if args.broker.is_none() && !args.listen.ip().is_loopback() && !args.allow_insecure {
         anyhow::bail!(
             "refusing to listen on {}: the embedded broker has no TLS and lets any client connect, \

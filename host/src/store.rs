@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 use tracing::info;
 
 use crate::clock::{self, Clock};
@@ -11,6 +11,7 @@ use crate::journal::{Fsync, Journal, OnDamage, SnapshotPolicy};
 use crate::storage::MemStorage;
 use crate::{Config, Persist, Runtime, WasmStore};
 use statestore_guest::types::Quota;
+use statestore_guest::{KeyMatch, ScanPage};
 
 /// Where and how the store keeps its state.
 #[derive(Debug, Clone)]
@@ -38,6 +39,10 @@ pub struct StoreOptions {
     /// rather than empty (it costs about twice the state's size again in
     /// memory; see BENCHMARKS.md). Nothing reaches the disk either way.
     pub memory_journal: bool,
+    /// The keys that persist under [`Persist::Custom`].
+    pub persist_keys: Vec<KeyMatch>,
+    /// SCAN page size.
+    pub scan_page: ScanPage,
 }
 
 impl StoreOptions {
@@ -54,8 +59,35 @@ impl StoreOptions {
             clock: clock::system(),
             on_damage: OnDamage::Refuse,
             memory_journal: true,
+            persist_keys: Vec::new(),
+            scan_page: ScanPage::default(),
         }
     }
+}
+
+/// One `--persist-keys` entry (as the real broker's key types):
+/// `pattern:<glob>` (also a bare `<glob>`), `string:<key>` or
+/// `binary:<base64 key>`.
+pub fn parse_key_match(entry: &str) -> Result<KeyMatch> {
+    use base64::Engine as _;
+    let m = if let Some(key) = entry.strip_prefix("string:") {
+        KeyMatch::Exact(key.as_bytes().to_vec())
+    } else if let Some(b64) = entry.strip_prefix("binary:") {
+        KeyMatch::Exact(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .with_context(|| format!("persist key {entry:?}: not base64"))?,
+        )
+    } else {
+        let pattern = entry.strip_prefix("pattern:").unwrap_or(entry);
+        statestore_guest::scan::Glob::new(pattern)
+            .map_err(|e| anyhow::anyhow!("persist key pattern {pattern:?}: {e}"))?;
+        KeyMatch::Pattern(pattern.to_string())
+    };
+    if matches!(&m, KeyMatch::Exact(k) if k.is_empty()) {
+        bail!("persist key {entry:?}: a key is never empty");
+    }
+    Ok(m)
 }
 
 /// The most log a memory journal keeps before it takes a snapshot.
@@ -79,6 +111,8 @@ pub fn guest_config(opts: &StoreOptions) -> Config {
         persist,
         hash_seed: random_seed(),
         quota: opts.quota,
+        persist_keys: opts.persist_keys.clone(),
+        scan_page: opts.scan_page,
     }
 }
 

@@ -40,7 +40,7 @@ pub fn test_config() -> Config {
         server_client_id: Some(SERVER_ID.into()),
         persist: statestore::Persist::None,
         hash_seed: 0,
-        quota: Default::default(),
+        ..Config::default()
     }
 }
 
@@ -51,7 +51,7 @@ pub fn durable_config() -> Config {
         server_client_id: None,
         persist: statestore::Persist::All,
         hash_seed: 0,
-        quota: Default::default(),
+        ..Config::default()
     }
 }
 

@@ -3,7 +3,9 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
-use statestore::{Config, InboundMessage, OutboundMessage, Output, Persist, PublishKind};
+use statestore::{
+    Config, InboundMessage, KeyMatch, OutboundMessage, Output, Persist, PublishKind, ScanPage,
+};
 use statestore_guest::types::Quota;
 
 /// One input.
@@ -168,8 +170,26 @@ impl Vector {
                 Persist::None => "none",
                 Persist::All => "all",
                 Persist::Flagged => "flagged",
+                Persist::Custom => "custom",
             },
         });
+        if !self.config.persist_keys.is_empty() {
+            config["persist_keys"] = self
+                .config
+                .persist_keys
+                .iter()
+                .map(|m| match m {
+                    KeyMatch::Pattern(p) => json!({ "pattern": p }),
+                    KeyMatch::Exact(k) => json!({ "exact": bytes_to_json(k) }),
+                })
+                .collect();
+        }
+        if self.config.scan_page != ScanPage::default() {
+            config["scan_page"] = json!({
+                "max_keys": self.config.scan_page.max_keys,
+                "max_bytes": self.config.scan_page.max_bytes,
+            });
+        }
         let q = self.config.quota;
         if q != Quota::default() {
             config["quota"] = json!({
@@ -219,6 +239,7 @@ impl Vector {
                     None | Some("none") => Persist::None,
                     Some("all") => Persist::All,
                     Some("flagged") => Persist::Flagged,
+                    Some("custom") => Persist::Custom,
                     Some(other) => bail!("unknown persist mode {other:?}"),
                 },
                 // Not part of the format: no output depends on the seed
@@ -227,6 +248,26 @@ impl Vector {
                 quota: match config.get("quota") {
                     None | Some(Value::Null) => Quota::default(),
                     Some(q) => quota_from_json(q).context("quota")?,
+                },
+                persist_keys: match config.get("persist_keys") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(v) => v
+                        .as_array()
+                        .context("persist_keys must be an array")?
+                        .iter()
+                        .map(key_match_from_json)
+                        .collect::<Result<_>>()
+                        .context("persist_keys")?,
+                },
+                scan_page: match config.get("scan_page") {
+                    None | Some(Value::Null) => ScanPage::default(),
+                    Some(v) => {
+                        let o = obj(v).context("scan_page")?;
+                        ScanPage {
+                            max_keys: small(o, "max_keys")?.context("scan_page.max_keys")?,
+                            max_bytes: small(o, "max_bytes")?.context("scan_page.max_bytes")?,
+                        }
+                    }
                 },
             },
             steps,
@@ -265,6 +306,16 @@ fn opt_u64(o: &Map<String, Value>, name: &str) -> Result<Option<u64>> {
             .as_u64()
             .map(Some)
             .ok_or_else(|| anyhow!("{name} must be an integer or null")),
+    }
+}
+
+/// `{"pattern": "<glob>"}` or `{"exact": <bytes>}`.
+fn key_match_from_json(v: &Value) -> Result<KeyMatch> {
+    let o = obj(v)?;
+    match (o.get("pattern"), o.get("exact")) {
+        (Some(Value::String(p)), None) => Ok(KeyMatch::Pattern(p.clone())),
+        (None, Some(k)) => Ok(KeyMatch::Exact(bytes_from_json(k)?)),
+        _ => bail!("a key match is {{\"pattern\": \"...\"}} or {{\"exact\": bytes}}, not {v}"),
     }
 }
 

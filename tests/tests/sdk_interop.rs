@@ -115,6 +115,7 @@ in_both_modes!(
     leased_lock_acquire_renew_expire_and_takeover,
     binary_long_keys_and_mib_values,
     cli_and_sdk_read_each_other,
+    list_keys_exactly_once_under_writes,
 );
 
 fn opts(set_condition: SetCondition, expires: Option<Duration>) -> SetOptions {
@@ -714,5 +715,89 @@ async fn cli_and_sdk_read_each_other(mode: Mode) {
     assert_eq!(sdk.ss.get(key, T).await.expect("sdk get").response, None);
     cli.close().await;
     sdk.close().await;
+    store.stop().await;
+}
+
+/// SCAN through the SDK's own pager (`Client::list_keys`, 1.5.0-beta1):
+/// 3,000 keys over several pages while another client sets new keys and
+/// deletes others between pages. Every key present for the whole listing
+/// comes exactly once, in key order, and nothing that does not match.
+async fn list_keys_exactly_once_under_writes(mode: Mode) {
+    let store = Deployment::start(mode).await;
+    let lister = Sdk::connect(store.port(), "sdk-lister").await;
+    let writer = Sdk::connect(store.port(), "sdk-writer").await;
+    let stable: Vec<Vec<u8>> = (0..3000)
+        .map(|i| format!("scan/k{i:05}").into_bytes())
+        .collect();
+    let doomed: Vec<Vec<u8>> = (0..500)
+        .map(|i| format!("scan/d{i:05}").into_bytes())
+        .collect();
+    for chunk in stable.chunks(100).chain(doomed.chunks(100)) {
+        let sets = chunk.iter().map(|k| {
+            writer
+                .ss
+                .set(k.clone(), b"v".to_vec(), T, None, SetOptions::default())
+        });
+        for r in futures::future::join_all(sets).await {
+            assert!(r.expect("set").response);
+        }
+    }
+    // Keys outside the pattern, and a key that is not UTF-8.
+    for k in [&b"other/x"[..], b"scan\xff"] {
+        writer
+            .ss
+            .set(k.to_vec(), b"v".to_vec(), T, None, SetOptions::default())
+            .await
+            .expect("set");
+    }
+    let mut pager = lister.ss.list_keys(b"scan/*".to_vec(), T).expect("a pager");
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let mut pages = 0;
+    while let Some(page) = pager.next().await.expect("a page") {
+        pages += 1;
+        got.extend(page);
+        // Between pages: a new key and a deleted one, ahead of and behind
+        // where the listing stands.
+        if let Some(d) = doomed.get(pages) {
+            assert_eq!(
+                writer
+                    .ss
+                    .del(d.clone(), None, T)
+                    .await
+                    .expect("del")
+                    .response,
+                1
+            );
+        }
+        let new = format!("scan/n{pages:05}").into_bytes();
+        writer
+            .ss
+            .set(new, b"v".to_vec(), T, None, SetOptions::default())
+            .await
+            .expect("set");
+        assert!(pages < 1000, "the listing does not end");
+    }
+    assert!(pages >= 3, "3,000 keys take several pages ({pages})");
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "key order, no repeats");
+    assert!(got.iter().all(|k| k.starts_with(b"scan/")));
+    let got_set: std::collections::BTreeSet<&Vec<u8>> = got.iter().collect();
+    for k in &stable {
+        assert!(
+            got_set.contains(k),
+            "missing {}",
+            String::from_utf8_lossy(k)
+        );
+    }
+    // An empty pattern is refused by the SDK itself; one that matches
+    // nothing lists nothing.
+    assert!(lister.ss.list_keys(Vec::new(), T).is_err());
+    let mut none = lister
+        .ss
+        .list_keys(b"nothing*".to_vec(), T)
+        .expect("a pager");
+    assert_eq!(none.next().await.expect("a page"), Some(Vec::new()));
+    assert_eq!(none.next().await.expect("done"), None);
+    lister.close().await;
+    writer.close().await;
     store.stop().await;
 }

@@ -31,6 +31,7 @@ use crate::notify::{self, Registry};
 use crate::resp3;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::rpc::{self, Reply, RequestProps, Status, TopicCheck, prop};
+use crate::scan::{self, KeySet};
 use crate::table::{Change, Request, Table};
 use crate::types::{
     Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Str,
@@ -62,6 +63,8 @@ pub struct StateMachine {
     expiry_budget: usize,
     /// `config.server_client_id`, shared by every reply and notification.
     server_id: Option<Str>,
+    /// `config.persist_keys`, compiled.
+    persist_keys: KeySet,
 }
 
 impl StateMachine {
@@ -99,6 +102,7 @@ impl StateMachine {
         }
         StateMachine {
             server_id: config.server_client_id.as_deref().map(Str::from),
+            persist_keys: KeySet::new(&config.persist_keys),
             config,
             clock,
             table,
@@ -252,7 +256,7 @@ impl StateMachine {
         match self.config.persist {
             Persist::None => false,
             Persist::All => true,
-            Persist::Flagged => persist,
+            Persist::Flagged | Persist::Custom => persist,
         }
     }
 
@@ -518,20 +522,30 @@ impl StateMachine {
             };
             return Err(Reply::ok(Bytes::from_static(payload), None));
         }
+        if let Command::Scan { pattern, token } = command {
+            // A read, like GET: not kept by the dedup cache.
+            let payload = scan::page(&self.table, pattern, token, now, self.config.scan_page)
+                .unwrap_or_else(|e| resp3::error(&e));
+            return Ok((Reply::ok(payload, None), false));
+        }
+        let flagged = props
+            .persist
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let request = Request {
             now,
             received,
             fencing_token: fencing_token.as_ref(),
-            persist: props
-                .persist
-                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            persist: flagged
+                || (self.config.persist == Persist::Custom
+                    && matches!(command, Command::Set { .. })
+                    && self.persist_keys.contains(command.key())),
         };
         if !matches!(command, Command::Get { .. }) {
             self.expire_if_due(command.key(), now);
         }
         // Whether the key's current value was journaled (only Persist::Flagged
         // asks; a GET changes nothing).
-        let before = self.config.persist == Persist::Flagged
+        let before = matches!(self.config.persist, Persist::Flagged | Persist::Custom)
             && !matches!(command, Command::Get { .. })
             && self
                 .table

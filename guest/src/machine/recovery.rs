@@ -21,8 +21,11 @@ impl StateMachine {
     /// A snapshot of `scope`.
     pub fn snapshot_with(&self, scope: SnapshotScope) -> Vec<u8> {
         let durable = scope == SnapshotScope::Durable;
-        let keep =
-            |e: &EntryRef<'_>| !durable || self.config.persist != Persist::Flagged || e.persist;
+        let keep = |e: &EntryRef<'_>| {
+            !durable
+                || !matches!(self.config.persist, Persist::Flagged | Persist::Custom)
+                || e.persist
+        };
         let keys: Vec<_> = self.table.iter().filter(|(_, e)| keep(e)).collect();
         let registrations = if durable { 0 } else { self.registry.len() };
         let dedup = self.dedup.iter().map(|(topic, corr, cached)| {

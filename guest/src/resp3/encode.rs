@@ -52,7 +52,19 @@ pub fn notify_delete() -> Vec<u8> {
     b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n".to_vec()
 }
 
-fn push_bulk(out: &mut Vec<u8>, value: &[u8]) {
+/// Bytes of `$<n>\r\n<n bytes>\r\n`.
+pub fn bulk_len(n: usize) -> usize {
+    let mut digits = 1;
+    let mut rest = n / 10;
+    while rest > 0 {
+        digits += 1;
+        rest /= 10;
+    }
+    n + digits + 5
+}
+
+/// Appends `$<n>\r\n<bytes>\r\n`.
+pub fn push_bulk(out: &mut Vec<u8>, value: &[u8]) {
     out.push(b'$');
     push_decimal(out, value.len());
     out.extend_from_slice(b"\r\n");

@@ -11,6 +11,6 @@ mod encode;
 
 pub use decode::{DecodeError, Decoded, decode_request};
 pub use encode::{
-    REPLY_DELETED, REPLY_NIL, REPLY_NOT_APPLIED, REPLY_NOT_FOUND, REPLY_OK, bulk, error,
-    notify_delete, notify_set, request,
+    REPLY_DELETED, REPLY_NIL, REPLY_NOT_APPLIED, REPLY_NOT_FOUND, REPLY_OK, bulk, bulk_len, error,
+    notify_delete, notify_set, push_bulk, request,
 };

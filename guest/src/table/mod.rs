@@ -5,6 +5,7 @@
 //! says what changed so that the caller can notify observers.
 
 pub mod fencing;
+pub mod ordered;
 
 use foldhash::fast::FixedState;
 use hashbrown::HashTable;
@@ -17,6 +18,7 @@ pub use crate::hlc::Version;
 use crate::hlc::{Clock, CounterOverflow, Hlc};
 use crate::resp3;
 use crate::types::Quota;
+use ordered::Ordered;
 
 /// One stored key, owned (as read from a snapshot or a journal record).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,6 +236,8 @@ impl Slot {
 pub struct Table {
     slots: Vec<Slot>,
     index: HashTable<u32>,
+    /// The positions again, in key order (SCAN, snapshots).
+    order: Ordered,
     hasher: FixedState,
     deadlines: Deadlines<Box<[u8]>>,
     /// Bytes of every key and value, for [`Quota::max_bytes`].
@@ -263,6 +267,7 @@ impl Table {
         Table {
             slots: Vec::new(),
             index: HashTable::new(),
+            order: Ordered::new(),
             hasher: FixedState::with_seed(seed ^ HASH_SEED),
             deadlines: Deadlines::new(),
             bytes: 0,
@@ -339,6 +344,7 @@ impl Table {
                 self.index.insert_unique(hasher.hash_one(key), i, |&j| {
                     hasher.hash_one(slots[j as usize].key())
                 });
+                self.order.insert(key, i, |j| slots[j as usize].key());
                 None
             }
         };
@@ -363,8 +369,12 @@ impl Table {
             .ok()?
             .remove();
         let last = self.slots.len() - 1;
+        let slots = &self.slots;
+        self.order.remove(key, |j| slots[j as usize].key());
         if i as usize != last {
-            let moved = self.hash(self.slots[last].key());
+            let moved = slots[last].key();
+            self.order.repoint(moved, i, |j| slots[j as usize].key());
+            let moved = self.hash(moved);
             if let Some(at) = self.index.find_mut(moved, |&j| j as usize == last) {
                 *at = i;
             }
@@ -418,11 +428,21 @@ impl Table {
         self.slots.is_empty()
     }
 
-    /// Every entry in key order (sorted on each call: for snapshots).
+    /// Every entry in key order, live or not (for snapshots).
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], EntryRef<'_>)> {
-        let mut all: Vec<&Slot> = self.slots.iter().collect();
-        all.sort_unstable_by(|a, b| a.key().cmp(b.key()));
-        all.into_iter().map(|s| (s.key(), s.view()))
+        self.after(None)
+    }
+
+    /// Entries in key order from the first key above `key` (from the first
+    /// key when `None`), live or not (for SCAN).
+    pub fn after(&self, key: Option<&[u8]>) -> impl Iterator<Item = (&[u8], EntryRef<'_>)> {
+        let slots = &self.slots;
+        self.order
+            .after(key, |j| slots[j as usize].key())
+            .map(move |j| {
+                let slot = &slots[j as usize];
+                (slot.key(), slot.view())
+            })
     }
 
     /// Applies GET / SET / DEL / VDEL (spec §5.4 steps 8 to 11).
@@ -524,8 +544,10 @@ impl Table {
                     change: Change::Delete,
                 }
             }
-            // The registry, not the table, handles KEYNOTIFY.
-            Command::KeyNotify { .. } => Outcome::error(ServiceError::UnknownCommand),
+            // The registry handles KEYNOTIFY, `crate::scan` SCAN.
+            Command::KeyNotify { .. } | Command::Scan { .. } => {
+                Outcome::error(ServiceError::UnknownCommand)
+            }
         })
     }
 }
