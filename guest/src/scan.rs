@@ -46,7 +46,7 @@ impl Glob {
         }
         glob::Pattern::new(pattern)
             .map(Glob)
-            .map_err(|e| format!("{} (at byte {})", e.msg, e.pos))
+            .map_err(|e| format!("{} (near character {})", e.msg, e.pos))
     }
 
     /// Whether `key` is UTF-8 text the pattern matches as a whole.

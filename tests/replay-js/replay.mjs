@@ -1,5 +1,5 @@
 // Replays the golden vectors (tests/vectors/*.json) against the state store
-// component (`statestore:core/store@0.2.0`) in Node.js, through jco.
+// component (`statestore:core/store@0.3.0`) in Node.js, through jco.
 //
 //   node replay.mjs <vectors dir> [--component <transpiled .js>]
 //
@@ -291,6 +291,7 @@ function parseVector(file) {
   const c = v.config;
   if (c === null || typeof c !== 'object') throw new VectorError('no config');
   const q = c.quota ?? {};
+  const page = c.scan_page ?? { max_keys: 1000, max_bytes: 256 * 1024 };
   const config = {
     nodeId: jsonStr(c.node_id, 'config.node_id'),
     serverClientId: jsonOpt(c.server_client_id, (s) => jsonStr(s, 'config.server_client_id')),
@@ -301,8 +302,18 @@ function parseVector(file) {
       maxKeyBytes: jsonOpt(q.max_key_bytes, (n) => jsonInt(n, 'config.quota.max_key_bytes', U32_MAX)),
       maxValueBytes: jsonOpt(q.max_value_bytes, (n) => jsonInt(n, 'config.quota.max_value_bytes', U32_MAX)),
     },
+    persistKeys: (c.persist_keys ?? []).map((m, i) => {
+      const what = `config.persist_keys[${i}]`;
+      if (m !== null && typeof m === 'object' && 'pattern' in m) return { tag: 'pattern', val: jsonStr(m.pattern, what) };
+      if (m !== null && typeof m === 'object' && 'exact' in m) return { tag: 'exact', val: jsonBytes(m.exact, what) };
+      throw new VectorError(`${what}: not {pattern} or {exact}`);
+    }),
+    scanPage: {
+      maxKeys: jsonInt(page.max_keys, 'config.scan_page.max_keys', U32_MAX),
+      maxBytes: jsonInt(page.max_bytes, 'config.scan_page.max_bytes', U32_MAX),
+    },
   };
-  if (!['none', 'all', 'flagged'].includes(config.persist)) throw new VectorError(`config.persist: ${JSON.stringify(config.persist)}`);
+  if (!['none', 'all', 'flagged', 'custom'].includes(config.persist)) throw new VectorError(`config.persist: ${JSON.stringify(config.persist)}`);
   if (!Array.isArray(v.steps)) throw new VectorError('no steps');
   const steps = v.steps.map((s, i) => {
     const what = `steps[${i}]`;
@@ -579,7 +590,7 @@ async function loadComponent(js = componentJs) {
   const url = pathToFileURL(js);
   if (instanceCount++ > 0) url.search = `?instance=${instanceCount}`;
   const mod = await import(url.href);
-  const api = mod.store ?? mod['statestore:core/store@0.2.0'];
+  const api = mod.store ?? mod['statestore:core/store@0.3.0'];
   if (!api || typeof api.Store !== 'function') {
     throw new Error(`${js} exports no \`store\` interface with a Store resource (exports: ${Object.keys(mod).join(', ')})`);
   }
@@ -589,7 +600,7 @@ async function loadComponent(js = componentJs) {
 /** The load-time check of WIRE.md: the formats, or {refused: why}. */
 function checkFormats(api, js) {
   if (typeof api.formats !== 'function') {
-    return { refused: `${js} has no formats() (not statestore:core/store@0.2.0?)` };
+    return { refused: `${js} has no formats() (not statestore:core/store@0.3.0?)` };
   }
   const f = api.formats();
   const batchVersions = Array.from(f.batchVersions ?? []);
@@ -614,6 +625,8 @@ function typedConfig(config, seed) {
     persist: config.persist,
     hashSeed: seed,
     quota: { ...config.quota },
+    persistKeys: config.persistKeys,
+    scanPage: { ...config.scanPage },
   };
 }
 
@@ -889,7 +902,7 @@ async function panicChild(js) {
     const api = await loadComponent(js);
     const f = checkFormats(api, js);
     if (f.refused) throw new Error(`refused: ${f.refused}`);
-    store = new api.Store(typedConfig({ nodeId: 'StateStore', serverClientId: 'statestore', persist: 'none', quota: {} }, SEED_WIRE));
+    store = new api.Store(typedConfig({ nodeId: 'StateStore', serverClientId: 'statestore', persist: 'none', quota: {}, persistKeys: [], scanPage: { maxKeys: 1000, maxBytes: 256 * 1024 } }, SEED_WIRE));
 
     const miss = expectReply(store, request(1, 'GET', 'k'), 'GET k');
     if (miss !== '$-1\r\n') throw new Error(`GET k on a fresh store: ${JSON.stringify(miss)}, not "$-1\\r\\n"`);

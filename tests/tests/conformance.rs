@@ -1071,3 +1071,195 @@ fn s15_quota() {
     assert_reply(&out, &m, QUOTA, None);
     sim.finish();
 }
+
+/// The config of the SCAN vectors that page: one key a page.
+fn one_key_pages() -> statestore::Config {
+    statestore::Config {
+        scan_page: statestore::ScanPage {
+            max_keys: 1,
+            max_bytes: 1024,
+        },
+        ..test_config()
+    }
+}
+
+#[test]
+fn scan_pages_and_tokens() {
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "scan_pages",
+        "§12 SCAN: an empty store; one key a page over three keys with the tokens fed back; a token whose key was deleted; malformed tokens; no __ts",
+        one_key_pages(),
+    );
+    let (m, out) = sim.call(&[b"SCAN", b"*"]);
+    assert_reply(&out, &m, b"*1\r\n*0\r\n", None);
+    for k in [&b"b1"[..], b"a2", b"a1"] {
+        sim.call(&[b"SET", k, b"v"]);
+    }
+    let (m, out) = sim.call(&[b"SCAN", b"a*"]);
+    assert_reply(&out, &m, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a1\r\n", None);
+    let (m, out) = sim.call(&[b"SCAN", b"a*", b"0;1;a1"]);
+    assert_reply(&out, &m, b"*2\r\n*1\r\n$2\r\na2\r\n$6\r\n0;1;a2\r\n", None);
+    // b1 does not match: the page that looked at it is the last.
+    let (m, out) = sim.call(&[b"SCAN", b"a*", b"0;1;a2"]);
+    assert_reply(&out, &m, b"*1\r\n*0\r\n", None);
+    // The whole store, page by page; a2 is deleted after the first page,
+    // and the token naming it still resumes after it.
+    let (_, out) = sim.call(&[b"SCAN", b"*"]);
+    assert_eq!(
+        reply(&out).payload,
+        &b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a1\r\n"[..]
+    );
+    let (_, out) = sim.call(&[b"SCAN", b"*", b"0;1;a1"]);
+    assert_eq!(
+        reply(&out).payload,
+        &b"*2\r\n*1\r\n$2\r\na2\r\n$6\r\n0;1;a2\r\n"[..]
+    );
+    sim.call(&[b"DEL", b"a2"]);
+    // b1 is the last key: its page is the last.
+    let (m, out) = sim.call(&[b"SCAN", b"*", b"0;1;a2"]);
+    assert_reply(&out, &m, b"*1\r\n*1\r\n$2\r\nb1\r\n", None);
+    let (m, out) = sim.call(&[b"SCAN", b"*", b"0;1;b1"]);
+    assert_reply(&out, &m, b"*1\r\n*0\r\n", None);
+    // Any chain and topology numbers; a key that never existed.
+    let (m, out) = sim.call(&[b"SCAN", b"*", b"12;345;a"]);
+    assert_reply(&out, &m, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a1\r\n", None);
+    for bad in [&b"a1"[..], b"0;a1", b"x;1;a1", b";1;a1", b"0;;a1", b""] {
+        let (m, out) = sim.call(&[b"SCAN", b"*", bad]);
+        assert_reply(&out, &m, b"-ERR the scan token is not valid\r\n", None);
+    }
+    let (m, out) = sim.call(&[b"SCAN"]);
+    assert_reply(&out, &m, b"-ERR wrong number of arguments\r\n", None);
+    let (m, out) = sim.call(&[b"SCAN", b"*", b"0;1;a", b"x"]);
+    assert_reply(&out, &m, b"-ERR wrong number of arguments\r\n", None);
+    sim.finish();
+}
+
+#[test]
+fn scan_glob_rules() {
+    let mut sim = Sim::new(
+        "scan_glob",
+        "§12 SCAN patterns, the glob crate's rules: * ? [abc] [a-z] [!abc], [^x] is not a negation, [*] [?] literal, no backslash escape, case-sensitive, * and ? match / and a leading dot; pattern errors; an empty pattern matches nothing",
+    );
+    let keys: &[&[u8]] = &[
+        b"a1", b"a2", b"b1", b"b/c", b".hidden", b"*", b"?", b"x^y", b"A1", b"a\\1",
+    ];
+    for k in keys {
+        sim.call(&[b"SET", k, b"v"]);
+    }
+    let list = |keys: &[&[u8]]| {
+        let mut want = format!("*1\r\n*{}\r\n", keys.len()).into_bytes();
+        for k in keys {
+            want.extend_from_slice(format!("${}\r\n", k.len()).as_bytes());
+            want.extend_from_slice(k);
+            want.extend_from_slice(b"\r\n");
+        }
+        want
+    };
+    let cases: &[(&[u8], &[&[u8]])] = &[
+        (
+            b"*",
+            &[
+                b"*", b".hidden", b"?", b"A1", b"a1", b"a2", b"a\\1", b"b/c", b"b1", b"x^y",
+            ],
+        ),
+        (b"?1", &[b"A1", b"a1", b"b1"]),
+        (b"[ab]1", &[b"a1", b"b1"]),
+        (b"[a-b]?", &[b"a1", b"a2", b"b1"]),
+        (b"[!a]?", &[b"A1", b"b1"]),
+        (b"[^a]?", &[b"a1", b"a2"]),
+        (b"x[^]y", &[b"x^y"]),
+        (b"[*]", &[b"*"]),
+        (b"[?]", &[b"?"]),
+        (b"?", &[b"*", b"?"]),
+        (b"b?c", &[b"b/c"]),
+        (b"*c", &[b"b/c"]),
+        (b"*hidden", &[b".hidden"]),
+        (b"a\\1", &[b"a\\1"]),
+        (b"A*", &[b"A1"]),
+        (b"**/c", &[b"b/c"]),
+        (b"a1", &[b"a1"]),
+        (b"", &[]),
+    ];
+    for (pattern, want) in cases {
+        let (m, out) = sim.call(&[b"SCAN", pattern]);
+        assert_reply(&out, &m, &list(want), None);
+    }
+    for (bad, why) in [
+        (
+            &b"***"[..],
+            "wildcards are either regular `*` or recursive `**` (near character 2)",
+        ),
+        (
+            b"a**",
+            "recursive wildcards must form a single path component (near character 0)",
+        ),
+        (b"[ab", "invalid range pattern (near character 0)"),
+    ] {
+        let (m, out) = sim.call(&[b"SCAN", bad]);
+        let want = format!("-ERR the pattern is not valid: {why}\r\n");
+        assert_reply(&out, &m, want.as_bytes(), None);
+    }
+    sim.finish();
+}
+
+#[test]
+fn scan_skips_non_utf8_and_expired_keys() {
+    let mut sim = Sim::new(
+        "scan_utf8_expiry",
+        "§12 SCAN: keys that are not UTF-8 are never returned, a pattern that is not UTF-8 matches nothing, expired keys are not returned (before and after the timer)",
+    );
+    sim.call(&[b"SET", b"k\xff", b"v"]);
+    sim.call(&[b"SET", b"k1", b"v"]);
+    sim.call(&[b"SET", b"k2", b"v", b"PX", b"100"]);
+    let (m, out) = sim.call(&[b"SCAN", b"k*"]);
+    assert_reply(&out, &m, b"*1\r\n*2\r\n$2\r\nk1\r\n$2\r\nk2\r\n", None);
+    let (m, out) = sim.call(&[b"SCAN", b"k\xff"]);
+    assert_reply(&out, &m, b"*1\r\n*0\r\n", None);
+    sim.now += 100; // due, the timer not yet run
+    let (m, out) = sim.call(&[b"SCAN", b"k*"]);
+    assert_reply(&out, &m, b"*1\r\n*1\r\n$2\r\nk1\r\n", None);
+    sim.advance(1);
+    let (m, out) = sim.call(&[b"SCAN", b"k*"]);
+    assert_reply(&out, &m, b"*1\r\n*1\r\n$2\r\nk1\r\n", None);
+    sim.finish();
+}
+
+#[test]
+fn journal_persist_custom() {
+    let config = statestore::Config {
+        persist: statestore::Persist::Custom,
+        persist_keys: vec![
+            statestore::KeyMatch::Pattern("sensors/*".into()),
+            statestore::KeyMatch::Exact(b"config".to_vec()),
+            statestore::KeyMatch::Exact(b"\x00\x01".to_vec()),
+        ],
+        ..test_config()
+    };
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "journal_custom",
+        "--persist custom: keys that match a persist-keys pattern or exact key when set, or carry aio-persistence: true, are journaled; others are not",
+        config,
+    );
+    let puts = |out: &[Output]| records(out).iter().filter(|r| r[1] == 1).count();
+    let deletes = |out: &[Output]| records(out).iter().filter(|r| r[1] == 2).count();
+    for (key, want) in [
+        (&b"sensors/t1"[..], 1),
+        (b"config", 1),
+        (b"\x00\x01", 1),
+        (b"configx", 0),
+        (b"other", 0),
+    ] {
+        let out = sim.call(&[b"SET", key, b"v"]).1;
+        assert_eq!(puts(&out), want, "{key:?}");
+    }
+    let mut m = sim.request(&[b"SET", b"flagged", b"v"]);
+    set_prop(&mut m, "aio-persistence", Some("true"));
+    assert_eq!(puts(&sim.send(&m)), 1);
+    let out = sim.call(&[b"DEL", b"sensors/t1"]).1;
+    assert_eq!(deletes(&out), 1);
+    let out = sim.call(&[b"DEL", b"other"]).1;
+    assert_eq!((puts(&out), deletes(&out)), (0, 0));
+    sim.finish();
+}
