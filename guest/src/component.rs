@@ -104,6 +104,19 @@ impl wit::GuestStore for Store {
         self.0.borrow().snapshot_with(scope)
     }
 
+    fn stats(&self) -> wit::StoreStats {
+        let s = self.0.borrow().stats();
+        wit::StoreStats {
+            keys: s.keys,
+            bytes: s.bytes,
+            registrations: s.registrations,
+            dedup_entries: s.dedup_entries,
+            dedup_bytes: s.dedup_bytes,
+            dedup_hits: s.dedup_hits,
+            expired: s.expired,
+        }
+    }
+
     fn replay(&self, records: Vec<Vec<u8>>) -> Result<(), wit::Error> {
         let mut m = self.0.borrow_mut();
         for r in &records {

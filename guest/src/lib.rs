@@ -34,6 +34,7 @@ pub mod hlc;
 pub mod journal;
 mod machine;
 pub mod notify;
+pub mod pattern;
 pub mod resp3;
 pub mod rpc;
 pub(crate) mod rt;
@@ -80,5 +81,5 @@ pub use machine::{EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, StateMachine};
 pub use snapshot::SnapshotScope;
 pub use types::{
     Config, Error, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,
-    ScanPage,
+    ScanPage, Stats,
 };

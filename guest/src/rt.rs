@@ -14,7 +14,15 @@
 //! header (the `Layout` passed to `dealloc` gives the class), so a stored
 //! key costs no more than in dlmalloc (which adds 4 bytes and rounds to 8).
 //! Freed small blocks stay in their class for reuse; they are not returned
-//! to dlmalloc.
+//! to dlmalloc. The 64 KiB granules a region touches (two at most) are
+//! marked in a bitmap of the 32-bit address space (8 KiB), so a small block
+//! that did not come from a region (one `cabi_realloc` made, below) goes
+//! back to dlmalloc when it is freed rather than into a class, unless it
+//! shares a granule with a region: filed into a class, the 10,000 journal
+//! records of a `replay` call stayed there, unused, and replaying a journal
+//! cost about 55 bytes a key for good (BENCHMARKS.md). Regions are not
+//! aligned to their granule: dlmalloc's aligned allocation cost more (15
+//! bytes a key at 100 k keys) than the few blocks the shared granules keep.
 //!
 //! # `cabi_realloc`
 //!
@@ -26,10 +34,13 @@
 //! pool reached dlmalloc's `free` and a panic under a host with real WASI
 //! became an out-of-bounds trap. Ours takes memory from [`System`]
 //! (dlmalloc, what `free` expects), rounded up to a multiple of the pool's
-//! step. The pool may later take such a block back into a size class, which
-//! is sound: it is real memory of at least the class's size (the rounding)
-//! and alignment (dlmalloc aligns to 8 or more), and dlmalloc only ever frees
-//! blocks whose layout is too large for a class, which only dlmalloc made.
+//! step. When Rust frees such a block the pool sees it is not in a region
+//! and hands it back to dlmalloc, unless it shares a granule with a region
+//! (or, natively, where addresses pass 4 GiB and the bitmap is indexed
+//! modulo its size, a region's granule modulo 4 GiB): then it is taken into
+//! a class, which is sound: it is real memory of at least the class's size
+//! (the rounding) and alignment (8 or more). A region's block is never
+//! mistaken for a system block: every granule a region touches is marked.
 #![allow(unsafe_code)]
 // an allocator and C-ABI functions; each block says why it is sound
 // Natively only the tests use it; the component exports it.
@@ -45,9 +56,14 @@ const CLASSES: usize = 32;
 const MAX: usize = STEP * CLASSES;
 const REGION: usize = 64 * 1024;
 
+/// 64 KiB granules of the 32-bit address space, one bit each.
+const GRANULES: usize = 1 << 16;
+
 struct State {
     /// Head of each class's free list; a free block holds the next.
     free: [*mut u8; CLASSES],
+    /// Which 64 KiB granules a region touches (see the module documentation).
+    regions: [u64; GRANULES / 64],
     /// The unused rest of the current region.
     next: *mut u8,
     left: usize,
@@ -66,9 +82,24 @@ impl Pool {
     pub const fn new() -> Pool {
         Pool(UnsafeCell::new(State {
             free: [ptr::null_mut(); CLASSES],
+            regions: [0; GRANULES / 64],
             next: ptr::null_mut(),
             left: 0,
         }))
+    }
+}
+
+/// The bit of the granule `p` is in.
+fn granule(p: *mut u8) -> (usize, u64) {
+    let g = (p.addr() / REGION) % GRANULES;
+    (g / 64, 1 << (g % 64))
+}
+
+impl State {
+    /// Whether `block` is in one of our regions.
+    fn owns(&self, block: *mut u8) -> bool {
+        let (word, bit) = granule(block);
+        self.regions[word] & bit != 0
     }
 }
 
@@ -104,6 +135,10 @@ unsafe impl GlobalAlloc for Pool {
             if region.is_null() {
                 return region;
             }
+            let (word, bit) = granule(region);
+            st.regions[word] |= bit;
+            let (word, bit) = granule(region.wrapping_add(REGION - 1));
+            st.regions[word] |= bit;
             st.next = region;
             st.left = REGION;
         }
@@ -117,9 +152,15 @@ unsafe impl GlobalAlloc for Pool {
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         match class(layout) {
             Some(c) => {
-                // SAFETY: as in `alloc`; the block is at least 8 bytes and
-                // 8-aligned (its class's size and the regions' alignment).
+                // SAFETY: as in `alloc`.
                 let st = unsafe { &mut *self.0.get() };
+                if !st.owns(block) {
+                    // SAFETY: not from a region, so from System (a fresh
+                    // block of a class layout is always carved from one).
+                    return unsafe { System.dealloc(block, layout) };
+                }
+                // SAFETY: the block is at least 8 bytes and 8-aligned (its
+                // class's size and the regions' alignment).
                 unsafe { block.cast::<*mut u8>().write(st.free[c]) };
                 st.free[c] = block;
             }
@@ -356,9 +397,23 @@ mod tests {
             // SAFETY: as above.
             let q = unsafe { cabi_realloc(ptr::null_mut(), 0, 8, size) };
             let layout = Layout::from_size_align(size, 8).expect("layout");
-            // SAFETY: a block of this layout; the pool takes it back (small)
-            // or hands it to `System` (large), which made it.
+            // SAFETY: the pool's state, from this thread alone.
+            let foreign = !unsafe { &*pool.0.get() }.owns(q);
+            // SAFETY: a block of this layout: the pool hands it back to
+            // `System`, which made it (or, when it shares a granule with a
+            // region, keeps it in its class, which is sound: see `cabi_realloc`).
             unsafe { pool.dealloc(q, layout) };
+            if size <= MAX {
+                // SAFETY: a non-zero size.
+                let r = unsafe { pool.alloc(layout) };
+                // SAFETY: the pool's state, from this thread alone.
+                assert!(unsafe { &*pool.0.get() }.owns(r), "a region's block");
+                if foreign {
+                    assert_ne!(r, q, "a system block went back to the system");
+                }
+                // SAFETY: the pool made it with this layout.
+                unsafe { pool.dealloc(r, layout) };
+            }
         }
         // SAFETY: zero-sized: a dangling, aligned pointer.
         assert_eq!(

@@ -18,6 +18,7 @@
 //!   returned exactly once. A token that is not `<digits>;<digits>;<bytes>`
 //!   gets `-ERR the scan token is not valid`.
 
+pub use crate::pattern::{Glob, MAX_PATTERN_BYTES};
 use crate::resp3;
 use crate::table::Table;
 use crate::types::{KeyMatch, ScanPage};
@@ -26,34 +27,11 @@ use crate::types::{KeyMatch, ScanPage};
 pub const EXAMINE_KEYS: usize = 16 * 1024;
 /// Most bytes of keys one page looks at.
 pub const EXAMINE_BYTES: usize = 1024 * 1024;
-/// Longest pattern accepted (its matching cost grows with its length).
-pub const MAX_PATTERN_BYTES: usize = 4096;
 /// What every token this store writes starts with.
 pub const TOKEN_PREFIX: &[u8] = b"0;1;";
 
 /// The reply to a token that does not parse.
 pub const BAD_TOKEN: &str = "the scan token is not valid";
-
-/// A compiled glob pattern.
-#[derive(Debug, Clone)]
-pub struct Glob(glob::Pattern);
-
-impl Glob {
-    /// Compiles `pattern`, or says why it is not one.
-    pub fn new(pattern: &str) -> Result<Glob, String> {
-        if pattern.len() > MAX_PATTERN_BYTES {
-            return Err(format!("it is longer than {MAX_PATTERN_BYTES} bytes"));
-        }
-        glob::Pattern::new(pattern)
-            .map(Glob)
-            .map_err(|e| format!("{} (near character {})", e.msg, e.pos))
-    }
-
-    /// Whether `key` is UTF-8 text the pattern matches as a whole.
-    pub fn matches(&self, key: &[u8]) -> bool {
-        core::str::from_utf8(key).is_ok_and(|k| self.0.matches(k))
-    }
-}
 
 /// The keys that persist under `Persist::Custom`.
 #[derive(Debug, Clone, Default)]
@@ -189,25 +167,25 @@ mod tests {
     #[test]
     fn pages_and_tokens() {
         let t = table(&[b"a1", b"a2", b"b1", b"exp1", b"\xff\xfe"]);
-        let all = page(&t, b"*", None, 20, ScanPage::default()).unwrap();
+        let all = page(&t, b"*", None, 20, ScanPage::default()).expect("ok");
         assert_eq!(all, b"*1\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n");
-        let live = page(&t, b"*", None, 5, ScanPage::default()).unwrap();
+        let live = page(&t, b"*", None, 5, ScanPage::default()).expect("ok");
         assert!(live.starts_with(b"*1\r\n*4\r\n"), "exp1 is live at 5");
-        let one = page(&t, b"a*", None, 20, limits(1, 1000)).unwrap();
+        let one = page(&t, b"a*", None, 20, limits(1, 1000)).expect("ok");
         assert_eq!(one, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a1\r\n");
-        let two = page(&t, b"a*", Some(b"0;1;a1"), 20, limits(1, 1000)).unwrap();
+        let two = page(&t, b"a*", Some(b"0;1;a1"), 20, limits(1, 1000)).expect("ok");
         assert_eq!(two, b"*2\r\n*1\r\n$2\r\na2\r\n$6\r\n0;1;a2\r\n");
         // The page that finds no more matches and nothing after: the last.
-        let three = page(&t, b"a*", Some(b"0;1;a2"), 20, limits(1, 1000)).unwrap();
+        let three = page(&t, b"a*", Some(b"0;1;a2"), 20, limits(1, 1000)).expect("ok");
         assert_eq!(three, b"*1\r\n*0\r\n");
         // A token names any key, present or not.
-        let gone = page(&t, b"*", Some(b"7;42;a15"), 20, ScanPage::default()).unwrap();
+        let gone = page(&t, b"*", Some(b"7;42;a15"), 20, ScanPage::default()).expect("ok");
         assert_eq!(gone, b"*1\r\n*2\r\n$2\r\na2\r\n$2\r\nb1\r\n");
         // A byte limit smaller than one key still returns one key a page;
         // the token names the last key looked at (a2), not the last returned.
-        let tiny = page(&t, b"?1", None, 20, limits(100, 1)).unwrap();
+        let tiny = page(&t, b"?1", None, 20, limits(100, 1)).expect("ok");
         assert_eq!(tiny, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a2\r\n");
-        let next = page(&t, b"?1", Some(b"0;1;a2"), 20, limits(100, 1)).unwrap();
+        let next = page(&t, b"?1", Some(b"0;1;a2"), 20, limits(100, 1)).expect("ok");
         assert_eq!(next, b"*1\r\n*1\r\n$2\r\nb1\r\n");
     }
 
@@ -231,18 +209,18 @@ mod tests {
         assert_eq!(parse_token(b"1;2;"), Some(&b""[..]));
         assert_eq!(parse_token(b"1;2;a;b"), Some(&b"a;b"[..]));
         for bad in [&b"***"[..], b"a**", b"[ab"] {
-            let e = page(&t, bad, None, 0, ScanPage::default()).unwrap_err();
+            let e = page(&t, bad, None, 0, ScanPage::default()).expect_err("an error");
             assert!(e.starts_with("the pattern is not valid: "), "{e}");
         }
         assert_eq!(
-            page(&t, b"\xff*", None, 0, ScanPage::default()).unwrap(),
+            page(&t, b"\xff*", None, 0, ScanPage::default()).expect("ok"),
             b"*1\r\n*0\r\n"
         );
     }
 
     #[test]
     fn glob_rules_of_the_real_store() {
-        let g = |p: &str| Glob::new(p).unwrap();
+        let g = |p: &str| Glob::new(p).expect("ok");
         assert!(g("a*").matches(b"a/b/.c"));
         assert!(g("?b").matches(b"/b"));
         assert!(g("[!x]y").matches(b"zy") && !g("[!x]y").matches(b"xy"));
@@ -263,7 +241,7 @@ mod tests {
         let mut token: Option<Vec<u8>> = None;
         let mut pages = 0;
         loop {
-            let p = page(&t, b"nomatch*", token.as_deref(), 0, ScanPage::default()).unwrap();
+            let p = page(&t, b"nomatch*", token.as_deref(), 0, ScanPage::default()).expect("ok");
             pages += 1;
             if p == b"*1\r\n*0\r\n" {
                 break;

@@ -177,6 +177,26 @@ pub enum Persist {
     Custom,
 }
 
+/// What a store holds and has done (WIT `store-stats`): sizes now, counts
+/// since it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Keys held (expired ones not yet removed included).
+    pub keys: u64,
+    /// Bytes of their keys and values.
+    pub bytes: u64,
+    /// KEYNOTIFY registrations.
+    pub registrations: u64,
+    /// Replies the dedup cache holds.
+    pub dedup_entries: u64,
+    /// Their bytes.
+    pub dedup_bytes: u64,
+    /// Requests answered from the dedup cache.
+    pub dedup_hits: u64,
+    /// Keys removed because they expired.
+    pub expired: u64,
+}
+
 /// Which keys persist under [`Persist::Custom`] (WIT `key-match`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyMatch {
@@ -281,7 +301,7 @@ impl Config {
         }
         for m in &self.persist_keys {
             if let KeyMatch::Pattern(p) = m {
-                crate::scan::Glob::new(p).map_err(|e| {
+                crate::pattern::Glob::new(p).map_err(|e| {
                     Error::InvalidConfig(format!("persist-keys pattern {p:?}: {e}"))
                 })?;
             }

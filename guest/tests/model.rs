@@ -116,13 +116,13 @@ fn parse_page(payload: &[u8]) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
                 .windows(2)
                 .position(|w| w == b"\r\n")
                 .expect("crlf");
-        let s = String::from_utf8(buf[*at..end].to_vec()).unwrap();
+        let s = String::from_utf8(buf[*at..end].to_vec()).expect("ok");
         *at = end + 2;
         s
     }
     fn bulk(buf: &[u8], at: &mut usize) -> Vec<u8> {
         let head = line(buf, at);
-        let n: usize = head.strip_prefix('$').expect("bulk").parse().unwrap();
+        let n: usize = head.strip_prefix('$').expect("bulk").parse().expect("ok");
         let v = buf[*at..*at + n].to_vec();
         assert_eq!(&buf[*at + n..*at + n + 2], b"\r\n");
         *at += n + 2;
@@ -132,9 +132,9 @@ fn parse_page(payload: &[u8]) -> (Vec<Vec<u8>>, Option<Vec<u8>>) {
     let parts = line(payload, &mut at);
     let k: usize = line(payload, &mut at)
         .strip_prefix('*')
-        .unwrap()
+        .expect("ok")
         .parse()
-        .unwrap();
+        .expect("ok");
     let keys = (0..k).map(|_| bulk(payload, &mut at)).collect();
     let token = match parts.as_str() {
         "*1" => None,

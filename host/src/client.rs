@@ -1,4 +1,4 @@
-//! `statestore get | set | del | vdel | watch | lock`: a command-line client
+//! `statestore get | set | del | vdel | keys | watch | lock`: a command-line client
 //! that speaks the protocol as the Azure IoT Operations SDKs do (the same
 //! request topic, response topic, properties, `__ts` and timeouts), for
 //! people and scripts.
@@ -366,6 +366,93 @@ pub struct SetOptions {
     pub fencing_token: Option<String>,
     /// `aio-persistence: true`.
     pub persist: bool,
+}
+
+/// One page of a SCAN: its keys, and the token of the next page if any.
+pub type ScanPage = (Vec<Vec<u8>>, Option<Vec<u8>>);
+
+/// A SCAN reply: the page's keys, and the token of the next page if any
+/// (spec §12: `*1\r\n*<k>\r\n<keys>` or `*2\r\n*<k>\r\n<keys><token>`),
+/// refused as the SDK refuses it when it is anything else.
+pub fn parse_scan_page(payload: &[u8]) -> Result<ScanPage> {
+    fn line<'a>(p: &'a [u8], at: &mut usize, lead: u8) -> Result<&'a str> {
+        let rest = p.get(*at..).unwrap_or_default();
+        let end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| anyhow!("a SCAN reply cut short"))?;
+        if rest.first() != Some(&lead) {
+            bail!(
+                "a SCAN reply with {:?} where {:?} belongs",
+                rest.first().map(|&b| b as char),
+                lead as char
+            );
+        }
+        *at += end + 2;
+        std::str::from_utf8(&rest[1..end]).context("a SCAN reply's length")
+    }
+    fn bulk(p: &[u8], at: &mut usize) -> Result<Vec<u8>> {
+        let n: usize = line(p, at, b'$')?.parse().context("a bulk string length")?;
+        let v = p
+            .get(*at..*at + n)
+            .ok_or_else(|| anyhow!("a SCAN reply cut short"))?
+            .to_vec();
+        if p.get(*at + n..*at + n + 2) != Some(b"\r\n") {
+            bail!("a bulk string of the wrong length");
+        }
+        *at += n + 2;
+        Ok(v)
+    }
+    let mut at = 0;
+    let parts = line(payload, &mut at, b'*')?;
+    let count: usize = line(payload, &mut at, b'*')?
+        .parse()
+        .context("a key count")?;
+    let keys = (0..count)
+        .map(|_| bulk(payload, &mut at))
+        .collect::<Result<Vec<_>>>()?;
+    let token = match parts {
+        "1" => None,
+        "2" => Some(bulk(payload, &mut at)?),
+        other => bail!("a SCAN reply of {other} elements"),
+    };
+    if at != payload.len() {
+        bail!("bytes after a SCAN reply");
+    }
+    Ok((keys, token))
+}
+
+/// `keys`: every key that matches `pattern`, one per line, every page.
+pub async fn keys(
+    c: &mut Client,
+    pattern: &[u8],
+    enc: Encoding,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    let mut token: Option<Vec<u8>> = None;
+    let mut listed = 0usize;
+    loop {
+        let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
+        if let Some(t) = &token {
+            parts.push(t);
+        }
+        let reply = c.request(&parts, &[]).await?;
+        if reply.status != "200" || reply.payload.first() == Some(&b'-') {
+            check(&reply)?;
+        }
+        let (keys, next) = parse_scan_page(&reply.payload)?;
+        for k in keys {
+            out.write_all(&enc.encode(&k))?;
+            out.write_all(b"\n")?;
+            listed += 1;
+        }
+        out.flush()?;
+        match next {
+            Some(t) if t.is_empty() => bail!("the state store sent an empty SCAN token"),
+            Some(t) => token = Some(t),
+            None => return Ok(if listed == 0 { NOT_APPLIED } else { OK }),
+        }
+    }
 }
 
 /// `get`: the value, alone, on `out`.

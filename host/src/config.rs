@@ -651,6 +651,42 @@ mod tests {
     }
 
     #[test]
+    fn persist_custom_and_scan_pages() {
+        let specs = parse_ok(
+            "[defaults]\ndata_root = \"d\"\nscan_page_keys = 50\n\n\
+             [[tenant]]\nname = \"a\"\ndefault = true\npersist = \"custom\"\n\
+             persist_keys = [\"sensors/*\", \"string:config\", \"binary:AP8=\"]\nscan_page_kib = 4\n",
+        );
+        let store = &specs[0].store;
+        assert_eq!(store.persist, Persist::Custom);
+        assert_eq!(
+            store.persist_keys,
+            vec![
+                crate::KeyMatch::Pattern("sensors/*".into()),
+                crate::KeyMatch::Exact(b"config".to_vec()),
+                crate::KeyMatch::Exact(vec![0, 0xff]),
+            ]
+        );
+        assert_eq!(
+            store.scan_page,
+            crate::ScanPage {
+                max_keys: 50,
+                max_bytes: 4096
+            }
+        );
+        let e = parse_err(
+            "[[tenant]]\nname = \"a\"\ndefault = true\ndata_dir = \"d\"\npersist_keys = [\"x*\"]\n",
+        );
+        assert!(e.contains("persist_keys needs persist = \"custom\""), "{e}");
+        let e = parse_err(
+            "[[tenant]]\nname = \"a\"\ndefault = true\ndata_dir = \"d\"\npersist = \"custom\"\npersist_keys = [\"[x\"]\n",
+        );
+        assert!(e.contains("persist key pattern \"[x\""), "{e}");
+        let e = parse_err("[[tenant]]\nname = \"a\"\ndefault = true\nscan_page_keys = 0\n");
+        assert!(e.contains("at least 1"), "{e}");
+    }
+
+    #[test]
     fn client_id_prefixes_match() {
         let m = Matcher {
             client_id_prefixes: vec!["fa-".into()],

@@ -36,7 +36,7 @@ pub mod wasm;
 pub use statestore_guest::SnapshotScope;
 pub use statestore_guest::types::{
     Config, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,
-    ScanPage,
+    ScanPage, Stats,
 };
 pub use wasm::{
     EngineOptions, IncompatibleComponent, OwnedFormats, PoolOptions, Runtime, StoreLimits,

@@ -63,6 +63,10 @@ enum Command {
     Del(DelArgs),
     /// Delete a key only if it holds VALUE. Exit 0, or 1 if not.
     Vdel(VdelArgs),
+    /// List the keys that match a glob PATTERN (SCAN; `*`, `?`, `[a-z]`,
+    /// `[!a]`), one per line, in key order. Exit 0, or 1 if none match.
+    /// Keys that are not UTF-8 are never listed.
+    Keys(KeysArgs),
     /// Print one line per change of the keys (`KEY SET VALUE VERSION` or
     /// `KEY DELETE VERSION`) until Ctrl-C (or --count lines).
     Watch(WatchArgs),
@@ -114,6 +118,15 @@ struct ClientArgs {
 }
 
 #[derive(clap::Args)]
+struct KeysArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The glob pattern the whole key must match.
+    #[arg(default_value = "*")]
+    pattern: String,
+}
+
+#[derive(clap::Args)]
 struct GetArgs {
     #[command(flatten)]
     client: ClientArgs,
@@ -141,7 +154,8 @@ struct SetArgs {
     /// A fencing token (a lease's version, `WALL:COUNTER:NODE`).
     #[arg(long)]
     fencing_token: Option<String>,
-    /// Keep the key across a restart under `--persist flagged`.
+    /// Keep the key across a restart under `--persist flagged` or `custom`
+    /// (`aio-persistence: true`).
     #[arg(long)]
     persist: bool,
 }
@@ -539,6 +553,7 @@ fn main() -> ExitCode {
         | Command::Set(_)
         | Command::Del(_)
         | Command::Vdel(_)
+        | Command::Keys(_)
         | Command::Watch(_)
         | Command::Lock(_)) => return client(run_client, c),
         Command::Config(ConfigCommand::Check { file }) => {
@@ -778,6 +793,7 @@ fn run_client(command: Command) -> Result<u8> {
         Command::Set(a) => &a.client,
         Command::Del(a) => &a.client,
         Command::Vdel(a) => &a.client,
+        Command::Keys(a) => &a.client,
         Command::Watch(a) => &a.client,
         Command::Lock(a) => &a.client,
         _ => anyhow::bail!("not a client command"),
@@ -824,6 +840,8 @@ fn run_client(command: Command) -> Result<u8> {
                 let value = value_arg(Some(&a.value), enc).context("the value")?;
                 client::del(&mut c, &key(&a.key)?, Some(&value), None).await?
             }
+            // The pattern is text: --hex / --base64 apply to the keys listed.
+            Command::Keys(a) => client::keys(&mut c, a.pattern.as_bytes(), enc, &mut out).await?,
             Command::Watch(a) => {
                 let keys = a.keys.iter().map(|k| key(k)).collect::<Result<Vec<_>>>()?;
                 tokio::select! {

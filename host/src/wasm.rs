@@ -438,6 +438,24 @@ impl WasmStore {
         self.store.data().memory_bytes
     }
 
+    /// The store's sizes and counts (for metrics).
+    pub fn stats(&mut self) -> Result<crate::Stats, GuestError> {
+        self.arm(false);
+        let api = self.guest.statestore_core_store().store();
+        let s = api
+            .call_stats(&mut self.store, self.handle)
+            .map_err(failed)?;
+        Ok(crate::Stats {
+            keys: s.keys,
+            bytes: s.bytes,
+            registrations: s.registrations,
+            dedup_entries: s.dedup_entries,
+            dedup_bytes: s.dedup_bytes,
+            dedup_hits: s.dedup_hits,
+            expired: s.expired,
+        })
+    }
+
     /// The memory cap, if the instance ever asked for more than it: what
     /// made it fail, when it failed.
     pub fn memory_refused(&self) -> Option<usize> {

@@ -1,4 +1,4 @@
-//! The client commands (`get`, `set`, `del`, `vdel`, `watch`, `lock`)
+//! The client commands (`get`, `set`, `del`, `vdel`, `keys`, `watch`, `lock`)
 //! through the real binary, against both modes: the embedded broker, and
 //! `serve --broker` on a real mosquitto. Output, exit codes (0 done, 1 not
 //! found or not applied, 2 error), binary keys and values, stdin and @file.
@@ -181,11 +181,35 @@ fn watch_and_lock(store: &Store) {
     assert_eq!(code(&o), 1, "{o:?}");
 }
 
+/// `keys`: SCAN, every page, one key per line; 1 when nothing matches.
+fn keys(store: &Store) {
+    for k in ["ls/b", "ls/a", "ls/c/d", "other"] {
+        assert_eq!(code(&store.run(&["set", k, "v"])), 0);
+    }
+    assert_eq!(code(&store.run(&["set", "--hex", "6c732fff", "00"])), 0);
+    let o = store.run(&["keys", "ls/*"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(
+        o.stdout, b"ls/a\nls/b\nls/c/d\n",
+        "key order; not UTF-8 is not listed"
+    );
+    let o = store.run(&["keys", "--hex", "ls/?"]);
+    assert_eq!(o.stdout, b"6c732f61\n6c732f62\n");
+    assert_eq!(code(&store.run(&["keys", "nothing*"])), 1);
+    let o = store.run(&["keys", "ls/[a"]);
+    assert_eq!(code(&o), 2, "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("the pattern is not valid"),
+        "{o:?}"
+    );
+}
+
 #[test]
 fn client_commands_against_the_embedded_broker() {
     let store = embedded();
     scenario(&store);
     watch_and_lock(&store);
+    keys(&store);
 }
 
 #[test]
@@ -193,6 +217,80 @@ fn client_commands_through_mosquitto() {
     let store = external();
     scenario(&store);
     watch_and_lock(&store);
+    keys(&store);
+}
+
+/// `--persist custom`: keys that match `--persist-keys` (a pattern, a
+/// string, a base64 binary key) or are set with `--persist` survive a
+/// restart; the others do not. And `keys` pages through more keys than a
+/// page holds.
+#[test]
+fn persist_custom_keeps_the_matching_keys_across_a_restart() {
+    let dir = std::env::temp_dir().join(format!("statestore-custom-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let start = || {
+        let port = free_port();
+        let mut c = bin();
+        c.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(&dir)
+            .args([
+                "--persist",
+                "custom",
+                "--persist-keys",
+                "keep/*",
+                "--persist-keys",
+                "string:config",
+                "--persist-keys",
+                "binary:AP8=",
+                "--scan-page-keys",
+                "7",
+            ]);
+        Store {
+            _server: Server::spawn(c),
+            _mosquitto: None,
+            url: format!("mqtt://127.0.0.1:{port}"),
+        }
+    };
+    let store = start();
+    for k in ["keep/1", "keep/2", "config", "configx", "drop/1"] {
+        assert_eq!(code(&store.run(&["set", k, "v"])), 0);
+    }
+    assert_eq!(code(&store.run(&["set", "--hex", "00ff", "00"])), 0);
+    assert_eq!(code(&store.run(&["set", "flagged", "v", "--persist"])), 0);
+    for i in 0..30 {
+        assert_eq!(
+            code(&store.run(&["set", &format!("keep/many/{i:02}"), "v"])),
+            0
+        );
+    }
+    drop(store); // SIGKILL: only what the journal holds comes back
+    let store = start();
+    for (k, want) in [
+        ("keep/1", 0),
+        ("keep/2", 0),
+        ("config", 0),
+        ("flagged", 0),
+        ("configx", 1),
+        ("drop/1", 1),
+    ] {
+        assert_eq!(code(&store.run(&["get", k])), want, "{k}");
+    }
+    assert_eq!(code(&store.run(&["get", "--hex", "00ff"])), 0);
+    let o = store.run(&["keys", "keep/many/*"]);
+    let listed = String::from_utf8(o.stdout).expect("utf-8");
+    let want: String = (0..30).map(|i| format!("keep/many/{i:02}\n")).collect();
+    assert_eq!(listed, want, "30 keys over pages of 7");
+    let o = bin()
+        .args(["serve", "--persist-keys", "x*"])
+        .output()
+        .expect("runs");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--persist custom"),
+        "{o:?}"
+    );
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -34,7 +34,7 @@ use crate::rpc::{self, Reply, RequestProps, Status, TopicCheck, prop};
 use crate::scan::{self, KeySet};
 use crate::table::{Change, Request, Table};
 use crate::types::{
-    Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Str,
+    Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Stats, Str,
 };
 use crate::wire::{self, InputRef, MessageRef, NotificationParts, OutputWriter, ReplyTo};
 
@@ -65,6 +65,9 @@ pub struct StateMachine {
     server_id: Option<Str>,
     /// `config.persist_keys`, compiled.
     persist_keys: KeySet,
+    /// Requests answered from the dedup cache, keys expired.
+    dedup_hits: u64,
+    expired: u64,
 }
 
 impl StateMachine {
@@ -103,6 +106,8 @@ impl StateMachine {
         StateMachine {
             server_id: config.server_client_id.as_deref().map(Str::from),
             persist_keys: KeySet::new(&config.persist_keys),
+            dedup_hits: 0,
+            expired: 0,
             config,
             clock,
             table,
@@ -210,6 +215,20 @@ impl StateMachine {
         self.table.len()
     }
 
+    /// Sizes and counts, for metrics.
+    pub fn stats(&self) -> Stats {
+        let n = |v: usize| u64::try_from(v).unwrap_or(u64::MAX);
+        Stats {
+            keys: n(self.table.len()),
+            bytes: self.table.bytes(),
+            registrations: n(self.registry.len()),
+            dedup_entries: n(self.dedup.len()),
+            dedup_bytes: n(self.dedup.bytes()),
+            dedup_hits: self.dedup_hits,
+            expired: self.expired,
+        }
+    }
+
     /// The next outputs belong to a new input, handled at `now`: keys due
     /// by then expire first, as many as the call's budget allows (a key
     /// left due is dead to every command, and one a command touches is
@@ -229,6 +248,7 @@ impl StateMachine {
     /// A key whose deadline passed is gone: its journal record and DELETE
     /// notifications.
     fn expired(&mut self, key: &[u8], persist: bool, now: u64) {
+        self.expired += 1;
         // An expiry is a deletion: it gets its own HLC. On counter
         // overflow reuse L rather than fail a timer.
         let version = self
@@ -361,6 +381,7 @@ impl StateMachine {
         };
         let expiry = Some(rpc::remaining_secs(deadline, now));
         if let Some(reply) = cached {
+            self.dedup_hits += 1;
             self.reply(response_topic, Some(correlation), expiry, &reply);
             return;
         }
