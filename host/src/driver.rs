@@ -120,6 +120,7 @@ pub async fn drive<T: Transport>(
         Ended::Shutdown => Ok(()),
         Ended::Transport(e) => Err(e),
         Ended::Tenant(e) => {
+            tenant.stopped();
             tracing::error!(tenant = tenant.name(), error = %format!("{e:#}"), "the tenant stopped: its clients get 503 replies until the server restarts");
             match unavailable(tenant, transport, &mut shutdown).await {
                 Ok(()) => Err(e),
@@ -173,6 +174,10 @@ async fn serve<T: Transport>(
     let mut armed: Option<u64> = None;
     let mut deadline = tenant_op!(tenant.next_deadline());
     let mut control_open = true;
+    // The metrics' gauges are read from the guest now and then, traffic or not.
+    let mut refresh = tokio::time::interval(crate::metrics::REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let keeps_metrics = tenant.metrics().is_some();
     loop {
         if deadline != armed {
             armed = deadline;
@@ -203,13 +208,22 @@ async fn serve<T: Transport>(
                 };
                 let Some(input) = transport_op!(transport.on_event(event).await) else { continue };
                 let now = tenant.now_ms();
+                let mut taken = None;
                 let outputs = match input {
                     Input::Messages(messages) => {
+                        taken = Some((std::time::Instant::now(), messages.len()));
+                        if let Some(m) = tenant.metrics() {
+                            m.requests(messages.iter().map(|m| m.payload.as_slice()));
+                        }
                         let outputs = match tenant.handle(&messages, now) {
                             Ok(outputs) => outputs,
                             Err(e) => {
                                 // These requests get their 503 too.
-                                transport_op!(transport.emit(unavailable_replies(tenant, &messages, now)).await);
+                                let replies = unavailable_replies(tenant, &messages, now);
+                                if let Some(m) = tenant.metrics() {
+                                    m.published(&replies);
+                                }
+                                transport_op!(transport.emit(replies).await);
                                 transport_op!(transport.settle().await);
                                 return Ended::Tenant(e);
                             }
@@ -222,8 +236,15 @@ async fn serve<T: Transport>(
                         tenant_op!(tenant.client_gone(&id, now))
                     }
                 };
+                if let Some(m) = tenant.metrics() {
+                    m.published(&outputs);
+                }
                 transport_op!(transport.emit(outputs).await);
                 transport_op!(transport.settle().await);
+                if let (Some(m), Some((since, count))) = (tenant.metrics(), taken) {
+                    m.answered(since, count);
+                }
+                tenant.refresh_metrics(false);
                 deadline = tenant_op!(tenant.next_deadline());
             }
             // Requests come first (the select is biased): a mass expiry in
@@ -235,6 +256,9 @@ async fn serve<T: Transport>(
                     continue;
                 }
                 let outputs = tenant_op!(tenant.timeout(now));
+                if let Some(m) = tenant.metrics() {
+                    m.published(&outputs);
+                }
                 transport_op!(transport.emit(outputs).await);
                 deadline = tenant_op!(tenant.next_deadline());
                 if deadline.is_some_and(|at| at <= now) && !tenant.more_due() {
@@ -244,6 +268,7 @@ async fn serve<T: Transport>(
                     deadline = Some(now + 1000);
                 }
             }
+            _ = refresh.tick(), if keeps_metrics => tenant.refresh_metrics(false),
         }
     }
 }
@@ -282,6 +307,10 @@ async fn unavailable<T: Transport>(
                 let Some(event) = event else { return Ok(()) };
                 if let Some(Input::Messages(messages)) = transport.on_event(event).await? {
                     let replies = unavailable_replies(tenant, &messages, tenant.now_ms());
+                    if let Some(m) = tenant.metrics() {
+                        m.requests(messages.iter().map(|m| m.payload.as_slice()));
+                        m.published(&replies);
+                    }
                     transport.emit(replies).await?;
                 }
                 transport.settle().await?;

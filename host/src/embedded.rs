@@ -156,6 +156,8 @@ struct Router {
     /// Client ids held by an authenticated user, and the connection
     /// holding each: nobody else may take them.
     owners: std::sync::Mutex<HashMap<String, (String, Option<SocketAddr>)>>,
+    /// The connection count for `--metrics`.
+    connections: Option<prometheus::IntGauge>,
 }
 
 /// How long a failed authentication waits before its refusal.
@@ -188,6 +190,9 @@ impl Router {
     /// A connection from `addr` opened (+1) or closed (-1).
     fn count_connection(&self, addr: Option<SocketAddr>, opened: bool) {
         let Some(addr) = addr else { return };
+        if let Some(g) = &self.connections {
+            if opened { g.inc() } else { g.dec() }
+        }
         let mut counts = self.per_address.lock().unwrap_or_else(|e| e.into_inner());
         let n = counts.entry(addr.ip()).or_insert(0);
         if opened {
@@ -485,7 +490,8 @@ impl EmbeddedServer {
         tenants: Vec<(Tenant, Route)>,
     ) -> Result<EmbeddedServer> {
         let limits = BrokerLimits::default();
-        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, &limits, None).await
+        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, &limits, None, None)
+            .await
     }
 
     /// Starts the broker on `listen` serving `tenants`, each with the route
@@ -498,6 +504,7 @@ impl EmbeddedServer {
         tenants: Vec<(Tenant, Route)>,
         limits: &BrokerLimits,
         users: Option<crate::users::Users>,
+        connections: Option<prometheus::IntGauge>,
     ) -> Result<EmbeddedServer> {
         let scx = ServerContext::new().busy_check_enable(false).build().await;
         let (strangers_tx, strangers) = mpsc::unbounded_channel();
@@ -536,6 +543,7 @@ impl EmbeddedServer {
             max_per_address: limits.max_connections_per_address,
             users,
             owners: std::sync::Mutex::new(HashMap::new()),
+            connections,
         });
         let register = scx.extends.hook_mgr().register();
         for t in [

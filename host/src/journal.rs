@@ -241,6 +241,8 @@ pub struct Journal {
     snapshots_failed: u64,
     /// Whether the last append failed.
     append_failed: bool,
+    /// Where appends, fsyncs and snapshots are counted (`--metrics`).
+    metrics: Option<crate::metrics::JournalMetrics>,
 }
 
 /// The first wait after a failed snapshot, by default.
@@ -486,6 +488,7 @@ impl Journal {
             pending_snapshot: None,
             broken: false,
             on_damage,
+            metrics: None,
         };
         // Start from a fresh snapshot when there is room for one, so that
         // old files can go; on a full disk carry on with the old ones.
@@ -531,6 +534,11 @@ impl Journal {
         let written = self.append_records(records);
         self.append_failed = written.is_err();
         written
+    }
+
+    /// Counts appends, fsyncs and snapshots in `metrics` from now on.
+    pub fn set_metrics(&mut self, metrics: crate::metrics::JournalMetrics) {
+        self.metrics = Some(metrics);
     }
 
     /// Whether the last [`Journal::append`] failed (the disk is full or
@@ -582,8 +590,16 @@ impl Journal {
         let Some(file) = self.file.as_mut() else {
             return Err(io::Error::other("no log segment"));
         };
+        let fsync_time = self.metrics.as_ref().map(|m| m.fsync.clone());
         let written = file.append(&buf).and_then(|()| match self.fsync {
-            Fsync::Always => file.sync(),
+            Fsync::Always => {
+                let start = Instant::now();
+                let synced = file.sync();
+                if let Some(h) = &fsync_time {
+                    h.observe(start.elapsed().as_secs_f64());
+                }
+                synced
+            }
             Fsync::Everysec => {
                 self.dirty.store(true, Ordering::Release);
                 Ok(())
@@ -605,6 +621,10 @@ impl Journal {
         }
         self.len += buf.len() as u64;
         self.logged_since_snapshot += buf.len() as u64;
+        if let Some(m) = &self.metrics {
+            m.records.inc_by(records.len() as u64);
+            m.bytes.inc_by(buf.len() as u64);
+        }
         Ok(())
     }
 
@@ -626,6 +646,13 @@ impl Journal {
     /// Takes a snapshot of `store` now, starts a new log segment, and writes
     /// the snapshot file in the background.
     pub fn snapshot(&mut self, store: &mut WasmStore) -> Result<(), JournalError> {
+        let start = Instant::now();
+        let timer = self.metrics.as_ref().map(|m| m.snapshot.clone());
+        let observe = move |ok: bool| {
+            if let (true, Some(h)) = (ok, &timer) {
+                h.observe(start.elapsed().as_secs_f64());
+            }
+        };
         let bytes = self.take_snapshot(store)?;
         let seq = self.switch_segment()?;
         let storage = self.storage.clone();
@@ -633,6 +660,7 @@ impl Journal {
             // In memory: now, and the older snapshot and log go now too.
             match storage.write_atomic(&snapshot_name(seq), &bytes) {
                 Ok(()) => {
+                    observe(true);
                     self.snapshot_backoff = None;
                     self.cleanup(seq);
                 }
@@ -643,7 +671,11 @@ impl Journal {
             }
             return Ok(());
         }
-        let handle = std::thread::spawn(move || storage.write_atomic(&snapshot_name(seq), &bytes));
+        let handle = std::thread::spawn(move || {
+            let written = storage.write_atomic(&snapshot_name(seq), &bytes);
+            observe(written.is_ok());
+            written
+        });
         self.pending_snapshot = Some((seq, handle));
         Ok(())
     }

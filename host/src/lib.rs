@@ -25,6 +25,7 @@ pub mod driver;
 pub mod embedded;
 pub mod isolation;
 pub mod journal;
+pub mod metrics;
 pub mod mqtt;
 pub mod serve;
 pub mod storage;

@@ -383,6 +383,13 @@ struct ServeArgs {
     #[arg(long, value_name = "KEY", value_parser = parse_key_match_arg)]
     persist_keys: Vec<KeyMatch>,
 
+    /// Serve Prometheus metrics on `http://ADDR/metrics`, with `/healthz`
+    /// (200 while every tenant serves) and `/readyz` (200 once recovery is
+    /// done and the broker listener is up, or the broker subscription is
+    /// made). Off by default; e.g. `127.0.0.1:9464`.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+
     /// Most keys in one SCAN page.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     scan_page_keys: u32,
@@ -1019,6 +1026,20 @@ fn serve(args: ServeArgs) -> Result<()> {
         );
     }
     let specs = tenant_specs(&args, password.clone())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // Metrics first, so that /readyz says "starting" during recovery.
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let metrics = statestore::metrics::Metrics::new()?;
+            let at = rt.block_on(metrics.serve(addr))?;
+            tracing::info!(metrics = %format!("http://{at}/metrics"), "metrics listening");
+            Some(metrics)
+        }
+        None => None,
+    };
     let max_memory = specs
         .iter()
         .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
@@ -1033,7 +1054,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         let runtime = fleet
             .runtime_from_bytes(&wasm, spec.limits)
             .with_context(|| format!("cannot load {}", spec.component))?;
-        let tenant = Tenant::open(&spec.name, runtime, &spec.store)?;
+        let mut tenant = Tenant::open(&spec.name, runtime, &spec.store)?;
+        if let Some(m) = &metrics {
+            tenant.set_metrics(m.tenant(&spec.name));
+        }
         tenants.push((spec.clone(), component_hash(&wasm), tenant));
     }
     if specs.len() > 1 {
@@ -1043,10 +1067,6 @@ fn serve(args: ServeArgs) -> Result<()> {
             "tenants started"
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let Some(default_broker) = args.broker.clone() else {
         return rt.block_on(async move {
             let mut with_routes = Vec::new();
@@ -1069,8 +1089,12 @@ fn serve(args: ServeArgs) -> Result<()> {
                 with_routes,
                 &broker_limits(&args),
                 users,
+                metrics.as_ref().map(|m| m.connections().clone()),
             )
             .await?;
+            if let Some(m) = &metrics {
+                m.set_ready();
+            }
             let running = running
                 .into_iter()
                 .zip(server.tenants())
@@ -1114,6 +1138,9 @@ fn serve(args: ServeArgs) -> Result<()> {
                 component,
             });
             servers.push(server);
+        }
+        if let Some(m) = &metrics {
+            m.set_ready();
         }
         spawn_reloader(args, password, fleet, running)?;
         let runs: Vec<_> = servers

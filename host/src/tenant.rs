@@ -26,6 +26,8 @@ use anyhow::{Context, Result};
 use statestore_guest::types::Quota;
 use statestore_guest::{HostReply, StateMachine};
 use tracing::{error, info};
+
+use crate::metrics::TenantMetrics;
 use wasmtime::Engine;
 
 use crate::journal::Journal;
@@ -139,6 +141,7 @@ pub struct Tenant {
     faults: u64,
     clock: std::sync::Arc<dyn crate::clock::Clock>,
     more_due: bool,
+    metrics: Option<TenantMetrics>,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -166,7 +169,43 @@ impl Tenant {
             faults: 0,
             clock: opts.clock.clone(),
             more_due: false,
+            metrics: None,
         })
+    }
+
+    /// Keeps the tenant's metrics in `metrics` from now on (and its
+    /// journal's).
+    pub fn set_metrics(&mut self, metrics: TenantMetrics) {
+        if let Some(journal) = &mut self.journal {
+            journal.set_metrics(metrics.journal());
+        }
+        self.metrics = Some(metrics);
+        self.refresh_metrics(true);
+    }
+
+    /// Its metrics, if it keeps any.
+    pub fn metrics(&self) -> Option<&TenantMetrics> {
+        self.metrics.as_ref()
+    }
+
+    /// Reads the guest's sizes and counters into the metrics, if `force`
+    /// or they are [`crate::metrics::REFRESH`] old (a failure to read them
+    /// is left for the next request to find).
+    pub fn refresh_metrics(&mut self, force: bool) {
+        let Some(m) = &mut self.metrics else { return };
+        if !force && !m.refresh_due() {
+            return;
+        }
+        if let Ok(stats) = self.store.stats() {
+            m.refresh(&stats, self.store.calls(), self.store.memory_bytes());
+        }
+    }
+
+    /// The tenant stopped for good (its clients get 503).
+    pub fn stopped(&self) {
+        if let Some(m) = &self.metrics {
+            m.stopped();
+        }
     }
 
     /// Now, by the clock the tenant is driven by (ms since the Unix epoch).
@@ -330,6 +369,10 @@ impl Tenant {
         if let Some(journal) = &mut self.journal {
             journal.set_runtime(runtime.clone(), config.clone());
         }
+        self.refresh_metrics(true);
+        if let Some(m) = &mut self.metrics {
+            m.replaced();
+        }
         self.store = store;
         self.runtime = runtime;
         self.config = config;
@@ -347,6 +390,9 @@ impl Tenant {
     /// Returns what went wrong, in a few words.
     fn restart(&mut self, cause: &GuestError) -> Result<String> {
         self.faults += 1;
+        if let Some(m) = &mut self.metrics {
+            m.restarted(cause_kind(self.store.memory_refused().is_some(), cause));
+        }
         let cause = match self.store.memory_refused() {
             Some(cap) => format!("it reached its memory cap of {} MiB", cap >> 20),
             None => describe(cause),
@@ -383,6 +429,23 @@ impl Tenant {
             })
             .map(Output::Publish)
             .collect()
+    }
+}
+
+/// The cause label of a guest restart: memory (it reached its cap),
+/// deadline (its CPU deadline), trap (a panic or another trap), other.
+pub fn cause_kind(memory_refused: bool, e: &GuestError) -> &'static str {
+    if memory_refused {
+        return "memory";
+    }
+    let GuestError::Failed(e) = e else {
+        return "other";
+    };
+    match e.chain().find_map(|c| c.downcast_ref::<wasmtime::Trap>()) {
+        Some(wasmtime::Trap::Interrupt) => "deadline",
+        Some(_) => "trap",
+        None if e.root_cause().to_string().starts_with("unknown import") => "trap",
+        None => "other",
     }
 }
 

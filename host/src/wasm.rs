@@ -284,6 +284,7 @@ impl Runtime {
             epoch: self.epoch,
             call_ticks: ticks(self.limits.call_ms.map_or(BULK_CALL, Duration::from_millis)),
             bulk_ticks: ticks(BULK_CALL),
+            calls: 0,
         }
     }
 
@@ -420,6 +421,8 @@ pub struct WasmStore {
     call_ticks: u64,
     /// Epoch ticks a snapshot, restore or replay may take.
     bulk_ticks: u64,
+    /// Calls made into the instance.
+    calls: u64,
 }
 
 impl WasmStore {
@@ -436,6 +439,11 @@ impl WasmStore {
     /// high-water mark of the guest's heap, rounded up to 64 KiB pages).
     pub fn memory_bytes(&self) -> usize {
         self.store.data().memory_bytes
+    }
+
+    /// Calls made into this instance so far.
+    pub fn calls(&self) -> u64 {
+        self.calls
     }
 
     /// The store's sizes and counts (for metrics).
@@ -532,6 +540,7 @@ impl WasmStore {
 
     /// Arms the deadline of the next call: a request's, or a bulk one's.
     fn arm(&mut self, bulk: bool) {
+        self.calls += 1;
         if self.epoch {
             let ticks = if bulk {
                 self.bulk_ticks

@@ -521,12 +521,17 @@ async fn the_example_systemd_unit_serves() {
         .expect("an ExecStart line");
     let dir = std::env::temp_dir().join(format!("statestore-unit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let port = free_port();
+    let (port, metrics) = (free_port(), free_port());
     let bin = env!("CARGO_BIN_EXE_statestore");
     let line = exec
         .replace("/usr/local/bin/statestore", bin)
         .replace("/var/lib/statestore/data", &dir.display().to_string())
-        .replace("127.0.0.1:1883", &format!("127.0.0.1:{port}"));
+        .replace("127.0.0.1:1883", &format!("127.0.0.1:{port}"))
+        .replace("127.0.0.1:9464", &format!("127.0.0.1:{metrics}"));
+    assert!(
+        line.contains(&format!("--metrics 127.0.0.1:{metrics}")),
+        "{line}"
+    );
     assert_ne!(
         line, exec,
         "the unit names the binary, data directory and address"
@@ -561,7 +566,21 @@ async fn the_example_systemd_unit_serves() {
         .spawn()
         .expect("start the unit's command");
     let log = capture_stderr(&mut child);
-    wait_for(&log, "listening", Duration::from_secs(30));
+    wait_for(
+        &log,
+        "embedded MQTT broker listening",
+        Duration::from_secs(30),
+    );
+    // Its metrics port answers (the metrics test checks what it says).
+    let mut scrape = std::net::TcpStream::connect(("127.0.0.1", metrics)).expect("metrics port");
+    std::io::Write::write_all(
+        &mut scrape,
+        b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .expect("request");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut scrape, &mut answer).expect("response");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let status = set_get_then_sigterm(port, &mut child).await;
     assert!(status.success(), "{}", log.lock().expect("log"));
     assert!(log.lock().expect("log").contains("journal flushed"));

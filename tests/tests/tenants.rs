@@ -311,6 +311,8 @@ fn a_batch_with_a_faulty_request_fails_only_that_request() {
         .runtime_from_bytes(&faulty_wasm(), StoreLimits::default())
         .expect("loads");
     let mut tenant = Tenant::open("t", runtime, &durable(dir.clone())).expect("opens");
+    let metrics = statestore::metrics::Metrics::new().expect("metrics");
+    tenant.set_metrics(metrics.tenant("t"));
     let now = statestore::serve::now_ms();
     let batch = [
         request("c", 1, &[b"SET", b"a", b"1"]),
@@ -341,6 +343,14 @@ fn a_batch_with_a_faulty_request_fails_only_that_request() {
         )
     );
     assert_eq!(tenant.faults(), 2, "the batch, then the request alone");
+    // Both restarts are counted, with their cause (a panic traps).
+    assert!(
+        metrics
+            .render()
+            .contains("statestore_guest_restarts_total{cause=\"trap\",tenant=\"t\"} 2"),
+        "{}",
+        metrics.render()
+    );
     let out = tenant
         .handle(
             &[

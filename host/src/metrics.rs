@@ -1,0 +1,609 @@
+//! Prometheus metrics and health endpoints (`serve --metrics ADDR`).
+//!
+//! ```text
+//!   GET /metrics   Prometheus text exposition (every family below)
+//!   GET /healthz   200 "ok" while every tenant serves; 503 naming a stopped one
+//!   GET /readyz    200 once recovery is done and the listener is up, else 503
+//! ```
+//!
+//! The families follow Prometheus's naming conventions (`_total` counters,
+//! base units: seconds and bytes), each with a `tenant` label (`default`
+//! without `--config`). Counters and histograms move as requests are
+//! handled; the gauges of what a store holds (keys, bytes, registrations,
+//! dedup cache, guest memory) and the guest's own counters (dedup hits,
+//! expirations) are read from the guest (`stats`) at most every
+//! [`REFRESH`], and after every input when that much time has passed.
+//!
+//! The exporter is the `prometheus` crate; the HTTP server is `axum`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::{OutboundMessage, Output, PublishKind, Stats};
+
+/// How stale the gauges read from a guest may get while it is busy.
+pub const REFRESH: Duration = Duration::from_secs(1);
+
+/// The verbs counted by name; anything else is `other`.
+const VERBS: [&str; 7] = ["GET", "SET", "DEL", "VDEL", "KEYNOTIFY", "SCAN", "other"];
+
+/// Request latency buckets, seconds: 50 µs to 2.5 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+/// Disk latency buckets, seconds: 100 µs to 10 s.
+const DISK_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0,
+];
+
+/// Every metric family of a server, in one registry.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    replies: IntCounterVec,
+    latency: HistogramVec,
+    notifications: IntCounterVec,
+    keys: IntGaugeVec,
+    key_bytes: IntGaugeVec,
+    registrations: IntGaugeVec,
+    dedup_entries: IntGaugeVec,
+    dedup_bytes: IntGaugeVec,
+    dedup_hits: IntCounterVec,
+    expirations: IntCounterVec,
+    guest_calls: IntCounterVec,
+    guest_restarts: IntCounterVec,
+    guest_memory: IntGaugeVec,
+    journal_records: IntCounterVec,
+    journal_bytes: IntCounterVec,
+    fsync: HistogramVec,
+    snapshot: HistogramVec,
+    tenant_up: IntGaugeVec,
+    connections: IntGauge,
+    ready: AtomicBool,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn histogram(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> Result<HistogramVec> {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )?;
+    r.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+impl Metrics {
+    /// Every family, registered and empty.
+    pub fn new() -> Result<Arc<Metrics>> {
+        let r = Registry::new();
+        let t = &["tenant"];
+        let connections = IntGauge::new(
+            "statestore_connections",
+            "MQTT client connections to the embedded broker",
+        )?;
+        r.register(Box::new(connections.clone()))?;
+        Ok(Arc::new(Metrics {
+            requests: counter(
+                &r,
+                "statestore_requests_total",
+                "State store requests received, by verb",
+                &["tenant", "verb"],
+            )?,
+            replies: counter(
+                &r,
+                "statestore_replies_total",
+                "Replies sent, by __stat and outcome (ok, or error for a -ERR payload)",
+                &["tenant", "status", "outcome"],
+            )?,
+            latency: histogram(
+                &r,
+                "statestore_request_duration_seconds",
+                "From the store taking a request to its reply being handed to the broker (the guest call and the batch's journal write included)",
+                LATENCY_BUCKETS,
+                t,
+            )?,
+            notifications: counter(
+                &r,
+                "statestore_notifications_total",
+                "KEYNOTIFY notifications sent",
+                t,
+            )?,
+            keys: gauge(&r, "statestore_keys", "Keys held", t)?,
+            key_bytes: gauge(
+                &r,
+                "statestore_key_value_bytes",
+                "Bytes of the keys and values held",
+                t,
+            )?,
+            registrations: gauge(
+                &r,
+                "statestore_keynotify_registrations",
+                "KEYNOTIFY registrations",
+                t,
+            )?,
+            dedup_entries: gauge(
+                &r,
+                "statestore_dedup_entries",
+                "Replies kept for retried requests",
+                t,
+            )?,
+            dedup_bytes: gauge(
+                &r,
+                "statestore_dedup_bytes",
+                "Bytes of the replies kept for retried requests",
+                t,
+            )?,
+            dedup_hits: counter(
+                &r,
+                "statestore_dedup_hits_total",
+                "Retried requests answered from the dedup cache",
+                t,
+            )?,
+            expirations: counter(
+                &r,
+                "statestore_expirations_total",
+                "Keys removed because they expired",
+                t,
+            )?,
+            guest_calls: counter(
+                &r,
+                "statestore_guest_calls_total",
+                "Calls into the WebAssembly guest",
+                t,
+            )?,
+            guest_restarts: counter(
+                &r,
+                "statestore_guest_restarts_total",
+                "Guest instances replaced after a failure, by cause (trap, deadline, memory, other)",
+                &["tenant", "cause"],
+            )?,
+            guest_memory: gauge(
+                &r,
+                "statestore_guest_memory_bytes",
+                "Linear memory of the guest instance",
+                t,
+            )?,
+            journal_records: counter(
+                &r,
+                "statestore_journal_records_total",
+                "Records appended to the journal",
+                t,
+            )?,
+            journal_bytes: counter(
+                &r,
+                "statestore_journal_bytes_total",
+                "Bytes appended to the journal (framing included)",
+                t,
+            )?,
+            fsync: histogram(
+                &r,
+                "statestore_journal_fsync_duration_seconds",
+                "fsync of the journal (under --fsync always: one per batch)",
+                DISK_BUCKETS,
+                t,
+            )?,
+            snapshot: histogram(
+                &r,
+                "statestore_snapshot_duration_seconds",
+                "A snapshot, from taking it in the guest to its file being written",
+                DISK_BUCKETS,
+                t,
+            )?,
+            tenant_up: gauge(
+                &r,
+                "statestore_tenant_up",
+                "1 while the tenant serves, 0 once it has stopped (its clients get 503)",
+                t,
+            )?,
+            connections,
+            ready: AtomicBool::new(false),
+            registry: r,
+        }))
+    }
+
+    /// The handles of one tenant's metrics.
+    pub fn tenant(&self, name: &str) -> TenantMetrics {
+        let one = |v: &IntCounterVec| v.with_label_values(&[name]);
+        let g = |v: &IntGaugeVec| v.with_label_values(&[name]);
+        let requests = VERBS.map(|verb| self.requests.with_label_values(&[name, verb]));
+        self.tenant_up.with_label_values(&[name]).set(1);
+        TenantMetrics {
+            name: name.to_string(),
+            requests,
+            replies: self.replies.clone(),
+            ok: self.replies.with_label_values(&[name, "200", "ok"]),
+            error: self.replies.with_label_values(&[name, "200", "error"]),
+            latency: self.latency.with_label_values(&[name]),
+            notifications: one(&self.notifications),
+            keys: g(&self.keys),
+            key_bytes: g(&self.key_bytes),
+            registrations: g(&self.registrations),
+            dedup_entries: g(&self.dedup_entries),
+            dedup_bytes: g(&self.dedup_bytes),
+            dedup_hits: one(&self.dedup_hits),
+            expirations: one(&self.expirations),
+            guest_calls: one(&self.guest_calls),
+            guest_restarts: self.guest_restarts.clone(),
+            guest_memory: g(&self.guest_memory),
+            up: g(&self.tenant_up),
+            journal: JournalMetrics {
+                records: one(&self.journal_records),
+                bytes: one(&self.journal_bytes),
+                fsync: self.fsync.with_label_values(&[name]),
+                snapshot: self.snapshot.with_label_values(&[name]),
+            },
+            seen: Seen::default(),
+            refreshed: None,
+        }
+    }
+
+    /// The embedded broker's connection count.
+    pub fn connections(&self) -> &IntGauge {
+        &self.connections
+    }
+
+    /// Recovery is done and the listener is up.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
+            return format!("# encoding failed: {e}\n");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Tenants that have stopped.
+    fn stopped(&self) -> Vec<String> {
+        self.registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "statestore_tenant_up")
+            .flat_map(|f| f.get_metric().iter())
+            .filter(|m| m.get_gauge().value() == 0.0)
+            .flat_map(|m| m.get_label().iter().map(|l| l.value().to_string()))
+            .collect()
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the
+    /// process ends; returns the address it listens on.
+    pub async fn serve(self: &Arc<Self>, addr: SocketAddr) -> Result<SocketAddr> {
+        use axum::http::StatusCode;
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        let local = listener.local_addr()?;
+        let (m, h, r) = (self.clone(), self.clone(), self.clone());
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                get(move || {
+                    let m = m.clone();
+                    async move {
+                        (
+                            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                            m.render(),
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/healthz",
+                get(move || {
+                    let h = h.clone();
+                    async move {
+                        match h.stopped() {
+                            s if s.is_empty() => (StatusCode::OK, "ok\n".to_string()),
+                            s => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                format!("stopped tenants: {}\n", s.join(", ")),
+                            ),
+                        }
+                    }
+                }),
+            )
+            .route(
+                "/readyz",
+                get(move || {
+                    let r = r.clone();
+                    async move {
+                        if r.ready.load(Ordering::Acquire) {
+                            (StatusCode::OK, "ready\n")
+                        } else {
+                            (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+                        }
+                    }
+                }),
+            );
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "the metrics server stopped");
+            }
+        });
+        Ok(local)
+    }
+}
+
+/// The guest's counters as last read, to add what they grew by (a
+/// restarted guest counts from 0 again).
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    dedup_hits: u64,
+    expired: u64,
+    calls: u64,
+}
+
+/// One tenant's metrics, resolved once.
+pub struct TenantMetrics {
+    name: String,
+    requests: [IntCounter; VERBS.len()],
+    replies: IntCounterVec,
+    ok: IntCounter,
+    error: IntCounter,
+    latency: Histogram,
+    notifications: IntCounter,
+    keys: IntGauge,
+    key_bytes: IntGauge,
+    registrations: IntGauge,
+    dedup_entries: IntGauge,
+    dedup_bytes: IntGauge,
+    dedup_hits: IntCounter,
+    expirations: IntCounter,
+    guest_calls: IntCounter,
+    guest_restarts: IntCounterVec,
+    guest_memory: IntGauge,
+    up: IntGauge,
+    journal: JournalMetrics,
+    seen: Seen,
+    refreshed: Option<Instant>,
+}
+
+impl std::fmt::Debug for TenantMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantMetrics")
+            .field("tenant", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The verb of a RESP3 request (`*<n>\r\n$<len>\r\n<verb>\r\n...`),
+/// case-insensitively one of [`VERBS`], else `other`.
+fn verb_index(payload: &[u8]) -> usize {
+    let other = VERBS.len() - 1;
+    let Some(rest) = payload.strip_prefix(b"*") else {
+        return other;
+    };
+    let Some(at) = rest.iter().position(|&b| b == b'$') else {
+        return other;
+    };
+    let rest = &rest[at..];
+    let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+        return other;
+    };
+    let verb = &rest[nl + 1..];
+    let end = verb.iter().position(|&b| b == b'\r').unwrap_or(verb.len());
+    let verb = &verb[..end.min(16)];
+    VERBS[..other]
+        .iter()
+        .position(|v| verb.eq_ignore_ascii_case(v.as_bytes()))
+        .unwrap_or(other)
+}
+
+impl TenantMetrics {
+    /// Requests arrived (counted by verb).
+    pub fn requests<'a>(&self, payloads: impl Iterator<Item = &'a [u8]>) {
+        for p in payloads {
+            self.requests[verb_index(p)].inc();
+        }
+    }
+
+    /// `outputs` are about to be published: count replies and
+    /// notifications.
+    pub fn published(&self, outputs: &[Output]) {
+        for o in outputs {
+            if let Output::Publish(p) = o {
+                match p.kind {
+                    PublishKind::Notification => self.notifications.inc(),
+                    PublishKind::Response => self.reply(p),
+                }
+            }
+        }
+    }
+
+    /// `count` requests taken at `since` have had their replies published.
+    pub fn answered(&self, since: Instant, count: usize) {
+        let took = since.elapsed().as_secs_f64();
+        for _ in 0..count {
+            self.latency.observe(took);
+        }
+    }
+
+    fn reply(&self, p: &OutboundMessage) {
+        let error = p.payload.first() == Some(&b'-');
+        match p.user_property("__stat") {
+            Some("200") if error => self.error.inc(),
+            Some("200") => self.ok.inc(),
+            status => self
+                .replies
+                .with_label_values(&[
+                    self.name.as_str(),
+                    status.unwrap_or("none"),
+                    if error { "error" } else { "ok" },
+                ])
+                .inc(),
+        }
+    }
+
+    /// Whether the gauges are due for a refresh from the guest.
+    pub fn refresh_due(&self) -> bool {
+        self.refreshed.is_none_or(|at| at.elapsed() >= REFRESH)
+    }
+
+    /// The gauges and guest counters from a guest's `stats`, its call
+    /// count and its memory.
+    pub fn refresh(&mut self, stats: &Stats, calls: u64, memory: usize) {
+        self.refreshed = Some(Instant::now());
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.keys.set(i(stats.keys));
+        self.key_bytes.set(i(stats.bytes));
+        self.registrations.set(i(stats.registrations));
+        self.dedup_entries.set(i(stats.dedup_entries));
+        self.dedup_bytes.set(i(stats.dedup_bytes));
+        self.guest_memory
+            .set(i64::try_from(memory).unwrap_or(i64::MAX));
+        // A counter that went down belongs to a new instance: all of it is new.
+        let grew = |now: u64, before: u64| if now >= before { now - before } else { now };
+        self.dedup_hits
+            .inc_by(grew(stats.dedup_hits, self.seen.dedup_hits));
+        self.expirations
+            .inc_by(grew(stats.expired, self.seen.expired));
+        self.guest_calls.inc_by(grew(calls, self.seen.calls));
+        self.seen = Seen {
+            dedup_hits: stats.dedup_hits,
+            expired: stats.expired,
+            calls,
+        };
+    }
+
+    /// The guest was replaced; `cause` is one of trap, deadline, memory,
+    /// other. Its counters start again from 0.
+    pub fn restarted(&mut self, cause: &str) {
+        self.guest_restarts
+            .with_label_values(&[self.name.as_str(), cause])
+            .inc();
+        self.seen = Seen::default();
+        self.refreshed = None;
+    }
+
+    /// The guest was replaced by an upgrade (not a failure): its counters
+    /// start again from 0.
+    pub fn replaced(&mut self) {
+        self.seen = Seen::default();
+        self.refreshed = None;
+    }
+
+    /// The tenant stopped for good.
+    pub fn stopped(&self) {
+        self.up.set(0);
+    }
+
+    /// What its journal records.
+    pub fn journal(&self) -> JournalMetrics {
+        self.journal.clone()
+    }
+}
+
+/// What a journal records: appends, bytes, fsync and snapshot durations.
+#[derive(Clone)]
+pub struct JournalMetrics {
+    /// Records appended.
+    pub records: IntCounter,
+    /// Bytes appended.
+    pub bytes: IntCounter,
+    /// fsync durations.
+    pub fsync: Histogram,
+    /// Snapshot durations.
+    pub snapshot: Histogram,
+}
+
+impl std::fmt::Debug for JournalMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalMetrics").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_are_read_from_the_request() {
+        let req = |parts: &[&[u8]]| statestore_guest::resp3::request(parts);
+        assert_eq!(VERBS[verb_index(&req(&[b"get", b"k"]))], "GET");
+        assert_eq!(VERBS[verb_index(&req(&[b"SCAN", b"*"]))], "SCAN");
+        assert_eq!(VERBS[verb_index(&req(&[b"KEYNOTIFY", b"k"]))], "KEYNOTIFY");
+        assert_eq!(VERBS[verb_index(&req(&[b"MGET", b"k"]))], "other");
+        assert_eq!(VERBS[verb_index(b"garbage")], "other");
+        assert_eq!(VERBS[verb_index(b"*1\r\n$3\r\nSET")], "SET");
+        assert_eq!(VERBS[verb_index(b"")], "other");
+    }
+
+    #[test]
+    fn families_follow_the_naming_conventions() {
+        let m = Metrics::new().expect("metrics");
+        let mut t = m.tenant("a");
+        t.requests([&b"*1\r\n$3\r\nGET\r\n"[..]].into_iter());
+        t.refresh(
+            &Stats {
+                keys: 3,
+                expired: 2,
+                ..Stats::default()
+            },
+            5,
+            65536,
+        );
+        t.restarted("trap");
+        t.refresh(
+            &Stats {
+                expired: 1,
+                ..Stats::default()
+            },
+            1,
+            65536,
+        );
+        let text = m.render();
+        for line in [
+            "statestore_requests_total{tenant=\"a\",verb=\"GET\"} 1",
+            "statestore_keys{tenant=\"a\"} 0",
+            "statestore_expirations_total{tenant=\"a\"} 3",
+            "statestore_guest_calls_total{tenant=\"a\"} 6",
+            "statestore_guest_restarts_total{cause=\"trap\",tenant=\"a\"} 1",
+            "statestore_guest_memory_bytes{tenant=\"a\"} 65536",
+            "statestore_tenant_up{tenant=\"a\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let mut f = family.split(' ');
+            let (name, kind) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+            assert!(name.starts_with("statestore_"), "{name}");
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{name}");
+            if kind == "histogram" {
+                assert!(name.ends_with("_seconds"), "{name}");
+            }
+        }
+    }
+}
