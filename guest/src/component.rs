@@ -155,6 +155,7 @@ fn config_in(c: wit::Config) -> types::Config {
             max_keys: c.scan_page.max_keys,
             max_bytes: c.scan_page.max_bytes,
         },
+        sdk_response_topics: c.sdk_response_topics,
     }
 }
 

@@ -244,6 +244,11 @@ pub struct Config {
     pub persist_keys: Vec<KeyMatch>,
     /// SCAN page size.
     pub scan_page: ScanPage,
+    /// Answer only requests whose response topic follows the SDKs'
+    /// pattern `clients/<requester>/...` (WIT `sdk-response-topics`): the
+    /// store then never publishes where its requester could not claim to
+    /// receive. Off: any valid response topic is answered.
+    pub sdk_response_topics: bool,
 }
 
 impl Default for Config {
@@ -256,6 +261,7 @@ impl Default for Config {
             quota: Quota::default(),
             persist_keys: Vec::new(),
             scan_page: ScanPage::default(),
+            sdk_response_topics: false,
         }
     }
 }

@@ -179,6 +179,12 @@ impl Client {
             .set_clean_start(true)
             .set_max_packet_size(Some(crate::serve::MAX_PACKET));
         if let Some((user, password)) = &opts.credentials {
+            if !opts.broker.tls && !opts.broker.is_loopback() {
+                eprintln!(
+                    "warning: the password goes out in clear text to {}:{} (mqtt://): use mqtts:// beyond loopback",
+                    opts.broker.host, opts.broker.port
+                );
+            }
             o.set_credentials(user, password);
         }
         crate::mqtt::connection_options(&mut o, &opts.broker, opts.ca_file.as_deref())?;

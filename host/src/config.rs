@@ -14,6 +14,7 @@
 //! fsync = "always"              # always | everysec | no
 //! scan_page_keys = 1000         # most keys in one SCAN page ...
 //! scan_page_kib = 256           #   ... and KiB of keys
+//! response_topics = "any"       # any | sdk: answer only clients/<requester>/... topics
 //!
 //! [[tenant]]
 //! name = "factory-a"
@@ -83,6 +84,7 @@ struct Settings {
     persist_keys: Option<Vec<String>>,
     scan_page_keys: Option<u32>,
     scan_page_kib: Option<u32>,
+    response_topics: Option<String>,
     component: Option<PathBuf>,
     broker: Option<String>,
     node_id: Option<String>,
@@ -344,6 +346,14 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                 ctx()
             );
         }
+        let sdk_response_topics = match s.response_topics.as_deref() {
+            None | Some("any") => false,
+            Some("sdk") => true,
+            Some(other) => bail!(
+                "{}: response_topics must be any or sdk, not {other:?}",
+                ctx()
+            ),
+        };
         let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
         if memory_mib == 0 || memory_mib > (WASM32_MAX_MEMORY >> 20) as u64 {
             bail!("{}: memory_mib must be 1 to 4096", ctx());
@@ -431,6 +441,7 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                 memory_journal: s.memory_journal.unwrap_or(true),
                 persist_keys,
                 scan_page,
+                sdk_response_topics,
             },
             limits: StoreLimits {
                 memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),
@@ -485,6 +496,7 @@ const SETTINGS_KEYS: &[&str] = &[
     "persist_keys",
     "scan_page_keys",
     "scan_page_kib",
+    "response_topics",
     "component",
     "broker",
     "node_id",
@@ -531,6 +543,7 @@ fn merge(defaults: &Settings, own: &Settings) -> Settings {
         persist_keys: o.persist_keys.or(d.persist_keys),
         scan_page_keys: o.scan_page_keys.or(d.scan_page_keys),
         scan_page_kib: o.scan_page_kib.or(d.scan_page_kib),
+        response_topics: o.response_topics.or(d.response_topics),
         component: o.component.or(d.component),
         broker: o.broker.or(d.broker),
         node_id: o.node_id.or(d.node_id),

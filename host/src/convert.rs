@@ -32,6 +32,7 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
             max_keys: c.scan_page.max_keys,
             max_bytes: c.scan_page.max_bytes,
         },
+        sdk_response_topics: c.sdk_response_topics,
     }
 }
 

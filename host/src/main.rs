@@ -390,6 +390,16 @@ struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
 
+    /// Which response topics are answered: `any` valid topic, or only
+    /// `sdk` ones, `clients/<requester>/...` as the Azure IoT Operations
+    /// SDKs make them (others get `-ERR not authorized`), so that the
+    /// store never publishes where its requester could not claim to
+    /// receive. Either way, a request whose response topic has that shape
+    /// must name its own requester there (unless the embedded broker
+    /// vouches for the client id).
+    #[arg(long, value_enum, default_value_t = ResponseTopics::Any)]
+    response_topics: ResponseTopics,
+
     /// Most keys in one SCAN page.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     scan_page_keys: u32,
@@ -501,6 +511,13 @@ struct ServeArgs {
     /// ($STATESTORE_CACHE_DIR, $XDG_CACHE_HOME/statestore or ~/.cache/statestore).
     #[arg(long)]
     no_cache: bool,
+}
+
+/// `--response-topics` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ResponseTopics {
+    Any,
+    Sdk,
 }
 
 /// `--persist` values.
@@ -911,6 +928,7 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
             },
             memory_journal: !args.no_memory_journal,
             persist_keys: args.persist_keys.clone(),
+            sdk_response_topics: args.response_topics == ResponseTopics::Sdk,
             scan_page: ScanPage {
                 max_keys: args.scan_page_keys,
                 max_bytes: args.scan_page_kib.saturating_mul(1024),

@@ -94,6 +94,19 @@ pub struct BrokerUrl {
     pub tls: bool,
 }
 
+impl BrokerUrl {
+    /// Whether the host is this machine (`localhost` or a loopback address).
+    pub fn is_loopback(&self) -> bool {
+        self.host == "localhost"
+            || self
+                .host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
 impl FromStr for BrokerUrl {
     type Err = String;
 
@@ -165,6 +178,10 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(u.host, "::1");
         assert_eq!(u.to_string(), "mqtt://[::1]:1883");
+        assert!(u.is_loopback());
+        let loopback = |s: &str| s.parse::<BrokerUrl>().is_ok_and(|u| u.is_loopback());
+        assert!(loopback("mqtt://localhost") && loopback("mqtt://127.0.0.2:1"));
+        assert!(!loopback("mqtt://broker.local") && !loopback("mqtt://10.0.0.1"));
         assert!("http://x".parse::<BrokerUrl>().is_err());
         assert!("mqtt://x:99999".parse::<BrokerUrl>().is_err());
         assert!("mqtt://:1883".parse::<BrokerUrl>().is_err());

@@ -72,20 +72,33 @@ impl ClientEvents {
                 }
             }
             ClientEvents::MosquittoLog => {
+                // "<time>: Client <id> disconnected." and its kin, matched
+                // as whole templates: a client id may hold spaces and words
+                // of the templates ("victim was-here" is one client), and
+                // only the whole line decides whose it is.
                 let line = std::str::from_utf8(payload).ok()?;
-                // "<time>: Client <id> disconnected." and friends.
-                let at = line.find("Client ").or_else(|| line.find("client "))?;
-                let rest = &line[at + 7..];
-                let id = rest.split([' ', ',']).next()?.trim_end_matches('.');
-                let gone = rest.contains("disconnected")
-                    || rest.contains("closed its connection")
-                    || rest.contains(", disconnecting")
-                    || rest.contains("closing old connection");
-                (gone && !id.is_empty() && !line.contains("New client")).then(|| id.to_string())
+                let (_, message) = line.split_once(": ")?;
+                MOSQUITTO_GONE.iter().find_map(|(before, after)| {
+                    let id = message.strip_prefix(before)?.strip_suffix(after)?;
+                    (!id.is_empty()).then(|| id.to_string())
+                })
             }
         }
     }
 }
+
+/// The lines mosquitto 2 logs when a client goes away, as (before, after)
+/// the client id.
+const MOSQUITTO_GONE: &[(&str, &str)] = &[
+    ("Client ", " disconnected."),
+    ("Client ", " closed its connection."),
+    ("Client ", " has exceeded timeout, disconnecting."),
+    ("Client ", " already connected, closing old connection."),
+    ("Client ", " disconnected due to protocol error."),
+    ("Client ", " disconnected due to malformed packet."),
+    ("Client ", " disconnected, not authorised."),
+    ("Socket error on client ", ", disconnecting."),
+];
 
 /// Everything `serve` needs to know.
 #[derive(Debug, Clone)]
@@ -169,6 +182,9 @@ impl Server {
             .set_receive_maximum(Some(256))
             .set_connection_timeout(opts.connect_timeout.as_secs().max(1));
         if let Some(user) = &opts.username {
+            if !opts.broker.tls && !opts.broker.is_loopback() {
+                tracing::warn!(broker = %format!("{}:{}", opts.broker.host, opts.broker.port), user = %user, "the broker password goes out in clear text (mqtt://): use mqtts:// beyond loopback");
+            }
             mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
         }
         crate::mqtt::connection_options(&mut mqtt, &opts.broker, opts.ca_file.as_deref())?;
@@ -492,6 +508,27 @@ mod tests {
             e.disconnected_client(t, b"1700000000: mosquitto version 2.0.11 running"),
             None
         );
+        // Whole templates: an id with spaces is one client, and a line
+        // naming a client inside another's id is that other's.
+        assert_eq!(
+            e.disconnected_client(t, b"1700000000: Client victim was-here disconnected."),
+            Some("victim was-here".into())
+        );
+        assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: New client connected from 127.0.0.1:5 as victim disconnected. (p5, c0, k60)."
+            ),
+            None
+        );
+        assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: Client victim closed its connection. x disconnected."
+            ),
+            Some("victim closed its connection. x".into())
+        );
+        assert_eq!(e.disconnected_client(t, b"Client c1 disconnected."), None);
     }
 
     #[test]

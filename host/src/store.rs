@@ -43,6 +43,8 @@ pub struct StoreOptions {
     pub persist_keys: Vec<KeyMatch>,
     /// SCAN page size.
     pub scan_page: ScanPage,
+    /// Answer only requests whose response topic is `clients/<requester>/...`.
+    pub sdk_response_topics: bool,
 }
 
 impl StoreOptions {
@@ -61,6 +63,7 @@ impl StoreOptions {
             memory_journal: true,
             persist_keys: Vec::new(),
             scan_page: ScanPage::default(),
+            sdk_response_topics: false,
         }
     }
 }
@@ -113,6 +116,7 @@ pub fn guest_config(opts: &StoreOptions) -> Config {
         quota: opts.quota,
         persist_keys: opts.persist_keys.clone(),
         scan_page: opts.scan_page,
+        sdk_response_topics: opts.sdk_response_topics,
     }
 }
 

@@ -308,6 +308,11 @@ function parseVector(file) {
       if (m !== null && typeof m === 'object' && 'exact' in m) return { tag: 'exact', val: jsonBytes(m.exact, what) };
       throw new VectorError(`${what}: not {pattern} or {exact}`);
     }),
+    sdkResponseTopics: (() => {
+      const v = c.sdk_response_topics ?? false;
+      if (typeof v !== 'boolean') throw new VectorError('config.sdk_response_topics: not a boolean');
+      return v;
+    })(),
     scanPage: {
       maxKeys: jsonInt(page.max_keys, 'config.scan_page.max_keys', U32_MAX),
       maxBytes: jsonInt(page.max_bytes, 'config.scan_page.max_bytes', U32_MAX),
@@ -627,6 +632,7 @@ function typedConfig(config, seed) {
     quota: { ...config.quota },
     persistKeys: config.persistKeys,
     scanPage: { ...config.scanPage },
+    sdkResponseTopics: config.sdkResponseTopics ?? false,
   };
 }
 

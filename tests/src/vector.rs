@@ -184,6 +184,9 @@ impl Vector {
                 })
                 .collect();
         }
+        if self.config.sdk_response_topics {
+            config["sdk_response_topics"] = json!(true);
+        }
         if self.config.scan_page != ScanPage::default() {
             config["scan_page"] = json!({
                 "max_keys": self.config.scan_page.max_keys,
@@ -258,6 +261,11 @@ impl Vector {
                         .map(key_match_from_json)
                         .collect::<Result<_>>()
                         .context("persist_keys")?,
+                },
+                sdk_response_topics: match config.get("sdk_response_topics") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(other) => bail!("sdk_response_topics must be a boolean, not {other}"),
                 },
                 scan_page: match config.get("scan_page") {
                     None | Some(Value::Null) => ScanPage::default(),

@@ -754,8 +754,9 @@ fn identity_and_disconnect() {
     m.client_id = Some("real".into());
     set_prop(&mut m, "__srcId", Some("spoofed"));
     sim.send(&m);
-    // Fallback to $partition when there is no __srcId.
-    let mut m = sim.request(&[b"KEYNOTIFY", b"k"]);
+    // Fallback to $partition when there is no __srcId (its response topic
+    // names it: vector response_topic_claims).
+    let mut m = sim.request_from("part", &[b"KEYNOTIFY", b"k"]);
     set_prop(&mut m, "__srcId", None);
     set_prop(&mut m, "$partition", Some("part"));
     sim.send(&m);
@@ -1261,5 +1262,85 @@ fn journal_persist_custom() {
     assert_eq!(deletes(&out), 1);
     let out = sim.call(&[b"DEL", b"other"]).1;
     assert_eq!((puts(&out), deletes(&out)), (0, 0));
+    sim.finish();
+}
+
+#[test]
+fn response_topic_must_name_its_requester() {
+    let mut sim = Sim::new(
+        "response_topic_claims",
+        "issue 16, item 6: without a broker-supplied client id, a request whose response topic has the SDKs' shape clients/<id>/... must name its own requester (__srcId, or $partition / __invId) there, as is or in upper-case hex (Go); otherwise -ERR not authorized. Topics of another shape make no claim; a broker-supplied id is trusted",
+    );
+    const DENIED: &[u8] = b"-ERR not authorized\r\n";
+    // The victim observes a key.
+    let m = sim.request_from("victim", &[b"KEYNOTIFY", b"k"]);
+    assert_eq!(reply(&sim.send(&m)).payload, &b"+OK\r\n"[..]);
+    // c1 claims to be the victim while receiving its replies at its own topic.
+    let mut m = sim.request_from("c1", &[b"KEYNOTIFY", b"k", b"STOP"]);
+    set_prop(&mut m, "__srcId", Some("victim"));
+    let out = sim.send(&m);
+    assert_reply(&out, &m, DENIED, None);
+    // ... or through $partition, with no __srcId.
+    let mut m = sim.request_from("c1", &[b"KEYNOTIFY", b"k", b"STOP"]);
+    set_prop(&mut m, "__srcId", None);
+    set_prop(&mut m, "$partition", Some("victim"));
+    let out = sim.send(&m);
+    assert_reply(&out, &m, DENIED, None);
+    // The victim is still notified.
+    let (_, out) = sim.call(&[b"SET", b"k", b"v"]);
+    assert_eq!(notifications(&out).len(), 1);
+    // Go's topics name the client in upper-case hex: "c1" is 6331.
+    let mut m = sim.request_from("c1", &[b"GET", b"k"]);
+    m.response_topic = Some(
+        "clients/6331/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke/response"
+            .into(),
+    );
+    let out = sim.send(&m);
+    assert_eq!(reply(&out).payload, &b"$1\r\nv\r\n"[..]);
+    assert_eq!(Some(&*reply(&out).topic), m.response_topic.as_deref());
+    // A topic of another shape makes no claim (allowed unless
+    // sdk_response_topics, vector sdk_response_topics).
+    let mut m = sim.request_from("c1", &[b"GET", b"k"]);
+    m.response_topic = Some("inbox/c1".into());
+    assert_eq!(reply(&sim.send(&m)).payload, &b"$1\r\nv\r\n"[..]);
+    // A broker-supplied client id is the identity: __srcId is not compared.
+    let mut m = sim.request_from("c1", &[b"GET", b"k"]);
+    m.client_id = Some("c1".into());
+    set_prop(&mut m, "__srcId", Some("someone-else"));
+    assert_eq!(reply(&sim.send(&m)).payload, &b"$1\r\nv\r\n"[..]);
+    sim.finish();
+}
+
+#[test]
+fn sdk_response_topics_only() {
+    let config = statestore::Config {
+        sdk_response_topics: true,
+        ..test_config()
+    };
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "sdk_response_topics",
+        "--response-topics sdk: only clients/<requester>/... response topics are answered; others, and requests with no identity, get -ERR not authorized",
+        config,
+    );
+    const DENIED: &[u8] = b"-ERR not authorized\r\n";
+    let (m, out) = sim.call(&[b"SET", b"k", b"v"]);
+    assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
+    let mut m = sim.request(&[b"GET", b"k"]);
+    m.response_topic = Some("inbox/c1".into());
+    let out = sim.send(&m);
+    assert_reply(&out, &m, DENIED, None);
+    let mut m = sim.request(&[b"GET", b"k"]);
+    set_prop(&mut m, "__srcId", None);
+    let out = sim.send(&m);
+    assert_reply(&out, &m, DENIED, None);
+    // With a broker-supplied id too: the topic must be that client's.
+    let mut m = sim.request(&[b"GET", b"k"]);
+    m.client_id = Some("c2".into());
+    let out = sim.send(&m);
+    assert_reply(&out, &m, DENIED, None);
+    let mut m = sim.request(&[b"GET", b"k"]);
+    m.client_id = Some("c1".into());
+    assert_eq!(reply(&sim.send(&m)).payload, &b"$1\r\nv\r\n"[..]);
     sim.finish();
 }

@@ -268,3 +268,33 @@ async fn serves_through_a_tls_listener() {
     assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$8\r\nover-tls\r\n");
     host.stop().await;
 }
+
+/// Issue 16, item 6: through a real broker (which vouches for nothing), a
+/// client that names another as `__srcId` while its response topic is its
+/// own `clients/<id>/...` is refused, and cannot cancel the other's
+/// KEYNOTIFY; the other's own requests go on.
+#[tokio::test]
+async fn a_spoofed_source_id_is_refused() {
+    let (broker, host, mut attacker) = setup(ClientEvents::None).await;
+    let mut victim = RawClient::connect(broker.port, "victim").await;
+    let rt = victim.response_topic();
+    victim.subscribe(&rt).await;
+    assert_eq!(text(&victim.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
+    let mut props = attacker.request_properties();
+    for (name, value) in &mut props.user_properties {
+        if name == "__srcId" {
+            *value = "victim".into();
+        }
+    }
+    let r = attacker
+        .call_with(resp(&[b"KEYNOTIFY", b"k", b"STOP"]), props)
+        .await
+        .expect("reply");
+    assert_eq!(text(&r), "-ERR not authorized\r\n");
+    // Still registered: a STOP of its own is +OK (not :0).
+    assert_eq!(
+        text(&victim.call(&[b"KEYNOTIFY", b"k", b"STOP"]).await),
+        "+OK\r\n"
+    );
+    host.stop().await;
+}

@@ -380,6 +380,29 @@ impl StateMachine {
             return;
         };
         let expiry = Some(rpc::remaining_secs(deadline, now));
+        // Without a broker to vouch for the requester (`client_id`), the
+        // identity it claims must be the one its response topic names when
+        // that topic has the SDKs' shape: one client cannot act as another
+        // (cancel its KEYNOTIFY, hold its locks) while receiving the replies
+        // elsewhere. With `sdk_response_topics` the topic must have it.
+        if msg.client_id.is_none() {
+            let claim = identity.map(|id| rpc::topic_claims(response_topic, id));
+            let refused = match claim {
+                Some(Some(agrees)) => !agrees,
+                Some(None) | None => self.config.sdk_response_topics,
+            };
+            if refused {
+                let reply = Reply::error(ServiceError::NotAuthorized);
+                self.reply(response_topic, Some(correlation), expiry, &reply);
+                return;
+            }
+        } else if self.config.sdk_response_topics
+            && identity.and_then(|id| rpc::topic_claims(response_topic, id)) != Some(true)
+        {
+            let reply = Reply::error(ServiceError::NotAuthorized);
+            self.reply(response_topic, Some(correlation), expiry, &reply);
+            return;
+        }
         if let Some(reply) = cached {
             self.dedup_hits += 1;
             self.reply(response_topic, Some(correlation), expiry, &reply);

@@ -319,6 +319,26 @@ pub enum TopicCheck {
     Forbidden,
 }
 
+/// Whose response topic `topic` is, by the SDKs' pattern
+/// `clients/<id>/...` (Go writes the id in upper-case hex): whether
+/// `identity` may have asked for it. `None`: not an SDK topic, no claim.
+pub fn topic_claims(topic: &str, identity: &str) -> Option<bool> {
+    let rest = topic.strip_prefix("clients/")?;
+    let segment = rest.split('/').next().unwrap_or(rest);
+    let hex = segment.len() == 2 * identity.len()
+        && segment
+            .as_bytes()
+            .chunks(2)
+            .zip(identity.bytes())
+            .all(|(pair, b)| {
+                std::str::from_utf8(pair)
+                    .ok()
+                    .and_then(|p| u8::from_str_radix(p, 16).ok())
+                    == Some(b)
+            });
+    Some(segment == identity || hex)
+}
+
 /// Checks a response topic (spec §2.2).
 pub fn check_response_topic(topic: &str) -> TopicCheck {
     if topic == REQUEST_TOPIC || topic.starts_with(RESERVED_PREFIX) {
