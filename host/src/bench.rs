@@ -34,6 +34,8 @@ pub struct BenchOptions {
     pub get_ratio: f64,
     /// Request topic (the store's, or an echo responder's).
     pub topic: String,
+    /// CA certificate (PEM) to trust for `mqtts://`.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Results.
@@ -81,6 +83,7 @@ impl BenchReport {
 
 async fn connect(
     broker: &BrokerUrl,
+    ca_file: Option<&std::path::Path>,
     id: &str,
 ) -> Result<(
     AsyncClient,
@@ -90,9 +93,7 @@ async fn connect(
     o.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
         .set_max_packet_size(Some(MAX_PACKET));
-    let mut net = rumqttc::NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    o.set_network_options(net);
+    crate::mqtt::connection_options(&mut o, broker, ca_file)?;
     let (client, mut eventloop) = AsyncClient::new(o, 64);
     let (tx, rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready) = mpsc::channel(1);
@@ -132,7 +133,7 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
     for c in 0..opts.clients {
         let opts = opts.clone();
         let id = format!("bench-{}-{c}", std::process::id());
-        let (client, rx) = connect(&opts.broker, &id).await?;
+        let (client, rx) = connect(&opts.broker, opts.ca_file.as_deref(), &id).await?;
         tasks.push(tokio::spawn(async move {
             one_client(opts, id, client, rx, per_client).await
         }));
@@ -237,7 +238,7 @@ pub async fn echo(
     topic: String,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let (client, mut rx) = connect(&broker, &format!("echo-{}", std::process::id())).await?;
+    let (client, mut rx) = connect(&broker, None, &format!("echo-{}", std::process::id())).await?;
     client.subscribe(&topic, QoS::AtLeastOnce).await?;
     tokio::pin!(shutdown);
     loop {

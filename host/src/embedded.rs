@@ -88,6 +88,34 @@ impl Default for BrokerLimits {
     }
 }
 
+/// A TLS listener of the embedded broker, beside the plain one.
+#[derive(Debug, Clone)]
+pub struct TlsListener {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// The server's certificate chain (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+    /// Clients must present a certificate signed by one of these (PEM);
+    /// without it, no client certificate is asked for.
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+/// What the embedded broker is set up with beside its tenants.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// Its limits.
+    pub limits: BrokerLimits,
+    /// The users every client must be (`--users-file`); none: anonymous
+    /// clients are welcome.
+    pub users: Option<crate::users::Users>,
+    /// The connection count for `--metrics`.
+    pub connections: Option<prometheus::IntGauge>,
+    /// A TLS listener too.
+    pub tls: Option<TlsListener>,
+}
+
 /// Everything the embedded mode needs to know (one tenant).
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
@@ -490,8 +518,11 @@ impl EmbeddedServer {
         tenants: Vec<(Tenant, Route)>,
     ) -> Result<EmbeddedServer> {
         let limits = BrokerLimits::default();
-        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, &limits, None, None)
-            .await
+        let opts = BrokerOptions {
+            limits,
+            ..BrokerOptions::default()
+        };
+        EmbeddedServer::start_tenants_with(listen, server_client_id, tenants, opts).await
     }
 
     /// Starts the broker on `listen` serving `tenants`, each with the route
@@ -502,10 +533,15 @@ impl EmbeddedServer {
         listen: SocketAddr,
         server_client_id: &str,
         tenants: Vec<(Tenant, Route)>,
-        limits: &BrokerLimits,
-        users: Option<crate::users::Users>,
-        connections: Option<prometheus::IntGauge>,
+        opts: BrokerOptions,
     ) -> Result<EmbeddedServer> {
+        let BrokerOptions {
+            limits,
+            users,
+            connections,
+            tls,
+        } = opts;
+        let limits = &limits;
         let scx = ServerContext::new().busy_check_enable(false).build().await;
         let (strangers_tx, strangers) = mpsc::unbounded_channel();
         let mut senders = Vec::new();
@@ -564,33 +600,63 @@ impl EmbeddedServer {
                 .await;
         }
         register.start().await;
-        let listener = Builder::new()
-            .name("statestore/tcp")
-            .laddr(listen)
-            .nodelay(true)
-            .reuseaddr(Some(true))
-            .max_packet_size(limits.max_packet)
-            .max_inflight(NonZeroU16::new(256).unwrap_or(NonZeroU16::MIN))
-            .max_mqueue_len(limits.max_queued)
-            .max_session_expiry_interval(limits.max_session_expiry)
-            .max_connections(limits.max_connections)
-            // Every client passes the authentication hook (the limit per
-            // address is checked there); the hook allows anonymous ones.
-            .allow_anonymous(false)
-            // Do not give messages without an expiry one of 300 s.
-            .message_expiry_interval(Duration::ZERO)
+        let builder = |name: &str, at: SocketAddr| {
+            Builder::new()
+                .name(name)
+                .laddr(at)
+                .nodelay(true)
+                .reuseaddr(Some(true))
+                .max_packet_size(limits.max_packet)
+                .max_inflight(NonZeroU16::new(256).unwrap_or(NonZeroU16::MIN))
+                .max_mqueue_len(limits.max_queued)
+                .max_session_expiry_interval(limits.max_session_expiry)
+                .max_connections(limits.max_connections)
+                // Every client passes the authentication hook (the limit per
+                // address is checked there); the hook allows anonymous ones.
+                .allow_anonymous(false)
+                // Do not give messages without an expiry one of 300 s.
+                .message_expiry_interval(Duration::ZERO)
+        };
+        let listener = builder("statestore/tcp", listen)
             .bind()
             .with_context(|| format!("cannot listen on {listen} (is the port in use?)"))?
             .tcp()?;
         let local_addr = listener.local_addr()?;
-        let server = MqttServer::new(scx.clone())
-            .listener_by_id(listener, 1)
-            .build();
+        let mut server = MqttServer::new(scx.clone()).listener_by_id(listener, 1);
+        let mut tls_addr = None;
+        if let Some(t) = &tls {
+            let path = |p: &std::path::Path| p.display().to_string();
+            let mut b = builder("statestore/tls", t.listen)
+                .tls_cert(Some(path(&t.cert)))
+                .tls_key(Some(path(&t.key)));
+            if let Some(ca) = &t.client_ca {
+                b = b
+                    .tls_cross_certificate(true)
+                    .tls_client_ca_certs(Some(path(ca)));
+            }
+            let listener = b
+                .bind()
+                .with_context(|| format!("cannot listen on {} (is the port in use?)", t.listen))?
+                .tls()
+                .with_context(|| {
+                    format!(
+                        "cannot set up TLS with --tls-cert {} and --tls-key {}",
+                        t.cert.display(),
+                        t.key.display()
+                    )
+                })?;
+            tls_addr = Some(listener.local_addr()?);
+            server = server.listener_by_id(listener, 2);
+        }
+        let server = server.build();
         let accept = tokio::spawn(async move {
             if let Err(e) = server.run().await {
                 warn!(error = %e, "the embedded broker stopped");
             }
         });
+        if let Some(at) = tls_addr {
+            info!(listen = %at, client_certificates = tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "embedded MQTT broker listening with TLS");
+        }
         info!(listen = %local_addr, tenants = handles.len(), "embedded MQTT broker listening; serving the state store");
         Ok(EmbeddedServer {
             scx,

@@ -286,6 +286,9 @@ struct BenchArgs {
     /// Request topic: the state store's by default; an echo responder's for a baseline.
     #[arg(long)]
     topic: Option<String>,
+    /// CA certificate (PEM) for `mqtts://` (default: the system's roots).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -495,10 +498,29 @@ struct ServeArgs {
     #[arg(long)]
     users_file: Option<PathBuf>,
 
-    /// Listen beyond loopback even though the embedded broker has neither
-    /// TLS nor authentication for every client: anyone who can reach the
-    /// port can read and write every key. Without it, such a --listen is
-    /// refused (Redis' protected mode).
+    /// Embedded broker: also listen with TLS on this address (beside the
+    /// plain --listen), with --tls-cert and --tls-key. E.g. `0.0.0.0:8883`.
+    #[arg(long, value_name = "ADDR", requires_all = ["tls_cert", "tls_key"])]
+    tls_listen: Option<SocketAddr>,
+
+    /// The TLS listener's certificate chain (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    tls_cert: Option<PathBuf>,
+
+    /// The TLS listener's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    tls_key: Option<PathBuf>,
+
+    /// Clients of the TLS listener must present a certificate signed by a
+    /// CA in this file (PEM); the handshake refuses the others.
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    client_ca: Option<PathBuf>,
+
+    /// Listen beyond loopback even though the listener lacks TLS or
+    /// authentication for every client: anyone who can reach the port can
+    /// read and write every key. Without it, a plain --listen beyond
+    /// loopback, or a --tls-listen beyond loopback with neither
+    /// --users-file nor --client-ca, is refused (Redis' protected mode).
     #[arg(long)]
     allow_insecure: bool,
 
@@ -956,6 +978,16 @@ fn max_bytes_mib(args: &ServeArgs) -> u64 {
     args.max_bytes_mib.unwrap_or(args.memory_mib / 3)
 }
 
+/// The TLS listener the flags ask for.
+fn tls_listener(args: &ServeArgs) -> Option<statestore::embedded::TlsListener> {
+    Some(statestore::embedded::TlsListener {
+        listen: args.tls_listen?,
+        cert: args.tls_cert.clone()?,
+        key: args.tls_key.clone()?,
+        client_ca: args.client_ca.clone(),
+    })
+}
+
 /// The embedded broker's limits from the flags.
 fn broker_limits(args: &ServeArgs) -> BrokerLimits {
     let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
@@ -1036,11 +1068,24 @@ fn serve(args: ServeArgs) -> Result<()> {
     check_serve_args(&args)?;
     if args.broker.is_none() && !args.listen.ip().is_loopback() && !args.allow_insecure {
         anyhow::bail!(
-            "refusing to listen on {}: the embedded broker has no TLS and lets any client connect, \
-             so anyone who can reach this address could read and write every key. Listen on \
-             loopback (the default, 127.0.0.1:1883), or serve through a broker with TLS and \
-             authentication (--broker mqtts://...), or pass --allow-insecure to do it anyway",
+            "refusing to listen on {} without TLS: anyone who can reach this address could read \
+             and write every key. Listen on loopback (the default, 127.0.0.1:1883) and serve \
+             others with --tls-listen ADDR --tls-cert FILE --tls-key FILE and --users-file or \
+             --client-ca, or serve through a broker with TLS and authentication \
+             (--broker mqtts://...), or pass --allow-insecure to do it anyway",
             args.listen
+        );
+    }
+    if let Some(at) = args.tls_listen
+        && !at.ip().is_loopback()
+        && args.users_file.is_none()
+        && args.client_ca.is_none()
+        && !args.allow_insecure
+    {
+        anyhow::bail!(
+            "refusing to listen with TLS on {at} without authentication: anyone who can reach \
+             it could read and write every key. Add --users-file (passwords) or --client-ca \
+             (client certificates), or pass --allow-insecure to do it anyway"
         );
     }
     let specs = tenant_specs(&args, password.clone())?;
@@ -1105,9 +1150,12 @@ fn serve(args: ServeArgs) -> Result<()> {
                 args.listen,
                 &args.client_id,
                 with_routes,
-                &broker_limits(&args),
-                users,
-                metrics.as_ref().map(|m| m.connections().clone()),
+                statestore::embedded::BrokerOptions {
+                    limits: broker_limits(&args),
+                    users,
+                    connections: metrics.as_ref().map(|m| m.connections().clone()),
+                    tls: tls_listener(&args),
+                },
             )
             .await?;
             if let Some(m) = &metrics {
@@ -1291,6 +1339,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         keys: args.keys,
         get_ratio: args.get_ratio.clamp(0.0, 1.0),
         topic: args.topic.unwrap_or_else(statestore::bench::store_topic),
+        ca_file: args.ca_file,
     };
     let report = runtime()?.block_on(statestore::bench::run(opts))?;
     println!("{}", report.line());

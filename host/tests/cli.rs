@@ -707,6 +707,57 @@ fn listening_beyond_loopback_needs_allow_insecure() {
         !err.contains("refusing") && err.contains(&format!("cannot listen on {addr}")),
         "{err}"
     );
+    // A TLS listener beyond loopback needs authentication (or the flag).
+    let tls = format!("0.0.0.0:{}", free_port());
+    let o = statestore()
+        .args(["serve", "--tls-listen", &tls])
+        .args([
+            "--tls-cert",
+            "/nonexistent/cert.pem",
+            "--tls-key",
+            "/nonexistent/key.pem",
+        ])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains(&format!(
+                "refusing to listen with TLS on {tls} without authentication"
+            ))
+            && err.contains("--users-file")
+            && err.contains("--client-ca"),
+        "{err}"
+    );
+    // On loopback it passes the check; unreadable files are a clear error.
+    let tls = format!("127.0.0.1:{}", free_port());
+    let o = statestore()
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--tls-listen", &tls])
+        .args([
+            "--tls-cert",
+            "/nonexistent/cert.pem",
+            "--tls-key",
+            "/nonexistent/key.pem",
+        ])
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("cannot set up TLS with --tls-cert /nonexistent/cert.pem"),
+        "{err}"
+    );
+    // --tls-listen needs its certificate and key.
+    let o = statestore()
+        .args(["serve", "--tls-listen", &tls])
+        .output()
+        .expect("runs");
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--tls-cert"),
+        "{o:?}"
+    );
 }
 
 /// Authentication (issue 16, item 2): `--users-file` in the format

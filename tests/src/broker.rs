@@ -576,3 +576,112 @@ pub fn prop<'a>(p: &'a Publish, name: &str) -> Option<&'a str> {
 pub fn text(p: &Publish) -> String {
     String::from_utf8_lossy(&p.payload).into_owned()
 }
+
+/// A throwaway PKI for TLS tests, made with `openssl`: a CA, a server
+/// certificate for `localhost` / 127.0.0.1 and a client certificate, both
+/// signed by the CA. Removed with its directory when dropped.
+pub struct TestPki {
+    /// The directory holding the files.
+    pub dir: PathBuf,
+    /// The CA certificate (PEM): what clients and the server trust.
+    pub ca: PathBuf,
+    /// The server's certificate and key (PEM).
+    pub server_cert: PathBuf,
+    /// The server's key.
+    pub server_key: PathBuf,
+    /// A client's certificate and key (PEM), CN `cert-client`.
+    pub client_cert: PathBuf,
+    /// The client's key.
+    pub client_key: PathBuf,
+}
+
+impl TestPki {
+    /// Makes the PKI in a fresh temporary directory.
+    pub fn new(name: &str) -> TestPki {
+        let dir = std::env::temp_dir().join(format!(
+            "statestore-pki-{name}-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let f = |n: &str| dir.join(n);
+        let openssl = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl is installed");
+            assert!(ok.success(), "openssl {args:?} failed");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=statestore-test-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ]);
+        for (who, cn, ext) in [
+            (
+                "server",
+                "localhost",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            ),
+            ("client", "cert-client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            std::fs::write(f(&format!("{who}.ext")), ext).expect("write ext");
+            openssl(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &format!("{who}.key"),
+                "-out",
+                &format!("{who}.csr"),
+            ]);
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{who}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-out",
+                &format!("{who}.pem"),
+                "-extfile",
+                &format!("{who}.ext"),
+            ]);
+        }
+        TestPki {
+            ca: f("ca.pem"),
+            server_cert: f("server.pem"),
+            server_key: f("server.key"),
+            client_cert: f("client.pem"),
+            client_key: f("client.key"),
+            dir,
+        }
+    }
+}
+
+impl Drop for TestPki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

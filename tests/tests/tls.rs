@@ -1,0 +1,278 @@
+//! The embedded broker's TLS listener (issue 16, item 1), beside its plain
+//! one, with real clients: our client library (rumqttc), the unmodified
+//! Azure IoT Operations SDK with a CA file (and a client certificate), and
+//! Debian's `mosquitto_pub` / `mosquitto_sub`. With `client_ca`, a client
+//! without a certificate signed by it is refused at the handshake.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+use azure_iot_operations_mqtt::session::reconnect_policy::ExponentialBackoffWithJitter;
+use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
+use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_services::state_store::{self, SetOptions};
+use statestore::embedded::{BrokerOptions, EmbeddedServer, Route, TlsListener};
+use statestore::store::StoreOptions;
+use statestore::tenant::Tenant;
+use statestore_tests::broker::{RawClient, TestPki, free_port, text};
+use tokio::sync::oneshot;
+
+const T: Duration = Duration::from_secs(5);
+
+/// A running embedded server: its plain and TLS ports.
+struct Running {
+    plain: u16,
+    tls: u16,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(pki: &TestPki, client_ca: bool) -> Running {
+    let tenant = Tenant::open(
+        "default",
+        statestore_tests::wasm_runtime().clone(),
+        &StoreOptions::volatile("StateStore", "statestore-under-test"),
+    )
+    .expect("tenant");
+    let tls = free_port();
+    let server = EmbeddedServer::start_tenants_with(
+        "127.0.0.1:0".parse().expect("address"),
+        "statestore-under-test",
+        vec![(
+            tenant,
+            Route {
+                default: true,
+                ..Route::default()
+            },
+        )],
+        BrokerOptions {
+            tls: Some(TlsListener {
+                listen: format!("127.0.0.1:{tls}").parse().expect("address"),
+                cert: pki.server_cert.clone(),
+                key: pki.server_key.clone(),
+                client_ca: client_ca.then(|| pki.ca.clone()),
+            }),
+            ..BrokerOptions::default()
+        },
+    )
+    .await
+    .expect("the embedded broker starts with TLS");
+    let plain = server.local_addr().port();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    Running {
+        plain,
+        tls,
+        stop,
+        task,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
+/// The SDK's state store client over TLS, trusting `ca`, with a client
+/// certificate if given.
+async fn sdk(
+    port: u16,
+    id: &str,
+    ca: &std::path::Path,
+    cert: Option<(&std::path::Path, &std::path::Path)>,
+) -> (
+    state_store::Client,
+    azure_iot_operations_mqtt::session::SessionExitHandle,
+) {
+    let b = MqttConnectionSettingsBuilder::default()
+        .client_id(id)
+        .hostname("localhost")
+        .tcp_port(port)
+        .use_tls(true)
+        .ca_file(ca.display().to_string())
+        .keep_alive(Duration::from_secs(10))
+        .clean_start(true)
+        .session_expiry(Duration::from_secs(60));
+    let b = match cert {
+        Some((c, k)) => b
+            .cert_file(c.display().to_string())
+            .key_file(k.display().to_string()),
+        None => b,
+    };
+    let settings = b.build().expect("mqtt settings");
+    let options = SessionOptionsBuilder::default()
+        .connection_settings(settings)
+        .reconnect_policy(Box::new(ExponentialBackoffWithJitter {
+            max_wait: Duration::from_secs(1),
+            max_reconnect_attempts: Some(5),
+        }))
+        .aio_broker_features(None)
+        .build()
+        .expect("session options");
+    let session = Session::new(options).expect("session");
+    let monitor = session.create_session_monitor();
+    let client = state_store::Client::new(
+        ApplicationContextBuilder::default()
+            .build()
+            .expect("application context"),
+        session.create_managed_client(),
+        session.create_session_monitor(),
+        state_store::ClientOptionsBuilder::default()
+            .build()
+            .expect("client options"),
+    )
+    .expect("state store client");
+    let exit = session.create_exit_handle();
+    tokio::spawn(session.run());
+    tokio::time::timeout(Duration::from_secs(10), monitor.connected())
+        .await
+        .expect("the SDK connects over TLS");
+    (client, exit)
+}
+
+/// `mosquitto_pub` over TLS (with a client certificate if given): whether it succeeded.
+fn mosquitto_pub(port: u16, pki: &TestPki, topic: &str, message: &str, cert: bool) -> bool {
+    let mut c = Command::new("mosquitto_pub");
+    c.args(["-h", "localhost", "-p", &port.to_string(), "-V", "mqttv5"])
+        .arg("--cafile")
+        .arg(&pki.ca)
+        .args(["-t", topic, "-m", message, "-q", "1"]);
+    if cert {
+        c.arg("--cert")
+            .arg(&pki.client_cert)
+            .arg("--key")
+            .arg(&pki.client_key);
+    }
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("mosquitto_pub is installed")
+        .success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_every_kind_over_tls_beside_the_plain_listener() {
+    let pki = TestPki::new("tls");
+    let server = start(&pki, false).await;
+    // Our client library (rumqttc) over mqtts:// with the CA.
+    use statestore::client::{self, Client, ClientOptions, OK};
+    let opts = |ca: Option<std::path::PathBuf>| ClientOptions {
+        broker: format!("mqtts://localhost:{}", server.tls)
+            .parse()
+            .expect("url"),
+        client_id: "tls-cli".into(),
+        credentials: None,
+        ca_file: ca,
+        timeout: T,
+    };
+    assert!(
+        Client::connect(&opts(None)).await.is_err(),
+        "the system roots do not trust the test CA"
+    );
+    let mut cli = Client::connect(&opts(Some(pki.ca.clone())))
+        .await
+        .expect("connects over TLS");
+    let mut out = Vec::new();
+    let code = client::set(
+        &mut cli,
+        b"k",
+        b"over tls",
+        &client::SetOptions::default(),
+        &mut out,
+    )
+    .await
+    .expect("set");
+    assert_eq!(code, OK);
+    cli.close().await;
+    // The plain listener serves the same store.
+    let mut plain = RawClient::connect(server.plain, "plain").await;
+    let rt = plain.response_topic();
+    plain.subscribe(&rt).await;
+    assert_eq!(
+        text(&plain.call(&[b"GET", b"k"]).await),
+        "$8\r\nover tls\r\n"
+    );
+    // The unmodified SDK with a CA file.
+    let (ss, exit) = sdk(server.tls, "tls-sdk", &pki.ca, None).await;
+    let got = ss.get(b"k".to_vec(), T).await.expect("sdk get");
+    assert_eq!(got.response.as_deref(), Some(&b"over tls"[..]));
+    let r = ss
+        .set(
+            b"k2".to_vec(),
+            b"from sdk".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("sdk set");
+    assert!(r.response);
+    let _ = ss.shutdown().await;
+    let _ = exit.try_exit();
+    // mosquitto_sub / mosquitto_pub: ordinary MQTT over the TLS listener.
+    let sub = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "localhost",
+            "-p",
+            &server.tls.to_string(),
+            "-V",
+            "mqttv5",
+        ])
+        .arg("--cafile")
+        .arg(&pki.ca)
+        .args(["-t", "plain/topic", "-C", "1", "-W", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mosquitto_sub is installed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(mosquitto_pub(
+        server.tls,
+        &pki,
+        "plain/topic",
+        "hello",
+        false
+    ));
+    let out = sub.wait_with_output().expect("mosquitto_sub ends");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello");
+    assert_eq!(
+        text(&plain.call(&[b"GET", b"k2"]).await),
+        "$8\r\nfrom sdk\r\n"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_ca_requires_client_certificates() {
+    let pki = TestPki::new("mtls");
+    let server = start(&pki, true).await;
+    assert!(
+        !mosquitto_pub(server.tls, &pki, "t", "x", false),
+        "no client certificate: refused"
+    );
+    assert!(
+        mosquitto_pub(server.tls, &pki, "t", "x", true),
+        "a certificate the CA signed: served"
+    );
+    let (ss, exit) = sdk(
+        server.tls,
+        "mtls-sdk",
+        &pki.ca,
+        Some((&pki.client_cert, &pki.client_key)),
+    )
+    .await;
+    let r = ss
+        .set(b"m".to_vec(), b"v".to_vec(), T, None, SetOptions::default())
+        .await
+        .expect("sdk set with a client certificate");
+    assert!(r.response);
+    let _ = ss.shutdown().await;
+    let _ = exit.try_exit();
+    server.stop().await;
+}
