@@ -321,22 +321,31 @@ pub enum TopicCheck {
 
 /// Whose response topic `topic` is, by the SDKs' pattern
 /// `clients/<id>/...` (Go writes the id in upper-case hex): whether
-/// `identity` may have asked for it. `None`: not an SDK topic, no claim.
+/// `identity` may have asked for it, that is whether the topic is
+/// `clients/<identity>` or under `clients/<identity>/` (an id may itself
+/// hold `/`), as is or in hex. `None`: not an SDK topic, no claim.
 pub fn topic_claims(topic: &str, identity: &str) -> Option<bool> {
     let rest = topic.strip_prefix("clients/")?;
-    let segment = rest.split('/').next().unwrap_or(rest);
-    let hex = segment.len() == 2 * identity.len()
-        && segment
-            .as_bytes()
-            .chunks(2)
-            .zip(identity.bytes())
-            .all(|(pair, b)| {
-                std::str::from_utf8(pair)
-                    .ok()
-                    .and_then(|p| u8::from_str_radix(p, 16).ok())
-                    == Some(b)
-            });
-    Some(segment == identity || hex)
+    let under = |name: &[u8]| {
+        rest.as_bytes()
+            .strip_prefix(name)
+            .is_some_and(|r| r.is_empty() || r[0] == b'/')
+    };
+    if !identity.is_empty() && under(identity.as_bytes()) {
+        return Some(true);
+    }
+    let hex: Vec<u8> = identity
+        .bytes()
+        .flat_map(|b| {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            [HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]
+        })
+        .collect();
+    let upper = rest.get(..hex.len()).map(str::to_ascii_uppercase);
+    let hex_named = !hex.is_empty()
+        && upper.is_some_and(|u| u.as_bytes() == hex.as_slice())
+        && rest.as_bytes().get(hex.len()).is_none_or(|&b| b == b'/');
+    Some(hex_named)
 }
 
 /// Checks a response topic (spec §2.2).
@@ -489,6 +498,26 @@ impl<'a> RequestProps<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn response_topics_name_their_requester() {
+        let rs = "clients/c1/services/statestore/v1/x/command/invoke/response";
+        assert_eq!(topic_claims(rs, "c1"), Some(true));
+        assert_eq!(topic_claims(rs, "c"), Some(false));
+        assert_eq!(topic_claims(rs, "c1x"), Some(false));
+        assert_eq!(topic_claims("clients/6331/statestore/v1", "c1"), Some(true));
+        assert_eq!(
+            topic_claims("clients/6331/statestore/v1", "c2"),
+            Some(false)
+        );
+        assert_eq!(topic_claims("clients/a/b/services/x", "a/b"), Some(true));
+        assert_eq!(topic_claims("clients/a/bc/services/x", "a/b"), Some(false));
+        assert_eq!(topic_claims("clients/c1", "c1"), Some(true));
+        assert_eq!(topic_claims("clients//x", ""), Some(false));
+        assert_eq!(topic_claims("inbox/c1", "c1"), None);
+        assert_eq!(topic_claims("clients/é1/x", "é1"), Some(true));
+        assert_eq!(topic_claims("clients/C3A931/x", "é1"), Some(true));
+    }
 
     /// A host's 500 in place of a reply it could not carry out is built as
     /// every reply is: same requester, same envelope, every implied
