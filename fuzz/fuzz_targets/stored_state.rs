@@ -1,12 +1,13 @@
 //! The on-disk formats as untrusted input: a snapshot and journal records
 //! from a damaged or hostile disk. Never a panic; anything accepted can be
-//! snapshotted and restored again. Half of the inputs get valid checksums, so
+//! snapshotted and restored again, and a snapshot fed in pieces is read as
+//! in one. Half of the inputs get valid checksums, so
 //! the field decoders behind the checksum are exercised too.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use statestore_guest::snapshot::MAGIC;
-use statestore_guest::{Config, Persist, SnapshotScope, StateMachine};
+use statestore_guest::{Config, Persist, Restoring, SnapshotScope, StateMachine};
 
 fn with_crc(mut body: Vec<u8>) -> Vec<u8> {
     let crc = crc32fast::hash(&body);
@@ -34,8 +35,21 @@ fuzz_target!(|data: &[u8]| {
     } else {
         snap.to_vec()
     };
-    let mut sm = StateMachine::restore(config.clone(), &snap)
-        .unwrap_or_else(|_| StateMachine::new(config.clone()).expect("default config"));
+    let whole = StateMachine::restore(config.clone(), &snap);
+    // Fed in pieces that cut items anywhere: the same outcome.
+    let piece = usize::from(mode >> 1) + 1;
+    let mut r = Restoring::new(config.clone()).expect("default config");
+    let in_pieces = snap
+        .chunks(piece)
+        .try_for_each(|p| r.feed(p))
+        .and_then(|()| r.finish());
+    assert_eq!(
+        in_pieces.as_ref().map(StateMachine::snapshot).ok(),
+        whole.as_ref().map(StateMachine::snapshot).ok(),
+        "pieces of {piece}"
+    );
+    let mut sm =
+        whole.unwrap_or_else(|_| StateMachine::new(config.clone()).expect("default config"));
     for record in rest.split(|&b| b == 0xFF) {
         let record = if fix {
             let mut r = vec![1];

@@ -98,11 +98,30 @@ impl Writer {
 pub(crate) struct Reader<'a> {
     data: &'a [u8],
     bad: fn(String) -> Error,
+    /// Whether a read failed for want of bytes (rather than on bad ones).
+    short: bool,
 }
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(data: &'a [u8], bad: fn(String) -> Error) -> Reader<'a> {
-        Reader { data, bad }
+        Reader {
+            data,
+            bad,
+            short: false,
+        }
+    }
+    /// Whether a read failed because the data ended (a streaming reader
+    /// waits for more then).
+    pub(crate) fn short(&self) -> bool {
+        self.short
+    }
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.data.len()
+    }
+    /// The next `n` bytes.
+    pub(crate) fn take_bytes(&mut self, n: usize) -> Result<&'a [u8], Error> {
+        self.take(n)
     }
     fn err(&self, m: &str) -> Error {
         (self.bad)(m.to_string())
@@ -117,6 +136,7 @@ impl<'a> Reader<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
         if self.data.len() < n {
+            self.short = true;
             return Err(self.err("truncated"));
         }
         let (head, rest) = self.data.split_at(n);

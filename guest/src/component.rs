@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 
+use crate::SnapshotCursor;
 use crate::machine::StateMachine;
 use crate::snapshot::SnapshotScope;
 use crate::types;
@@ -45,6 +46,7 @@ struct Component;
 
 impl wit::Guest for Component {
     type Store = Store;
+    type Restoring = Restoring;
 
     fn formats() -> wit::FormatVersions {
         let f = crate::formats();
@@ -57,12 +59,58 @@ impl wit::Guest for Component {
     }
 }
 
-struct Store(RefCell<StateMachine>);
+struct Store {
+    machine: RefCell<StateMachine>,
+    /// A snapshot being taken in parts; dropped by any call that can
+    /// change the state.
+    snapshot: RefCell<Option<SnapshotCursor>>,
+}
+
+impl Store {
+    fn of(machine: StateMachine) -> Store {
+        Store {
+            machine: RefCell::new(machine),
+            snapshot: RefCell::new(None),
+        }
+    }
+
+    /// The machine, to change it: a snapshot in parts ends.
+    fn changing(&self) -> std::cell::RefMut<'_, StateMachine> {
+        *self.snapshot.borrow_mut() = None;
+        self.machine.borrow_mut()
+    }
+}
+
+fn scope_in(scope: wit::SnapshotScope) -> SnapshotScope {
+    match scope {
+        wit::SnapshotScope::Everything => SnapshotScope::Everything,
+        wit::SnapshotScope::Durable => SnapshotScope::Durable,
+    }
+}
+
+struct Restoring(RefCell<crate::Restoring>);
+
+impl wit::GuestRestoring for Restoring {
+    fn begin(config: wit::Config) -> Result<wit::Restoring, wit::Error> {
+        let r = crate::Restoring::new(config_in(config)).map_err(error_out)?;
+        Ok(wit::Restoring::new(Restoring(RefCell::new(r))))
+    }
+
+    fn feed(&self, part: Vec<u8>) -> Result<(), wit::Error> {
+        self.0.borrow_mut().feed(&part).map_err(error_out)
+    }
+
+    fn finish(this: wit::Restoring) -> Result<wit::Store, wit::Error> {
+        let r = this.into_inner::<Restoring>().0.into_inner();
+        let machine = r.finish().map_err(error_out)?;
+        Ok(wit::Store::new(Store::of(machine)))
+    }
+}
 
 impl wit::GuestStore for Store {
     fn new(config: wit::Config) -> Store {
         match StateMachine::new(config_in(config)) {
-            Ok(m) => Store(RefCell::new(m)),
+            Ok(m) => Store::of(m),
             // Documented in the WIT: callers check with validate-config first.
             Err(e) => panic!("{e}"),
         }
@@ -74,38 +122,56 @@ impl wit::GuestStore for Store {
 
     fn restore(config: wit::Config, snapshot: Vec<u8>) -> Result<wit::Store, wit::Error> {
         let machine = StateMachine::restore(config_in(config), &snapshot).map_err(error_out)?;
-        Ok(wit::Store::new(Store(RefCell::new(machine))))
+        Ok(wit::Store::new(Store::of(machine)))
     }
 
     fn handle_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
-        self.0
-            .borrow_mut()
-            .handle_wire(&batch, now)
-            .map_err(error_out)
+        self.changing().handle_wire(&batch, now).map_err(error_out)
     }
 
     fn handle(&self, inputs: Vec<wit::Input>, now: u64) -> Vec<wit::Output> {
         let owned: Vec<Owned> = inputs.into_iter().map(input_in).collect();
         let inputs: Vec<types::Input<'_>> = owned.iter().map(Owned::as_input).collect();
         // The same path as `handle-wire`: encoded, handled, decoded.
-        let outputs = self.0.borrow_mut().step(&inputs, now);
+        let outputs = self.changing().step(&inputs, now);
         outputs.into_iter().filter_map(output_out).collect()
     }
 
     fn next_deadline(&self) -> Option<u64> {
-        self.0.borrow().next_deadline()
+        self.machine.borrow().next_deadline()
     }
 
     fn snapshot(&self, scope: wit::SnapshotScope) -> Vec<u8> {
-        let scope = match scope {
-            wit::SnapshotScope::Everything => SnapshotScope::Everything,
-            wit::SnapshotScope::Durable => SnapshotScope::Durable,
+        self.machine.borrow().snapshot_with(scope_in(scope))
+    }
+
+    fn snapshot_part(
+        &self,
+        scope: wit::SnapshotScope,
+        start: bool,
+        max_bytes: u32,
+    ) -> Result<Vec<u8>, wit::Error> {
+        let mut cursor = self.snapshot.borrow_mut();
+        if start {
+            *cursor = Some(SnapshotCursor::new(scope_in(scope)));
+        }
+        let Some(c) = cursor.as_mut() else {
+            return Err(wit::Error::Other(
+                "no snapshot in progress (start one; a change to the store ends it)".into(),
+            ));
         };
-        self.0.borrow().snapshot_with(scope)
+        let part = self
+            .machine
+            .borrow()
+            .snapshot_part(c, usize::try_from(max_bytes).unwrap_or(usize::MAX).max(1));
+        if part.is_empty() {
+            *cursor = None;
+        }
+        Ok(part)
     }
 
     fn stats(&self) -> wit::StoreStats {
-        let s = self.0.borrow().stats();
+        let s = self.machine.borrow().stats();
         wit::StoreStats {
             keys: s.keys,
             bytes: s.bytes,
@@ -118,7 +184,7 @@ impl wit::GuestStore for Store {
     }
 
     fn replay(&self, records: Vec<Vec<u8>>) -> Result<(), wit::Error> {
-        let mut m = self.0.borrow_mut();
+        let mut m = self.changing();
         for r in &records {
             m.replay(r).map_err(error_out)?;
         }

@@ -77,7 +77,9 @@ pub fn formats() -> Formats {
     }
 }
 
-pub use machine::{EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, StateMachine};
+pub use machine::{
+    EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, Restoring, SnapshotCursor, StateMachine,
+};
 pub use snapshot::SnapshotScope;
 pub use types::{
     Config, Error, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,

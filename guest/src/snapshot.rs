@@ -17,11 +17,12 @@
 //! [`Error::UnsupportedVersion`]. The node id is not stored: it comes from the
 //! config.
 //!
-//! A pure format: `write` takes the parts of a state, `read` hands them
-//! to a `Visitor`; the state machine (`machine/recovery.rs`) does the rest.
+//! A pure format: the state machine (`machine/recovery.rs`) writes it
+//! (in parts, if it asks), and [`Restorer`] reads it, in parts of any size,
+//! handing what it finds to a [`Visitor`].
 
 use crate::codec::{Reader, Writer};
-use crate::table::{Entry, EntryRef};
+use crate::table::Entry;
 use crate::types::{Error, OutboundMessage};
 
 /// What a snapshot holds.
@@ -40,80 +41,16 @@ pub const MAGIC: &[u8; 8] = b"STSTSNAP";
 /// The newest format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// The parts of a state, for [`write`].
-pub(crate) struct Parts<'a, K, R, D> {
-    /// The clock: (wall, counter).
-    pub clock: (u64, u64),
-    /// Every key kept, with its entry.
-    pub keys: K,
-    /// (client, key) of every KEYNOTIFY registration kept.
-    pub registrations: R,
-    /// (response topic, correlation, expires-at, reply) of every dedup entry.
-    pub dedup: D,
-    /// About how long the snapshot is (at least): its buffer is made this
-    /// size at once, rather than doubled as it grows (the guest's memory
-    /// keeps its high-water mark).
-    pub capacity: usize,
-    _at: core::marker::PhantomData<&'a ()>,
-}
-
-impl<'a, K, R, D> Parts<'a, K, R, D>
-where
-    K: ExactSizeIterator<Item = (&'a [u8], EntryRef<'a>)>,
-    R: ExactSizeIterator<Item = (&'a str, &'a [u8])>,
-    D: ExactSizeIterator<Item = (&'a str, &'a [u8], u64, OutboundMessage)>,
-{
-    /// Parts of a state.
-    pub(crate) fn new(clock: (u64, u64), keys: K, registrations: R, dedup: D) -> Self {
-        Parts {
-            clock,
-            keys,
-            registrations,
-            dedup,
-            capacity: 0,
-            _at: core::marker::PhantomData,
-        }
-    }
-
-    /// The same, written into a buffer of `capacity` bytes.
-    pub(crate) fn with_capacity(self, capacity: usize) -> Self {
-        Parts { capacity, ..self }
-    }
-}
-
-/// A snapshot of `parts`.
-pub(crate) fn write<'a, K, R, D>(parts: Parts<'a, K, R, D>) -> Vec<u8>
-where
-    K: ExactSizeIterator<Item = (&'a [u8], EntryRef<'a>)>,
-    R: ExactSizeIterator<Item = (&'a str, &'a [u8])>,
-    D: ExactSizeIterator<Item = (&'a str, &'a [u8], u64, OutboundMessage)>,
-{
-    let mut w = Writer(Vec::with_capacity(parts.capacity.max(64)));
+/// The first bytes of a snapshot: magic, version and clock; the key count
+/// follows.
+pub(crate) fn write_header(w: &mut Writer, clock: (u64, u64)) {
     w.0.extend_from_slice(MAGIC);
     w.u32(FORMAT_VERSION);
-    let (wall, counter) = parts.clock;
-    w.u64(wall);
-    w.u64(counter);
-    w.u64(parts.keys.len() as u64);
-    for (key, e) in parts.keys {
-        w.entry(key, e);
-    }
-    w.u64(parts.registrations.len() as u64);
-    for (client, key) in parts.registrations {
-        w.str(client);
-        w.bytes(key);
-    }
-    w.u64(parts.dedup.len() as u64);
-    for (topic, corr, expires_at, reply) in parts.dedup {
-        w.str(topic);
-        w.bytes(corr);
-        w.u64(expires_at);
-        w.message(&reply);
-    }
-    w.finish_with_crc()
+    w.u64(clock.0);
+    w.u64(clock.1);
 }
 
-/// What [`read`] finds in a snapshot, in this order.
+/// What [`Restorer`] finds in a snapshot, in this order.
 pub(crate) trait Visitor {
     /// The clock, first.
     fn clock(&mut self, wall: u64, counter: u64);
@@ -131,44 +68,183 @@ pub(crate) trait Visitor {
     ) -> Result<(), Error>;
 }
 
-/// Checks a snapshot (magic, version, checksum) and hands its parts to
-/// `visit`. Nothing is handed over from a snapshot whose checksum fails.
-pub(crate) fn read(snapshot: &[u8], visit: &mut impl Visitor) -> Result<(), Error> {
-    let bad = |m: &str| Error::BadSnapshot(m.to_string());
-    if snapshot.len() < MAGIC.len() + 8 || &snapshot[..MAGIC.len()] != MAGIC {
-        return Err(bad("not a state store snapshot"));
+/// Where a [`Restorer`] is in the format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Stage {
+    /// Magic, version and clock.
+    #[default]
+    Header,
+    /// The count of the next section.
+    Count(Section),
+    /// Items of a section, with how many are left.
+    Items(Section, u64),
+    /// The CRC.
+    Crc,
+    /// Everything was read.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Keys,
+    Registrations,
+    Dedup,
+}
+
+/// Reads a snapshot handed over in parts of any size (a part may end
+/// inside an item): each item goes to the visitor as soon as it is whole,
+/// so what a reader holds at once is one part and one item, not the whole
+/// snapshot. The checksum covers everything and is checked at the end:
+/// until [`Restorer::finish`] succeeds, what the visitor was given is not
+/// to be used.
+#[derive(Debug, Default)]
+pub(crate) struct Restorer {
+    /// Bytes of an item not yet whole.
+    pending: Vec<u8>,
+    /// CRC of every byte consumed (the CRC's own bytes aside).
+    crc: crc32fast::Hasher,
+    stage: Stage,
+    /// Bytes consumed, for error messages.
+    offset: u64,
+}
+
+impl Restorer {
+    /// Reads `part`, the bytes after those already fed.
+    pub(crate) fn feed(&mut self, part: &[u8], visit: &mut impl Visitor) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            // The usual case (whole items in a part, or one part): read in
+            // place, keep only an unfinished tail.
+            let used = self.parse(part, visit)?;
+            self.pending.extend_from_slice(&part[used..]);
+        } else {
+            let mut buf = core::mem::take(&mut self.pending);
+            buf.extend_from_slice(part);
+            let used = self.parse(&buf, visit)?;
+            buf.drain(..used);
+            self.pending = buf;
+        }
+        Ok(())
     }
-    let mut r = Reader::new(
-        &snapshot[MAGIC.len()..snapshot.len() - 4],
-        Error::BadSnapshot,
-    );
-    let version = r.u32()?;
-    if version > FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion(version));
+
+    /// The snapshot is whole: fails unless it ended exactly after its
+    /// checksum.
+    pub(crate) fn finish(self) -> Result<(), Error> {
+        match self.stage {
+            Stage::Done => Ok(()),
+            Stage::Header => Err(Error::BadSnapshot("not a state store snapshot".into())),
+            _ => Err(Error::BadSnapshot(format!(
+                "truncated after {} bytes",
+                self.offset + self.pending.len() as u64
+            ))),
+        }
     }
-    if version == 0 {
-        return Err(bad("format version 0 does not exist"));
+
+    /// Reads the whole items of `buf`; returns the bytes consumed.
+    fn parse(&mut self, buf: &[u8], visit: &mut impl Visitor) -> Result<usize, Error> {
+        let mut at = 0;
+        loop {
+            let rest = &buf[at..];
+            if self.stage == Stage::Done {
+                return if rest.is_empty() {
+                    Ok(at)
+                } else {
+                    Err(self.bad("trailing bytes after the checksum"))
+                };
+            }
+            let mut r = Reader::new(rest, Error::BadSnapshot);
+            match self.step(&mut r, visit) {
+                Ok(()) => {}
+                Err(_) if r.short() => {
+                    if self.stage == Stage::Header
+                        && !MAGIC.starts_with(&rest[..rest.len().min(MAGIC.len())])
+                    {
+                        return Err(Error::BadSnapshot("not a state store snapshot".into()));
+                    }
+                    return Ok(at);
+                }
+                Err(Error::BadSnapshot(m)) => return Err(self.bad(&m)),
+                Err(e) => return Err(e),
+            }
+            let used = rest.len() - r.remaining();
+            if self.stage != Stage::Done {
+                self.crc.update(&rest[..used]);
+            }
+            self.offset += used as u64;
+            at += used;
+        }
     }
-    let (body, tail) = snapshot.split_at(snapshot.len() - 4);
-    let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-    if crc32fast::hash(body) != stored {
-        return Err(bad("checksum mismatch"));
+
+    fn bad(&self, m: &str) -> Error {
+        match self.offset {
+            0 => Error::BadSnapshot(m.to_string()),
+            at => Error::BadSnapshot(format!("{m} (at byte {at})")),
+        }
     }
-    visit.clock(r.u64()?, r.u64()?);
-    for _ in 0..r.u64()? {
-        let (key, entry) = r.entry()?;
-        visit.key(key, entry);
+
+    /// Reads one item and moves on; on an error nothing moved.
+    fn step(&mut self, r: &mut Reader<'_>, visit: &mut impl Visitor) -> Result<(), Error> {
+        let bad = |m: &str| Error::BadSnapshot(m.to_string());
+        self.stage = match self.stage {
+            Stage::Header => {
+                if r.take_bytes(MAGIC.len())? != MAGIC {
+                    return Err(Error::BadSnapshot("not a state store snapshot".into()));
+                }
+                let version = r.u32()?;
+                if version > FORMAT_VERSION {
+                    return Err(Error::UnsupportedVersion(version));
+                }
+                if version == 0 {
+                    return Err(bad("format version 0 does not exist"));
+                }
+                let (wall, counter) = (r.u64()?, r.u64()?);
+                visit.clock(wall, counter);
+                Stage::Count(Section::Keys)
+            }
+            Stage::Count(section) => match r.u64()? {
+                0 => next_section(section),
+                n => Stage::Items(section, n),
+            },
+            Stage::Items(section, left) => {
+                match section {
+                    Section::Keys => {
+                        let (key, entry) = r.entry()?;
+                        visit.key(key, entry);
+                    }
+                    Section::Registrations => {
+                        let client = r.str()?;
+                        visit.registration(&client, r.bytes()?);
+                    }
+                    Section::Dedup => {
+                        let topic = r.str()?;
+                        let corr = r.bytes()?;
+                        let expires_at = r.u64()?;
+                        let reply = r.message()?;
+                        visit.reply(&topic, corr, expires_at, reply)?;
+                    }
+                }
+                match left - 1 {
+                    0 => next_section(section),
+                    n => Stage::Items(section, n),
+                }
+            }
+            Stage::Crc => {
+                let stored = r.u32()?;
+                if self.crc.clone().finalize() != stored {
+                    return Err(bad("checksum mismatch"));
+                }
+                Stage::Done
+            }
+            Stage::Done => Stage::Done,
+        };
+        Ok(())
     }
-    for _ in 0..r.u64()? {
-        let client = r.str()?;
-        visit.registration(&client, r.bytes()?);
+}
+
+/// The stage after the last item of `section`.
+fn next_section(section: Section) -> Stage {
+    match section {
+        Section::Keys => Stage::Count(Section::Registrations),
+        Section::Registrations => Stage::Count(Section::Dedup),
+        Section::Dedup => Stage::Crc,
     }
-    for _ in 0..r.u64()? {
-        let topic = r.str()?;
-        let corr = r.bytes()?;
-        let expires_at = r.u64()?;
-        let reply = r.message()?;
-        visit.reply(&topic, corr, expires_at, reply)?;
-    }
-    r.end()
 }

@@ -285,3 +285,83 @@ fn a_snapshot_is_written_into_a_buffer_of_its_size() {
         );
     }
 }
+
+/// A snapshot in parts (issue 15, finding 5): the parts are the one-piece
+/// snapshot's bytes, each about the size asked, for both scopes and a
+/// filtered durable scope; a restore from pieces of any size rebuilds the
+/// same state, and a damaged, truncated or overlong snapshot is refused.
+#[test]
+fn snapshots_go_across_in_parts_both_ways() {
+    use statestore_guest::{Restoring, SnapshotCursor, SnapshotScope};
+    for persist in [Persist::All, Persist::Flagged] {
+        let config = Config {
+            persist,
+            ..Config::default()
+        };
+        let mut sm = StateMachine::new(config.clone()).expect("config");
+        for i in 0..300u64 {
+            let key = format!("key{i:03}");
+            let value = vec![b'v'; 100 + (i as usize % 7) * 1000];
+            let mut r = request(i, &[b"SET", key.as_bytes(), &value], "w");
+            if i % 3 == 0 {
+                r.user_properties
+                    .push(("aio-persistence".into(), "true".into()));
+            }
+            sm.handle(&r, T0);
+        }
+        sm.handle(&request(1000, &[b"KEYNOTIFY", b"key001"], "obs"), T0);
+        for scope in [SnapshotScope::Everything, SnapshotScope::Durable] {
+            let whole = sm.snapshot_with(scope);
+            for part in [1, 100, 4096, 1 << 20] {
+                let mut cursor = SnapshotCursor::new(scope);
+                let mut joined = Vec::new();
+                let mut count = 0;
+                loop {
+                    let p = sm.snapshot_part(&mut cursor, part);
+                    if p.is_empty() {
+                        break;
+                    }
+                    // Whole items: at most one item beyond the size asked.
+                    assert!(p.len() < part + 8000, "{} for {part}", p.len());
+                    joined.extend_from_slice(&p);
+                    count += 1;
+                }
+                assert_eq!(joined, whole, "{persist:?} {scope:?} parts of {part}");
+                assert!(count >= whole.len().div_ceil(part + 8000));
+            }
+            for feed in [1, 7, 5000, whole.len()] {
+                let mut r = Restoring::new(config.clone()).expect("config");
+                for piece in whole.chunks(feed) {
+                    r.feed(piece).expect("piece");
+                }
+                let restored = r.finish().expect("restore");
+                assert_eq!(restored.snapshot_with(scope), whole);
+            }
+            // Truncated anywhere: refused at the end.
+            for cut in [0, 5, 40, whole.len() / 2, whole.len() - 1] {
+                let mut r = Restoring::new(config.clone()).expect("config");
+                r.feed(&whole[..cut]).expect("a prefix is not wrong yet");
+                assert!(r.finish().is_err(), "cut at {cut}");
+            }
+            // A flipped byte: refused (by the checksum at the latest).
+            for at in [9, 30, whole.len() / 2, whole.len() - 2] {
+                let mut bad = whole.clone();
+                bad[at] ^= 0x40;
+                let mut r = Restoring::new(config.clone()).expect("config");
+                let fed = bad.chunks(1000).try_for_each(|p| r.feed(p));
+                assert!(fed.is_err() || r.finish().is_err(), "flip at {at}");
+            }
+            // Bytes after the checksum.
+            let mut long = whole.clone();
+            long.push(0);
+            let mut r = Restoring::new(config.clone()).expect("config");
+            assert!(r.feed(&long).is_err());
+            assert!(r.feed(b"").is_err(), "refused once, refused after");
+        }
+    }
+    let mut r = Restoring::new(Config::default()).expect("config");
+    assert_eq!(
+        r.feed(b"NOTASNAPSHOT").map_err(|e| e.to_string()),
+        Err("bad snapshot: not a state store snapshot".into())
+    );
+}

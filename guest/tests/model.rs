@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_guest::{
-    Config, InboundMessage, Output, Persist, PublishKind, ScanPage, StateMachine,
+    Config, InboundMessage, Output, Persist, PublishKind, Restoring, ScanPage, SnapshotCursor,
+    SnapshotScope, StateMachine,
 };
 
 const T0: u64 = 1_700_000_000_000;
@@ -39,7 +40,12 @@ enum Op {
     Advance {
         ms: u64,
     },
-    Restore,
+    /// Snapshot in parts of about `part` bytes, restore from pieces of
+    /// `feed` bytes (both small: items are split across them).
+    Restore {
+        part: usize,
+        feed: usize,
+    },
     Redeliver,
     /// One SCAN page: the first of a new scan, or the next of the scan
     /// in progress.
@@ -72,7 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (k.clone(), v).prop_map(|(key, value)| Op::VDel { key, value }),
         1 => (k, any::<bool>()).prop_map(|(key, stop)| Op::Observe { key, stop }),
         2 => prop_oneof![0..5u64, 0..4000u64].prop_map(|ms| Op::Advance { ms }),
-        1 => Just(Op::Restore),
+        1 => (1usize..300, 1usize..400).prop_map(|(part, feed)| Op::Restore { part, feed }),
         1 => Just(Op::Redeliver),
         3 => (0..PATTERNS.len()).prop_map(|pattern| Op::Scan { pattern }),
     ]
@@ -440,9 +446,26 @@ impl Harness {
                 assert_eq!(deletes, want);
                 assert_eq!(self.sm.key_count(), self.keys.len());
             }
-            Op::Restore => {
+            Op::Restore { part, feed } => {
                 let snap = self.sm.snapshot();
-                self.sm = StateMachine::restore(config(), &snap).expect("restore");
+                // In parts: the same bytes.
+                let mut cursor = SnapshotCursor::new(SnapshotScope::Everything);
+                let mut parts = Vec::new();
+                loop {
+                    let p = self.sm.snapshot_part(&mut cursor, part);
+                    if p.is_empty() {
+                        break;
+                    }
+                    parts.extend_from_slice(&p);
+                }
+                assert!(cursor.is_done());
+                assert_eq!(parts, snap, "parts of {part} bytes");
+                // Restored from pieces that cut items anywhere.
+                let mut r = Restoring::new(config()).expect("config");
+                for piece in snap.chunks(feed) {
+                    r.feed(piece).expect("a piece");
+                }
+                self.sm = r.finish().expect("restore");
                 assert_eq!(
                     self.sm.snapshot(),
                     snap,

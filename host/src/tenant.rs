@@ -355,16 +355,29 @@ impl Tenant {
     /// take over. On any failure the old instance keeps serving.
     pub fn upgrade(&mut self, runtime: Runtime, quota: Quota) -> Result<()> {
         let started = std::time::Instant::now();
-        let snapshot = self
-            .store
-            .snapshot()
-            .context("cannot take a snapshot from the running instance")?;
         let config = Config {
             quota,
             ..self.config.clone()
         };
+        // The snapshot goes across part by part: neither instance ever
+        // holds all of it beside the state.
+        let old = &mut self.store;
+        let mut snapshot_bytes = 0;
+        let mut start = true;
+        let parts = std::iter::from_fn(|| {
+            match old.snapshot_part(crate::SnapshotScope::Everything, start) {
+                Ok(part) if part.is_empty() => None,
+                Ok(part) => {
+                    start = false;
+                    snapshot_bytes += part.len();
+                    Some(Ok(part))
+                }
+                Err(e) => Some(Err(anyhow::Error::new(e)
+                    .context("cannot take a snapshot from the running instance"))),
+            }
+        });
         let store = runtime
-            .restore(&config, &snapshot)
+            .restore_parts(&config, parts)
             .context("the new component cannot restore the running state")?;
         if let Some(journal) = &mut self.journal {
             journal.set_runtime(runtime.clone(), config.clone());
@@ -376,7 +389,7 @@ impl Tenant {
         self.store = store;
         self.runtime = runtime;
         self.config = config;
-        info!(tenant = %self.name, snapshot_bytes = snapshot.len(), elapsed_ms = started.elapsed().as_millis() as u64, "switched to the new component");
+        info!(tenant = %self.name, snapshot_bytes, elapsed_ms = started.elapsed().as_millis() as u64, "switched to the new component");
         Ok(())
     }
 

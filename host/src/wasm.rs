@@ -82,6 +82,11 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// the state, not to one request).
 pub const BULK_CALL: Duration = Duration::from_secs(120);
 
+/// What a snapshot or restore moves across the boundary in one call: the
+/// guest's memory holds one part at a time beside the state, never a
+/// whole snapshot.
+pub const SNAPSHOT_PART: usize = 8 << 20;
+
 /// An engine for `opts`. With epoch interruption a thread advances its
 /// epoch every [`EPOCH_TICK`] for as long as the engine lives.
 pub fn engine(opts: &EngineOptions) -> Result<Engine> {
@@ -288,14 +293,45 @@ impl Runtime {
         }
     }
 
-    /// A new instance holding a store restored from `snapshot`.
+    /// A new instance holding a store restored from `snapshot`, handed
+    /// over in parts of [`SNAPSHOT_PART`] bytes.
     pub fn restore(&self, config: &Config, snapshot: &[u8]) -> Result<WasmStore> {
+        self.restore_parts(config, snapshot.chunks(SNAPSHOT_PART).map(Ok))
+    }
+
+    /// A new instance holding a store restored from a snapshot handed over
+    /// in `parts` (of any size, in order): the guest's memory holds the
+    /// state, one part and one item at a time, never the whole snapshot.
+    /// An error from `parts` stops the restore.
+    pub fn restore_parts<P: AsRef<[u8]>>(
+        &self,
+        config: &Config,
+        parts: impl IntoIterator<Item = Result<P>>,
+    ) -> Result<WasmStore> {
         let (mut store, guest) = self.new_instance()?;
-        let api = guest.statestore_core_store().store();
+        let api = guest.statestore_core_store().restoring();
+        let restoring = api
+            .call_begin(&mut store, &convert::config(config))?
+            .map_err(convert::error)?;
+        for part in parts {
+            let part = part?;
+            self.arm_bulk(&mut store);
+            api.call_feed(&mut store, restoring, part.as_ref())?
+                .map_err(convert::error)?;
+        }
+        self.arm_bulk(&mut store);
         let handle = api
-            .call_restore(&mut store, &convert::config(config), snapshot)?
+            .call_finish(&mut store, restoring)?
             .map_err(convert::error)?;
         Ok(self.wrap(store, guest, handle))
+    }
+
+    /// Gives the next call on `store` the budget of a bulk call.
+    fn arm_bulk(&self, store: &mut Store<Limits>) {
+        if self.epoch {
+            let bulk = BULK_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis());
+            store.set_epoch_deadline(u64::try_from(bulk).unwrap_or(u64::MAX) + 1);
+        }
     }
 
     fn new_instance(&self) -> Result<(Store<Limits>, Guest)> {
@@ -313,11 +349,8 @@ impl Runtime {
         // fail the call). Calls are bounded by the guest's output budget and
         // its memory cap, not by this.
         store.set_hostcall_fuel(self.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY));
-        if self.epoch {
-            // The constructor or restore runs with the bulk budget.
-            let bulk = BULK_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis());
-            store.set_epoch_deadline(u64::try_from(bulk).unwrap_or(u64::MAX) + 1);
-        }
+        // The constructor or restore runs with the bulk budget.
+        self.arm_bulk(&mut store);
         let guest = self.pre.instantiate(&mut store)?;
         Ok((store, guest))
     }
@@ -471,6 +504,28 @@ impl WasmStore {
         limits.max_memory.filter(|_| limits.refused)
     }
 
+    /// The next part of a snapshot of `scope` ([`SNAPSHOT_PART`] bytes or a
+    /// little more); `start` begins one. Empty once it is complete; the
+    /// parts in order are [`Backend::snapshot_with`]'s bytes. A call that
+    /// changes the store in between ends the snapshot.
+    pub fn snapshot_part(
+        &mut self,
+        scope: crate::SnapshotScope,
+        start: bool,
+    ) -> Result<Vec<u8>, GuestError> {
+        self.arm(true);
+        let api = self.guest.statestore_core_store().store();
+        api.call_snapshot_part(
+            &mut self.store,
+            self.handle,
+            convert::scope(scope),
+            start,
+            u32::try_from(SNAPSHOT_PART).unwrap_or(u32::MAX),
+        )
+        .map_err(failed)?
+        .map_err(refused)
+    }
+
     /// [`Backend::timeout`] with the budget of a snapshot rather than of a
     /// request: for the expiry of everything that expired while the server
     /// was down, which is proportional to the state.
@@ -565,10 +620,14 @@ impl Backend for WasmStore {
     }
 
     fn snapshot_with(&mut self, scope: crate::SnapshotScope) -> Result<Vec<u8>, GuestError> {
-        self.arm(true);
-        let api = self.guest.statestore_core_store().store();
-        api.call_snapshot(&mut self.store, self.handle, convert::scope(scope))
-            .map_err(failed)
+        let mut all = self.snapshot_part(scope, true)?;
+        loop {
+            let part = self.snapshot_part(scope, false)?;
+            if part.is_empty() {
+                return Ok(all);
+            }
+            all.extend_from_slice(&part);
+        }
     }
 
     fn replay(&mut self, records: &[Vec<u8>]) -> Result<(), GuestError> {
@@ -650,6 +709,65 @@ mod tests {
             assert_eq!(payloads, [&b"+OK\r\n"[..], b"$1\r\nv\r\n"], "{instances}");
             assert!(store.memory_bytes() <= 16 << 20);
         }
+        Ok(())
+    }
+
+    /// A state of more than half the memory cap (issue 15, finding 5): its
+    /// snapshot and its restore go across in parts, so that neither
+    /// instance needs room for the state twice (in one piece both failed).
+    #[test]
+    fn a_state_over_half_the_memory_cap_snapshots_restores_and_moves() -> Result<()> {
+        let cap = 64 << 20;
+        let rt = Runtime::new()?.with_limits(StoreLimits {
+            memory_bytes: Some(cap),
+            call_ms: None,
+        });
+        let mut store = rt.instantiate(&Config::default())?;
+        let value = vec![b'v'; 1 << 20];
+        for i in 0..38u8 {
+            let key = format!("key{i}");
+            let set = InboundMessage {
+                topic: statestore_guest::rpc::REQUEST_TOPIC.into(),
+                payload: statestore_guest::resp3::request(&[b"SET", key.as_bytes(), &value]),
+                qos: 1,
+                response_topic: Some("r/t".into()),
+                correlation_data: Some(vec![i]),
+                message_expiry_interval: Some(10),
+                user_properties: vec![("__ts".into(), "000000000000001:00000:c".into())],
+                ..InboundMessage::default()
+            };
+            let out = store.handle_messages(&[set], 1)?;
+            assert!(
+                matches!(&out[..], [Output::Publish(m)] if &*m.payload == b"+OK\r\n"),
+                "{i}"
+            );
+        }
+        let snapshot = store.snapshot_with(crate::SnapshotScope::Everything)?;
+        assert!(snapshot.len() > 38 << 20);
+        assert!(store.memory_refused().is_none());
+        let mut restored = rt.restore(&Config::default(), &snapshot)?;
+        assert!(restored.memory_bytes() <= cap);
+        assert_eq!(
+            restored.snapshot_with(crate::SnapshotScope::Everything)?,
+            snapshot
+        );
+        // Parts straight from one instance into another (a hot upgrade).
+        let mut start = true;
+        let parts = std::iter::from_fn(|| {
+            let part = store
+                .snapshot_part(crate::SnapshotScope::Everything, start)
+                .map_err(anyhow::Error::new);
+            start = false;
+            match part {
+                Ok(p) if p.is_empty() => None,
+                other => Some(other),
+            }
+        });
+        let mut moved = rt.restore_parts(&Config::default(), parts)?;
+        assert_eq!(
+            moved.snapshot_with(crate::SnapshotScope::Everything)?,
+            snapshot
+        );
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
 // Replays the golden vectors (tests/vectors/*.json) against the state store
-// component (`statestore:core/store@0.3.0`) in Node.js, through jco.
+// component (`statestore:core/store@0.4.0`) in Node.js, through jco.
 //
 //   node replay.mjs <vectors dir> [--component <transpiled .js>]
 //
@@ -595,7 +595,7 @@ async function loadComponent(js = componentJs) {
   const url = pathToFileURL(js);
   if (instanceCount++ > 0) url.search = `?instance=${instanceCount}`;
   const mod = await import(url.href);
-  const api = mod.store ?? mod['statestore:core/store@0.3.0'];
+  const api = mod.store ?? mod['statestore:core/store@0.4.0'];
   if (!api || typeof api.Store !== 'function') {
     throw new Error(`${js} exports no \`store\` interface with a Store resource (exports: ${Object.keys(mod).join(', ')})`);
   }
@@ -605,7 +605,7 @@ async function loadComponent(js = componentJs) {
 /** The load-time check of WIRE.md: the formats, or {refused: why}. */
 function checkFormats(api, js) {
   if (typeof api.formats !== 'function') {
-    return { refused: `${js} has no formats() (not statestore:core/store@0.3.0?)` };
+    return { refused: `${js} has no formats() (not statestore:core/store@0.4.0?)` };
   }
   const f = api.formats();
   const batchVersions = Array.from(f.batchVersions ?? []);
@@ -702,9 +702,28 @@ function runDoor(api, vector, door) {
       let outputs = [];
       if (step.input.kind === 'restore') {
         const snapshot = store.snapshot('everything');
-        dispose(store);
-        store = undefined;
-        store = api.Store.restore(config, snapshot);
+        if (door === wireDoor) {
+          // In parts (small ones, so that items are cut): the same bytes,
+          // and a restore from pieces that cut items anywhere.
+          const parts = [];
+          for (let start = true; ; start = false) {
+            const part = store.snapshotPart('everything', start, 64);
+            if (part.length === 0) break;
+            parts.push(part);
+          }
+          if (!Buffer.from(snapshot).equals(Buffer.concat(parts))) {
+            throw new Error('a snapshot in parts differs from the snapshot in one piece');
+          }
+          dispose(store);
+          store = undefined;
+          const restoring = api.Restoring.begin(config);
+          for (let i = 0; i < snapshot.length; i += 13) restoring.feed(snapshot.subarray(i, i + 13));
+          store = api.Restoring.finish(restoring);
+        } else {
+          dispose(store);
+          store = undefined;
+          store = api.Store.restore(config, snapshot);
+        }
       } else {
         const inputs = step.input.kind === 'timeout' ? [] : [step.input];
         outputs = door.handle(store, inputs, step.now);

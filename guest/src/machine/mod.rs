@@ -22,6 +22,7 @@
 //! Snapshots, restore and journal replay are in `recovery.rs`.
 
 mod recovery;
+pub use recovery::{Restoring, SnapshotCursor};
 
 use crate::command::{self, Command};
 use crate::errors::ServiceError;

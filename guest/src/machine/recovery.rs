@@ -3,14 +3,61 @@
 //! pure encodings; what their contents mean for the state is decided here.
 
 use super::StateMachine;
+use crate::codec::Writer;
 use crate::hlc::{Clock, Hlc};
 use crate::journal::{self, Record};
 use crate::notify::Registry;
 use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
-use crate::snapshot::{self, Parts, SnapshotScope, Visitor};
+use crate::snapshot::{self, SnapshotScope, Visitor};
 use crate::table::{Entry, EntryRef, Table};
 use crate::types::{Config, Error, OutboundMessage, Persist};
+
+/// A snapshot being taken in parts ([`StateMachine::snapshot_part`]): where
+/// it has got to. Only valid while the state does not change.
+#[derive(Debug)]
+pub struct SnapshotCursor {
+    scope: SnapshotScope,
+    at: At,
+    /// CRC of the parts returned so far.
+    crc: crc32fast::Hasher,
+}
+
+#[derive(Debug)]
+enum At {
+    /// Nothing written yet.
+    Start,
+    /// Keys after `after` (from the first when `None`), `left` of them.
+    Keys { after: Option<Box<[u8]>>, left: u64 },
+    /// The count of registrations.
+    RegistrationCount,
+    /// Registrations from the n-th.
+    Registrations(usize),
+    /// The count of dedup entries.
+    DedupCount,
+    /// Dedup entries from the n-th.
+    Dedup(usize),
+    /// The checksum.
+    End,
+    /// Complete.
+    Done,
+}
+
+impl SnapshotCursor {
+    /// A snapshot of `scope`, not started.
+    pub fn new(scope: SnapshotScope) -> SnapshotCursor {
+        SnapshotCursor {
+            scope,
+            at: At::Start,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+
+    /// Whether every part was returned.
+    pub fn is_done(&self) -> bool {
+        matches!(self.at, At::Done)
+    }
+}
 
 impl StateMachine {
     /// The whole state in the snapshot format.
@@ -18,36 +65,143 @@ impl StateMachine {
         self.snapshot_with(SnapshotScope::Everything)
     }
 
-    /// A snapshot of `scope`.
+    /// A snapshot of `scope`, in one piece.
     pub fn snapshot_with(&self, scope: SnapshotScope) -> Vec<u8> {
-        let durable = scope == SnapshotScope::Durable;
-        let keep = |e: &EntryRef<'_>| {
-            !durable
-                || !matches!(self.config.persist, Persist::Flagged | Persist::Custom)
-                || e.persist
+        self.snapshot_part(&mut SnapshotCursor::new(scope), usize::MAX)
+    }
+
+    /// The next part of the snapshot `cursor` is taking: items until the
+    /// part holds `max_bytes` or more (at least one, so a large value can
+    /// make a part larger); empty once the snapshot is complete. The parts
+    /// in order are exactly [`StateMachine::snapshot_with`]'s bytes. The
+    /// state must not change between the parts of one snapshot.
+    pub fn snapshot_part(&self, cursor: &mut SnapshotCursor, max_bytes: usize) -> Vec<u8> {
+        let durable = cursor.scope == SnapshotScope::Durable;
+        let filtered = durable && matches!(self.config.persist, Persist::Flagged | Persist::Custom);
+        let keep = |e: &EntryRef<'_>| !filtered || e.persist;
+        let capacity = match (&cursor.at, max_bytes) {
+            (At::Done, _) => 0,
+            // One piece: made its final size at once rather than doubled as
+            // it grows (the guest's memory keeps its high-water mark).
+            (At::Start, usize::MAX) => self.snapshot_len(cursor.scope, &keep),
+            (_, max) => max.saturating_add(64 << 10),
         };
-        let keys: Vec<_> = self.table.iter().filter(|(_, e)| keep(e)).collect();
+        let mut w = Writer(Vec::with_capacity(capacity));
         let registrations = if durable { 0 } else { self.registry.len() };
-        let dedup = self.dedup.iter().map(|(topic, corr, cached)| {
-            let message = self.cached_message(topic, corr, &cached.reply);
-            (topic, corr, cached.expires_at, message)
-        });
-        let dedup = ExactLen(dedup, self.dedup.len());
-        // The length it will have (an upper bound for the dedup cache).
+        loop {
+            if w.0.len() >= max_bytes {
+                break;
+            }
+            match &mut cursor.at {
+                At::Start => {
+                    snapshot::write_header(&mut w, self.clock.parts());
+                    let n = if filtered {
+                        self.table.iter().filter(|(_, e)| keep(e)).count()
+                    } else {
+                        self.table.len()
+                    };
+                    let n = n as u64;
+                    w.u64(n);
+                    cursor.at = At::Keys {
+                        after: None,
+                        left: n,
+                    };
+                }
+                At::Keys { after, left } => {
+                    let mut last = None;
+                    for (key, e) in self.table.after(after.as_deref()) {
+                        if *left == 0 || w.0.len() >= max_bytes {
+                            break;
+                        }
+                        if keep(&e) {
+                            w.entry(key, e);
+                            *left -= 1;
+                        }
+                        last = Some(key);
+                    }
+                    if *left == 0 {
+                        cursor.at = At::RegistrationCount;
+                    } else if let Some(key) = last {
+                        *after = Some(key.into());
+                    } else {
+                        // The table changed under the cursor (not allowed):
+                        // stop short rather than loop; the checksum fails.
+                        debug_assert!(false, "the state changed during a snapshot");
+                        cursor.at = At::RegistrationCount;
+                    }
+                }
+                At::RegistrationCount => {
+                    w.u64(registrations as u64);
+                    cursor.at = At::Registrations(0);
+                }
+                At::Registrations(pos) => {
+                    for (client, key) in self.registry.iter().take(registrations).skip(*pos) {
+                        if w.0.len() >= max_bytes {
+                            break;
+                        }
+                        w.str(client);
+                        w.bytes(key);
+                        *pos += 1;
+                    }
+                    if *pos >= registrations {
+                        cursor.at = At::DedupCount;
+                    }
+                }
+                At::DedupCount => {
+                    w.u64(self.dedup.len() as u64);
+                    cursor.at = At::Dedup(0);
+                }
+                At::Dedup(pos) => {
+                    let n = self.dedup.len();
+                    for (topic, corr, cached) in self.dedup.iter().skip(*pos) {
+                        if w.0.len() >= max_bytes {
+                            break;
+                        }
+                        w.str(topic);
+                        w.bytes(corr);
+                        w.u64(cached.expires_at);
+                        w.message(&self.cached_message(topic, corr, &cached.reply));
+                        *pos += 1;
+                    }
+                    if *pos >= n {
+                        cursor.at = At::End;
+                    }
+                }
+                At::End => {
+                    cursor.crc.update(&w.0);
+                    let crc = cursor.crc.clone().finalize();
+                    w.u32(crc);
+                    cursor.at = At::Done;
+                    return w.0;
+                }
+                At::Done => return w.0,
+            }
+        }
+        cursor.crc.update(&w.0);
+        w.0
+    }
+
+    /// About how long a one-piece snapshot of `scope` is (at least; an
+    /// upper bound for the dedup cache).
+    fn snapshot_len(&self, scope: SnapshotScope, keep: &impl Fn(&EntryRef<'_>) -> bool) -> usize {
         let node = self.config.node_id.len();
-        let keys_len: usize = keys
+        let keys_len: usize = self
+            .table
             .iter()
+            .filter(|(_, e)| keep(e))
             .map(|(k, e)| {
                 let ft = e.fencing_token.map_or(1, |ft| 21 + ft.node.len());
                 4 + k.len() + 4 + e.value.len() + 12 + ft + 9 + 1
             })
             .sum();
-        let registrations_len: usize = self
-            .registry
-            .iter()
-            .take(registrations)
-            .map(|(c, k)| 8 + c.len() + k.len())
-            .sum();
+        let registrations_len: usize = match scope {
+            SnapshotScope::Durable => 0,
+            SnapshotScope::Everything => self
+                .registry
+                .iter()
+                .map(|(c, k)| 8 + c.len() + k.len())
+                .sum(),
+        };
         let dedup_len: usize = self
             .dedup
             .iter()
@@ -68,36 +222,14 @@ impl StateMachine {
                     + 2 * node
             })
             .sum();
-        snapshot::write(
-            Parts::new(
-                self.clock.parts(),
-                keys.into_iter(),
-                ExactLen(self.registry.iter().take(registrations), registrations),
-                dedup,
-            )
-            .with_capacity(64 + keys_len + registrations_len + dedup_len),
-        )
+        64 + keys_len + registrations_len + dedup_len
     }
 
     /// A store with the state of `snapshot`.
     pub fn restore(config: Config, snapshot: &[u8]) -> Result<StateMachine, Error> {
-        config.validate()?;
-        let mut state = Restored {
-            clock: (0, 0),
-            table: Table::with_seed(config.hash_seed),
-            registry: Registry::default(),
-            dedup: DedupCache::with_seed(config.hash_seed),
-        };
-        snapshot::read(snapshot, &mut state)?;
-        let (wall, counter) = state.clock;
-        let clock = Clock::restored(config.node_id.clone(), wall, counter);
-        Ok(StateMachine::from_parts(
-            clock,
-            config,
-            state.table,
-            state.registry,
-            state.dedup,
-        ))
+        let mut r = Restoring::new(config)?;
+        r.feed(snapshot)?;
+        r.finish()
     }
 
     fn observe_own(&mut self, hlc: &Hlc) {
@@ -153,24 +285,78 @@ fn reply_of(m: &OutboundMessage, bad: fn(String) -> Error) -> Result<Reply, Erro
     Reply::of_message(m).ok_or_else(|| bad("a cached reply is not a reply".into()))
 }
 
-/// An iterator whose length is known (the dedup cache's).
-struct ExactLen<I>(I, usize);
+/// A store being restored from a snapshot handed over in parts of any size
+/// ([`snapshot::Restorer`]): its memory holds one part and one item beyond
+/// the state, never the whole snapshot.
+pub struct Restoring {
+    config: Config,
+    state: Restored,
+    reader: snapshot::Restorer,
+    /// A part failed: the snapshot cannot be restored.
+    failed: bool,
+}
 
-impl<I: Iterator> Iterator for ExactLen<I> {
-    type Item = I::Item;
-    fn next(&mut self) -> Option<I::Item> {
-        let item = self.0.next()?;
-        self.1 = self.1.saturating_sub(1);
-        Some(item)
-    }
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.1, Some(self.1))
+impl core::fmt::Debug for Restoring {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Restoring")
+            .field("keys", &self.state.table.len())
+            .field("reader", &self.reader)
+            .field("failed", &self.failed)
+            .finish()
     }
 }
 
-impl<I: Iterator> ExactSizeIterator for ExactLen<I> {}
+impl Restoring {
+    /// Starts restoring a store with `config`.
+    pub fn new(config: Config) -> Result<Restoring, Error> {
+        config.validate()?;
+        Ok(Restoring {
+            state: Restored {
+                clock: (0, 0),
+                table: Table::with_seed(config.hash_seed),
+                registry: Registry::default(),
+                dedup: DedupCache::with_seed(config.hash_seed),
+            },
+            config,
+            reader: snapshot::Restorer::default(),
+            failed: false,
+        })
+    }
 
-/// The parts of a state as [`snapshot::read`] finds them.
+    /// The next bytes of the snapshot.
+    pub fn feed(&mut self, part: &[u8]) -> Result<(), Error> {
+        if self.failed {
+            return Err(Error::BadSnapshot(
+                "an earlier part of this snapshot was refused".into(),
+            ));
+        }
+        let r = self.reader.feed(part, &mut self.state);
+        self.failed = r.is_err();
+        r
+    }
+
+    /// The store, once every part was fed.
+    pub fn finish(self) -> Result<StateMachine, Error> {
+        if self.failed {
+            return Err(Error::BadSnapshot(
+                "an earlier part of this snapshot was refused".into(),
+            ));
+        }
+        self.reader.finish()?;
+        let state = self.state;
+        let (wall, counter) = state.clock;
+        let clock = Clock::restored(self.config.node_id.clone(), wall, counter);
+        Ok(StateMachine::from_parts(
+            clock,
+            self.config,
+            state.table,
+            state.registry,
+            state.dedup,
+        ))
+    }
+}
+
+/// The parts of a state as [`snapshot::Restorer`] finds them.
 struct Restored {
     clock: (u64, u64),
     table: Table,
