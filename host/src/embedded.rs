@@ -62,9 +62,12 @@ pub struct BrokerLimits {
     /// Longest session expiry a client may ask for (a longer one is cut).
     pub max_session_expiry: Duration,
     /// Most messages queued for one session (offline or slow); the oldest
-    /// is dropped past it. With `max_packet` this bounds a session's queue
-    /// in bytes.
+    /// is dropped past it.
     pub max_queued: usize,
+    /// Most bytes one session holds, queued or unacknowledged
+    /// ([`crate::queue_bytes`]); a message past it is dropped for that
+    /// session.
+    pub max_queued_bytes: usize,
     /// Most connections at once.
     pub max_connections: usize,
     /// Most connections at once from one IP address (0: no limit).
@@ -81,6 +84,7 @@ impl Default for BrokerLimits {
             max_packet: 32 << 20,
             max_session_expiry: Duration::from_secs(24 * 3600),
             max_queued: 1000,
+            max_queued_bytes: 512 << 20,
             max_connections: 10_000,
             max_connections_per_address: 256,
             inbound_bytes: 64 << 20,
@@ -112,6 +116,8 @@ pub struct BrokerOptions {
     pub users: Option<crate::users::Users>,
     /// The connection count for `--metrics`.
     pub connections: Option<prometheus::IntGauge>,
+    /// Messages dropped at a session's byte limit, for `--metrics`.
+    pub queue_dropped: Option<prometheus::IntCounter>,
     /// A TLS listener too.
     pub tls: Option<TlsListener>,
 }
@@ -539,6 +545,7 @@ impl EmbeddedServer {
             limits,
             users,
             connections,
+            queue_dropped,
             tls,
         } = opts;
         let limits = &limits;
@@ -581,7 +588,23 @@ impl EmbeddedServer {
             owners: std::sync::Mutex::new(HashMap::new()),
             connections,
         });
+        let queue_bytes =
+            crate::queue_bytes::QueueBytes::new(limits.max_queued_bytes, queue_dropped);
+        crate::queue_bytes::BoundedShared::install(&scx, queue_bytes.clone()).await;
         let register = scx.extends.hook_mgr().register();
+        for t in [
+            Type::MessageDelivered,
+            Type::MessageAcked,
+            Type::MessageDropped,
+            Type::SessionTerminated,
+        ] {
+            register
+                .add(
+                    t,
+                    Box::new(crate::queue_bytes::QueueHooks(queue_bytes.clone())),
+                )
+                .await;
+        }
         for t in [
             Type::ClientAuthenticate,
             Type::ClientConnected,

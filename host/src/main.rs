@@ -472,10 +472,16 @@ struct ServeArgs {
     max_session_expiry: u64,
 
     /// Most messages queued for one session of the embedded broker (an
-    /// offline or slow client); past it the oldest are dropped. With
-    /// --max-packet-mib this bounds a session's queue in bytes.
+    /// offline or slow client); past it the oldest are dropped.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     max_queued: u64,
+
+    /// Most bytes one session of the embedded broker holds (queued and
+    /// unacknowledged messages, MiB); a message that would go past it is
+    /// dropped for that session (logged at debug, counted). The default
+    /// lets a client have 60 replies of 8 MiB in flight at once.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_queued_mib: u64,
 
     /// Most connections the embedded broker holds at once.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -995,6 +1001,7 @@ fn broker_limits(args: &ServeArgs) -> BrokerLimits {
         max_packet: args.max_packet_mib << 20,
         max_session_expiry: Duration::from_secs(args.max_session_expiry),
         max_queued: usize_of(args.max_queued),
+        max_queued_bytes: usize_of(args.max_queued_mib << 20),
         max_connections: usize_of(args.max_connections),
         max_connections_per_address: usize_of(args.max_connections_per_address),
         inbound_bytes: usize_of(args.inbound_mib << 20),
@@ -1154,6 +1161,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                     limits: broker_limits(&args),
                     users,
                     connections: metrics.as_ref().map(|m| m.connections().clone()),
+                    queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
                     tls: tls_listener(&args),
                 },
             )

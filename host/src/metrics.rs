@@ -70,6 +70,7 @@ pub struct Metrics {
     snapshot: HistogramVec,
     tenant_up: IntGaugeVec,
     connections: IntGauge,
+    queue_dropped: IntCounter,
     ready: AtomicBool,
 }
 
@@ -110,6 +111,11 @@ impl Metrics {
             "MQTT client connections to the embedded broker",
         )?;
         r.register(Box::new(connections.clone()))?;
+        let queue_dropped = IntCounter::new(
+            "statestore_queue_dropped_total",
+            "Messages the embedded broker dropped for a session that held --max-queued-mib",
+        )?;
+        r.register(Box::new(queue_dropped.clone()))?;
         Ok(Arc::new(Metrics {
             requests: counter(
                 &r,
@@ -224,6 +230,7 @@ impl Metrics {
                 t,
             )?,
             connections,
+            queue_dropped,
             ready: AtomicBool::new(false),
             registry: r,
         }))
@@ -268,6 +275,11 @@ impl Metrics {
     /// The embedded broker's connection count.
     pub fn connections(&self) -> &IntGauge {
         &self.connections
+    }
+
+    /// Messages dropped for sessions at their byte limit.
+    pub fn queue_dropped(&self) -> &IntCounter {
+        &self.queue_dropped
     }
 
     /// Recovery is done and the listener is up.

@@ -300,3 +300,82 @@ async fn flood(extra: &[&str], bound_mib: u64) {
     let log = server.log();
     assert!(!log.contains("guest failed"), "{log}");
 }
+
+/// Finding 7: a stalled subscriber (connected, its socket no longer read)
+/// holds at most `--max-queued-mib` of messages in the broker, counted in
+/// bytes (queued and unacknowledged), not 1,000 messages of any size: 100
+/// messages of 1 MiB for it leave about 8 MiB held, the rest are dropped
+/// for it alone, and it gets the first ones when it reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_holds_at_most_its_queue_bytes() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    let port = free_port();
+    let server = serve(port, &["--max-queued-mib", "8"]);
+    let mut o = MqttOptions::new("stalled", "127.0.0.1", port);
+    o.set_keep_alive(Duration::from_secs(120))
+        .set_clean_start(true)
+        .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
+    let (stalled, mut eventloop) = AsyncClient::new(o, 16);
+    stalled
+        .subscribe("feed/#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::SubAck(_))) => break,
+            Ok(_) => {}
+            Err(e) => panic!("the subscriber: {e}"),
+        }
+    }
+    // From here its event loop is not polled: nothing reads its socket.
+    let before = server.rss_kib();
+    let mut publisher = client(port, "publisher").await;
+    let payload = vec![7u8; 1 << 20];
+    for _ in 0..100 {
+        publisher
+            .client
+            .publish("feed/x", QoS::AtLeastOnce, false, payload.clone())
+            .await
+            .expect("publish");
+    }
+    // One connection's packets are handled in order: once this is
+    // answered, the broker has routed all 100.
+    assert_eq!(text(&publisher.call(&[b"GET", b"k"]).await), "$-1\r\n");
+    let grown_mib = server.rss_kib().saturating_sub(before) / 1024;
+    eprintln!("resident memory grew by {grown_mib} MiB for 100 MiB sent to a stalled subscriber");
+    assert!(grown_mib < 48, "resident memory grew by {grown_mib} MiB");
+    // It reads again: the messages held for it, and no more.
+    let mut received = 0;
+    while let Ok(event) = tokio::time::timeout(Duration::from_secs(3), eventloop.poll()).await {
+        match event {
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                assert_eq!(p.payload.len(), 1 << 20);
+                received += 1;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("the subscriber: {e}"),
+        }
+    }
+    assert!(
+        (1..=10).contains(&received),
+        "{received} of 100 messages were held for the stalled subscriber"
+    );
+    // The broker still serves, and the subscriber gets new messages.
+    publisher
+        .client
+        .publish("feed/y", QoS::AtLeastOnce, false, b"small".to_vec())
+        .await
+        .expect("publish");
+    let next = loop {
+        match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::Publish(p)))) => break p,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("the subscriber: {e}"),
+            Err(_) => panic!("no message after the subscriber caught up"),
+        }
+    };
+    assert_eq!(&next.payload[..], b"small");
+}

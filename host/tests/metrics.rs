@@ -202,10 +202,12 @@ async fn a_scrape_says_what_the_load_did_embedded() {
             &format!("statestore_journal_fsync_duration_seconds_count{{{T}}}")
         ) >= 200.0
     );
-    // The load's client has gone: no connections.
+    // The load's client has gone: no connections. Nothing was dropped
+    // for a session at its byte limit.
     eventually(metrics, "connections", |m| {
         value(m, "statestore_connections") == 0.0
     });
+    assert_eq!(value(&m, "statestore_queue_dropped_total"), 0.0);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,345 @@
+//! Bytes queued per MQTT session in the embedded broker (issue 15,
+//! finding 7).
+//!
+//! rmqtt bounds a session's queue by message count only (`--max-queued`):
+//! with 32 MiB packets, 1,000 queued messages could pin 32 GiB for one
+//! stalled subscriber. Here every message routed to a session is weighed on
+//! its way in (a wrapper around rmqtt's [`Shared`], which does the routing)
+//! and weighed out when it leaves: written to the client (QoS 0),
+//! acknowledged by it (QoS 1 and 2), dropped, or its session ends. A message
+//! that would take a session past `--max-queued-mib` is dropped for that
+//! session alone, as a full queue drops, and counted; other subscribers of
+//! the same message still get it.
+//!
+//! The weight is the message's payload, topic and properties (the bytes a
+//! session holds for it), plus a fixed overhead. An error in the count can
+//! only loosen the bound for a while (a session whose id went away is
+//! forgotten), never refuse a session that holds nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rmqtt::context::ServerContext;
+use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType};
+use rmqtt::session::Session;
+use rmqtt::shared::{Entry, Shared};
+use rmqtt::types::{
+    ClientId, ForwardedCount, ForwardedRecipients, From, HealthInfo, Id, MsgID, NodeHealthStatus,
+    NodeId, Publish, QoS, Reason, SessionStatus, SubRelations, SubsSearchParams, SubsSearchResult,
+    SubscriptionOptions, To,
+};
+
+/// The reason given for a message dropped here (the `message_dropped` hook
+/// sees it, and must not weigh that message out).
+const OVER_BUDGET: &str = "the session's queue holds its limit of bytes (--max-queued-mib)";
+
+/// Bytes a message takes beyond its payload, topic and properties.
+const OVERHEAD: usize = 128;
+
+/// What one message weighs in a session's queue.
+pub fn weight(p: &Publish) -> usize {
+    let props = p.properties.as_ref().map_or(0, |props| {
+        props.correlation_data.as_ref().map_or(0, |c| c.len())
+            + props.content_type.as_ref().map_or(0, |c| c.len())
+            + props.response_topic.as_ref().map_or(0, |t| t.len())
+            + props
+                .user_properties
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>()
+    });
+    p.payload.len() + p.topic.len() + props + OVERHEAD
+}
+
+/// The bytes each session holds, and the limit.
+#[derive(Debug)]
+pub struct QueueBytes {
+    max: usize,
+    held: Mutex<HashMap<ClientId, usize>>,
+    dropped: AtomicU64,
+    /// The same count, for `--metrics`.
+    counter: Option<prometheus::IntCounter>,
+}
+
+impl QueueBytes {
+    /// At most `max` bytes a session; drops are counted in `counter` too.
+    pub fn new(max: usize, counter: Option<prometheus::IntCounter>) -> Arc<QueueBytes> {
+        Arc::new(QueueBytes {
+            max,
+            held: Mutex::new(HashMap::new()),
+            dropped: AtomicU64::new(0),
+            counter,
+        })
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<ClientId, usize>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `w` bytes for `client` if it has room (a session holding
+    /// nothing always has room for one message).
+    fn admit(&self, client: &ClientId, w: usize) -> bool {
+        let mut held = self.held();
+        let now = held.get(client).copied().unwrap_or(0);
+        if now > 0 && now.saturating_add(w) > self.max {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = &self.counter {
+                c.inc();
+            }
+            return false;
+        }
+        held.insert(client.clone(), now.saturating_add(w));
+        true
+    }
+
+    /// `client` no longer holds `w` bytes.
+    fn release(&self, client: &ClientId, w: usize) {
+        let mut held = self.held();
+        if let Some(now) = held.get_mut(client) {
+            *now = now.saturating_sub(w);
+            if *now == 0 {
+                held.remove(client);
+            }
+        }
+    }
+
+    /// `client`'s session ended.
+    fn forget(&self, client: &ClientId) {
+        self.held().remove(client);
+    }
+
+    /// Bytes `client`'s session holds now.
+    pub fn of(&self, client: &str) -> usize {
+        self.held().get(client).copied().unwrap_or(0)
+    }
+
+    /// Messages dropped because a session held its limit.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// rmqtt's routing with [`QueueBytes`] admission before each session.
+pub struct BoundedShared {
+    inner: Box<dyn Shared>,
+    scx: ServerContext,
+    bytes: Arc<QueueBytes>,
+}
+
+impl BoundedShared {
+    /// Wraps the server's routing (call once, before it serves).
+    pub async fn install(scx: &ServerContext, bytes: Arc<QueueBytes>) {
+        let mut shared = scx.extends.shared_mut().await;
+        let placeholder: Box<dyn Shared> = Box::new(rmqtt::shared::DefaultShared::new(None));
+        let inner = std::mem::replace(&mut *shared, placeholder);
+        *shared = Box::new(BoundedShared {
+            inner,
+            scx: scx.clone(),
+            bytes,
+        });
+    }
+}
+
+type Dropped = Vec<(To, From, Publish, Reason)>;
+
+#[async_trait::async_trait]
+impl Shared for BoundedShared {
+    fn entry(&self, id: Id) -> Box<dyn Entry> {
+        self.inner.entry(id)
+    }
+
+    fn exist(&self, client_id: &str) -> bool {
+        self.inner.exist(client_id)
+    }
+
+    /// rmqtt's own `forwards` (one node, no message store), routed through
+    /// [`BoundedShared::forwards_to`].
+    async fn forwards(
+        &self,
+        msg_id: Option<MsgID>,
+        from: From,
+        publish: Publish,
+    ) -> Result<ForwardedCount, (ForwardedCount, Dropped)> {
+        let relations: SubRelations = match &publish.target_clientid {
+            Some(target) => {
+                let mut opts = SubscriptionOptions::default();
+                opts.set_qos(publish.qos);
+                vec![(publish.topic.clone(), target.clone(), opts, None, None)]
+            }
+            None => {
+                let router = self.scx.extends.router().await;
+                match router.matches(from.id.clone(), &publish.topic).await {
+                    Ok(mut map) => map.remove(&self.scx.node.id()).unwrap_or_default(),
+                    Err(e) => {
+                        tracing::warn!(topic = %publish.topic, error = %e, "cannot route a message");
+                        SubRelations::default()
+                    }
+                }
+            }
+        };
+        if relations.is_empty() {
+            return Ok(0);
+        }
+        match self.forwards_to(from, &publish, relations, msg_id).await {
+            Ok(recipients) => Ok(recipients.len()),
+            Err((recipients, dropped)) => Err((recipients.len(), dropped)),
+        }
+    }
+
+    async fn forwards_and_get_shareds(
+        &self,
+        from: From,
+        publish: Publish,
+    ) -> Result<(rmqtt::types::SubRelationsMap, ForwardedRecipients), (ForwardedRecipients, Dropped)>
+    {
+        self.inner.forwards_and_get_shareds(from, publish).await
+    }
+
+    async fn forwards_to(
+        &self,
+        from: From,
+        publish: &Publish,
+        relations: SubRelations,
+        msg_id: Option<MsgID>,
+    ) -> Result<ForwardedRecipients, (ForwardedRecipients, Dropped)> {
+        let w = weight(publish);
+        let mut over = Vec::new();
+        let mut admitted = SubRelations::with_capacity(relations.len());
+        for r in relations {
+            // Only a session that exists can hold anything (a request's
+            // copy goes to a client that cannot exist: nothing to weigh).
+            if !self.inner.exist(&r.1) || self.bytes.admit(&r.1, w) {
+                admitted.push(r);
+            } else {
+                tracing::debug!(client_id = %r.1, topic = %publish.topic, bytes = w, "message dropped for a session at its queue limit");
+                over.push((
+                    To::from(self.scx.node.id(), r.1.clone()),
+                    from.clone(),
+                    publish.clone(),
+                    Reason::from_static(OVER_BUDGET),
+                ));
+            }
+        }
+        let result = if admitted.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.inner
+                .forwards_to(from, publish, admitted, msg_id)
+                .await
+        };
+        match (result, over.is_empty()) {
+            (Ok(recipients), true) => Ok(recipients),
+            (Ok(recipients), false) => Err((recipients, over)),
+            (Err((recipients, mut dropped)), _) => {
+                dropped.extend(over);
+                Err((recipients, dropped))
+            }
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = Box<dyn Entry>> + Sync + Send + '_> {
+        self.inner.iter()
+    }
+
+    fn random_session(&self) -> Option<Session> {
+        self.inner.random_session()
+    }
+
+    async fn session_status(&self, client_id: &str) -> Option<SessionStatus> {
+        self.inner.session_status(client_id).await
+    }
+
+    async fn client_states_count(&self) -> usize {
+        self.inner.client_states_count().await
+    }
+
+    fn sessions_count(&self) -> usize {
+        self.inner.sessions_count()
+    }
+
+    async fn query_subscriptions(&self, q: &SubsSearchParams) -> Vec<SubsSearchResult> {
+        self.inner.query_subscriptions(q).await
+    }
+
+    async fn subscriptions_count(&self) -> usize {
+        self.inner.subscriptions_count().await
+    }
+
+    fn grpc_enable(&self) -> bool {
+        self.inner.grpc_enable()
+    }
+
+    fn node_name(&self, id: NodeId) -> String {
+        self.inner.node_name(id)
+    }
+
+    async fn check_health(&self) -> rmqtt::Result<HealthInfo> {
+        self.inner.check_health().await
+    }
+
+    async fn health_status(&self) -> rmqtt::Result<NodeHealthStatus> {
+        self.inner.health_status().await
+    }
+
+    fn operation_is_busy(&self) -> bool {
+        self.inner.operation_is_busy()
+    }
+}
+
+/// Weighs messages out of their sessions: the hooks for
+/// `MessageDelivered`, `MessageAcked`, `MessageDropped` and
+/// `SessionTerminated`.
+pub struct QueueHooks(pub Arc<QueueBytes>);
+
+#[async_trait::async_trait]
+impl Handler for QueueHooks {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        match param {
+            // Written to the client: a QoS 0 message is gone; a QoS 1 or 2
+            // one stays in flight until it is acknowledged.
+            Parameter::MessageDelivered(session, _, p) if p.qos == QoS::AtMostOnce => {
+                self.0.release(&session.id.client_id, weight(p));
+            }
+            Parameter::MessageAcked(session, _, p) => {
+                self.0.release(&session.id.client_id, weight(p));
+            }
+            Parameter::MessageDropped(Some(to), _, p, reason) if !matches!(reason, Reason::Error(r) if r == OVER_BUDGET) =>
+            {
+                self.0.release(&to.client_id, weight(p));
+            }
+            Parameter::SessionTerminated(session, _) => self.0.forget(&session.id.client_id),
+            _ => {}
+        }
+        (true, acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_keeps_each_session_under_its_limit() {
+        let q = QueueBytes::new(1000, None);
+        let a = ClientId::from("a");
+        let b = ClientId::from("b");
+        // A session holding nothing takes one message of any size.
+        assert!(q.admit(&a, 5000));
+        assert!(!q.admit(&a, 1));
+        assert!(q.admit(&b, 600));
+        assert!(!q.admit(&b, 401));
+        assert!(q.admit(&b, 400));
+        assert_eq!(q.dropped(), 2);
+        q.release(&a, 5000);
+        assert_eq!(q.of("a"), 0);
+        assert!(q.admit(&a, 10));
+        q.forget(&b);
+        assert_eq!(q.of("b"), 0);
+        // More released than held (a message weighed in before a restart
+        // of the count): never below zero.
+        q.release(&a, 1_000_000);
+        assert_eq!(q.of("a"), 0);
+    }
+}
