@@ -27,6 +27,10 @@ use crate::types::{KeyMatch, ScanPage};
 pub const EXAMINE_KEYS: usize = 16 * 1024;
 /// Most bytes of keys one page looks at.
 pub const EXAMINE_BYTES: usize = 1024 * 1024;
+/// ... or once matching could have taken this many steps ([`Glob::cost`]:
+/// a long pattern with a `*` costs more a key), so that a hostile pattern
+/// cannot hold a call for long.
+pub const EXAMINE_WORK: usize = 1 << 26;
 /// What every token this store writes starts with.
 pub const TOKEN_PREFIX: &[u8] = b"0;1;";
 
@@ -90,11 +94,15 @@ pub fn page(
     let max_keys = usize::try_from(limits.max_keys).unwrap_or(usize::MAX);
     let max_bytes = usize::try_from(limits.max_bytes).unwrap_or(usize::MAX);
     let mut keys: Vec<&[u8]> = Vec::new();
-    let (mut bytes, mut examined, mut examined_bytes) = (0usize, 0usize, 0usize);
+    let (mut bytes, mut examined, mut examined_bytes, mut work) = (0usize, 0usize, 0usize, 0usize);
     let mut last = None;
     let mut more = false;
     for (key, entry) in table.after(after) {
-        if keys.len() >= max_keys || examined >= EXAMINE_KEYS || examined_bytes >= EXAMINE_BYTES {
+        if keys.len() >= max_keys
+            || examined >= EXAMINE_KEYS
+            || examined_bytes >= EXAMINE_BYTES
+            || work >= EXAMINE_WORK
+        {
             more = true;
             break;
         }
@@ -106,6 +114,7 @@ pub fn page(
         }
         examined += 1;
         examined_bytes += key.len();
+        work = work.saturating_add(glob.cost(key.len()));
         last = Some(key);
         if matched {
             bytes += size;
@@ -255,5 +264,49 @@ mod tests {
             token = Some(p[prefix.len()..p.len() - 2].to_vec());
         }
         assert_eq!(pages, 40_000usize.div_ceil(EXAMINE_KEYS));
+    }
+
+    /// A long pattern with a `*` against long keys (the matcher backtracks:
+    /// a key costs its length times the pattern's): a page stops once that
+    /// work reaches [`EXAMINE_WORK`], however few keys it looked at.
+    #[test]
+    fn a_hostile_pattern_costs_a_bounded_page() {
+        let keys: Vec<Vec<u8>> = (0..100u32)
+            .map(|i| {
+                let mut k = format!("{i:03}").into_bytes();
+                k.resize(4096, b'a');
+                k
+            })
+            .collect();
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let t = table(&refs);
+        let pattern = format!("*{}b", "a".repeat(1000));
+        let glob = Glob::new(&pattern).expect("ok");
+        let per_page = EXAMINE_WORK.div_ceil(glob.cost(4096));
+        assert!(per_page < 20, "{per_page}");
+        let mut token: Option<Vec<u8>> = None;
+        let mut pages = 0;
+        loop {
+            let p = page(
+                &t,
+                pattern.as_bytes(),
+                token.as_deref(),
+                0,
+                ScanPage::default(),
+            )
+            .expect("ok");
+            pages += 1;
+            if p == b"*1\r\n*0\r\n" {
+                break;
+            }
+            let prefix = format!("*2\r\n*0\r\n${}\r\n", 4 + 4096);
+            assert!(p.starts_with(prefix.as_bytes()));
+            token = Some(p[prefix.len()..p.len() - 2].to_vec());
+        }
+        assert_eq!(pages, 100usize.div_ceil(per_page));
+        assert_eq!(
+            Glob::new(&"a".repeat(MAX_PATTERN_BYTES + 1)).map(|_| ()),
+            Err(format!("it is longer than {MAX_PATTERN_BYTES} bytes"))
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! call_ms = 1000                # longest one call into its guest may run
 //! max_keys = 100000             # quota: keys ...
 //! max_bytes = 16777216          #   ... and bytes of keys and values (default and most: a third of memory_mib)
-//! max_key_bytes = 65536         # longest key a SET may create
+//! max_key_bytes = 65536         # longest key a SET may create (default 65536)
 //! max_value_bytes = 4194304     # longest value a SET may write
 //! data_root = "/var/lib/statestore"   # each tenant in data_root/<name>
 //! persist = "all"               # all | flagged | custom | none
@@ -45,6 +45,9 @@ use crate::mqtt::BrokerUrl;
 use crate::store::StoreOptions;
 use crate::tenant::{ComponentSource, WASM32_MAX_MEMORY};
 use crate::{Persist, StoreLimits};
+
+/// Default longest key of a tenant, bytes.
+pub const DEFAULT_MAX_KEY_BYTES: u32 = 64 << 10;
 
 /// Default linear memory cap of a tenant from a config file, MiB.
 pub const DEFAULT_MEMORY_MIB: u64 = 256;
@@ -433,7 +436,8 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                     // Unset: a third of the memory cap, so that every
                     // tenant's keys, registrations and cached replies fit it.
                     max_bytes: Some(s.max_bytes.unwrap_or((memory_mib << 20) / 3)),
-                    max_key_bytes: s.max_key_bytes,
+                    // Unset: 64 KiB (what one key costs a SCAN pattern).
+                    max_key_bytes: Some(s.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES)),
                     max_value_bytes: s.max_value_bytes,
                 },
                 clock: crate::clock::system(),

@@ -453,6 +453,12 @@ struct ServeArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_value_mib: u64,
 
+    /// Longest key a SET may create, KiB (without --config; tenants have
+    /// `max_key_bytes`). It bounds what matching one key against a SCAN
+    /// pattern can cost.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_key_kib: u64,
+
     /// Linear memory cap of the store's guest, MiB (without --config;
     /// tenants have `memory_mib`). A guest that needs more fails and
     /// restarts from its journal.
@@ -795,6 +801,9 @@ fn config_check(file: &std::path::Path) -> Result<()> {
         if let Some(b) = spec.store.quota.max_value_bytes {
             println!("max_value_bytes = {b}");
         }
+        if let Some(b) = spec.store.quota.max_key_bytes {
+            println!("max_key_bytes = {b}");
+        }
         println!(
             "persist = {:?}",
             format!("{:?}", spec.store.persist).to_lowercase()
@@ -946,6 +955,7 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
             quota: Quota {
                 max_bytes: Some(max_bytes_mib(args).saturating_mul(1 << 20)),
                 max_value_bytes: Some(u32::try_from(args.max_value_mib << 20).unwrap_or(u32::MAX)),
+                max_key_bytes: Some(u32::try_from(args.max_key_kib << 10).unwrap_or(u32::MAX)),
                 ..Quota::default()
             },
             clock: statestore::clock::system(),

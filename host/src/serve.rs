@@ -77,11 +77,31 @@ impl ClientEvents {
                 // of the templates ("victim was-here" is one client), and
                 // only the whole line decides whose it is.
                 let line = std::str::from_utf8(payload).ok()?;
-                let (_, message) = line.split_once(": ")?;
-                MOSQUITTO_GONE.iter().find_map(|(before, after)| {
-                    let id = message.strip_prefix(before)?.strip_suffix(after)?;
-                    (!id.is_empty()).then(|| id.to_string())
-                })
+                // The time mosquitto puts first (`log_timestamp true`, its
+                // default: seconds since the epoch), if any.
+                let message = match line.split_once(": ") {
+                    Some((time, rest))
+                        if !time.is_empty() && time.bytes().all(|b| b.is_ascii_digit()) =>
+                    {
+                        rest
+                    }
+                    _ => line,
+                };
+                MOSQUITTO_GONE
+                    .iter()
+                    .find_map(|(before, after)| {
+                        let id = message.strip_prefix(before)?.strip_suffix(after)?;
+                        (!id.is_empty()).then(|| id.to_string())
+                    })
+                    .or_else(|| {
+                        MOSQUITTO_GONE_WITH_REASON.iter().find_map(|(before, sep)| {
+                            // The reason (an OS error text) never holds the
+                            // separator; an id might: cut at its last one.
+                            let rest = message.strip_prefix(before)?;
+                            let (id, reason) = rest.rsplit_once(sep)?;
+                            (!id.is_empty() && !reason.is_empty()).then(|| id.to_string())
+                        })
+                    })
             }
         }
     }
@@ -96,8 +116,23 @@ const MOSQUITTO_GONE: &[(&str, &str)] = &[
     ("Client ", " already connected, closing old connection."),
     ("Client ", " disconnected due to protocol error."),
     ("Client ", " disconnected due to malformed packet."),
+    ("Client ", " disconnected due to oversize packet."),
+    ("Client ", " disconnected due to oversize payload."),
+    ("Client ", " disconnected due to out of memory."),
+    (
+        "Client ",
+        " disconnected due to QoS too high or retain not supported.",
+    ),
+    ("Client ", " been disconnected by administrative action."),
     ("Client ", " disconnected, not authorised."),
     ("Socket error on client ", ", disconnecting."),
+];
+
+/// The lines that end with a reason after the client id, as (before the id,
+/// between the id and the reason): `Client <id> disconnected: <error>.`.
+const MOSQUITTO_GONE_WITH_REASON: &[(&str, &str)] = &[
+    ("Client ", " disconnected: "),
+    ("Bad socket read/write on client ", ": "),
 ];
 
 /// Everything `serve` needs to know.
@@ -511,6 +546,32 @@ mod tests {
         // Whole templates: an id with spaces is one client, and a line
         // naming a client inside another's id is that other's.
         assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: Client c3 disconnected: Connection reset by peer."
+            ),
+            Some("c3".into())
+        );
+        assert_eq!(
+            e.disconnected_client(t, b"Client no-time disconnected."),
+            Some("no-time".into()),
+            "log_timestamp false"
+        );
+        assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: Bad socket read/write on client a: b: Broken pipe"
+            ),
+            Some("a: b".into())
+        );
+        assert_eq!(
+            e.disconnected_client(
+                t,
+                b"1700000000: Client admin-kicked been disconnected by administrative action."
+            ),
+            Some("admin-kicked".into())
+        );
+        assert_eq!(
             e.disconnected_client(t, b"1700000000: Client victim was-here disconnected."),
             Some("victim was-here".into())
         );
@@ -528,7 +589,6 @@ mod tests {
             ),
             Some("victim closed its connection. x".into())
         );
-        assert_eq!(e.disconnected_client(t, b"Client c1 disconnected."), None);
     }
 
     #[test]
