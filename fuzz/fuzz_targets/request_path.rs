@@ -136,6 +136,8 @@ fuzz_target!(|events: Vec<Event>| {
                     user_properties,
                     client_id: client_id.clone(),
                     received_at: received_back.map(|b| now - u64::from(b)),
+                    username: None,
+                    attributes: Vec::new(),
                 };
                 sm.handle(&m, now)
             }

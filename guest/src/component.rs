@@ -117,7 +117,7 @@ impl wit::GuestStore for Store {
     }
 
     fn validate_config(config: wit::Config) -> Result<(), wit::Error> {
-        config_in(config).validate().map_err(error_out)
+        StateMachine::validate_config(&config_in(config)).map_err(error_out)
     }
 
     fn restore(config: wit::Config, snapshot: Vec<u8>) -> Result<wit::Store, wit::Error> {
@@ -183,6 +183,13 @@ impl wit::GuestStore for Store {
         }
     }
 
+    fn set_authorization(&self, rules: Option<Vec<wit::AuthRule>>) -> Result<(), wit::Error> {
+        self.machine
+            .borrow_mut()
+            .set_authorization(rules.map(rules_in))
+            .map_err(error_out)
+    }
+
     fn replay(&self, records: Vec<Vec<u8>>) -> Result<(), wit::Error> {
         let mut m = self.changing();
         for r in &records {
@@ -222,7 +229,45 @@ fn config_in(c: wit::Config) -> types::Config {
             max_bytes: c.scan_page.max_bytes,
         },
         sdk_response_topics: c.sdk_response_topics,
+        authorization: c.authorization.map(rules_in),
     }
+}
+
+fn pairs_in(p: Vec<wit::UserProperty>) -> Vec<(String, String)> {
+    p.into_iter().map(|p| (p.name, p.value)).collect()
+}
+
+fn rules_in(rules: Vec<wit::AuthRule>) -> Vec<types::AuthRule> {
+    rules
+        .into_iter()
+        .map(|r| types::AuthRule {
+            principals: types::Principals {
+                client_ids: r.principals.client_ids,
+                usernames: r.principals.usernames,
+                attributes: r.principals.attributes.into_iter().map(pairs_in).collect(),
+            },
+            grants: r
+                .grants
+                .into_iter()
+                .map(|g| types::KeyGrant {
+                    method: match g.method {
+                        wit::KeyMethod::Read => types::KeyMethod::Read,
+                        wit::KeyMethod::Write => types::KeyMethod::Write,
+                        wit::KeyMethod::ReadWrite => types::KeyMethod::ReadWrite,
+                    },
+                    keys: g
+                        .keys
+                        .into_iter()
+                        .map(|k| match k {
+                            wit::KeySpec::Pattern(p) => types::KeySpec::Pattern(p),
+                            wit::KeySpec::Text(t) => types::KeySpec::Text(t),
+                            wit::KeySpec::Binary(b) => types::KeySpec::Binary(b),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 fn error_out(e: types::Error) -> wit::Error {
@@ -274,6 +319,8 @@ fn message_in(m: wit::InboundMessage) -> types::InboundMessage {
             .collect(),
         client_id: m.client_id,
         received_at: m.received_at,
+        username: m.username,
+        attributes: pairs_in(m.attributes),
     }
 }
 

@@ -7,6 +7,7 @@
 //!                                                 └──> next_deadline()
 //!
 //!   StateMachine
+//!     authz      per-key authorization rules (principals, grants, substitutions)
 //!     rpc/       envelope: topics, properties, status codes, dedup cache, expiry
 //!     resp3/     RESP3 request decoder and reply encoders
 //!     command    RESP3 elements -> typed command (validation order of spec §5.4)
@@ -24,6 +25,7 @@
 //! fuzzing, benches) and, with `component.rs`, to the `wasm32-wasip2`
 //! component that exports `wit/store.wit`.
 
+pub mod authz;
 pub(crate) mod codec;
 pub mod command;
 pub(crate) mod errors;

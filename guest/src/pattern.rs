@@ -26,6 +26,12 @@ impl Glob {
             .map_err(|e| format!("{} (near character {})", e.msg, e.pos))
     }
 
+    /// `text` as a pattern that matches exactly it (`*`, `?` and `[` put
+    /// in brackets).
+    pub fn escape(text: &str) -> String {
+        glob::Pattern::escape(text)
+    }
+
     /// About how many steps matching a key of `len` bytes can take, at
     /// worst (for budgets of work).
     pub fn cost(&self, len: usize) -> usize {

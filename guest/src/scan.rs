@@ -75,13 +75,15 @@ pub fn parse_token(token: &[u8]) -> Option<&[u8]> {
 }
 
 /// The reply payload of one SCAN page: `pattern` over `table` at `now`,
-/// after the key of `token`. `Err` is the text of an `-ERR` reply.
+/// after the key of `token`, of the keys `readable` allows (the others are
+/// looked at, never listed). `Err` is the text of an `-ERR` reply.
 pub fn page(
     table: &Table,
     pattern: &[u8],
     token: Option<&[u8]>,
     now: u64,
     limits: ScanPage,
+    readable: impl Fn(&[u8]) -> bool,
 ) -> Result<Vec<u8>, String> {
     let after = match token {
         None => None,
@@ -106,7 +108,7 @@ pub fn page(
             more = true;
             break;
         }
-        let matched = entry.live_at(now) && glob.matches(key);
+        let matched = entry.live_at(now) && glob.matches(key) && readable(key);
         let size = resp3::bulk_len(key.len());
         if matched && !keys.is_empty() && bytes + size > max_bytes {
             more = true;
@@ -176,25 +178,28 @@ mod tests {
     #[test]
     fn pages_and_tokens() {
         let t = table(&[b"a1", b"a2", b"b1", b"exp1", b"\xff\xfe"]);
-        let all = page(&t, b"*", None, 20, ScanPage::default()).expect("ok");
+        let all = page(&t, b"*", None, 20, ScanPage::default(), |_| true).expect("ok");
         assert_eq!(all, b"*1\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n");
-        let live = page(&t, b"*", None, 5, ScanPage::default()).expect("ok");
+        let live = page(&t, b"*", None, 5, ScanPage::default(), |_| true).expect("ok");
         assert!(live.starts_with(b"*1\r\n*4\r\n"), "exp1 is live at 5");
-        let one = page(&t, b"a*", None, 20, limits(1, 1000)).expect("ok");
+        let one = page(&t, b"a*", None, 20, limits(1, 1000), |_| true).expect("ok");
         assert_eq!(one, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a1\r\n");
-        let two = page(&t, b"a*", Some(b"0;1;a1"), 20, limits(1, 1000)).expect("ok");
+        let two = page(&t, b"a*", Some(b"0;1;a1"), 20, limits(1, 1000), |_| true).expect("ok");
         assert_eq!(two, b"*2\r\n*1\r\n$2\r\na2\r\n$6\r\n0;1;a2\r\n");
         // The page that finds no more matches and nothing after: the last.
-        let three = page(&t, b"a*", Some(b"0;1;a2"), 20, limits(1, 1000)).expect("ok");
+        let three = page(&t, b"a*", Some(b"0;1;a2"), 20, limits(1, 1000), |_| true).expect("ok");
         assert_eq!(three, b"*1\r\n*0\r\n");
         // A token names any key, present or not.
-        let gone = page(&t, b"*", Some(b"7;42;a15"), 20, ScanPage::default()).expect("ok");
+        let gone = page(&t, b"*", Some(b"7;42;a15"), 20, ScanPage::default(), |_| {
+            true
+        })
+        .expect("ok");
         assert_eq!(gone, b"*1\r\n*2\r\n$2\r\na2\r\n$2\r\nb1\r\n");
         // A byte limit smaller than one key still returns one key a page;
         // the token names the last key looked at (a2), not the last returned.
-        let tiny = page(&t, b"?1", None, 20, limits(100, 1)).expect("ok");
+        let tiny = page(&t, b"?1", None, 20, limits(100, 1), |_| true).expect("ok");
         assert_eq!(tiny, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a2\r\n");
-        let next = page(&t, b"?1", Some(b"0;1;a2"), 20, limits(100, 1)).expect("ok");
+        let next = page(&t, b"?1", Some(b"0;1;a2"), 20, limits(100, 1), |_| true).expect("ok");
         assert_eq!(next, b"*1\r\n*1\r\n$2\r\nb1\r\n");
     }
 
@@ -210,7 +215,7 @@ mod tests {
             b"123456789012345678901;1;a",
         ] {
             assert_eq!(
-                page(&t, b"*", Some(bad), 0, ScanPage::default()),
+                page(&t, b"*", Some(bad), 0, ScanPage::default(), |_| true),
                 Err(BAD_TOKEN.into()),
                 "{bad:?}"
             );
@@ -218,11 +223,11 @@ mod tests {
         assert_eq!(parse_token(b"1;2;"), Some(&b""[..]));
         assert_eq!(parse_token(b"1;2;a;b"), Some(&b"a;b"[..]));
         for bad in [&b"***"[..], b"a**", b"[ab"] {
-            let e = page(&t, bad, None, 0, ScanPage::default()).expect_err("an error");
+            let e = page(&t, bad, None, 0, ScanPage::default(), |_| true).expect_err("an error");
             assert!(e.starts_with("the pattern is not valid: "), "{e}");
         }
         assert_eq!(
-            page(&t, b"\xff*", None, 0, ScanPage::default()).expect("ok"),
+            page(&t, b"\xff*", None, 0, ScanPage::default(), |_| true).expect("ok"),
             b"*1\r\n*0\r\n"
         );
     }
@@ -250,7 +255,15 @@ mod tests {
         let mut token: Option<Vec<u8>> = None;
         let mut pages = 0;
         loop {
-            let p = page(&t, b"nomatch*", token.as_deref(), 0, ScanPage::default()).expect("ok");
+            let p = page(
+                &t,
+                b"nomatch*",
+                token.as_deref(),
+                0,
+                ScanPage::default(),
+                |_| true,
+            )
+            .expect("ok");
             pages += 1;
             if p == b"*1\r\n*0\r\n" {
                 break;
@@ -293,6 +306,7 @@ mod tests {
                 token.as_deref(),
                 0,
                 ScanPage::default(),
+                |_| true,
             )
             .expect("ok");
             pages += 1;

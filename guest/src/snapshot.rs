@@ -18,8 +18,8 @@
 //! config.
 //!
 //! A pure format: the state machine (`machine/recovery.rs`) writes it
-//! (in parts, if it asks), and [`Restorer`] reads it, in parts of any size,
-//! handing what it finds to a [`Visitor`].
+//! (in parts, if it asks), and `Restorer` reads it, in parts of any size,
+//! handing what it finds to a `Visitor`.
 
 use crate::codec::{Reader, Writer};
 use crate::table::Entry;

@@ -81,6 +81,11 @@ pub struct InboundMessage {
     pub client_id: Option<String>,
     /// When the host received it, if earlier than `now`.
     pub received_at: Option<u64>,
+    /// The publisher's authenticated user name, when the host knows it.
+    pub username: Option<String>,
+    /// The publisher's attributes (from its authentication), for
+    /// authorization rules.
+    pub attributes: Vec<(String, String)>,
 }
 
 /// Whether an outbound publish is a reply or a notification.
@@ -249,6 +254,65 @@ pub struct Config {
     /// store then never publishes where its requester could not claim to
     /// receive. Off: any valid response topic is answered.
     pub sdk_response_topics: bool,
+    /// Per-key authorization (WIT `authorization`): `None` lets every
+    /// requester read and write every key; rules allow, nothing else is.
+    pub authorization: Option<Vec<AuthRule>>,
+}
+
+/// Which clients a rule is for (the broker's `principals`): a client
+/// matches if its id is one of `client_ids`, its user name one of
+/// `usernames`, or it has every attribute of one of the `attributes` sets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Principals {
+    /// Client ids.
+    pub client_ids: Vec<String>,
+    /// User names.
+    pub usernames: Vec<String>,
+    /// Sets of (name, value) attributes.
+    pub attributes: Vec<Vec<(String, String)>>,
+}
+
+/// What a grant allows (the broker's state store `method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMethod {
+    /// GET, KEYNOTIFY and SCAN.
+    Read,
+    /// SET, DEL and VDEL.
+    Write,
+    /// Both.
+    ReadWrite,
+}
+
+/// Keys a grant names (the broker's `keyType` and `keys`). In `Pattern`
+/// and `Text`, `{principal.clientId}`, `{principal.username}` and
+/// `{principal.attributes.NAME}` stand for the requester's (a value put in
+/// a pattern matches itself literally; a missing one matches nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySpec {
+    /// A glob pattern (SCAN's rules).
+    Pattern(String),
+    /// This key exactly, as UTF-8 text.
+    Text(String),
+    /// This key exactly (from base64).
+    Binary(Vec<u8>),
+}
+
+/// One grant of a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyGrant {
+    /// What it allows.
+    pub method: KeyMethod,
+    /// On which keys.
+    pub keys: Vec<KeySpec>,
+}
+
+/// One authorization rule: its principals may do what its grants say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthRule {
+    /// Who.
+    pub principals: Principals,
+    /// What, on which keys.
+    pub grants: Vec<KeyGrant>,
 }
 
 impl Default for Config {
@@ -262,6 +326,7 @@ impl Default for Config {
             persist_keys: Vec::new(),
             scan_page: ScanPage::default(),
             sdk_response_topics: false,
+            authorization: None,
         }
     }
 }

@@ -10,12 +10,14 @@
 //! guest reads the messages in place, without copying their fields.
 //!
 //! ```text
-//! batch   = u8 version (2), u32 count, input*         (version 1: message* only)
+//! batch   = u8 version (3), u32 count, input*         (version 1: message* only)
 //! input   = u8 0, message | u8 1, str client-id (disconnected)
 //! message = str topic, bytes payload, u8 qos, opt<str> response-topic,
 //!           opt<bytes> correlation, opt<u32> message-expiry, opt<str> content-type,
 //!           opt<u8> payload-format, u32 n, (str name, str value)*n,
-//!           opt<str> client-id, opt<u64> received-at
+//!           opt<str> client-id, opt<u64> received-at,
+//!           opt<str> username, u32 n, (str name, str value)*n attributes
+//!           (version 3; version 2 ends at received-at)
 //! outputs = u8 version (4), u32 count, output*
 //! output  = u8 1, bytes record | u8 2, opt<str> client-id, str reason
 //!         | u8 3, reply | u8 4, notify | u8 5, u32 handled (last only)
@@ -35,6 +37,7 @@
 //! straight into the list ([`OutputWriter`]) as it makes them: there is no
 //! other output path.
 
+use crate::authz::Attributes;
 use crate::hlc::Version;
 use crate::notify;
 use crate::rpc::{self, REQUEST_TOPIC, Reply, RequestProps, Status};
@@ -43,10 +46,11 @@ use crate::types::{
 };
 
 /// Version byte of the batches this build writes.
-pub const BATCH_VERSION: u8 = 2;
+pub const BATCH_VERSION: u8 = 3;
 
-/// The batch versions this build reads: 1 (messages only) and 2.
-pub const BATCH_VERSIONS: &[u8] = &[1, 2];
+/// The batch versions this build reads: 1 (messages only), 2 (tagged
+/// inputs) and 3 (messages with their user name and attributes).
+pub const BATCH_VERSIONS: &[u8] = &[1, 2, 3];
 
 /// Version byte that starts every output list: 4 since a call may stop
 /// early (the `more` output) to bound what crosses the boundary.
@@ -106,6 +110,10 @@ pub struct MessageRef<'a> {
     pub client_id: Option<&'a str>,
     /// When the host received it, if earlier than `now`.
     pub received_at: Option<u64>,
+    /// The publisher's authenticated user name, when the host knows it.
+    pub username: Option<&'a str>,
+    /// The publisher's attributes.
+    pub attributes: Attributes<'a>,
 }
 
 impl<'a> MessageRef<'a> {
@@ -125,6 +133,8 @@ impl<'a> MessageRef<'a> {
             ),
             client_id: m.client_id.as_deref(),
             received_at: m.received_at,
+            username: m.username.as_deref(),
+            attributes: Attributes::Owned(&m.attributes),
         }
     }
 }
@@ -224,6 +234,8 @@ impl Encoder {
         );
         self.opt(m.client_id.as_deref(), Self::str);
         self.opt(m.received_at, Self::u64);
+        self.opt(m.username.as_deref(), Self::str);
+        self.props(m.attributes.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     }
 
     /// Appends a version as the text of an HLC of `node`.
@@ -256,6 +268,11 @@ pub fn encode_batch_into(buf: &mut Vec<u8>, inputs: &[Input<'_>]) {
                     + m.correlation_data.as_ref().map_or(0, Vec::len)
                     + m.content_type.as_ref().map_or(0, String::len)
                     + m.client_id.as_ref().map_or(0, String::len)
+                    + m.username.as_ref().map_or(0, String::len)
+                    + m.attributes
+                        .iter()
+                        .map(|(n, v)| 8 + n.len() + v.len())
+                        .sum::<usize>()
                     + m.user_properties
                         .iter()
                         .map(|(n, v)| 8 + n.len() + v.len())
@@ -519,7 +536,9 @@ impl<'a> Decoder<'a> {
         }
     }
 
-    fn message_ref(&mut self) -> Result<MessageRef<'a>, Error> {
+    /// A message; `principal`: the batch (version 3) carries its user name
+    /// and attributes.
+    fn message_ref(&mut self, principal: bool) -> Result<MessageRef<'a>, Error> {
         // The request topic needs no UTF-8 check: equal bytes are the constant.
         let topic = match self.bytes()? {
             t if t == REQUEST_TOPIC.as_bytes() => REQUEST_TOPIC,
@@ -549,6 +568,19 @@ impl<'a> Decoder<'a> {
         }
         let client_id = self.opt(Self::str)?;
         let received_at = self.opt(Self::u64)?;
+        let (username, attributes) = if principal {
+            let username = self.opt(Self::str)?;
+            let start = self.rest;
+            let n = self.u32()?;
+            for _ in 0..n {
+                self.str()?;
+                self.str()?;
+            }
+            let used = start.len() - self.rest.len();
+            (username, Attributes::Encoded(&start[..used]))
+        } else {
+            (None, Attributes::default())
+        };
         Ok(MessageRef {
             topic,
             payload,
@@ -559,6 +591,8 @@ impl<'a> Decoder<'a> {
             props,
             client_id,
             received_at,
+            username,
+            attributes,
         })
     }
 
@@ -652,9 +686,9 @@ impl<'a> Decoder<'a> {
         ))
     }
 
-    fn input(&mut self) -> Result<InputRef<'a>, Error> {
+    fn input(&mut self, principal: bool) -> Result<InputRef<'a>, Error> {
         match self.u8()? {
-            0 => Ok(InputRef::Message(self.message_ref()?)),
+            0 => Ok(InputRef::Message(self.message_ref(principal)?)),
             1 => Ok(InputRef::Disconnected(self.str()?)),
             _ => Err(bad("unknown input tag")),
         }
@@ -680,8 +714,9 @@ pub fn decode_batch(buf: &[u8]) -> Result<Vec<InputRef<'_>>, Error> {
     let mut inputs = Vec::with_capacity(n as usize);
     for _ in 0..n {
         inputs.push(match buf[0] {
-            1 => InputRef::Message(d.message_ref()?),
-            _ => d.input()?,
+            1 => InputRef::Message(d.message_ref(false)?),
+            2 => d.input(false)?,
+            _ => d.input(true)?,
         });
     }
     if !d.rest.is_empty() {
@@ -795,6 +830,8 @@ mod tests {
             ],
             client_id: Some("c".into()),
             received_at: Some(7),
+            username: Some("alice".into()),
+            attributes: vec![("city".into(), "seattle".into())],
         }
     }
 
@@ -833,21 +870,43 @@ mod tests {
         assert_eq!(seen[0].message_expiry_interval, Some(10));
         assert_eq!(seen[0].client_id, Some("c"));
         assert_eq!(seen[0].received_at, Some(7));
+        assert_eq!(seen[0].username, Some("alice"));
+        assert_eq!(seen[0].attributes.get("city"), Some("seattle"));
         assert_eq!(seen[1].topic, "");
+        assert_eq!(seen[1].username, None);
+        assert_eq!(seen[1].attributes.iter().count(), 0);
     }
 
-    /// A version 1 batch (messages only, no input tags) still decodes.
+    /// Batches of versions 1 (messages only, no input tags) and 2 (no
+    /// user name or attributes) still decode.
     #[test]
-    fn version_1_batches_decode() {
-        let m = message();
+    fn version_1_and_2_batches_decode() {
+        let m = InboundMessage {
+            username: None,
+            attributes: Vec::new(),
+            ..message()
+        };
         let mut v2 = encode_batch(&[Input::Message(&m)]);
-        // Version 1 is version 2 without the tag byte of each message.
-        v2.remove(5);
-        v2[0] = 1;
+        // Version 2 is version 3 without the user name and attributes
+        // (`u8 0` and `u32 0` here).
+        assert_eq!(v2[v2.len() - 5..], [0, 0, 0, 0, 0]);
+        v2.truncate(v2.len() - 5);
+        v2[0] = 2;
         let seen = decoded(&v2);
+        assert_eq!(seen[0].received_at, Some(7));
+        assert_eq!(seen[0].username, None);
+        // Version 1 is version 2 without the tag byte of each message.
+        let mut v1 = v2.clone();
+        v1.remove(5);
+        v1[0] = 1;
+        let seen = decoded(&v1);
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].topic, m.topic);
         assert_eq!(seen[0].received_at, Some(7));
+        // A version 2 batch with version 3's fields has bytes left over.
+        let mut long = encode_batch(&[Input::Message(&message())]);
+        long[0] = 2;
+        assert!(decode_batch(&long).is_err());
     }
 
     #[test]
@@ -930,8 +989,8 @@ mod tests {
         longer.push(0);
         assert!(decode_batch(&longer).is_err());
         assert_eq!(
-            decode_batch(&[3, 0, 0, 0, 0]).map(|v| v.len()),
-            Err(Error::UnsupportedVersion(3))
+            decode_batch(&[4, 0, 0, 0, 0]).map(|v| v.len()),
+            Err(Error::UnsupportedVersion(4))
         );
         assert!(decode_batch(&[2, 255, 255, 255, 255]).is_err());
         assert!(

@@ -33,6 +33,8 @@ fn request(parts: &[&[u8]], corr: u64, now: u64) -> InboundMessage {
         ],
         client_id: None,
         received_at: None,
+        username: None,
+        attributes: Vec::new(),
     }
 }
 

@@ -85,6 +85,8 @@ fn request(parts: &[&[u8]], corr: u64, client: &str) -> InboundMessage {
         ],
         client_id: Some(client.into()),
         received_at: None,
+        username: None,
+        attributes: Vec::new(),
     }
 }
 

@@ -446,6 +446,7 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                 persist_keys,
                 scan_page,
                 sdk_response_topics,
+                authorization: None,
             },
             limits: StoreLimits {
                 memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),

@@ -33,7 +33,51 @@ pub(crate) fn config(c: &types::Config) -> wit::Config {
             max_bytes: c.scan_page.max_bytes,
         },
         sdk_response_topics: c.sdk_response_topics,
+        authorization: c.authorization.as_deref().map(rules),
     }
+}
+
+fn pairs(p: &[(String, String)]) -> Vec<wit::UserProperty> {
+    p.iter()
+        .map(|(name, value)| wit::UserProperty {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}
+
+/// Authorization rules.
+pub(crate) fn rules(rules: &[types::AuthRule]) -> Vec<wit::AuthRule> {
+    rules
+        .iter()
+        .map(|r| wit::AuthRule {
+            principals: wit::Principals {
+                client_ids: r.principals.client_ids.clone(),
+                usernames: r.principals.usernames.clone(),
+                attributes: r.principals.attributes.iter().map(|a| pairs(a)).collect(),
+            },
+            grants: r
+                .grants
+                .iter()
+                .map(|g| wit::KeyGrant {
+                    method: match g.method {
+                        types::KeyMethod::Read => wit::KeyMethod::Read,
+                        types::KeyMethod::Write => wit::KeyMethod::Write,
+                        types::KeyMethod::ReadWrite => wit::KeyMethod::ReadWrite,
+                    },
+                    keys: g
+                        .keys
+                        .iter()
+                        .map(|k| match k {
+                            types::KeySpec::Pattern(p) => wit::KeySpec::Pattern(p.clone()),
+                            types::KeySpec::Text(t) => wit::KeySpec::Text(t.clone()),
+                            types::KeySpec::Binary(b) => wit::KeySpec::Binary(b.clone()),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 pub(crate) fn scope(s: statestore_guest::SnapshotScope) -> wit::SnapshotScope {
@@ -53,16 +97,11 @@ pub(crate) fn message(m: &types::InboundMessage) -> wit::InboundMessage {
         message_expiry_interval: m.message_expiry_interval,
         content_type: m.content_type.clone(),
         payload_format_indicator: m.payload_format_indicator,
-        user_properties: m
-            .user_properties
-            .iter()
-            .map(|(name, value)| wit::UserProperty {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect(),
+        user_properties: pairs(&m.user_properties),
         client_id: m.client_id.clone(),
         received_at: m.received_at,
+        username: m.username.clone(),
+        attributes: pairs(&m.attributes),
     }
 }
 

@@ -149,6 +149,8 @@ pub struct TenantHandle {
     pub control: mpsc::UnboundedSender<Control>,
 }
 
+// Nearly every event is a request: boxing it would allocate per request.
+#[allow(clippy::large_enum_variant)]
 enum BrokerEvent {
     /// A request, with its share of the tenant's inbound byte budget
     /// (returned when the request has been handled).
@@ -448,6 +450,8 @@ fn inbound(client_id: &str, p: &Publish) -> InboundMessage {
             .collect(),
         client_id: Some(client_id.to_string()),
         received_at: Some(now_ms()),
+        username: None,
+        attributes: Vec::new(),
     }
 }
 

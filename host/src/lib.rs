@@ -27,6 +27,7 @@ pub mod isolation;
 pub mod journal;
 pub mod metrics;
 pub mod mqtt;
+pub mod policy;
 pub mod queue_bytes;
 pub mod serve;
 pub mod storage;

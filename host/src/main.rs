@@ -967,6 +967,7 @@ fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
             memory_journal: !args.no_memory_journal,
             persist_keys: args.persist_keys.clone(),
             sdk_response_topics: args.response_topics == ResponseTopics::Sdk,
+            authorization: None,
             scan_page: ScanPage {
                 max_keys: args.scan_page_keys,
                 max_bytes: args.scan_page_kib.saturating_mul(1024),

@@ -53,6 +53,8 @@ pub fn inbound(p: &Publish) -> InboundMessage {
         user_properties: props.user_properties,
         client_id: None,
         received_at: None,
+        username: None,
+        attributes: Vec::new(),
     }
 }
 

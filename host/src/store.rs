@@ -45,6 +45,9 @@ pub struct StoreOptions {
     pub scan_page: ScanPage,
     /// Answer only requests whose response topic is `clients/<requester>/...`.
     pub sdk_response_topics: bool,
+    /// Per-key authorization rules (`--authorization`); none: every key is
+    /// every client's.
+    pub authorization: Option<Vec<statestore_guest::types::AuthRule>>,
 }
 
 impl StoreOptions {
@@ -64,6 +67,7 @@ impl StoreOptions {
             persist_keys: Vec::new(),
             scan_page: ScanPage::default(),
             sdk_response_topics: false,
+            authorization: None,
         }
     }
 }
@@ -117,6 +121,7 @@ pub fn guest_config(opts: &StoreOptions) -> Config {
         persist_keys: opts.persist_keys.clone(),
         scan_page: opts.scan_page,
         sdk_response_topics: opts.sdk_response_topics,
+        authorization: opts.authorization.clone(),
     }
 }
 

@@ -506,6 +506,22 @@ impl WasmStore {
         limits.max_memory.filter(|_| limits.refused)
     }
 
+    /// Replaces the store's authorization rules (a policy reload).
+    pub fn set_authorization(
+        &mut self,
+        rules: Option<&[statestore_guest::types::AuthRule]>,
+    ) -> Result<(), GuestError> {
+        self.arm(false);
+        let api = self.guest.statestore_core_store().store();
+        api.call_set_authorization(
+            &mut self.store,
+            self.handle,
+            rules.map(convert::rules).as_deref(),
+        )
+        .map_err(failed)?
+        .map_err(refused)
+    }
+
     /// The next part of a snapshot of `scope` ([`SNAPSHOT_PART`] bytes or a
     /// little more); `start` begins one. Empty once it is complete; the
     /// parts in order are [`Backend::snapshot_with`]'s bytes. A call that

@@ -49,7 +49,7 @@ import { join, resolve, dirname } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const BATCH_VERSION = 2;
+const BATCH_VERSION = 3;
 const OUTPUTS_VERSION = 4;
 const SEED_WIRE = 7n;
 const SEED_TYPED = 0x9e3779b97f4a7c15n;
@@ -177,9 +177,20 @@ const OUTBOUND_KEYS = ['kind', 'topic', 'payload', 'qos', 'retain', 'correlation
   'message_expiry_interval', 'content_type', 'payload_format_indicator', 'response_topic',
   'user_properties', 'target_client'];
 
+/** [name, value] pairs as WIT `user-property` records. */
+function parsePairs(list, what) {
+  if (!Array.isArray(list)) throw new VectorError(`${what}: not a list`);
+  return list.map((p, i) => {
+    if (!Array.isArray(p) || p.length !== 2) throw new VectorError(`${what}[${i}]: not a [name, value] pair`);
+    return { name: jsonStr(p[0], `${what}[${i}][0]`), value: jsonStr(p[1], `${what}[${i}][1]`) };
+  });
+}
+
 /** A vector's INBOUND, as plain JS values (bytes as Uint8Array, u64 as BigInt). */
 function parseInbound(m, what) {
-  requireKeys(m, INBOUND_KEYS, what);
+  // `username` and `attributes` are written only when set.
+  const optional = ['username', 'attributes'].filter((k) => k in (m ?? {}));
+  requireKeys(m, [...INBOUND_KEYS, ...optional], what);
   if (!Array.isArray(m.user_properties)) throw new VectorError(`${what}.user_properties: not a list`);
   return {
     topic: jsonStr(m.topic, `${what}.topic`),
@@ -196,7 +207,42 @@ function parseInbound(m, what) {
     }),
     clientId: jsonOpt(m.client_id, (v) => jsonStr(v, `${what}.client_id`)),
     receivedAt: jsonOpt(m.received_at, (v) => jsonU64(v, `${what}.received_at`)),
+    username: jsonOpt(m.username, (v) => jsonStr(v, `${what}.username`)),
+    attributes: parsePairs(m.attributes ?? [], `${what}.attributes`),
   };
+}
+
+/** A vector config's `authorization` rules as WIT `auth-rule` records. */
+function parseRules(rules) {
+  if (rules === undefined || rules === null) return undefined;
+  if (!Array.isArray(rules)) throw new VectorError('config.authorization: not a list');
+  const strings = (v, what) => (v ?? []).map((s, i) => jsonStr(s, `${what}[${i}]`));
+  return rules.map((r, i) => {
+    const what = `config.authorization[${i}]`;
+    const p = r.principals ?? {};
+    return {
+      principals: {
+        clientIds: strings(p.client_ids, `${what}.principals.client_ids`),
+        usernames: strings(p.usernames, `${what}.principals.usernames`),
+        attributes: (p.attributes ?? []).map((set, j) => parsePairs(set, `${what}.principals.attributes[${j}]`)),
+      },
+      grants: (r.grants ?? []).map((g, j) => {
+        const gw = `${what}.grants[${j}]`;
+        const method = { read: 'read', write: 'write', read_write: 'read-write' }[g.method];
+        if (method === undefined) throw new VectorError(`${gw}.method: ${JSON.stringify(g.method)}`);
+        return {
+          method,
+          keys: (g.keys ?? []).map((k, n) => {
+            const kw = `${gw}.keys[${n}]`;
+            if (k !== null && typeof k === 'object' && 'pattern' in k) return { tag: 'pattern', val: jsonStr(k.pattern, kw) };
+            if (k !== null && typeof k === 'object' && 'text' in k) return { tag: 'text', val: jsonStr(k.text, kw) };
+            if (k !== null && typeof k === 'object' && 'binary' in k) return { tag: 'binary', val: jsonBytes(k.binary, kw) };
+            throw new VectorError(`${kw}: not {pattern}, {text} or {binary}`);
+          }),
+        };
+      }),
+    };
+  });
 }
 
 /** A step's input: {kind: 'publish', message} | {kind: 'disconnect', clientId} | {kind: 'timeout'} | {kind: 'restore'}. */
@@ -317,6 +363,7 @@ function parseVector(file) {
       maxKeys: jsonInt(page.max_keys, 'config.scan_page.max_keys', U32_MAX),
       maxBytes: jsonInt(page.max_bytes, 'config.scan_page.max_bytes', U32_MAX),
     },
+    authorization: parseRules(c.authorization),
   };
   if (!['none', 'all', 'flagged', 'custom'].includes(config.persist)) throw new VectorError(`config.persist: ${JSON.stringify(config.persist)}`);
   if (!Array.isArray(v.steps)) throw new VectorError('no steps');
@@ -438,7 +485,7 @@ class Reader {
   }
 }
 
-/** The `handle-wire` input batch, version 2. */
+/** The `handle-wire` input batch, version 3. */
 function encodeBatch(inputs) {
   const w = new Writer();
   w.u8(BATCH_VERSION);
@@ -458,6 +505,8 @@ function encodeBatch(inputs) {
       w.props(m.userProperties);
       w.opt(m.clientId, w.str);
       w.opt(m.receivedAt, w.u64);
+      w.opt(m.username, w.str);
+      w.props(m.attributes ?? []);
     } else if (input.kind === 'disconnect') {
       w.u8(1);
       w.str(input.clientId);
@@ -633,6 +682,7 @@ function typedConfig(config, seed) {
     persistKeys: config.persistKeys,
     scanPage: { ...config.scanPage },
     sdkResponseTopics: config.sdkResponseTopics ?? false,
+    authorization: config.authorization,
   };
 }
 
@@ -898,6 +948,8 @@ function request(n, ...args) {
       ],
       clientId: undefined,
       receivedAt: undefined,
+      username: undefined,
+      attributes: [],
     },
   };
 }

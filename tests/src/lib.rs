@@ -261,6 +261,8 @@ impl Sim {
             ],
             client_id: None,
             received_at: None,
+            username: None,
+            attributes: Vec::new(),
         }
     }
 

@@ -6,10 +6,11 @@ use serde_json::{Map, Value, json};
 use statestore::{
     Config, InboundMessage, KeyMatch, OutboundMessage, Output, Persist, PublishKind, ScanPage,
 };
-use statestore_guest::types::Quota;
+use statestore_guest::types::{AuthRule, KeyGrant, KeyMethod, KeySpec, Principals, Quota};
 
 /// One input.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // test data
 pub enum Input {
     /// An inbound MQTT message.
     Publish(InboundMessage),
@@ -98,7 +99,7 @@ fn props_to_json<N: AsRef<str>, V: AsRef<str>>(p: &[(N, V)]) -> Value {
 }
 
 fn message_to_json(m: &InboundMessage) -> Value {
-    json!({
+    let mut v = json!({
         "topic": m.topic,
         "payload": bytes_to_json(&m.payload),
         "qos": m.qos,
@@ -110,7 +111,129 @@ fn message_to_json(m: &InboundMessage) -> Value {
         "user_properties": props_to_json(&m.user_properties),
         "client_id": m.client_id,
         "received_at": m.received_at,
-    })
+    });
+    // Only when set: older vectors stay as they were.
+    if let Some(u) = &m.username {
+        v["username"] = json!(u);
+    }
+    if !m.attributes.is_empty() {
+        v["attributes"] = props_to_json(&m.attributes);
+    }
+    v
+}
+
+fn rules_to_json(rules: &[AuthRule]) -> Value {
+    rules
+        .iter()
+        .map(|r| {
+            json!({
+                "principals": {
+                    "client_ids": r.principals.client_ids,
+                    "usernames": r.principals.usernames,
+                    "attributes": r.principals.attributes.iter().map(|a| props_to_json(a)).collect::<Vec<_>>(),
+                },
+                "grants": r.grants.iter().map(|g| json!({
+                    "method": match g.method {
+                        KeyMethod::Read => "read",
+                        KeyMethod::Write => "write",
+                        KeyMethod::ReadWrite => "read_write",
+                    },
+                    "keys": g.keys.iter().map(|k| match k {
+                        KeySpec::Pattern(p) => json!({ "pattern": p }),
+                        KeySpec::Text(t) => json!({ "text": t }),
+                        KeySpec::Binary(b) => json!({ "binary": hex_to_json(b) }),
+                    }).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+fn pairs_from_json(v: &Value, what: &str) -> Result<Vec<(String, String)>> {
+    v.as_array()
+        .with_context(|| format!("{what} must be an array"))?
+        .iter()
+        .map(|p| match p.as_array().map(Vec::as_slice) {
+            Some([Value::String(n), Value::String(v)]) => Ok((n.clone(), v.clone())),
+            _ => bail!("{what}: each is [name, value]"),
+        })
+        .collect()
+}
+
+fn strings(v: Option<&Value>, what: &str) -> Result<Vec<String>> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => v
+            .as_array()
+            .with_context(|| format!("{what} must be an array"))?
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_string)
+                    .with_context(|| format!("{what}: strings"))
+            })
+            .collect(),
+    }
+}
+
+fn rules_from_json(v: &Value) -> Result<Vec<AuthRule>> {
+    v.as_array()
+        .context("authorization must be an array of rules")?
+        .iter()
+        .map(|r| {
+            let r = obj(r)?;
+            let p = obj(field(r, "principals")?)?;
+            let principals = Principals {
+                client_ids: strings(p.get("client_ids"), "client_ids")?,
+                usernames: strings(p.get("usernames"), "usernames")?,
+                attributes: match p.get("attributes") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(a) => a
+                        .as_array()
+                        .context("attributes must be an array of sets")?
+                        .iter()
+                        .map(|set| pairs_from_json(set, "attributes"))
+                        .collect::<Result<_>>()?,
+                },
+            };
+            let grants = field(r, "grants")?
+                .as_array()
+                .context("grants must be an array")?
+                .iter()
+                .map(|g| {
+                    let g = obj(g)?;
+                    let method = match str_field(g, "method")?.as_str() {
+                        "read" => KeyMethod::Read,
+                        "write" => KeyMethod::Write,
+                        "read_write" => KeyMethod::ReadWrite,
+                        other => bail!("unknown method {other:?}"),
+                    };
+                    let keys = field(g, "keys")?
+                        .as_array()
+                        .context("keys must be an array")?
+                        .iter()
+                        .map(|k| {
+                            let k = obj(k)?;
+                            match (k.get("pattern"), k.get("text"), k.get("binary")) {
+                                (Some(Value::String(p)), None, None) => {
+                                    Ok(KeySpec::Pattern(p.clone()))
+                                }
+                                (None, Some(Value::String(t)), None) => {
+                                    Ok(KeySpec::Text(t.clone()))
+                                }
+                                (None, None, Some(b)) => Ok(KeySpec::Binary(bytes_from_json(b)?)),
+                                _ => bail!(
+                                    "a key is {{\"pattern\"}}, {{\"text\"}} or {{\"binary\"}}"
+                                ),
+                            }
+                        })
+                        .collect::<Result<_>>()?;
+                    Ok(KeyGrant { method, keys })
+                })
+                .collect::<Result<_>>()?;
+            Ok(AuthRule { principals, grants })
+        })
+        .collect()
 }
 
 fn outbound_to_json(m: &OutboundMessage) -> Value {
@@ -187,6 +310,9 @@ impl Vector {
         if self.config.sdk_response_topics {
             config["sdk_response_topics"] = json!(true);
         }
+        if let Some(rules) = &self.config.authorization {
+            config["authorization"] = rules_to_json(rules);
+        }
         if self.config.scan_page != ScanPage::default() {
             config["scan_page"] = json!({
                 "max_keys": self.config.scan_page.max_keys,
@@ -261,6 +387,10 @@ impl Vector {
                         .map(key_match_from_json)
                         .collect::<Result<_>>()
                         .context("persist_keys")?,
+                },
+                authorization: match config.get("authorization") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(rules_from_json(v).context("authorization")?),
                 },
                 sdk_response_topics: match config.get("sdk_response_topics") {
                     None | Some(Value::Null) => false,
@@ -391,6 +521,15 @@ fn message_from_json(v: &Value) -> Result<InboundMessage> {
         user_properties: props(o)?,
         client_id: opt_str(o, "client_id")?,
         received_at: opt_u64(o, "received_at")?,
+        username: match o.get("username") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(u)) => Some(u.clone()),
+            Some(other) => bail!("username must be a string, not {other}"),
+        },
+        attributes: match o.get("attributes") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(a) => pairs_from_json(a, "attributes")?,
+        },
     })
 }
 

@@ -1344,3 +1344,171 @@ fn sdk_response_topics_only() {
     assert_eq!(reply(&sim.send(&m)).payload, &b"$1\r\nv\r\n"[..]);
     sim.finish();
 }
+
+/// Per-key authorization (issue 16, item 4): a rule's principals (client
+/// ids, user names, attribute sets) get Read, Write or ReadWrite on keys by
+/// pattern, exact text or binary, with `{principal.*}` substitutions; a
+/// request no rule allows gets `-ERR not authorized`, and SCAN lists only
+/// what its requester may read.
+#[test]
+fn authorization_rules() {
+    use statestore_guest::types::{AuthRule, KeyGrant, KeyMethod, KeySpec, Principals};
+    let grant = |method, keys: Vec<KeySpec>| KeyGrant { method, keys };
+    let config = statestore::Config {
+        authorization: Some(vec![
+            AuthRule {
+                principals: Principals {
+                    client_ids: vec!["c1".into()],
+                    usernames: vec!["alice".into()],
+                    attributes: vec![vec![
+                        ("city".into(), "seattle".into()),
+                        ("org".into(), "contoso".into()),
+                    ]],
+                },
+                grants: vec![
+                    grant(KeyMethod::Read, vec![KeySpec::Pattern("shared/*".into())]),
+                    grant(
+                        KeyMethod::ReadWrite,
+                        vec![
+                            KeySpec::Pattern("own/{principal.clientId}/*".into()),
+                            KeySpec::Text("org-{principal.attributes.org}".into()),
+                            KeySpec::Binary(vec![0x00, 0xff]),
+                        ],
+                    ),
+                ],
+            },
+            AuthRule {
+                principals: Principals {
+                    client_ids: vec!["writer".into()],
+                    ..Principals::default()
+                },
+                grants: vec![grant(
+                    KeyMethod::Write,
+                    vec![KeySpec::Pattern("shared/*".into())],
+                )],
+            },
+        ]),
+        ..test_config()
+    };
+    let mut sim = Sim::with_config(
+        Kind::Native,
+        "authorization",
+        "per-key authorization: principals by client id, user name and attributes; Read, Write, ReadWrite on patterns, text and binary keys with {principal.*} substitutions; denied requests get -ERR not authorized and SCAN lists only readable keys",
+        config,
+    );
+    const DENIED: &[u8] = b"-ERR not authorized\r\n";
+    let send = |sim: &mut Sim,
+                client: &str,
+                user: Option<&str>,
+                attrs: &[(&str, &str)],
+                parts: &[&[u8]]| {
+        let mut m = sim.request_from(client, parts);
+        m.client_id = Some(client.into());
+        m.username = user.map(str::to_string);
+        m.attributes = attrs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        let out = sim.send(&m);
+        (m, out)
+    };
+    // The writer may write shared/*, not read it.
+    let (m, out) = send(&mut sim, "writer", None, &[], &[b"SET", b"shared/a", b"1"]);
+    assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
+    let (m, out) = send(&mut sim, "writer", None, &[], &[b"GET", b"shared/a"]);
+    assert_reply(&out, &m, DENIED, None);
+    // c1 (by client id) reads shared/*, may not write it.
+    let (_, out) = send(&mut sim, "c1", None, &[], &[b"GET", b"shared/a"]);
+    assert_eq!(reply(&out).payload, &b"$1\r\n1\r\n"[..]);
+    let (m, out) = send(&mut sim, "c1", None, &[], &[b"DEL", b"shared/a"]);
+    assert_reply(&out, &m, DENIED, None);
+    // Its own space, by substitution; another's is not its.
+    let (_, out) = send(&mut sim, "c1", None, &[], &[b"SET", b"own/c1/x", b"v"]);
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    let (m, out) = send(&mut sim, "c1", None, &[], &[b"SET", b"own/c2/x", b"v"]);
+    assert_reply(&out, &m, DENIED, None);
+    // A client id with glob characters matches itself only.
+    let (m, out) = send(
+        &mut sim,
+        "c*",
+        Some("alice"),
+        &[],
+        &[b"SET", b"own/c1/y", b"v"],
+    );
+    assert_reply(&out, &m, DENIED, None);
+    let (_, out) = send(
+        &mut sim,
+        "c*",
+        Some("alice"),
+        &[],
+        &[b"SET", b"own/c*/y", b"v"],
+    );
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    // By attributes (all of a set), with an attribute substituted.
+    let both = [("org", "contoso"), ("city", "seattle")];
+    let (_, out) = send(
+        &mut sim,
+        "dev9",
+        None,
+        &both,
+        &[b"SET", b"org-contoso", b"v"],
+    );
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    let (m, out) = send(
+        &mut sim,
+        "dev9",
+        None,
+        &[("org", "contoso")],
+        &[b"GET", b"org-contoso"],
+    );
+    assert_reply(&out, &m, DENIED, None);
+    // Alice has no org attribute: the org key is not hers.
+    let (m, out) = send(
+        &mut sim,
+        "u1",
+        Some("alice"),
+        &[],
+        &[b"GET", b"org-contoso"],
+    );
+    assert_reply(&out, &m, DENIED, None);
+    // A binary key.
+    let (_, out) = send(
+        &mut sim,
+        "u1",
+        Some("alice"),
+        &[],
+        &[b"SET", b"\x00\xff", b"b"],
+    );
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    let (m, out) = send(
+        &mut sim,
+        "u1",
+        Some("alice"),
+        &[],
+        &[b"SET", b"\x00\xfe", b"b"],
+    );
+    assert_reply(&out, &m, DENIED, None);
+    // KEYNOTIFY is a read.
+    let (_, out) = send(&mut sim, "c1", None, &[], &[b"KEYNOTIFY", b"shared/a"]);
+    assert_eq!(reply(&out).payload, &b"+OK\r\n"[..]);
+    let (m, out) = send(&mut sim, "writer", None, &[], &[b"KEYNOTIFY", b"shared/a"]);
+    assert_reply(&out, &m, DENIED, None);
+    // Nobody's principal: nothing.
+    let (m, out) = send(
+        &mut sim,
+        "stranger",
+        Some("bob"),
+        &[],
+        &[b"GET", b"shared/a"],
+    );
+    assert_reply(&out, &m, DENIED, None);
+    // SCAN lists only what its requester may read.
+    let (_, out) = send(&mut sim, "c1", None, &[], &[b"SCAN", b"*"]);
+    assert_eq!(
+        reply(&out).payload,
+        &b"*1\r\n*2\r\n$8\r\nown/c1/x\r\n$8\r\nshared/a\r\n"[..]
+    );
+    let (_, out) = send(&mut sim, "stranger", None, &[], &[b"SCAN", b"*"]);
+    assert_eq!(reply(&out).payload, &b"*1\r\n*0\r\n"[..]);
+    sim.finish();
+}

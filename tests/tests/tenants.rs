@@ -286,6 +286,8 @@ fn request(client: &str, corr: u32, parts: &[&[u8]]) -> InboundMessage {
         ],
         client_id: Some(client.into()),
         received_at: None,
+        username: None,
+        attributes: Vec::new(),
     }
 }
 

@@ -24,6 +24,7 @@
 mod recovery;
 pub use recovery::{Restoring, SnapshotCursor};
 
+use crate::authz::{Authorizer, Need, Principal};
 use crate::command::{self, Command};
 use crate::errors::ServiceError;
 use crate::hlc::{self, Clock, Hlc, Version};
@@ -35,7 +36,8 @@ use crate::rpc::{self, Reply, RequestProps, Status, TopicCheck, prop};
 use crate::scan::{self, KeySet};
 use crate::table::{Change, Request, Table};
 use crate::types::{
-    Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Stats, Str,
+    AuthRule, Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Stats,
+    Str,
 };
 use crate::wire::{self, InputRef, MessageRef, NotificationParts, OutputWriter, ReplyTo};
 
@@ -66,15 +68,38 @@ pub struct StateMachine {
     server_id: Option<Str>,
     /// `config.persist_keys`, compiled.
     persist_keys: KeySet,
+    /// `config.authorization`, compiled.
+    authz: Option<Authorizer>,
     /// Requests answered from the dedup cache, keys expired.
     dedup_hits: u64,
     expired: u64,
 }
 
 impl StateMachine {
+    /// Whether `config` is one a store can be made with (its authorization
+    /// rules included).
+    pub fn validate_config(config: &Config) -> Result<(), Error> {
+        config.validate()?;
+        if let Some(rules) = &config.authorization {
+            Authorizer::new(rules).map_err(Error::InvalidConfig)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the authorization rules (a policy reload): from the next
+    /// request on, these decide. Refused, nothing changes.
+    pub fn set_authorization(&mut self, rules: Option<Vec<AuthRule>>) -> Result<(), Error> {
+        self.authz = match &rules {
+            None => None,
+            Some(r) => Some(Authorizer::new(r).map_err(Error::InvalidConfig)?),
+        };
+        self.config.authorization = rules;
+        Ok(())
+    }
+
     /// An empty store.
     pub fn new(config: Config) -> Result<StateMachine, Error> {
-        config.validate()?;
+        StateMachine::validate_config(&config)?;
         let table = Table::with_seed(config.hash_seed);
         let dedup = DedupCache::with_seed(config.hash_seed);
         Ok(StateMachine::from_parts(
@@ -107,6 +132,12 @@ impl StateMachine {
         StateMachine {
             server_id: config.server_client_id.as_deref().map(Str::from),
             persist_keys: KeySet::new(&config.persist_keys),
+            // Checked by `validate_config`; rules that would not compile
+            // allow nothing.
+            authz: config
+                .authorization
+                .as_deref()
+                .map(|r| Authorizer::new(r).unwrap_or_default()),
             dedup_hits: 0,
             expired: 0,
             config,
@@ -510,6 +541,27 @@ impl StateMachine {
         if let Some(payload) = crate::fault::inject(&command) {
             return Err(Reply::ok(payload, None));
         }
+        // Per-key authorization: refused before anything else is looked at
+        // (not kept by the dedup cache: a policy reload may change it).
+        let principal = Principal {
+            client_id: identity,
+            username: msg.username,
+            attributes: msg.attributes,
+        };
+        let read_grants = match (&self.authz, &command) {
+            (None, _) => None,
+            (Some(a), Command::Scan { .. }) => Some(a.grants(&principal, Need::Read)),
+            (Some(a), c) => {
+                let need = match c {
+                    Command::Get { .. } | Command::KeyNotify { .. } => Need::Read,
+                    _ => Need::Write,
+                };
+                if !a.grants(&principal, need).allows(c.key()) {
+                    return Ok((Reply::error(ServiceError::NotAuthorized), false));
+                }
+                None
+            }
+        };
         // (wall, counter): the node id of a `__ts` plays no part.
         let timestamp = match props.timestamp.map(Hlc::parse_parts) {
             None if matches!(command, Command::Set { .. }) => {
@@ -569,8 +621,16 @@ impl StateMachine {
         }
         if let Command::Scan { pattern, token } = command {
             // A read, like GET: not kept by the dedup cache.
-            let payload = scan::page(&self.table, pattern, token, now, self.config.scan_page)
-                .unwrap_or_else(|e| resp3::error(&e));
+            let readable = |key: &[u8]| read_grants.as_ref().is_none_or(|g| g.allows(key));
+            let payload = scan::page(
+                &self.table,
+                pattern,
+                token,
+                now,
+                self.config.scan_page,
+                readable,
+            )
+            .unwrap_or_else(|e| resp3::error(&e));
             return Ok((Reply::ok(payload, None), false));
         }
         let flagged = props

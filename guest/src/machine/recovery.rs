@@ -286,7 +286,7 @@ fn reply_of(m: &OutboundMessage, bad: fn(String) -> Error) -> Result<Reply, Erro
 }
 
 /// A store being restored from a snapshot handed over in parts of any size
-/// ([`snapshot::Restorer`]): its memory holds one part and one item beyond
+/// (`snapshot::Restorer`): its memory holds one part and one item beyond
 /// the state, never the whole snapshot.
 pub struct Restoring {
     config: Config,
@@ -309,7 +309,7 @@ impl core::fmt::Debug for Restoring {
 impl Restoring {
     /// Starts restoring a store with `config`.
     pub fn new(config: Config) -> Result<Restoring, Error> {
-        config.validate()?;
+        StateMachine::validate_config(&config)?;
         Ok(Restoring {
             state: Restored {
                 clock: (0, 0),
