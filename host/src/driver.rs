@@ -77,6 +77,7 @@ pub trait Transport {
 pub use crate::clock::now_ms;
 
 /// Something to do to a running tenant between two inputs.
+#[allow(clippy::large_enum_variant)] // rare, and sent once each
 pub enum Control {
     /// Switch to another build of the component (or other limits): see
     /// [`Tenant::upgrade`]. Requests that arrive meanwhile wait.
@@ -88,6 +89,14 @@ pub enum Control {
         /// Told the outcome.
         done: oneshot::Sender<Result<()>>,
     },
+    /// Replace the authorization rules of the keys: see
+    /// [`Tenant::set_authorization`].
+    Authorize {
+        /// The rules from now on (none: every key is every client's).
+        rules: Option<Vec<statestore_guest::types::AuthRule>>,
+        /// Told the outcome.
+        done: oneshot::Sender<Result<()>>,
+    },
 }
 
 impl std::fmt::Debug for Control {
@@ -96,6 +105,10 @@ impl std::fmt::Debug for Control {
             Control::Upgrade { quota, .. } => f
                 .debug_struct("Upgrade")
                 .field("quota", quota)
+                .finish_non_exhaustive(),
+            Control::Authorize { rules, .. } => f
+                .debug_struct("Authorize")
+                .field("rules", &rules.as_ref().map(Vec::len))
                 .finish_non_exhaustive(),
         }
     }
@@ -199,6 +212,9 @@ async fn serve<T: Transport>(
                         }
                         let _ = done.send(outcome);
                         deadline = tenant_op!(tenant.next_deadline());
+                    }
+                    Some(Control::Authorize { rules, done }) => {
+                        let _ = done.send(tenant.set_authorization(rules));
                     }
                 }
             }

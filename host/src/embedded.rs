@@ -118,6 +118,9 @@ pub struct BrokerOptions {
     pub connections: Option<prometheus::IntGauge>,
     /// Messages dropped at a session's byte limit, for `--metrics`.
     pub queue_dropped: Option<prometheus::IntCounter>,
+    /// The authorization file's rules (`--authorization`), replaceable
+    /// while serving.
+    pub policy: Option<std::sync::Arc<crate::policy::PolicyCell>>,
     /// A TLS listener too.
     pub tls: Option<TlsListener>,
 }
@@ -194,12 +197,43 @@ struct Router {
     owners: std::sync::Mutex<HashMap<String, (String, Option<SocketAddr>)>>,
     /// The connection count for `--metrics`.
     connections: Option<prometheus::IntGauge>,
+    /// The authorization file's rules (`--authorization`), if any.
+    policy: Option<std::sync::Arc<crate::policy::PolicyCell>>,
 }
 
 /// How long a failed authentication waits before its refusal.
 const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
 
 impl Router {
+    /// Whether the broker resources of `--authorization` let `id` (with
+    /// `username`) do what `check` asks; allowed when there is no file.
+    fn authorized(
+        &self,
+        client_id: &str,
+        username: Option<&str>,
+        check: impl FnOnce(&crate::policy::Policy, &crate::policy::Who<'_>) -> bool,
+    ) -> bool {
+        let Some(policy) = self.policy.as_ref().and_then(|c| c.get()) else {
+            return true;
+        };
+        let attributes = policy.attributes_of(username);
+        let who = crate::policy::Who {
+            client_id,
+            username,
+            attributes: &attributes,
+        };
+        check(&policy, &who)
+    }
+
+    /// The attributes `--authorization` gives `username`.
+    fn attributes_of(&self, username: Option<&str>) -> Vec<(String, String)> {
+        self.policy
+            .as_ref()
+            .and_then(|c| c.get())
+            .map(|p| p.attributes_of(username))
+            .unwrap_or_default()
+    }
+
     fn tenant_of(&self, username: Option<&str>, client_id: &str) -> Option<usize> {
         self.routes
             .iter()
@@ -266,77 +300,84 @@ fn username(id: &Id) -> Option<&str> {
     id.username.as_ref().map(|u| u.as_ref() as &str)
 }
 
+impl Hooks {
+    /// Who the client is: its password, its tenant's, or anonymous.
+    async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> AuthResult {
+        let addr = info.id().remote_addr;
+        if !self.router.address_has_room(addr) {
+            warn!(client_id = %info.id().client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
+            return AuthResult::NotAuthorized;
+        }
+        if let Some(users) = &self.router.users {
+            let client_id: &str = info.id().client_id.as_ref();
+            let user = info.username().map(|u| u.to_string());
+            let password = info.password().map(|p| p.to_vec()).unwrap_or_default();
+            let ok = user.as_deref().is_some_and(|u| users.verify(u, &password));
+            if !ok {
+                warn!(client_id, user = user.as_deref().unwrap_or("(none)"), remote = ?addr, "authentication failed");
+                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                return AuthResult::BadUsernameOrPassword;
+            }
+            let user = user.unwrap_or_default();
+            if let Some(owner) = self.router.owner_of(client_id)
+                && owner != user
+            {
+                warn!(
+                    client_id,
+                    user, owner, "connection refused: the client id is held by another user"
+                );
+                return AuthResult::NotAuthorized;
+            }
+            return AuthResult::Allow(false, None);
+        }
+        // The listener refuses anonymous clients unless a hook allows
+        // them (so that every client passes the check above): allow.
+        let Some(user) = info.username() else {
+            return AuthResult::Allow(false, None);
+        };
+        let password = info.password().map(|p| p.as_ref());
+        self.router
+            .authenticate(user.as_ref(), password)
+            .unwrap_or(AuthResult::Allow(false, None))
+    }
+}
+
 #[async_trait::async_trait]
 impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
         match param {
             Parameter::ClientAuthenticate(info) => {
-                let addr = info.id().remote_addr;
-                if !self.router.address_has_room(addr) {
-                    warn!(client_id = %info.id().client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
-                    return (
-                        false,
-                        Some(HookResult::AuthResult(AuthResult::NotAuthorized)),
-                    );
-                }
-                if let Some(users) = &self.router.users {
-                    let client_id: &str = info.id().client_id.as_ref();
-                    let user = info.username().map(|u| u.to_string());
-                    let password = info.password().map(|p| p.to_vec()).unwrap_or_default();
-                    let ok = user.as_deref().is_some_and(|u| users.verify(u, &password));
-                    if !ok {
-                        warn!(client_id, user = user.as_deref().unwrap_or("(none)"), remote = ?addr, "authentication failed");
-                        tokio::time::sleep(FAILED_LOGIN_DELAY).await;
-                        return (
-                            false,
-                            Some(HookResult::AuthResult(AuthResult::BadUsernameOrPassword)),
-                        );
-                    }
-                    let user = user.unwrap_or_default();
-                    if let Some(owner) = self.router.owner_of(client_id)
-                        && owner != user
+                let verdict = match self.authenticate(info).await {
+                    AuthResult::Allow(..)
+                        if !self.router.authorized(
+                            info.id().client_id.as_ref(),
+                            info.username().map(|u| u.as_ref()),
+                            |p, who| p.may_connect(who),
+                        ) =>
                     {
-                        warn!(
-                            client_id,
-                            user,
-                            owner,
-                            "connection refused: the client id is held by another user"
-                        );
-                        return (
-                            false,
-                            Some(HookResult::AuthResult(AuthResult::NotAuthorized)),
-                        );
+                        warn!(client_id = %info.id().client_id, user = info.username().map_or("(none)", |u| u.as_ref()), "connection refused: no authorization rule lets it connect (--authorization)");
+                        AuthResult::NotAuthorized
                     }
-                    return (
-                        false,
-                        Some(HookResult::AuthResult(AuthResult::Allow(false, None))),
-                    );
-                }
-                // The listener refuses anonymous clients unless a hook allows
-                // them (so that every client passes the check above): allow.
-                let Some(user) = info.username() else {
-                    return (
-                        false,
-                        Some(HookResult::AuthResult(AuthResult::Allow(false, None))),
-                    );
+                    verdict => verdict,
                 };
-                let password = info.password().map(|p| p.as_ref());
-                let verdict = self
-                    .router
-                    .authenticate(user.as_ref(), password)
-                    .unwrap_or(AuthResult::Allow(false, None));
                 (false, Some(HookResult::AuthResult(verdict)))
             }
             Parameter::ClientSubscribeCheckAcl(session, sub) => {
                 let client: &str = session.id.client_id.as_ref();
                 let filter: &str = sub.topic_filter.as_ref();
-                if crate::isolation::may_subscribe(client, filter) {
+                if crate::isolation::may_subscribe(client, filter)
+                    && self
+                        .router
+                        .authorized(client, username(&session.id), |p, who| {
+                            p.may_subscribe(who, filter)
+                        })
+                {
                     (true, acc)
                 } else {
                     warn!(
                         client_id = client,
                         filter,
-                        "subscription refused: it would reach another client's replies or notifications"
+                        "subscription refused: it would reach another client's replies or notifications, or no authorization rule allows it"
                     );
                     let refused = rmqtt::types::SubscribeAclResult::new_failure(
                         rmqtt::codec::v5::SubscribeAckReason::NotAuthorized,
@@ -347,12 +388,19 @@ impl Handler for Hooks {
             Parameter::MessagePublishCheckAcl(session, publish) => {
                 let client: &str = session.id.client_id.as_ref();
                 let topic: &str = publish.topic.as_ref();
-                if crate::isolation::may_publish(client, topic) {
+                if crate::isolation::may_publish(client, topic)
+                    && self
+                        .router
+                        .authorized(client, username(&session.id), |p, who| {
+                            p.may_publish(who, topic)
+                        })
+                {
                     (true, acc)
                 } else {
                     warn!(
                         client_id = client,
-                        topic, "publish refused: another client's or the store's topic"
+                        topic,
+                        "publish refused: another client's or the store's topic, or no authorization rule allows it"
                     );
                     let refused = rmqtt::types::PublishAclResult::rejected(
                         false,
@@ -378,7 +426,9 @@ impl Handler for Hooks {
                 if from.is_custom() && publish.topic.as_ref() as &str == REQUEST_TOPIC =>
             {
                 let client_id: &str = from.id.client_id.as_ref();
-                let message = inbound(client_id, publish);
+                let mut message = inbound(client_id, publish);
+                message.username = username(&from.id).map(str::to_string);
+                message.attributes = self.router.attributes_of(username(&from.id));
                 let response_topic = message.response_topic.as_deref().unwrap_or("");
                 let own_topic = crate::isolation::may_publish(client_id, response_topic)
                     // The store's own space: the guest answers it as a violation.
@@ -550,6 +600,7 @@ impl EmbeddedServer {
             users,
             connections,
             queue_dropped,
+            policy,
             tls,
         } = opts;
         let limits = &limits;
@@ -591,6 +642,7 @@ impl EmbeddedServer {
             users,
             owners: std::sync::Mutex::new(HashMap::new()),
             connections,
+            policy,
         });
         let queue_bytes =
             crate::queue_bytes::QueueBytes::new(limits.max_queued_bytes, queue_dropped);

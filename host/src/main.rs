@@ -510,6 +510,15 @@ struct ServeArgs {
     #[arg(long)]
     users_file: Option<PathBuf>,
 
+    /// Authorization rules: the `BrokerAuthorization` policy rules of Azure
+    /// IoT Operations (principals, brokerResources, stateStoreResources),
+    /// in YAML (the resource as it is) or TOML (`.toml`); see the README.
+    /// Only what a rule allows is allowed. The embedded broker checks
+    /// Connect, Publish and Subscribe; the store checks keys in every mode.
+    /// SIGHUP reads it again.
+    #[arg(long, value_name = "FILE")]
+    authorization: Option<PathBuf>,
+
     /// Embedded broker: also listen with TLS on this address (beside the
     /// plain --listen), with --tls-cert and --tls-key. E.g. `0.0.0.0:8883`.
     #[arg(long, value_name = "ADDR", requires_all = ["tls_cert", "tls_key"])]
@@ -1029,6 +1038,27 @@ fn has_tenants(args: &ServeArgs) -> bool {
 }
 
 fn tenant_specs(args: &ServeArgs, password: Option<String>) -> Result<Vec<TenantSpec>> {
+    let mut specs = tenant_specs_without_policy(args, password)?;
+    if let Some(policy) = load_policy(args)? {
+        for spec in &mut specs {
+            spec.store.authorization = Some(policy.store_rules());
+        }
+    }
+    Ok(specs)
+}
+
+/// The `--authorization` file, if any.
+fn load_policy(args: &ServeArgs) -> Result<Option<statestore::policy::Policy>> {
+    args.authorization
+        .as_deref()
+        .map(statestore::policy::Policy::load)
+        .transpose()
+}
+
+fn tenant_specs_without_policy(
+    args: &ServeArgs,
+    password: Option<String>,
+) -> Result<Vec<TenantSpec>> {
     let tenants = args.config.as_ref().filter(|_| has_tenants(args));
     match tenants {
         Some(path) => {
@@ -1107,6 +1137,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         );
     }
     let specs = tenant_specs(&args, password.clone())?;
+    let policy_cell = statestore::policy::PolicyCell::new(load_policy(&args)?);
+    if args.authorization.is_some() && args.broker.is_some() {
+        tracing::info!(
+            "--authorization with --broker: the store checks keys; Connect, Publish and Subscribe are the broker's to check"
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1173,6 +1209,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                     users,
                     connections: metrics.as_ref().map(|m| m.connections().clone()),
                     queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
+                    policy: Some(policy_cell.clone()),
                     tls: tls_listener(&args),
                 },
             )
@@ -1189,7 +1226,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                     control: h.control.clone(),
                 })
                 .collect();
-            spawn_reloader(args, password, fleet, running)?;
+            spawn_reloader(args, password, fleet, running, policy_cell)?;
             server.run(shutdown_signal()).await
         });
     };
@@ -1227,7 +1264,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         if let Some(m) = &metrics {
             m.set_ready();
         }
-        spawn_reloader(args, password, fleet, running)?;
+        spawn_reloader(args, password, fleet, running, policy_cell)?;
         let runs: Vec<_> = servers
             .into_iter()
             .map(|server| {
@@ -1251,6 +1288,7 @@ fn spawn_reloader(
     password: Option<String>,
     mut fleet: Fleet,
     mut running: Vec<Running>,
+    policy: std::sync::Arc<statestore::policy::PolicyCell>,
 ) -> Result<()> {
     #[cfg(unix)]
     {
@@ -1269,7 +1307,7 @@ fn spawn_reloader(
             .spawn(move || {
                 while rx.recv().is_ok() {
                     tracing::info!("SIGHUP: reloading components and limits");
-                    if let Err(e) = reload(&args, password.clone(), &mut fleet, &mut running) {
+                    if let Err(e) = reload(&args, password.clone(), &mut fleet, &mut running, &policy) {
                         tracing::error!(error = %format!("{e:#}"), "reload failed; everything keeps running as it was");
                     }
                 }
@@ -1277,7 +1315,7 @@ fn spawn_reloader(
             .context("cannot start the reload thread")?;
     }
     #[cfg(not(unix))]
-    let _ = (args, password, fleet, running);
+    let _ = (args, password, fleet, running, policy);
     Ok(())
 }
 
@@ -1286,8 +1324,41 @@ fn reload(
     password: Option<String>,
     fleet: &mut Fleet,
     running: &mut [Running],
+    policy: &statestore::policy::PolicyCell,
 ) -> Result<()> {
+    // The authorization file first: a broken one changes nothing.
+    let new_policy = load_policy(args)?;
     let specs = tenant_specs(args, password)?;
+    if args.authorization.is_some() {
+        policy.set(new_policy);
+        tracing::info!(file = %args.authorization.as_deref().map(|p| p.display().to_string()).unwrap_or_default(), "authorization rules reloaded: the broker's apply to the next connect, publish and subscribe");
+    }
+    for r in running.iter_mut() {
+        let Some(spec) = specs.iter().find(|s| s.name == r.spec.name) else {
+            continue;
+        };
+        if spec.store.authorization == r.spec.store.authorization {
+            continue;
+        }
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let sent = r.control.send(Control::Authorize {
+            rules: spec.store.authorization.clone(),
+            done,
+        });
+        if sent.is_err() {
+            continue;
+        }
+        match outcome.blocking_recv() {
+            Ok(Ok(())) => {
+                tracing::info!(tenant = %spec.name, "authorization rules of the keys reloaded");
+                r.spec.store.authorization = spec.store.authorization.clone();
+            }
+            Ok(Err(e)) => {
+                tracing::error!(tenant = %spec.name, error = %format!("{e:#}"), "the tenant refused the authorization rules; it keeps the old ones")
+            }
+            Err(_) => tracing::warn!(tenant = %spec.name, "the tenant stopped during the reload"),
+        }
+    }
     for spec in &specs {
         if !running.iter().any(|r| r.spec.name == spec.name) {
             tracing::warn!(tenant = %spec.name, "a new tenant takes a restart to start");

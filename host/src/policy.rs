@@ -313,6 +313,29 @@ impl Policy {
     }
 }
 
+/// The policy in force, replaced whole on a reload.
+#[derive(Debug, Default)]
+pub struct PolicyCell(std::sync::RwLock<Option<std::sync::Arc<Policy>>>);
+
+impl PolicyCell {
+    /// A cell holding `policy`.
+    pub fn new(policy: Option<Policy>) -> std::sync::Arc<PolicyCell> {
+        std::sync::Arc::new(PolicyCell(std::sync::RwLock::new(
+            policy.map(std::sync::Arc::new),
+        )))
+    }
+
+    /// The policy now.
+    pub fn get(&self) -> Option<std::sync::Arc<Policy>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces it.
+    pub fn set(&self, policy: Option<Policy>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = policy.map(std::sync::Arc::new);
+    }
+}
+
 /// Whether `who` is one of `principals` (as the guest decides it).
 fn is_for(principals: &Principals, who: &Who<'_>) -> bool {
     principals.client_ids.iter().any(|c| c == who.client_id)

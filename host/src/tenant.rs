@@ -393,6 +393,23 @@ impl Tenant {
         Ok(())
     }
 
+    /// Replaces the authorization rules of the keys (a policy reload): the
+    /// guest's now, and the config a restart or upgrade uses.
+    pub fn set_authorization(
+        &mut self,
+        rules: Option<Vec<statestore_guest::types::AuthRule>>,
+    ) -> Result<()> {
+        self.store
+            .set_authorization(rules.as_deref())
+            .context("the guest refused the authorization rules")?;
+        self.config.authorization = rules;
+        if let Some(journal) = &mut self.journal {
+            journal.set_runtime(self.runtime.clone(), self.config.clone());
+        }
+        info!(tenant = %self.name, rules = self.config.authorization.as_ref().map_or(0, Vec::len), "authorization rules in force");
+        Ok(())
+    }
+
     /// Makes the journal records among `outputs` durable and returns the
     /// rest (see [`crate::journal::commit`]).
     fn commit(&mut self, outputs: Vec<Output>) -> Result<Vec<Output>> {

@@ -74,6 +74,20 @@ impl Server {
         s
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends it SIGHUP (reload).
+    pub fn hup(&self) {
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -HUP");
+    }
+
     /// Its stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().expect("log lock").clone()

@@ -1,0 +1,222 @@
+//! The authorization file (issue 16, item 4) end to end: `statestore serve
+//! --users-file --authorization` with real MQTT5 clients on loopback. The
+//! broker resources (Connect, Publish, Subscribe) are checked by the
+//! embedded broker, the state store resources by the guest; substitutions,
+//! each key type, attributes of password-file users, and a reload on SIGHUP
+//! while a client writes.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rumqttc::v5::mqttbytes::QoS;
+use statestore_tests::broker::{RawClient, free_port, text};
+use statestore_tests::process::Server;
+
+// Written by mosquitto_passwd 2.0: alice/secret ($7$), bob and mallory/hunter2 ($6$).
+const USERS: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\nbob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\nmallory:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\n";
+
+/// The policy: as an operator writes a `BrokerAuthorization` resource.
+fn policy(bob_later: bool) -> String {
+    let later = if bob_later {
+        "\n          - method: ReadWrite\n            keyType: Pattern\n            keys: [\"later/*\"]"
+    } else {
+        ""
+    };
+    format!(
+        r##"apiVersion: mqttbroker.iotoperations.azure.com/v1
+kind: BrokerAuthorization
+metadata:
+  name: test-policies
+spec:
+  authorizationPolicies:
+    cache: Enabled
+    rules:
+      - principals:
+          usernames: [alice]
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics: ["statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke", "chat/{{principal.username}}"]
+          - method: Subscribe
+            topics: ["clients/{{principal.clientId}}/#", "chat/#"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: Pattern
+            keys: ["alice/*", "{{principal.attributes.team}}/*"]
+          - method: Read
+            keyType: String
+            keys: ["shared"]
+      - principals:
+          usernames: [bob]
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics: ["statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"]
+          - method: Subscribe
+            topics: ["clients/{{principal.clientId}}/#"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: String
+            keys: ["shared"]
+          - method: ReadWrite
+            keyType: Binary
+            keys: ["AP8="]{later}
+      - principals:
+          usernames: [mallory]
+        brokerResources:
+          - method: Publish
+            topics: ["#"]
+userAttributes:
+  alice: {{ team: red }}
+"##
+    )
+}
+
+async fn user(port: u16, id: &str, name: &str, password: &str) -> RawClient {
+    let mut c = RawClient::try_connect(port, id, Some((name, password)))
+        .await
+        .unwrap_or_else(|e| panic!("{name} connects: {e}"));
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    c
+}
+
+const DENIED: &str = "-ERR not authorized\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorization_file_decides_connects_topics_and_keys() {
+    let dir = std::env::temp_dir().join(format!("statestore-authz-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let users = dir.join("users");
+    let rules = dir.join("authz.yaml");
+    std::fs::write(&users, USERS).expect("users");
+    std::fs::write(&rules, policy(false)).expect("policy");
+    let port = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    cmd.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-authz-test-cache"),
+    )
+    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    .arg("--users-file")
+    .arg(&users)
+    .arg("--authorization")
+    .arg(&rules);
+    let server = Server::spawn(cmd);
+
+    // Connect: mallory's password is right, but no rule lets her connect.
+    let refused = RawClient::try_connect(port, "m1", Some(("mallory", "hunter2"))).await;
+    assert!(refused.is_err(), "mallory connected");
+    assert!(
+        server
+            .log()
+            .contains("no authorization rule lets it connect")
+    );
+
+    let mut alice = user(port, "alice-1", "alice", "secret").await;
+    let mut bob = user(port, "bob-1", "bob", "hunter2").await;
+
+    // Keys: a pattern, an attribute substituted, read-only text, binary.
+    assert_eq!(
+        text(&alice.call(&[b"SET", b"alice/1", b"a"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&alice.call(&[b"SET", b"red/x", b"r"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(text(&alice.call(&[b"SET", b"blue/x", b"r"]).await), DENIED);
+    assert_eq!(text(&alice.call(&[b"SET", b"shared", b"a"]).await), DENIED);
+    assert_eq!(text(&alice.call(&[b"GET", b"shared"]).await), "$-1\r\n");
+    assert_eq!(text(&bob.call(&[b"SET", b"shared", b"b"]).await), "+OK\r\n");
+    assert_eq!(
+        text(&bob.call(&[b"SET", b"\x00\xff", b"b"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(text(&bob.call(&[b"SET", b"\x00\xfe", b"b"]).await), DENIED);
+    assert_eq!(text(&bob.call(&[b"GET", b"alice/1"]).await), DENIED);
+    assert_eq!(text(&bob.call(&[b"DEL", b"red/x"]).await), DENIED);
+    assert_eq!(text(&alice.call(&[b"GET", b"shared"]).await), "$1\r\nb\r\n");
+    // SCAN lists what its requester may read.
+    assert_eq!(
+        text(&alice.call(&[b"SCAN", b"*"]).await),
+        "*1\r\n*3\r\n$7\r\nalice/1\r\n$5\r\nred/x\r\n$6\r\nshared\r\n"
+    );
+    assert_eq!(
+        text(&bob.call(&[b"SCAN", b"*"]).await),
+        "*1\r\n*1\r\n$6\r\nshared\r\n"
+    );
+
+    // Subscribe: a filter is allowed only if every topic it matches is.
+    assert!(alice.try_subscribe("chat/#").await);
+    assert!(!bob.try_subscribe("chat/#").await);
+    assert!(!bob.try_subscribe("#").await);
+    assert!(!alice.try_subscribe("clients/bob-1/#").await);
+    // Publish: bob may not publish to chat/alice; it is never delivered.
+    bob.client
+        .publish("chat/alice", QoS::AtLeastOnce, false, b"forged".to_vec())
+        .await
+        .expect("publish");
+    alice
+        .client
+        .publish("chat/alice", QoS::AtLeastOnce, false, b"hello".to_vec())
+        .await
+        .expect("publish");
+    let first = alice
+        .recv(Duration::from_secs(10))
+        .await
+        .expect("alice's own message");
+    assert_eq!(&first.payload[..], b"hello", "bob's message was delivered");
+    assert!(server.log().contains("publish refused"));
+
+    // A reload under load: alice writes throughout; bob gains later/*.
+    assert_eq!(text(&bob.call(&[b"SET", b"later/1", b"b"]).await), DENIED);
+    std::fs::write(&rules, policy(true)).expect("policy");
+    let writer = tokio::spawn(async move {
+        let mut ok = 0;
+        for i in 0..300u32 {
+            let key = format!("alice/load{i}");
+            if text(&alice.call(&[b"SET", key.as_bytes(), b"v"]).await) == "+OK\r\n" {
+                ok += 1;
+            }
+        }
+        ok
+    });
+    server.hup();
+    let started = Instant::now();
+    loop {
+        let r = text(&bob.call(&[b"SET", b"later/1", b"b"]).await);
+        if r == "+OK\r\n" {
+            break;
+        }
+        assert_eq!(r, DENIED);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the reload did not take: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        writer.await.expect("writer"),
+        300,
+        "a write failed during the reload"
+    );
+    assert!(server.log().contains("authorization rules reloaded"));
+    // A broken file changes nothing.
+    std::fs::write(&rules, "rules: [").expect("policy");
+    server.hup();
+    let started = Instant::now();
+    while !server.log().contains("reload failed") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(text(&bob.call(&[b"GET", b"later/1"]).await), "$1\r\nb\r\n");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
