@@ -532,6 +532,34 @@ userAttributes:
         assert_eq!(rules[0].grants[1].keys, [KeySpec::Binary(vec![0, 1])]);
     }
 
+    /// The README's example file parses, and says what it says.
+    #[test]
+    fn the_example_file() {
+        let p = Policy::parse(include_str!("../../examples/authorization.yaml"), false)
+            .expect("examples/authorization.yaml parses");
+        let attrs = p.attributes_of(Some("sensor-1"));
+        let sensor = Who {
+            client_id: "s1",
+            username: Some("sensor-1"),
+            attributes: &attrs,
+        };
+        assert!(p.may_connect(&sensor));
+        assert!(p.may_publish(
+            &sensor,
+            "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"
+        ));
+        assert!(p.may_subscribe(&sensor, "clients/s1/#"));
+        let store = statestore_guest::authz::Authorizer::new(&p.store_rules()).expect("rules");
+        let principal = statestore_guest::authz::Principal {
+            client_id: Some("s1"),
+            username: Some("sensor-1"),
+            attributes: statestore_guest::authz::Attributes::Owned(&attrs),
+        };
+        let read = store.grants(&principal, statestore_guest::authz::Need::Read);
+        assert!(read.allows(b"sensors/s1/t") && read.allows(b"contoso/x") && read.allows(b"config"));
+        assert!(!read.allows(b"sensors/s2/t"));
+    }
+
     #[test]
     fn toml_and_rules_alone() {
         let p = Policy::parse(
