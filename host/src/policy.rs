@@ -556,7 +556,9 @@ userAttributes:
             attributes: statestore_guest::authz::Attributes::Owned(&attrs),
         };
         let read = store.grants(&principal, statestore_guest::authz::Need::Read);
-        assert!(read.allows(b"sensors/s1/t") && read.allows(b"contoso/x") && read.allows(b"config"));
+        assert!(
+            read.allows(b"sensors/s1/t") && read.allows(b"contoso/x") && read.allows(b"config")
+        );
         assert!(!read.allows(b"sensors/s2/t"));
     }
 

@@ -32,7 +32,18 @@ struct Sdk {
 
 impl Sdk {
     async fn connect(port: u16, id: &str) -> Sdk {
-        let settings = MqttConnectionSettingsBuilder::default()
+        Sdk::connect_as(port, id, None).await
+    }
+
+    /// Connects with a user name and password, if given.
+    async fn connect_as(port: u16, id: &str, user: Option<(&str, &str)>) -> Sdk {
+        let mut settings = MqttConnectionSettingsBuilder::default();
+        if let Some((name, password)) = user {
+            settings = settings
+                .username(name.to_string())
+                .password(password.to_string());
+        }
+        let settings = settings
             .client_id(id)
             .hostname("127.0.0.1")
             .tcp_port(port)
@@ -800,4 +811,125 @@ async fn list_keys_exactly_once_under_writes(mode: Mode) {
     lister.close().await;
     writer.close().await;
     store.stop().await;
+}
+
+/// An operator's `BrokerAuthorization` policy (`examples/authorization.yaml`)
+/// in the embedded broker, with `--users-file` users: the unmodified SDK
+/// connects as a user, sets, gets, observes and lists the keys the policy
+/// gives it, and is refused the others (issue 16, item 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_under_an_authorization_policy() {
+    use statestore::embedded::{BrokerOptions, EmbeddedServer, Route};
+    use statestore::policy::{Policy, PolicyCell};
+    let dir = std::env::temp_dir().join(format!("statestore-sdk-authz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // mosquitto_passwd 2.0 hashes: sensor-1 and operator, password "secret".
+    let hash = "$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==";
+    let users = dir.join("users");
+    std::fs::write(&users, format!("sensor-1:{hash}\noperator:{hash}\n")).expect("users");
+    let policy = Policy::parse(include_str!("../../examples/authorization.yaml"), false)
+        .expect("the example policy");
+    let mut store =
+        statestore::store::StoreOptions::volatile("StateStore", "statestore-under-test");
+    store.authorization = Some(policy.store_rules());
+    let tenant = statestore::tenant::Tenant::open(
+        "default",
+        statestore_tests::wasm_runtime().clone(),
+        &store,
+    )
+    .expect("tenant");
+    let server = EmbeddedServer::start_tenants_with(
+        "127.0.0.1:0".parse().expect("address"),
+        "statestore-under-test",
+        vec![(
+            tenant,
+            Route {
+                default: true,
+                ..Route::default()
+            },
+        )],
+        BrokerOptions {
+            users: Some(statestore::users::Users::load(&users).expect("users")),
+            policy: Some(PolicyCell::new(Some(policy))),
+            ..BrokerOptions::default()
+        },
+    )
+    .await
+    .expect("the embedded broker starts");
+    let port = server.local_addr().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+
+    let sensor = Sdk::connect_as(port, "s1", Some(("sensor-1", "secret"))).await;
+    let operator = Sdk::connect_as(port, "op", Some(("operator", "secret"))).await;
+    let own = b"sensors/s1/temp".to_vec();
+    let mut obs = sensor
+        .ss
+        .observe(own.clone(), T)
+        .await
+        .expect("observe its own key")
+        .response;
+    sensor
+        .ss
+        .set(own.clone(), b"21".to_vec(), T, None, SetOptions::default())
+        .await
+        .expect("set its own key");
+    assert_eq!(
+        next(&mut obs).await.operation,
+        Operation::Set(b"21".to_vec())
+    );
+    assert_eq!(
+        sensor.ss.get(own.clone(), T).await.expect("get").response,
+        Some(b"21".to_vec())
+    );
+    // The operator may write anything; the sensor reads its organisation's.
+    operator
+        .ss
+        .set(
+            b"contoso/limit".to_vec(),
+            b"30".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("operator set");
+    assert_eq!(
+        sensor
+            .ss
+            .get(b"contoso/limit".to_vec(), T)
+            .await
+            .expect("get")
+            .response,
+        Some(b"30".to_vec())
+    );
+    // Refused: writing its organisation's key, another sensor's, anything else.
+    for key in [&b"contoso/limit"[..], b"sensors/s2/temp", b"elsewhere"] {
+        let e = sensor
+            .ss
+            .set(key.to_vec(), b"x".to_vec(), T, None, SetOptions::default())
+            .await
+            .expect_err("refused");
+        assert!(
+            format!("{e:?}").to_lowercase().contains("not authorized")
+                || format!("{e:?}").contains("NotAuthorized"),
+            "{e:?}"
+        );
+    }
+    // SCAN (list_keys) lists only what the sensor may read.
+    let mut keys = Vec::new();
+    let mut pager = sensor.ss.list_keys(b"*".to_vec(), T).expect("a pager");
+    while let Some(page) = pager.next().await.expect("a page") {
+        keys.extend(page);
+    }
+    drop(pager);
+    keys.sort();
+    assert_eq!(keys, [b"contoso/limit".to_vec(), own.clone()]);
+    sensor.close().await;
+    operator.close().await;
+    let _ = stop.send(());
+    let _ = task.await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
