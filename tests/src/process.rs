@@ -93,6 +93,17 @@ impl Server {
         self.log.lock().expect("log lock").clone()
     }
 
+    /// Waits until its log contains `text` (without blocking the runtime):
+    /// for lines caused by another connection's traffic, which the log
+    /// may show only after this connection's reply.
+    pub async fn wait_log(&self, text: &str, limit: Duration) {
+        let start = Instant::now();
+        while !self.log().contains(text) {
+            assert!(start.elapsed() < limit, "no {text:?} in:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Its resident memory (VmRSS), KiB.
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
