@@ -93,7 +93,7 @@ async fn connect(
     o.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
         .set_max_packet_size(Some(MAX_PACKET));
-    crate::mqtt::connection_options(&mut o, broker, ca_file)?;
+    crate::mqtt::connection_options(&mut o, broker, ca_file, None)?;
     let (client, mut eventloop) = AsyncClient::new(o, 64);
     let (tx, rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready) = mpsc::channel(1);

@@ -104,6 +104,8 @@ pub struct ClientOptions {
     pub credentials: Option<(String, String)>,
     /// CA certificate (PEM) for `mqtts://`; the system roots if absent.
     pub ca_file: Option<PathBuf>,
+    /// Our client certificate, for a broker that asks for one (`mqtts://`).
+    pub client_cert: Option<crate::mqtt::ClientCert>,
     /// How long to wait for the broker and for each reply.
     pub timeout: Duration,
 }
@@ -187,7 +189,12 @@ impl Client {
             }
             o.set_credentials(user, password);
         }
-        crate::mqtt::connection_options(&mut o, &opts.broker, opts.ca_file.as_deref())?;
+        crate::mqtt::connection_options(
+            &mut o,
+            &opts.broker,
+            opts.ca_file.as_deref(),
+            opts.client_cert.as_ref(),
+        )?;
         let (client, mut eventloop) = AsyncClient::new(o, 16);
         let (tx, rx) = mpsc::unbounded_channel();
         let (ack_tx, mut acks) = mpsc::unbounded_channel();

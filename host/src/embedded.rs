@@ -199,39 +199,78 @@ struct Router {
     connections: Option<prometheus::IntGauge>,
     /// The authorization file's rules (`--authorization`), if any.
     policy: Option<std::sync::Arc<crate::policy::PolicyCell>>,
+    /// What each connected client was verified to be (its user name, from
+    /// a password or its certificate), and its connection: the principal
+    /// authorization rules see. A user name given without proof is not one.
+    principals: std::sync::Mutex<HashMap<String, (Verified, Option<SocketAddr>)>>,
+}
+
+/// A client's verified identity.
+#[derive(Debug, Clone, Default)]
+struct Verified {
+    /// From `--users-file`, a tenant's password, or the common name of its
+    /// client certificate.
+    username: Option<String>,
+    /// The common name of its client certificate, if any.
+    certificate: Option<String>,
 }
 
 /// How long a failed authentication waits before its refusal.
 const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
 
 impl Router {
-    /// Whether the broker resources of `--authorization` let `id` (with
-    /// `username`) do what `check` asks; allowed when there is no file.
-    fn authorized(
+    /// What `client_id` was verified to be when it connected.
+    fn verified(&self, client_id: &str) -> Verified {
+        let principals = self.principals.lock().unwrap_or_else(|e| e.into_inner());
+        principals
+            .get(client_id)
+            .map(|(v, _)| v.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether the broker resources of `--authorization` let `client_id`
+    /// (verified as `v`) do what `check` asks; allowed when there is no
+    /// file.
+    fn authorized_as(
         &self,
         client_id: &str,
-        username: Option<&str>,
+        v: &Verified,
         check: impl FnOnce(&crate::policy::Policy, &crate::policy::Who<'_>) -> bool,
     ) -> bool {
         let Some(policy) = self.policy.as_ref().and_then(|c| c.get()) else {
             return true;
         };
-        let attributes = policy.attributes_of(username);
+        let attributes = policy.attributes_for(v.username.as_deref(), v.certificate.as_deref());
         let who = crate::policy::Who {
             client_id,
-            username,
+            username: v.username.as_deref(),
             attributes: &attributes,
         };
         check(&policy, &who)
     }
 
-    /// The attributes `--authorization` gives `username`.
-    fn attributes_of(&self, username: Option<&str>) -> Vec<(String, String)> {
-        self.policy
+    /// [`Router::authorized_as`] for a connected client.
+    fn authorized(
+        &self,
+        client_id: &str,
+        check: impl FnOnce(&crate::policy::Policy, &crate::policy::Who<'_>) -> bool,
+    ) -> bool {
+        if self.policy.is_none() {
+            return true;
+        }
+        self.authorized_as(client_id, &self.verified(client_id), check)
+    }
+
+    /// A connected client's verified user name and attributes.
+    fn principal_of(&self, client_id: &str) -> (Option<String>, Vec<(String, String)>) {
+        let v = self.verified(client_id);
+        let attributes = self
+            .policy
             .as_ref()
             .and_then(|c| c.get())
-            .map(|p| p.attributes_of(username))
-            .unwrap_or_default()
+            .map(|p| p.attributes_for(v.username.as_deref(), v.certificate.as_deref()))
+            .unwrap_or_default();
+        (v.username, attributes)
     }
 
     fn tenant_of(&self, username: Option<&str>, client_id: &str) -> Option<usize> {
@@ -239,6 +278,16 @@ impl Router {
             .iter()
             .position(|r| r.matcher.matches(username, client_id))
             .or(self.default)
+    }
+
+    /// Whether two clients belong to the same tenant (or both to none).
+    fn same_tenant(&self, a: &Id, b: &Id) -> bool {
+        // One tenant that takes every client: nothing to compare.
+        if self.routes.len() == 1 && self.default.is_some() {
+            return true;
+        }
+        self.tenant_of(username(a), a.client_id.as_ref())
+            == self.tenant_of(username(b), b.client_id.as_ref())
     }
 
     /// Whether `addr` may open one more connection.
@@ -301,12 +350,13 @@ fn username(id: &Id) -> Option<&str> {
 }
 
 impl Hooks {
-    /// Who the client is: its password, its tenant's, or anonymous.
-    async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> AuthResult {
+    /// Who the client is: its password, its tenant's, or anonymous; with
+    /// the user name it proved, if it proved one.
+    async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> (AuthResult, Option<String>) {
         let addr = info.id().remote_addr;
         if !self.router.address_has_room(addr) {
             warn!(client_id = %info.id().client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
-            return AuthResult::NotAuthorized;
+            return (AuthResult::NotAuthorized, None);
         }
         if let Some(users) = &self.router.users {
             let client_id: &str = info.id().client_id.as_ref();
@@ -316,7 +366,7 @@ impl Hooks {
             if !ok {
                 warn!(client_id, user = user.as_deref().unwrap_or("(none)"), remote = ?addr, "authentication failed");
                 tokio::time::sleep(FAILED_LOGIN_DELAY).await;
-                return AuthResult::BadUsernameOrPassword;
+                return (AuthResult::BadUsernameOrPassword, None);
             }
             let user = user.unwrap_or_default();
             if let Some(owner) = self.router.owner_of(client_id)
@@ -326,19 +376,22 @@ impl Hooks {
                     client_id,
                     user, owner, "connection refused: the client id is held by another user"
                 );
-                return AuthResult::NotAuthorized;
+                return (AuthResult::NotAuthorized, None);
             }
-            return AuthResult::Allow(false, None);
+            return (AuthResult::Allow(false, None), Some(user));
         }
         // The listener refuses anonymous clients unless a hook allows
         // them (so that every client passes the check above): allow.
         let Some(user) = info.username() else {
-            return AuthResult::Allow(false, None);
+            return (AuthResult::Allow(false, None), None);
         };
         let password = info.password().map(|p| p.as_ref());
-        self.router
-            .authenticate(user.as_ref(), password)
-            .unwrap_or(AuthResult::Allow(false, None))
+        match self.router.authenticate(user.as_ref(), password) {
+            // Its tenant's password: proved.
+            Some(verdict) => (verdict, Some(user.to_string())),
+            // A user name with no password to check: not a principal.
+            None => (AuthResult::Allow(false, None), None),
+        }
     }
 }
 
@@ -347,16 +400,35 @@ impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
         match param {
             Parameter::ClientAuthenticate(info) => {
-                let verdict = match self.authenticate(info).await {
+                let (verdict, username) = self.authenticate(info).await;
+                let client_id: &str = info.id().client_id.as_ref();
+                let certificate = info.cert().and_then(|c| c.common_name.clone());
+                let verified = Verified {
+                    // A client certificate names its holder when nothing else does.
+                    username: username.or_else(|| certificate.clone()),
+                    certificate,
+                };
+                let verdict = match verdict {
                     AuthResult::Allow(..)
-                        if !self.router.authorized(
-                            info.id().client_id.as_ref(),
-                            info.username().map(|u| u.as_ref()),
-                            |p, who| p.may_connect(who),
-                        ) =>
+                        if !self
+                            .router
+                            .authorized_as(client_id, &verified, |p, who| p.may_connect(who)) =>
                     {
-                        warn!(client_id = %info.id().client_id, user = info.username().map_or("(none)", |u| u.as_ref()), "connection refused: no authorization rule lets it connect (--authorization)");
+                        warn!(
+                            client_id,
+                            user = verified.username.as_deref().unwrap_or("(none)"),
+                            "connection refused: no authorization rule lets it connect (--authorization)"
+                        );
                         AuthResult::NotAuthorized
+                    }
+                    AuthResult::Allow(..) => {
+                        let mut principals = self
+                            .router
+                            .principals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        principals.insert(client_id.to_string(), (verified, info.id().remote_addr));
+                        verdict
                     }
                     verdict => verdict,
                 };
@@ -368,9 +440,7 @@ impl Handler for Hooks {
                 if crate::isolation::may_subscribe(client, filter)
                     && self
                         .router
-                        .authorized(client, username(&session.id), |p, who| {
-                            p.may_subscribe(who, filter)
-                        })
+                        .authorized(client, |p, who| p.may_subscribe(who, filter))
                 {
                     (true, acc)
                 } else {
@@ -391,9 +461,7 @@ impl Handler for Hooks {
                 if crate::isolation::may_publish(client, topic)
                     && self
                         .router
-                        .authorized(client, username(&session.id), |p, who| {
-                            p.may_publish(who, topic)
-                        })
+                        .authorized(client, |p, who| p.may_publish(who, topic))
                 {
                     (true, acc)
                 } else {
@@ -427,8 +495,7 @@ impl Handler for Hooks {
             {
                 let client_id: &str = from.id.client_id.as_ref();
                 let mut message = inbound(client_id, publish);
-                message.username = username(&from.id).map(str::to_string);
-                message.attributes = self.router.attributes_of(username(&from.id));
+                (message.username, message.attributes) = self.router.principal_of(client_id);
                 let response_topic = message.response_topic.as_deref().unwrap_or("");
                 let own_topic = crate::isolation::may_publish(client_id, response_topic)
                     // The store's own space: the guest answers it as a violation.
@@ -454,6 +521,21 @@ impl Handler for Hooks {
                 copy.target_clientid = Some(ClientId::from(CONSUMED));
                 (true, Some(HookResult::Publish(copy)))
             }
+            // Called for each session a message is about to be delivered
+            // to: a message from another tenant's client is dropped for
+            // that session (tenants share no topics, issue 16, item 5).
+            Parameter::MessageExpiryCheck(session, from, _) => {
+                if from.is_system() || self.router.same_tenant(&from.id, &session.id) {
+                    (true, acc)
+                } else {
+                    debug!(
+                        from = %from.id.client_id,
+                        to = %session.id.client_id,
+                        "a message from another tenant's client is not delivered"
+                    );
+                    (false, Some(HookResult::MessageExpiry))
+                }
+            }
             Parameter::ClientDisconnected(session, reason) => {
                 self.router.count_connection(session.id.remote_addr, false);
                 {
@@ -465,6 +547,17 @@ impl Handler for Hooks {
                         .is_some_and(|(_, at)| *at == session.id.remote_addr)
                     {
                         owners.remove(id);
+                    }
+                    let mut principals = self
+                        .router
+                        .principals
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if principals
+                        .get(id)
+                        .is_some_and(|(_, at)| *at == session.id.remote_addr)
+                    {
+                        principals.remove(id);
                     }
                 }
                 // A takeover (same client id connecting again) is not a departure.
@@ -546,6 +639,7 @@ pub struct EmbeddedServer {
     /// For the replies to clients of no tenant.
     reply_config: Config,
     local_addr: SocketAddr,
+    tls: Option<TlsReload>,
 }
 
 /// One tenant's side of the broker.
@@ -643,6 +737,7 @@ impl EmbeddedServer {
             owners: std::sync::Mutex::new(HashMap::new()),
             connections,
             policy,
+            principals: std::sync::Mutex::new(HashMap::new()),
         });
         let queue_bytes =
             crate::queue_bytes::QueueBytes::new(limits.max_queued_bytes, queue_dropped);
@@ -667,6 +762,7 @@ impl EmbeddedServer {
             Type::ClientSubscribeCheckAcl,
             Type::MessagePublishCheckAcl,
             Type::MessagePublish,
+            Type::MessageExpiryCheck,
             Type::ClientDisconnected,
         ] {
             register
@@ -679,60 +775,28 @@ impl EmbeddedServer {
                 .await;
         }
         register.start().await;
-        let builder = |name: &str, at: SocketAddr| {
-            Builder::new()
-                .name(name)
-                .laddr(at)
-                .nodelay(true)
-                .reuseaddr(Some(true))
-                .max_packet_size(limits.max_packet)
-                .max_inflight(NonZeroU16::new(256).unwrap_or(NonZeroU16::MIN))
-                .max_mqueue_len(limits.max_queued)
-                .max_session_expiry_interval(limits.max_session_expiry)
-                .max_connections(limits.max_connections)
-                // Every client passes the authentication hook (the limit per
-                // address is checked there); the hook allows anonymous ones.
-                .allow_anonymous(false)
-                // Do not give messages without an expiry one of 300 s.
-                .message_expiry_interval(Duration::ZERO)
-        };
-        let listener = builder("statestore/tcp", listen)
+        let listener = listener_builder("statestore/tcp", listen, limits)
             .bind()
             .with_context(|| format!("cannot listen on {listen} (is the port in use?)"))?
             .tcp()?;
         let local_addr = listener.local_addr()?;
-        let mut server = MqttServer::new(scx.clone()).listener_by_id(listener, 1);
+        let server = MqttServer::new(scx.clone())
+            .listener_by_id(listener, 1)
+            .build();
+        let accept = tokio::spawn(run_broker(server));
         let mut tls_addr = None;
+        let mut tls_reload = None;
         if let Some(t) = &tls {
-            let path = |p: &std::path::Path| p.display().to_string();
-            let mut b = builder("statestore/tls", t.listen)
-                .tls_cert(Some(path(&t.cert)))
-                .tls_key(Some(path(&t.key)));
-            if let Some(ca) = &t.client_ca {
-                b = b
-                    .tls_cross_certificate(true)
-                    .tls_client_ca_certs(Some(path(ca)));
-            }
-            let listener = b
-                .bind()
-                .with_context(|| format!("cannot listen on {} (is the port in use?)", t.listen))?
-                .tls()
-                .with_context(|| {
-                    format!(
-                        "cannot set up TLS with --tls-cert {} and --tls-key {}",
-                        t.cert.display(),
-                        t.key.display()
-                    )
-                })?;
-            tls_addr = Some(listener.local_addr()?);
-            server = server.listener_by_id(listener, 2);
+            let reload = match TlsReload::start(&scx, t, *limits) {
+                Ok(r) => r,
+                Err(e) => {
+                    accept.abort();
+                    return Err(e);
+                }
+            };
+            tls_addr = Some(reload.local_addr());
+            tls_reload = Some(reload);
         }
-        let server = server.build();
-        let accept = tokio::spawn(async move {
-            if let Err(e) = server.run().await {
-                warn!(error = %e, "the embedded broker stopped");
-            }
-        });
         if let Some(at) = tls_addr {
             info!(listen = %at, client_certificates = tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "embedded MQTT broker listening with TLS");
         }
@@ -748,7 +812,13 @@ impl EmbeddedServer {
                 ..Config::default()
             },
             local_addr,
+            tls: tls_reload,
         })
+    }
+
+    /// The TLS listener, to reload its certificate (SIGHUP), if there is one.
+    pub fn tls(&self) -> Option<TlsReload> {
+        self.tls.clone()
     }
 
     /// The address the broker listens on.
@@ -773,6 +843,7 @@ impl EmbeddedServer {
             handles: _,
             mut strangers,
             reply_config,
+            tls,
             ..
         } = self;
         let runs: Vec<_> = tenants
@@ -818,6 +889,9 @@ impl EmbeddedServer {
         refuse.abort();
         accept.abort();
         let _ = (&mut accept).await;
+        if let Some(tls) = tls {
+            tls.stop().await;
+        }
         let ids: Vec<ClientId> = {
             let shared = scx.extends.shared().await;
             shared.iter().map(|e| e.id().client_id.clone()).collect()
@@ -827,6 +901,157 @@ impl EmbeddedServer {
         }
         result
     }
+}
+
+/// Runs the accept loops of `server` until aborted.
+async fn run_broker(server: MqttServer) {
+    if let Err(e) = server.run().await {
+        warn!(error = %e, "the embedded broker stopped");
+    }
+}
+
+/// A listener of the embedded broker, within `limits`.
+fn listener_builder(name: &str, at: SocketAddr, limits: &BrokerLimits) -> Builder {
+    Builder::new()
+        .name(name)
+        .laddr(at)
+        .nodelay(true)
+        .reuseaddr(Some(true))
+        .max_packet_size(limits.max_packet)
+        .max_inflight(NonZeroU16::new(256).unwrap_or(NonZeroU16::MIN))
+        .max_mqueue_len(limits.max_queued)
+        .max_session_expiry_interval(limits.max_session_expiry)
+        .max_connections(limits.max_connections)
+        // Every client passes the authentication hook (the limit per
+        // address is checked there); the hook allows anonymous ones.
+        .allow_anonymous(false)
+        // Do not give messages without an expiry one of 300 s.
+        .message_expiry_interval(Duration::ZERO)
+}
+
+/// The TLS listener, whose certificate, key and client CA files SIGHUP can
+/// read again (issue 16, item 1).
+///
+/// rmqtt builds a listener's TLS acceptor once, from the files, and runs
+/// its own accept loop, so a reload binds a second listener on the same
+/// address (`SO_REUSEPORT`, which only a process of the same user can
+/// share), with the files as they are now, starts its accept loop, and
+/// only then stops the old one. Connections already made keep their
+/// session and their TLS session; new handshakes get the new certificate.
+/// Files that do not load change nothing.
+#[derive(Clone)]
+pub struct TlsReload {
+    inner: Arc<tokio::sync::Mutex<TlsRunning>>,
+    addr: SocketAddr,
+}
+
+struct TlsRunning {
+    scx: ServerContext,
+    spec: TlsListener,
+    limits: BrokerLimits,
+    /// The listener id of the running accept loop (2 or 3, in turn: rmqtt
+    /// refuses an id already registered, and keeps each listener's
+    /// settings by id).
+    id: rmqtt::types::ListenerId,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TlsReload {
+    /// Binds the TLS listener and starts its accept loop.
+    fn start(scx: &ServerContext, spec: &TlsListener, limits: BrokerLimits) -> Result<TlsReload> {
+        let listener = tls_listener(spec.listen, spec, &limits)?;
+        let addr = listener.local_addr()?;
+        let id = 2;
+        let server = MqttServer::new(scx.clone())
+            .listener_by_id(listener, id)
+            .build();
+        let task = tokio::spawn(run_broker(server));
+        Ok(TlsReload {
+            inner: Arc::new(tokio::sync::Mutex::new(TlsRunning {
+                scx: scx.clone(),
+                spec: spec.clone(),
+                limits,
+                id,
+                task: Some(task),
+            })),
+            addr,
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Reads the certificate, key and client CA files again and serves new
+    /// connections with them; on an error nothing changes.
+    pub async fn reload(&self) -> Result<()> {
+        let mut running = self.inner.lock().await;
+        let Some(old) = running.task.take() else {
+            return Err(anyhow!("the TLS listener has stopped"));
+        };
+        let listener = match tls_listener(self.addr, &running.spec, &running.limits) {
+            Ok(l) => l,
+            Err(e) => {
+                running.task = Some(old);
+                return Err(e);
+            }
+        };
+        let id = if running.id == 2 { 3 } else { 2 };
+        running.scx.listen_cfgs.remove(&id);
+        let server = MqttServer::new(running.scx.clone())
+            .listener_by_id(listener, id)
+            .build();
+        running.task = Some(tokio::spawn(run_broker(server)));
+        running.id = id;
+        // The new loop accepts already; the old socket closes.
+        old.abort();
+        let _ = old.await;
+        Ok(())
+    }
+
+    /// Stops accepting TLS connections.
+    async fn stop(&self) {
+        if let Some(task) = self.inner.lock().await.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+/// A TLS listener on `at` with the files `spec` names, as they are now.
+fn tls_listener(
+    at: SocketAddr,
+    spec: &TlsListener,
+    limits: &BrokerLimits,
+) -> Result<rmqtt::net::Listener> {
+    let path = |p: &std::path::Path| p.display().to_string();
+    let mut b = listener_builder("statestore/tls", at, limits)
+        // A reload binds beside the running listener.
+        .reuseport(Some(true))
+        .tls_cert(Some(path(&spec.cert)))
+        .tls_key(Some(path(&spec.key)));
+    if let Some(ca) = &spec.client_ca {
+        b = b
+            .tls_cross_certificate(true)
+            .tls_client_ca_certs(Some(path(ca)))
+            // The certificate's common name: a principal.
+            .collect_cert_info(true);
+    }
+    b.bind()
+        .with_context(|| format!("cannot listen on {at} (is the port in use?)"))?
+        .tls()
+        .with_context(|| {
+            format!(
+                "cannot set up TLS with --tls-cert {} and --tls-key {}{}",
+                spec.cert.display(),
+                spec.key.display(),
+                spec.client_ca
+                    .as_ref()
+                    .map(|c| format!(" and --client-ca {}", c.display()))
+                    .unwrap_or_default()
+            )
+        })
 }
 
 /// The sender of what the store publishes.

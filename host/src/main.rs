@@ -106,6 +106,13 @@ struct ClientArgs {
     /// CA certificate (PEM) for `mqtts://` (default: the system's roots).
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// Our client certificate chain (PEM), for a broker that authenticates
+    /// clients by certificate (`mqtts://` only; with --client-key).
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    client_key: Option<PathBuf>,
     /// How long to wait for the broker and for each reply, ms.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: u64,
@@ -334,6 +341,16 @@ struct ServeArgs {
     /// system roots when absent.
     #[arg(long)]
     ca_file: Option<PathBuf>,
+
+    /// Our client certificate chain (PEM), for a --broker that
+    /// authenticates clients by certificate (mqtts:// only; with
+    /// --client-key). Not --client-ca, which is the embedded broker's.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    client_key: Option<PathBuf>,
 
     /// Node id of the hybrid logical clock in every version this store
     /// issues. Keep it stable across restarts.
@@ -884,6 +901,7 @@ fn run_client(command: Command) -> Result<u8> {
             .unwrap_or_else(|| format!("statestore-cli-{}", std::process::id())),
         credentials,
         ca_file: args.ca_file.clone(),
+        client_cert: client_cert(&args.client_cert, &args.client_key),
         timeout: Duration::from_millis(args.timeout_ms),
     };
     let key = |k: &str| enc.decode(k.as_bytes()).context("the key");
@@ -1086,6 +1104,17 @@ struct Running {
     control: mpsc::UnboundedSender<Control>,
 }
 
+/// `--client-cert` and `--client-key` (clap requires both or neither).
+fn client_cert(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+) -> Option<statestore::mqtt::ClientCert> {
+    Some(statestore::mqtt::ClientCert {
+        cert: cert.clone()?,
+        key: key.clone()?,
+    })
+}
+
 /// What clap cannot check of the `serve` flags alone.
 fn check_serve_args(args: &ServeArgs) -> Result<()> {
     if !has_tenants(args) && max_bytes_mib(args) > args.memory_mib / 3 {
@@ -1093,6 +1122,11 @@ fn check_serve_args(args: &ServeArgs) -> Result<()> {
             "--max-bytes-mib {} is more than a third of --memory-mib {}: the keys and values, a snapshot of them and the work of a call all live in the guest's memory; raise --memory-mib (at most 4096) or lower --max-bytes-mib",
             max_bytes_mib(args),
             args.memory_mib
+        );
+    }
+    if args.client_cert.is_some() && args.broker.is_none() {
+        anyhow::bail!(
+            "--client-cert is the certificate of our connection to --broker; the embedded broker asks its clients for certificates with --client-ca"
         );
     }
     if !args.persist_keys.is_empty() && !matches!(args.persist, Some(PersistArg::Custom)) {
@@ -1226,7 +1260,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                     control: h.control.clone(),
                 })
                 .collect();
-            spawn_reloader(args, password, fleet, running, policy_cell)?;
+            spawn_reloader(args, password, fleet, running, policy_cell, server.tls())?;
             server.run(shutdown_signal()).await
         });
     };
@@ -1244,6 +1278,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 username: spec.broker.username.clone(),
                 password: spec.broker.password.clone(),
                 ca_file: args.ca_file.clone(),
+                client_cert: client_cert(&args.client_cert, &args.client_key),
                 keep_alive: Duration::from_secs(args.keep_alive),
                 session_expiry: Duration::from_secs(args.session_expiry),
                 max_packet: args.max_packet_mib << 20,
@@ -1264,7 +1299,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         if let Some(m) = &metrics {
             m.set_ready();
         }
-        spawn_reloader(args, password, fleet, running, policy_cell)?;
+        spawn_reloader(args, password, fleet, running, policy_cell, None)?;
         let runs: Vec<_> = servers
             .into_iter()
             .map(|server| {
@@ -1280,20 +1315,23 @@ fn serve(args: ServeArgs) -> Result<()> {
     })
 }
 
-/// On SIGHUP: read the config (or --component) again and move every tenant
-/// whose component or limits changed to the new ones while it serves (see
-/// `Tenant::upgrade`). Compiling happens on this thread, not a server's.
+/// On SIGHUP: load the TLS listener's certificate files again, read the
+/// config (or --component) again and move every tenant whose component or
+/// limits changed to the new ones while it serves (see `Tenant::upgrade`).
+/// Compiling happens on this thread, not a server's.
 fn spawn_reloader(
     args: ServeArgs,
     password: Option<String>,
     mut fleet: Fleet,
     mut running: Vec<Running>,
     policy: std::sync::Arc<statestore::policy::PolicyCell>,
+    tls: Option<statestore::embedded::TlsReload>,
 ) -> Result<()> {
     #[cfg(unix)]
     {
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .context("cannot listen for SIGHUP")?;
+        let runtime = tokio::runtime::Handle::current();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
@@ -1307,6 +1345,13 @@ fn spawn_reloader(
             .spawn(move || {
                 while rx.recv().is_ok() {
                     tracing::info!("SIGHUP: reloading components and limits");
+                    // The certificate first, whatever else fails.
+                    if let Some(tls) = &tls {
+                        match runtime.block_on(tls.reload()) {
+                            Ok(()) => tracing::info!(listen = %tls.local_addr(), "TLS certificate reloaded: new connections get it; connected clients keep theirs"),
+                            Err(e) => tracing::error!(error = %format!("{e:#}"), "TLS reload failed; the listener keeps its certificate"),
+                        }
+                    }
                     if let Err(e) = reload(&args, password.clone(), &mut fleet, &mut running, &policy) {
                         tracing::error!(error = %format!("{e:#}"), "reload failed; everything keeps running as it was");
                     }
@@ -1315,7 +1360,7 @@ fn spawn_reloader(
             .context("cannot start the reload thread")?;
     }
     #[cfg(not(unix))]
-    let _ = (args, password, fleet, running, policy);
+    let _ = (args, password, fleet, running, policy, tls);
     Ok(())
 }
 

@@ -21,6 +21,8 @@
 //!           keys: ["{principal.attributes.organization}/*"]
 //! userAttributes:                      # attributes of password-file users
 //!   alice: { city: seattle, organization: contoso }
+//! certificateAttributes:               # of client certificates, by common name
+//!   smart-fan: { building: "17" }
 //! ```
 //!
 //! Allow only: a client no rule allows cannot connect, publish or
@@ -121,6 +123,8 @@ struct FileTop {
     rules: Option<Vec<FileRule>>,
     #[serde(default)]
     user_attributes: BTreeMap<String, BTreeMap<String, String>>,
+    #[serde(default)]
+    certificate_attributes: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// One rule's broker resources.
@@ -150,6 +154,7 @@ pub struct Policy {
     broker: Vec<BrokerRule>,
     store: Vec<AuthRule>,
     user_attributes: HashMap<String, Vec<(String, String)>>,
+    certificate_attributes: HashMap<String, Vec<(String, String)>>,
 }
 
 impl Policy {
@@ -170,6 +175,7 @@ impl Policy {
             serde_norway::from_str(text)?
         };
         let user_attributes = std::mem::take(&mut top.user_attributes);
+        let certificate_attributes = std::mem::take(&mut top.certificate_attributes);
         while let Some(spec) = top.spec.take() {
             top = *spec;
         }
@@ -183,6 +189,10 @@ impl Policy {
             user_attributes: user_attributes
                 .into_iter()
                 .map(|(u, a)| (u, a.into_iter().collect()))
+                .collect(),
+            certificate_attributes: certificate_attributes
+                .into_iter()
+                .map(|(cn, a)| (cn, a.into_iter().collect()))
                 .collect(),
             ..Policy::default()
         };
@@ -268,6 +278,23 @@ impl Policy {
             .and_then(|u| self.user_attributes.get(u))
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// The attributes of a client verified as `username`, holding a
+    /// certificate with the common name `certificate`: `userAttributes`
+    /// and `certificateAttributes` together.
+    pub fn attributes_for(
+        &self,
+        username: Option<&str>,
+        certificate: Option<&str>,
+    ) -> Vec<(String, String)> {
+        let mut out = self.attributes_of(username);
+        if let Some(cn) = certificate
+            && let Some(more) = self.certificate_attributes.get(cn)
+        {
+            out.extend(more.iter().cloned());
+        }
+        out
     }
 
     fn rules_for<'p>(&'p self, who: &'p Who<'_>) -> impl Iterator<Item = &'p BrokerRule> + 'p {
@@ -394,6 +421,14 @@ fn check_filter(f: &str) -> Result<()> {
         if l.contains('+') && *l != "+" {
             bail!("`+` must be a whole level");
         }
+    }
+    if levels.iter().any(|l| {
+        l.contains("{principal.")
+            && !(l.starts_with('{') && l.ends_with('}') && l.matches('{').count() == 1)
+    }) {
+        bail!(
+            "a {{principal.*}} substitution must be a whole level (clients/{{principal.clientId}}/#, not client-{{principal.clientId}})"
+        );
     }
     let mut rest = f;
     while let Some(at) = rest.find("{principal.") {
@@ -607,6 +642,8 @@ brokerResources = [{ method = "Connect", clientIds = ["{principal.username}-1"] 
         assert!(covers("#", "#") && !covers("a/b", "a/+") && !covers("a", "a/b"));
         assert!(check_filter("a/#/b").is_err() && check_filter("a+/b").is_err());
         assert!(check_filter("{principal.nobody}").is_err());
+        assert!(check_filter("client-{principal.clientId}/#").is_err());
+        assert!(check_filter("clients/{principal.clientId}/#").is_ok());
     }
 
     #[test]

@@ -148,6 +148,8 @@ pub struct ServeOptions {
     pub password: Option<String>,
     /// CA certificate (PEM) for TLS; the system roots if absent.
     pub ca_file: Option<PathBuf>,
+    /// Our client certificate, for a broker that asks for one (`mqtts://`).
+    pub client_cert: Option<crate::mqtt::ClientCert>,
     /// MQTT keep-alive.
     pub keep_alive: Duration,
     /// How long the broker keeps our session (and queued requests) while we are away.
@@ -222,7 +224,12 @@ impl Server {
             }
             mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
         }
-        crate::mqtt::connection_options(&mut mqtt, &opts.broker, opts.ca_file.as_deref())?;
+        crate::mqtt::connection_options(
+            &mut mqtt,
+            &opts.broker,
+            opts.ca_file.as_deref(),
+            opts.client_cert.as_ref(),
+        )?;
         let (client, eventloop) = AsyncClient::new(mqtt, 256);
         let (tx, events) = mpsc::unbounded_channel();
         let net = tokio::spawn(pump(eventloop, tx));

@@ -116,9 +116,9 @@ impl Mosquitto {
     }
 
     /// Starts mosquitto with a TLS listener on a free port, using a fresh
-    /// self-signed certificate for `localhost` (made with `openssl`), beside
-    /// a plain listener on `port` for test clients. Returns it, the TLS port
-    /// and the certificate (PEM) to trust.
+    /// server certificate for `localhost` signed by a fresh CA (a
+    /// [`TestPki`]), beside a plain listener on `port` for test clients.
+    /// Returns it, the TLS port and the CA certificate (PEM) to trust.
     pub fn start_tls() -> (Mosquitto, u16, PathBuf) {
         let port = free_port();
         let tls_port = free_port();
@@ -127,32 +127,20 @@ impl Mosquitto {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-        let ok = Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=localhost",
-            ])
-            .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl is installed");
-        assert!(ok.success(), "openssl could not make a certificate");
-        // mosquitto drops root privileges: let its user read the key.
-        for f in [&cert, &key] {
-            let _ = Command::new("chmod").arg("644").arg(f).status();
+        let pki = TestPki::new("mosquitto-tls");
+        let (ca, cert, key) = (
+            dir.join("ca.pem"),
+            dir.join("cert.pem"),
+            dir.join("key.pem"),
+        );
+        for (from, to) in [
+            (&pki.ca, &ca),
+            (&pki.server_cert, &cert),
+            (&pki.server_key, &key),
+        ] {
+            std::fs::copy(from, to).expect("copy certificate");
+            // mosquitto drops root privileges: let its user read the key.
+            let _ = Command::new("chmod").arg("644").arg(to).status();
         }
         let _ = Command::new("chmod").arg("755").arg(&dir).status();
         let conf = format!(
@@ -161,7 +149,35 @@ impl Mosquitto {
             cert.display(),
             key.display()
         );
-        (Mosquitto::start_with(port, dir, &conf), tls_port, cert)
+        (Mosquitto::start_with(port, dir, &conf), tls_port, ca)
+    }
+
+    /// Starts mosquitto with a TLS listener on a free port that requires a
+    /// client certificate signed by `pki`'s CA (its server certificate is
+    /// `pki`'s), beside a plain listener on `port` for test clients.
+    /// Returns it and the TLS port.
+    pub fn start_tls_requiring_certificates(pki: &TestPki) -> (Mosquitto, u16) {
+        let port = free_port();
+        let tls_port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "statestore-mosquitto-mtls-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        // mosquitto drops root privileges: let its user read the files.
+        let _ = Command::new("chmod").arg("755").arg(&pki.dir).status();
+        for f in [&pki.ca, &pki.server_cert, &pki.server_key] {
+            let _ = Command::new("chmod").arg("644").arg(f).status();
+        }
+        let conf = format!(
+            "allow_anonymous true\npersistence false\nset_tcp_nodelay true\nlog_dest stderr\n\
+             listener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n\
+             listener {port} 127.0.0.1\n",
+            pki.ca.display(),
+            pki.server_cert.display(),
+            pki.server_key.display()
+        );
+        (Mosquitto::start_with(port, dir, &conf), tls_port)
     }
 
     /// `mqtt://127.0.0.1:PORT`.
@@ -190,6 +206,7 @@ impl Drop for Mosquitto {
 /// Options for a host serving through `broker`.
 pub fn serve_options(broker: BrokerUrl, client_events: ClientEvents) -> ServeOptions {
     ServeOptions {
+        client_cert: None,
         broker,
         client_id: "statestore-under-test".into(),
         username: None,

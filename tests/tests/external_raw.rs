@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use statestore::serve::ClientEvents;
 use statestore_guest::notify;
-use statestore_tests::broker::{Host, Mosquitto, RawClient, prop, serve_options, text};
+use statestore_tests::broker::{Host, Mosquitto, RawClient, TestPki, prop, serve_options, text};
 use statestore_tests::resp;
 
 async fn setup(events: ClientEvents) -> (Mosquitto, Host, RawClient) {
@@ -266,6 +266,37 @@ async fn serves_through_a_tls_listener() {
     c.subscribe(&rt).await;
     assert_eq!(text(&c.call(&[b"SET", b"k", b"over-tls"]).await), "+OK\r\n");
     assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$8\r\nover-tls\r\n");
+    host.stop().await;
+}
+
+/// Issue 16, item 6: our own connection proves who it is with a client
+/// certificate (`--client-cert`, `--client-key`) to a broker that requires
+/// one: mosquitto with `require_certificate true`.
+#[tokio::test]
+async fn serves_through_a_broker_that_requires_a_client_certificate() {
+    let pki = TestPki::new("mtls-broker");
+    let (broker, tls_port) = Mosquitto::start_tls_requiring_certificates(&pki);
+    let url = statestore::mqtt::BrokerUrl {
+        host: "localhost".into(),
+        port: tls_port,
+        tls: true,
+    };
+    let mut opts = serve_options(url.clone(), ClientEvents::None);
+    opts.ca_file = Some(pki.ca.clone());
+    opts.connect_timeout = Duration::from_secs(5);
+    let refused =
+        statestore::serve::Server::connect(statestore_tests::wasm_runtime(), opts.clone()).await;
+    assert!(refused.is_err(), "connected without a client certificate");
+    opts.client_cert = Some(statestore::mqtt::ClientCert {
+        cert: pki.client_cert.clone(),
+        key: pki.client_key.clone(),
+    });
+    let host = Host::start(opts).await;
+    let mut c = RawClient::connect(broker.port, "mtls-client").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"by-cert"]).await), "+OK\r\n");
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$7\r\nby-cert\r\n");
     host.stop().await;
 }
 

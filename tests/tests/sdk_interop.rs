@@ -674,6 +674,7 @@ async fn cli_and_sdk_read_each_other(mode: Mode) {
     let store = Deployment::start(mode).await;
     let sdk = Sdk::connect(store.port(), "sdk-and-cli").await;
     let mut cli = Client::connect(&ClientOptions {
+        client_cert: None,
         broker: format!("mqtt://127.0.0.1:{}", store.port())
             .parse()
             .expect("url"),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use rumqttc::v5::mqttbytes::QoS;
 use statestore::config::Matcher;
 use statestore::driver::Control;
 use statestore::embedded::{EmbeddedServer, Route, TenantHandle};
@@ -486,6 +487,47 @@ async fn tenants_are_separate_quotas_hold_and_strangers_are_refused() {
     // bob's user name without his password.
     let refused = RawClient::try_connect(port, "mallory", Some(("bob", "guess"))).await;
     assert!(refused.is_err(), "a wrong password is refused");
+
+    // Topics (issue 16, item 5): clients of one tenant talk to each other;
+    // another tenant's, and a client of none, hear nothing of it.
+    let mut a2 = client(port, "a-2").await;
+    for c in [&mut a, &mut a2, &mut b, &mut x] {
+        c.subscribe("chat/#").await;
+    }
+    a2.client
+        .publish("chat/a", QoS::AtLeastOnce, false, b"from a".to_vec())
+        .await
+        .expect("publish");
+    let got = a
+        .recv(Duration::from_secs(10))
+        .await
+        .expect("a-1 hears a-2");
+    assert_eq!(&got.payload[..], b"from a");
+    let got = a2
+        .recv(Duration::from_secs(10))
+        .await
+        .expect("a-2 hears itself");
+    assert_eq!(&got.payload[..], b"from a");
+    b.client
+        .publish("chat/b", QoS::AtLeastOnce, false, b"from b".to_vec())
+        .await
+        .expect("publish");
+    let got = b
+        .recv(Duration::from_secs(10))
+        .await
+        .expect("b hears itself");
+    assert_eq!(&got.payload[..], b"from b", "b heard another tenant");
+    for (c, who) in [
+        (&mut a, "a-1"),
+        (&mut a2, "a-2"),
+        (&mut b, "b"),
+        (&mut x, "x"),
+    ] {
+        if let Some(m) = c.recv(Duration::from_millis(500)).await {
+            panic!("{who} heard {:?} from another tenant", m.payload);
+        }
+    }
+    a2.disconnect().await;
     x.disconnect().await;
     a.disconnect().await;
     b.disconnect().await;

@@ -29,12 +29,18 @@ struct Running {
 }
 
 async fn start(pki: &TestPki, client_ca: bool) -> Running {
-    let tenant = Tenant::open(
-        "default",
-        statestore_tests::wasm_runtime().clone(),
-        &StoreOptions::volatile("StateStore", "statestore-under-test"),
-    )
-    .expect("tenant");
+    start_with(pki, client_ca, None).await
+}
+
+async fn start_with(
+    pki: &TestPki,
+    client_ca: bool,
+    policy: Option<statestore::policy::Policy>,
+) -> Running {
+    let mut store = StoreOptions::volatile("StateStore", "statestore-under-test");
+    store.authorization = policy.as_ref().map(statestore::policy::Policy::store_rules);
+    let tenant =
+        Tenant::open("default", statestore_tests::wasm_runtime().clone(), &store).expect("tenant");
     let tls = free_port();
     let server = EmbeddedServer::start_tenants_with(
         "127.0.0.1:0".parse().expect("address"),
@@ -53,6 +59,7 @@ async fn start(pki: &TestPki, client_ca: bool) -> Running {
                 key: pki.server_key.clone(),
                 client_ca: client_ca.then(|| pki.ca.clone()),
             }),
+            policy: policy.map(|p| statestore::policy::PolicyCell::new(Some(p))),
             ..BrokerOptions::default()
         },
     )
@@ -162,6 +169,7 @@ async fn clients_of_every_kind_over_tls_beside_the_plain_listener() {
     // Our client library (rumqttc) over mqtts:// with the CA.
     use statestore::client::{self, Client, ClientOptions, OK};
     let opts = |ca: Option<std::path::PathBuf>| ClientOptions {
+        client_cert: None,
         broker: format!("mqtts://localhost:{}", server.tls)
             .parse()
             .expect("url"),
@@ -272,6 +280,65 @@ async fn a_client_ca_requires_client_certificates() {
         .await
         .expect("sdk set with a client certificate");
     assert!(r.response);
+    let _ = ss.shutdown().await;
+    let _ = exit.try_exit();
+    server.stop().await;
+}
+
+/// A client certificate is a principal (issue 16, item 1): its common name
+/// is the user name rules name, and `certificateAttributes` gives it
+/// attributes; the unmodified SDK with that certificate gets exactly what
+/// the rules give it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_a_principal() {
+    let pki = TestPki::new("cert-principal");
+    let policy = statestore::policy::Policy::parse(
+        r#"
+rules:
+  - principals:
+      usernames: ["cert-client"]
+    brokerResources:
+      - method: Connect
+      - method: Publish
+        topics: ["statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"]
+      - method: Subscribe
+        topics: ["clients/{principal.clientId}/#"]
+    stateStoreResources:
+      - method: ReadWrite
+        keyType: Pattern
+        keys: ["{principal.attributes.building}/*", "{principal.username}/*"]
+certificateAttributes:
+  cert-client: { building: b17 }
+"#,
+        false,
+    )
+    .expect("policy");
+    let server = start_with(&pki, true, Some(policy)).await;
+    let (ss, exit) = sdk(
+        server.tls,
+        "fan-1",
+        &pki.ca,
+        Some((&pki.client_cert, &pki.client_key)),
+    )
+    .await;
+    for key in [&b"b17/speed"[..], b"cert-client/x"] {
+        let r = ss
+            .set(key.to_vec(), b"3".to_vec(), T, None, SetOptions::default())
+            .await
+            .expect("a key the certificate's rules give");
+        assert!(r.response);
+    }
+    let e = ss
+        .set(
+            b"b18/speed".to_vec(),
+            b"3".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect_err("another building's key");
+    assert!(format!("{e:?}").contains("NotAuthorized"), "{e:?}");
     let _ = ss.shutdown().await;
     let _ = exit.try_exit();
     server.stop().await;
