@@ -36,6 +36,8 @@ pub struct BenchOptions {
     pub topic: String,
     /// CA certificate (PEM) to trust for `mqtts://`.
     pub ca_file: Option<std::path::PathBuf>,
+    /// MQTT user name and password of every client.
+    pub credentials: Option<(String, String)>,
 }
 
 /// Results.
@@ -84,6 +86,7 @@ impl BenchReport {
 async fn connect(
     broker: &BrokerUrl,
     ca_file: Option<&std::path::Path>,
+    credentials: Option<&(String, String)>,
     id: &str,
 ) -> Result<(
     AsyncClient,
@@ -93,6 +96,9 @@ async fn connect(
     o.set_keep_alive(Duration::from_secs(30))
         .set_clean_start(true)
         .set_max_packet_size(Some(MAX_PACKET));
+    if let Some((user, password)) = credentials {
+        o.set_credentials(user, password);
+    }
     crate::mqtt::connection_options(&mut o, broker, ca_file, None)?;
     let (client, mut eventloop) = AsyncClient::new(o, 64);
     let (tx, rx) = mpsc::unbounded_channel();
@@ -133,7 +139,13 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
     for c in 0..opts.clients {
         let opts = opts.clone();
         let id = format!("bench-{}-{c}", std::process::id());
-        let (client, rx) = connect(&opts.broker, opts.ca_file.as_deref(), &id).await?;
+        let (client, rx) = connect(
+            &opts.broker,
+            opts.ca_file.as_deref(),
+            opts.credentials.as_ref(),
+            &id,
+        )
+        .await?;
         tasks.push(tokio::spawn(async move {
             one_client(opts, id, client, rx, per_client).await
         }));
@@ -238,7 +250,8 @@ pub async fn echo(
     topic: String,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let (client, mut rx) = connect(&broker, None, &format!("echo-{}", std::process::id())).await?;
+    let (client, mut rx) =
+        connect(&broker, None, None, &format!("echo-{}", std::process::id())).await?;
     client.subscribe(&topic, QoS::AtLeastOnce).await?;
     tokio::pin!(shutdown);
     loop {

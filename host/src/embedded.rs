@@ -290,6 +290,28 @@ impl Router {
             == self.tenant_of(username(b), b.client_id.as_ref())
     }
 
+    /// Whether a message the store published (a reply, a notification)
+    /// may reach `to`: a tenant's store publishes as `$statestore/<n>` and
+    /// reaches its own clients only (a reply's topic is the requester's
+    /// choice); the refusals to clients of no tenant come from
+    /// `$statestore` and reach clients of none.
+    fn store_may_deliver(&self, store: &Id, to: &Id) -> bool {
+        if self.routes.len() == 1 && self.default.is_some() {
+            return true;
+        }
+        let sender: &str = store.client_id.as_ref();
+        let tenant = match sender.strip_prefix(STORE_SENDER) {
+            Some("") => None,
+            Some(rest) => match rest.strip_prefix('/').and_then(|n| n.parse().ok()) {
+                Some(n) => Some(n),
+                None => return true,
+            },
+            // Not the store's (the broker's own): not ours to judge.
+            None => return true,
+        };
+        tenant == self.tenant_of(username(to), to.client_id.as_ref())
+    }
+
     /// Whether `addr` may open one more connection.
     fn address_has_room(&self, addr: Option<SocketAddr>) -> bool {
         let Some(addr) = addr else { return true };
@@ -332,7 +354,9 @@ impl Router {
             .iter()
             .find(|r| r.matcher.usernames.iter().any(|u| u == username))?;
         let expected = route.matcher.password.as_deref()?;
-        Some(if password == Some(expected.as_bytes()) {
+        let given = password.unwrap_or_default();
+        use subtle::ConstantTimeEq;
+        Some(if bool::from(given.ct_eq(expected.as_bytes())) {
             AuthResult::Allow(false, None)
         } else {
             AuthResult::BadUsernameOrPassword
@@ -368,17 +392,10 @@ impl Hooks {
                 tokio::time::sleep(FAILED_LOGIN_DELAY).await;
                 return (AuthResult::BadUsernameOrPassword, None);
             }
-            let user = user.unwrap_or_default();
-            if let Some(owner) = self.router.owner_of(client_id)
-                && owner != user
-            {
-                warn!(
-                    client_id,
-                    user, owner, "connection refused: the client id is held by another user"
-                );
-                return (AuthResult::NotAuthorized, None);
-            }
-            return (AuthResult::Allow(false, None), Some(user));
+            return (
+                AuthResult::Allow(false, None),
+                Some(user.unwrap_or_default()),
+            );
         }
         // The listener refuses anonymous clients unless a hook allows
         // them (so that every client passes the check above): allow.
@@ -387,6 +404,11 @@ impl Hooks {
         };
         let password = info.password().map(|p| p.as_ref());
         match self.router.authenticate(user.as_ref(), password) {
+            Some(AuthResult::BadUsernameOrPassword) => {
+                warn!(client_id = %info.id().client_id, user = %user, remote = ?addr, "authentication failed (a tenant's password)");
+                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                (AuthResult::BadUsernameOrPassword, None)
+            }
             // Its tenant's password: proved.
             Some(verdict) => (verdict, Some(user.to_string())),
             // A user name with no password to check: not a principal.
@@ -408,7 +430,52 @@ impl Handler for Hooks {
                     username: username.or_else(|| certificate.clone()),
                     certificate,
                 };
+                let will_topic = info.last_will().map(|w| match w {
+                    rmqtt::types::LastWill::V3(w) => w.topic.to_string(),
+                    rmqtt::types::LastWill::V5(w) => w.topic.to_string(),
+                });
                 let verdict = match verdict {
+                    // A topic level of its own in clients/<id>/...: an id
+                    // with '/' would put another's space inside its own
+                    // (a/b's replies under clients/a/#).
+                    AuthResult::Allow(..) if client_id.contains(['/', '+', '#']) => {
+                        warn!(
+                            client_id,
+                            "connection refused: a client id may not hold '/', '+' or '#' (it names the client's topics clients/<id>/...)"
+                        );
+                        AuthResult::NotAuthorized
+                    }
+                    // A client id held by a verified principal is theirs
+                    // until their session ends.
+                    AuthResult::Allow(..)
+                        if self.router.owner_of(client_id).is_some_and(|owner| {
+                            verified.username.as_deref() != Some(owner.as_str())
+                        }) =>
+                    {
+                        warn!(
+                            client_id,
+                            user = verified.username.as_deref().unwrap_or("(none)"),
+                            "connection refused: the client id is held by another principal"
+                        );
+                        AuthResult::NotAuthorized
+                    }
+                    // A will is published without the publish checks: its
+                    // topic must be one the client could publish to itself.
+                    AuthResult::Allow(..)
+                        if will_topic.as_deref().is_some_and(|t| {
+                            !crate::isolation::may_publish(client_id, t)
+                                || !self.router.authorized_as(client_id, &verified, |p, who| {
+                                    p.may_publish(who, t)
+                                })
+                        }) =>
+                    {
+                        warn!(
+                            client_id,
+                            will_topic = will_topic.as_deref().unwrap_or(""),
+                            "connection refused: its will topic is one it may not publish to"
+                        );
+                        AuthResult::NotAuthorized
+                    }
                     AuthResult::Allow(..)
                         if !self
                             .router
@@ -479,14 +546,10 @@ impl Handler for Hooks {
             }
             Parameter::ClientConnected(session) => {
                 self.router.count_connection(session.id.remote_addr, true);
-                if self.router.users.is_some()
-                    && let Some(user) = username(&session.id)
-                {
+                let id: &str = session.id.client_id.as_ref();
+                if let Some(user) = self.router.verified(id).username {
                     let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
-                    owners.insert(
-                        session.id.client_id.to_string(),
-                        (user.to_string(), session.id.remote_addr),
-                    );
+                    owners.insert(id.to_string(), (user, session.id.remote_addr));
                 }
                 (true, acc)
             }
@@ -497,15 +560,32 @@ impl Handler for Hooks {
                 let mut message = inbound(client_id, publish);
                 (message.username, message.attributes) = self.router.principal_of(client_id);
                 let response_topic = message.response_topic.as_deref().unwrap_or("");
-                let own_topic = crate::isolation::may_publish(client_id, response_topic)
+                // Its own clients/<id>/... space (the SDKs' replies) is
+                // always its; another topic only if it could publish there
+                // itself (isolation, and the authorization rules): the
+                // store is nobody's deputy.
+                let in_own_space = response_topic
+                    .strip_prefix("clients/")
+                    .and_then(|r| r.strip_prefix(client_id))
+                    .is_some_and(|r| r.starts_with('/'));
+                let may_request = self
+                    .router
+                    .authorized(client_id, |p, who| p.may_publish(who, REQUEST_TOPIC));
+                let own_topic = in_own_space
+                    || (crate::isolation::may_publish(client_id, response_topic)
+                        && self
+                            .router
+                            .authorized(client_id, |p, who| p.may_publish(who, response_topic)))
                     // The store's own space: the guest answers it as a violation.
                     || response_topic.starts_with("clients/statestore/");
                 match self.router.tenant_of(username(&from.id), client_id) {
+                    // rmqtt refuses the publish (0x87) after this hook.
+                    _ if !may_request => {}
                     _ if !own_topic => {
                         warn!(
                             client_id,
                             response_topic,
-                            "request ignored: its response topic is another client's (a reply goes only where its requester could publish)"
+                            "request ignored: its response topic is another client's, or one the authorization rules do not let it publish to (a reply goes only where its requester could publish)"
                         );
                     }
                     Some(t) => self.router.tenants[t].request(message).await,
@@ -525,7 +605,12 @@ impl Handler for Hooks {
             // to: a message from another tenant's client is dropped for
             // that session (tenants share no topics, issue 16, item 5).
             Parameter::MessageExpiryCheck(session, from, _) => {
-                if from.is_system() || self.router.same_tenant(&from.id, &session.id) {
+                let same = if from.is_system() {
+                    self.router.store_may_deliver(&from.id, &session.id)
+                } else {
+                    self.router.same_tenant(&from.id, &session.id)
+                };
+                if same {
                     (true, acc)
                 } else {
                     debug!(
@@ -536,18 +621,25 @@ impl Handler for Hooks {
                     (false, Some(HookResult::MessageExpiry))
                 }
             }
+            // Its owner keeps a client id while its session (and the
+            // replies queued in it) lasts; only the connection that holds
+            // it lets it go.
+            Parameter::SessionTerminated(session, _) => {
+                let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
+                let id: &str = session.id.client_id.as_ref();
+                if owners
+                    .get(id)
+                    .is_some_and(|(_, at)| *at == session.id.remote_addr)
+                {
+                    owners.remove(id);
+                }
+                (true, acc)
+            }
             Parameter::ClientDisconnected(session, reason) => {
                 self.router.count_connection(session.id.remote_addr, false);
                 {
                     // Only the connection that holds the id lets it go.
-                    let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
                     let id: &str = session.id.client_id.as_ref();
-                    if owners
-                        .get(id)
-                        .is_some_and(|(_, at)| *at == session.id.remote_addr)
-                    {
-                        owners.remove(id);
-                    }
                     let mut principals = self
                         .router
                         .principals
@@ -645,6 +737,8 @@ pub struct EmbeddedServer {
 /// One tenant's side of the broker.
 struct BrokerTransport {
     scx: ServerContext,
+    /// Its tenant's index (the store's publishes say whose they are).
+    tenant: usize,
     events: mpsc::UnboundedReceiver<BrokerEvent>,
     pending: Option<BrokerEvent>,
     /// The inbound budget of the requests being handled.
@@ -720,6 +814,7 @@ impl EmbeddedServer {
             });
             let transport = BrokerTransport {
                 scx: scx.clone(),
+                tenant: running.len(),
                 events,
                 pending: None,
                 permits: Vec::new(),
@@ -764,6 +859,7 @@ impl EmbeddedServer {
             Type::MessagePublish,
             Type::MessageExpiryCheck,
             Type::ClientDisconnected,
+            Type::SessionTerminated,
         ] {
             register
                 .add(
@@ -874,7 +970,7 @@ impl EmbeddedServer {
                 if let Some(reply) = reply
                     && let Err(e) = SessionState::forwards(
                         &scx_strangers,
-                        system_from(&scx_strangers),
+                        system_from(&scx_strangers, None),
                         outbound(reply),
                         false,
                         None,
@@ -1054,14 +1150,22 @@ fn tls_listener(
         })
 }
 
-/// The sender of what the store publishes.
-fn system_from(scx: &ServerContext) -> MsgFrom {
+/// The client id of the store's publishes: `$statestore` for the refusals
+/// to clients of no tenant, `$statestore/<n>` for tenant `n`'s.
+const STORE_SENDER: &str = "$statestore";
+
+/// The sender of what the store publishes (of `tenant`, if any).
+fn system_from(scx: &ServerContext, tenant: Option<usize>) -> MsgFrom {
+    let id = match tenant {
+        Some(n) => format!("{STORE_SENDER}/{n}"),
+        None => STORE_SENDER.to_string(),
+    };
     MsgFrom::from_system(Id::new(
         scx.node.id(),
         0,
         None,
         None,
-        ClientId::from("$statestore"),
+        ClientId::from(id),
         None,
     ))
 }
@@ -1082,7 +1186,7 @@ async fn kick(scx: &ServerContext, client: &str) {
 
 impl BrokerTransport {
     fn from(&self) -> MsgFrom {
-        system_from(&self.scx)
+        system_from(&self.scx, Some(self.tenant))
     }
 
     /// Puts a notification straight into `client`'s session, whatever its

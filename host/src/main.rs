@@ -296,6 +296,12 @@ struct BenchArgs {
     /// CA certificate (PEM) for `mqtts://` (default: the system's roots).
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// MQTT user name of every client (e.g. for a server with --users-file).
+    #[arg(long, requires = "password_file")]
+    username: Option<String>,
+    /// A file whose first line is that user's password.
+    #[arg(long, requires = "username")]
+    password_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -1475,6 +1481,10 @@ fn bench(args: BenchArgs) -> Result<()> {
         get_ratio: args.get_ratio.clamp(0.0, 1.0),
         topic: args.topic.unwrap_or_else(statestore::bench::store_topic),
         ca_file: args.ca_file,
+        credentials: match (args.username, args.password_file) {
+            (Some(u), Some(p)) => Some((u, config::read_secret(&p)?)),
+            _ => None,
+        },
     };
     let report = runtime()?.block_on(statestore::bench::run(opts))?;
     println!("{}", report.line());

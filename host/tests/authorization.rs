@@ -9,11 +9,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::PubAckReason;
 use statestore_tests::broker::{RawClient, free_port, text};
 use statestore_tests::process::Server;
+use statestore_tests::resp;
 
-// Written by mosquitto_passwd 2.0: alice/secret ($7$), bob and mallory/hunter2 ($6$).
-const USERS: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\nbob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\nmallory:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\n";
+// Written by mosquitto_passwd 2.0: alice/secret ($7$), bob, mallory and carol/hunter2 ($6$).
+const USERS: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\nbob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\nmallory:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\ncarol:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\n";
 
 /// The policy: as an operator writes a `BrokerAuthorization` resource.
 fn policy(bob_later: bool) -> String {
@@ -61,6 +63,16 @@ spec:
           - method: ReadWrite
             keyType: Binary
             keys: ["AP8="]{later}
+      - principals:
+          usernames: [carol]
+        brokerResources:
+          - method: Connect
+          - method: Subscribe
+            topics: ["clients/{{principal.clientId}}/#"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: String
+            keys: ["shared"]
       - principals:
           usernames: [mallory]
         brokerResources:
@@ -159,8 +171,19 @@ async fn an_authorization_file_decides_connects_topics_and_keys() {
         .publish("chat/alice", QoS::AtLeastOnce, false, b"forged".to_vec())
         .await
         .expect("publish");
-    // Bob's refusal is logged before alice publishes: were his message
-    // delivered, it would reach alice first.
+    assert_eq!(
+        bob.refused_puback(LOG_WAIT).await,
+        Some(PubAckReason::NotAuthorized),
+        "the forged publish is refused with 0x87"
+    );
+    // Nor can he make the store post there for him: a request whose
+    // response topic he may not publish to is not answered.
+    let mut props = bob.request_properties();
+    props.response_topic = Some("chat/alice".into());
+    bob.publish_request(resp(&[b"GET", b"shared"]), props).await;
+    server.wait_log("request ignored", LOG_WAIT).await;
+    // Bob's refusals are logged before alice publishes: were his message
+    // or the store's reply delivered, it would reach alice first.
     server.wait_log("publish refused", LOG_WAIT).await;
     alice
         .client
@@ -172,6 +195,20 @@ async fn an_authorization_file_decides_connects_topics_and_keys() {
         .await
         .expect("alice's own message");
     assert_eq!(&first.payload[..], b"hello", "bob's message was delivered");
+
+    // carol may write "shared" but not publish requests: hers are refused
+    // (0x87) and never reach the store.
+    let mut carol = user(port, "carol-1", "carol", "hunter2").await;
+    let props = carol.request_properties();
+    carol
+        .publish_request(resp(&[b"SET", b"shared", b"carol"]), props)
+        .await;
+    assert_eq!(
+        carol.refused_puback(LOG_WAIT).await,
+        Some(PubAckReason::NotAuthorized)
+    );
+    assert!(carol.recv(Duration::from_millis(500)).await.is_none());
+    assert_eq!(text(&bob.call(&[b"GET", b"shared"]).await), "$1\r\nb\r\n");
 
     // A reload under load: alice writes throughout; bob gains later/*.
     assert_eq!(text(&bob.call(&[b"SET", b"later/1", b"b"]).await), DENIED);

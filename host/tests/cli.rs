@@ -358,7 +358,11 @@ async fn config_tenants_and_a_sighup_upgrade() {
     assert!(
         log.lock()
             .expect("log")
-            .contains("writes output list version 5; this host writes batch version 2 and reads output list version 4"),
+            .contains(&format!(
+                "writes output list version 5; this host writes batch version {} and reads output list version {}",
+                statestore_guest::wire::BATCH_VERSION,
+                statestore_guest::wire::OUTPUTS_VERSION
+            )),
         "the refusal says why"
     );
     assert_eq!(

@@ -354,6 +354,7 @@ pub struct RawClient {
     pub client: AsyncClient,
     rx: mpsc::UnboundedReceiver<Publish>,
     subacks: mpsc::UnboundedReceiver<bool>,
+    pubacks: mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::PubAckReason>,
     task: tokio::task::JoinHandle<()>,
     next_correlation: u128,
     lost: Arc<std::sync::atomic::AtomicBool>,
@@ -375,9 +376,22 @@ impl RawClient {
         id: &str,
         credentials: Option<(&str, &str)>,
     ) -> Result<RawClient, String> {
+        RawClient::try_connect_with(port, id, credentials, None).await
+    }
+
+    /// [`RawClient::try_connect`] with a will message.
+    pub async fn try_connect_with(
+        port: u16,
+        id: &str,
+        credentials: Option<(&str, &str)>,
+        will: Option<rumqttc::v5::mqttbytes::v5::LastWill>,
+    ) -> Result<RawClient, String> {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
         if let Some((user, password)) = credentials {
             o.set_credentials(user, password);
+        }
+        if let Some(will) = will {
+            o.set_last_will(will);
         }
         o.set_keep_alive(Duration::from_secs(30))
             .set_clean_start(true)
@@ -388,6 +402,7 @@ impl RawClient {
         let (client, mut eventloop) = AsyncClient::new(o, 64);
         let (tx, rx) = mpsc::unbounded_channel();
         let (stx, subacks) = mpsc::unbounded_channel();
+        let (ptx, pubacks) = mpsc::unbounded_channel();
         let (ctx, connected) = oneshot::channel::<Result<(), String>>();
         let mut ctx = Some(ctx);
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -411,6 +426,9 @@ impl RawClient {
                             )
                         });
                         let _ = stx.send(granted);
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                        let _ = ptx.send(ack.reason);
                     }
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
                     Ok(_) => {}
@@ -436,6 +454,7 @@ impl RawClient {
             client,
             rx,
             subacks,
+            pubacks,
             task,
             // Unique across connections, like the SDKs' random UUIDs: a reused
             // (response topic, correlation) pair is a redelivery to the store.
@@ -564,6 +583,24 @@ impl RawClient {
     /// Whether the connection was lost (closed by the broker) at some point.
     pub fn was_disconnected(&self) -> bool {
         self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The reason code of the next PUBACK the broker sends this client that
+    /// is not a success (the successes of earlier publishes are skipped),
+    /// if one comes within `wait`.
+    pub async fn refused_puback(
+        &mut self,
+        wait: Duration,
+    ) -> Option<rumqttc::v5::mqttbytes::v5::PubAckReason> {
+        use rumqttc::v5::mqttbytes::v5::PubAckReason;
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(until, self.pubacks.recv()).await {
+                Ok(Some(PubAckReason::Success | PubAckReason::NoMatchingSubscribers)) => {}
+                Ok(other) => return other,
+                Err(_) => return None,
+            }
+        }
     }
 
     /// Disconnects cleanly (DISCONNECT packet).

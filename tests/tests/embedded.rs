@@ -281,3 +281,39 @@ async fn replies_and_notifications_are_private() {
     assert_eq!(&m.payload[..], b"21.5");
     store.stop().await;
 }
+
+/// A will message is published without the publish checks, so its topic
+/// is checked at CONNECT (issue 16, item 5): one that forges a reply or a
+/// notification is refused. A client id with '/', '+' or '#' is refused:
+/// `a` would own `a/b`'s replies under `clients/a/#`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wills_and_client_ids_cannot_reach_another_clients_topics() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::LastWill;
+    let store = Embedded::start().await;
+    let victim = client(store.port, "victim").await;
+    let will = |topic: String| {
+        Some(LastWill::new(
+            topic,
+            "forged",
+            QoS::AtLeastOnce,
+            false,
+            None,
+        ))
+    };
+    for topic in [victim.response_topic(), notify::topic("victim", b"k")] {
+        let refused =
+            RawClient::try_connect_with(store.port, "willy", None, will(topic.clone())).await;
+        assert!(refused.is_err(), "a will on {topic} was accepted");
+    }
+    let fine =
+        RawClient::try_connect_with(store.port, "willy", None, will("sensors/last".into())).await;
+    assert!(fine.is_ok(), "an ordinary will was refused");
+    for id in ["victim/x", "a+b", "a#"] {
+        assert!(
+            RawClient::try_connect(store.port, id, None).await.is_err(),
+            "client id {id:?} was accepted"
+        );
+    }
+    store.stop().await;
+}

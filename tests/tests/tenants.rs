@@ -517,6 +517,24 @@ async fn tenants_are_separate_quotas_hold_and_strangers_are_refused() {
         .await
         .expect("b hears itself");
     assert_eq!(&got.payload[..], b"from b", "b heard another tenant");
+    // Nor through the store: a reply goes where its requester asks, but to
+    // its own tenant's clients only.
+    let mut props = a.request_properties();
+    props.response_topic = Some("chat/reply".into());
+    a.publish_request(resp(&[b"GET", b"k"]), props).await;
+    for c in [&mut a, &mut a2] {
+        let got = c
+            .recv(Duration::from_secs(10))
+            .await
+            .expect("the reply on chat/reply");
+        assert_eq!(&got.payload[..], b"$7\r\nupdated\r\n");
+    }
+    // bob proved who he is: nobody else may take his client id while his
+    // session lasts, and he stays connected.
+    let taken = RawClient::try_connect(port, "bobs-device", None).await;
+    assert!(taken.is_err(), "an anonymous client took bob's client id");
+    assert_eq!(text(&b.call(&[b"GET", b"k"]).await), "$1\r\nB\r\n");
+    assert!(!b.was_disconnected());
     for (c, who) in [
         (&mut a, "a-1"),
         (&mut a2, "a-2"),

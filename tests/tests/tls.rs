@@ -268,6 +268,30 @@ async fn a_client_ca_requires_client_certificates() {
         mosquitto_pub(server.tls, &pki, "t", "x", true),
         "a certificate the CA signed: served"
     );
+    // A certificate another CA signed, for the same name: refused.
+    let stranger = TestPki::new("mtls-stranger");
+    let ok = Command::new("mosquitto_pub")
+        .args([
+            "-h",
+            "localhost",
+            "-p",
+            &server.tls.to_string(),
+            "-V",
+            "mqttv5",
+        ])
+        .arg("--cafile")
+        .arg(&pki.ca)
+        .arg("--cert")
+        .arg(&stranger.client_cert)
+        .arg("--key")
+        .arg(&stranger.client_key)
+        .args(["-t", "t", "-m", "x", "-q", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("mosquitto_pub is installed")
+        .success();
+    assert!(!ok, "a certificate of an unknown CA: refused");
     let (ss, exit) = sdk(
         server.tls,
         "mtls-sdk",

@@ -417,8 +417,13 @@ impl StateMachine {
         // that topic has the SDKs' shape: one client cannot act as another
         // (cancel its KEYNOTIFY, hold its locks) while receiving the replies
         // elsewhere. With `sdk_response_topics` the topic must have it.
+        // An identity is verified when a broker vouches for it or the
+        // response topic names it; an unverified one names nobody to the
+        // authorization rules and cannot hold KEYNOTIFY registrations.
+        let mut verified = msg.client_id.is_some();
         if msg.client_id.is_none() {
             let claim = identity.map(|id| rpc::topic_claims(response_topic, id));
+            verified = claim == Some(Some(true));
             let refused = match claim {
                 Some(Some(agrees)) => !agrees,
                 Some(None) | None => self.config.sdk_response_topics,
@@ -440,7 +445,7 @@ impl StateMachine {
             self.reply(response_topic, Some(correlation), expiry, &reply);
             return;
         }
-        let (reply, cache) = self.execute(msg, &props, identity, now);
+        let (reply, cache) = self.execute(msg, &props, identity, verified, now);
         self.reply(response_topic, Some(correlation), expiry, &reply);
         if cache {
             self.cache_reply(response_topic, correlation, deadline, now, reply);
@@ -504,9 +509,10 @@ impl StateMachine {
         msg: &MessageRef<'_>,
         props: &RequestProps<'_>,
         identity: Option<&str>,
+        verified: bool,
         now: u64,
     ) -> (Reply, bool) {
-        match self.execute_command(msg, props, identity, now) {
+        match self.execute_command(msg, props, identity, verified, now) {
             Ok(done) => done,
             Err(refused) => (refused, true),
         }
@@ -519,6 +525,7 @@ impl StateMachine {
         msg: &MessageRef<'_>,
         props: &RequestProps<'_>,
         identity: Option<&str>,
+        verified: bool,
         now: u64,
     ) -> Result<(Reply, bool), Reply> {
         if let Some(version) = props.protocol_version
@@ -544,7 +551,7 @@ impl StateMachine {
         // Per-key authorization: refused before anything else is looked at
         // (not kept by the dedup cache: a policy reload may change it).
         let principal = Principal {
-            client_id: identity,
+            client_id: identity.filter(|_| verified),
             username: msg.username,
             attributes: msg.attributes,
         };
@@ -595,6 +602,12 @@ impl StateMachine {
                 }
                 Some(client) if notify::topic_len(client, key) > notify::MAX_TOPIC_LEN => {
                     return Err(Reply::error(ServiceError::SyntaxError));
+                }
+                // A registration is an identity's (a disconnect drops it,
+                // a STOP ends it): only one proven by the broker or by the
+                // response topic (`clients/<id>/...`) may hold one.
+                Some(_) if !verified => {
+                    return Ok((Reply::error(ServiceError::NotAuthorized), false));
                 }
                 Some(client) => Some(client),
             },
