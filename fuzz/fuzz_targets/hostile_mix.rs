@@ -182,8 +182,15 @@ fuzz_target!(|events: Vec<Event>| {
                     (b":1\r\n" | b":0\r\n", true) => {
                         w.model.insert(key % 8, None);
                     }
-                    // Refused (a quota filled by others): nothing changed.
-                    _ => {}
+                    // Refused because others filled the quota: nothing
+                    // changed. Nothing else may refuse it (a poisoned clock
+                    // once made every write `500 Counter`).
+                    (b"-ERR the quota has been exceeded\r\n", false) => {}
+                    (other, _) => panic!(
+                        "the good client's {} was refused: {:?}",
+                        if *del { "DEL" } else { "SET" },
+                        String::from_utf8_lossy(other)
+                    ),
                 }
             }
             Event::GoodRead { key } => w.check(*key),

@@ -231,20 +231,35 @@ async fn serve<T: Transport>(
                         if let Some(m) = tenant.metrics() {
                             m.requests(messages.iter().map(|m| m.payload.as_slice()));
                         }
-                        let outputs = match tenant.handle(&messages, now) {
-                            Ok(outputs) => outputs,
-                            Err(e) => {
-                                // These requests get their 503 too.
-                                let replies = unavailable_replies(tenant, &messages, now);
-                                if let Some(m) = tenant.metrics() {
-                                    m.published(&replies);
+                        // A call into the guest at a time: each call's
+                        // outputs are bounded (its output budget), and are
+                        // published before the next call, so a batch of
+                        // large replies is never held whole.
+                        let mut rest = &messages[..];
+                        let outputs = loop {
+                            let (outputs, handled) = match tenant.handle_some(rest, now) {
+                                Ok(done) => done,
+                                Err(e) => {
+                                    // The requests not yet answered get their 503 too.
+                                    let replies = unavailable_replies(tenant, rest, now);
+                                    if let Some(m) = tenant.metrics() {
+                                        m.published(&replies);
+                                    }
+                                    transport_op!(transport.emit(replies).await);
+                                    transport_op!(transport.settle().await);
+                                    return Ended::Tenant(e);
                                 }
-                                transport_op!(transport.emit(replies).await);
-                                transport_op!(transport.settle().await);
-                                return Ended::Tenant(e);
+                            };
+                            rest = &rest[handled..];
+                            if rest.is_empty() {
+                                break outputs;
                             }
+                            if let Some(m) = tenant.metrics() {
+                                m.published(&outputs);
+                            }
+                            transport_op!(transport.emit(outputs).await);
                         };
-                        debug!(tenant = tenant.name(), requests = messages.len(), outputs = outputs.len(), "handled");
+                        debug!(tenant = tenant.name(), requests = messages.len(), "handled");
                         outputs
                     }
                     Input::ClientGone(id) => {

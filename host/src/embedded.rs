@@ -185,7 +185,7 @@ struct Router {
     default: Option<usize>,
     tenants: Vec<Inbound>,
     /// Requests of clients that belong to no tenant.
-    strangers: mpsc::UnboundedSender<InboundMessage>,
+    strangers: mpsc::Sender<InboundMessage>,
     /// Connections per IP address, and the most allowed (0: no limit).
     per_address: std::sync::Mutex<HashMap<IpAddr, usize>>,
     max_per_address: usize,
@@ -213,7 +213,12 @@ struct Verified {
     username: Option<String>,
     /// The common name of its client certificate, if any.
     certificate: Option<String>,
+    /// Its client certificate's subject, if any.
+    subject: Option<String>,
 }
+
+/// Requests of clients of no tenant waiting for their refusal, at most.
+const STRANGERS_WAITING: usize = 1024;
 
 /// How long a failed authentication waits before its refusal.
 const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
@@ -240,7 +245,11 @@ impl Router {
         let Some(policy) = self.policy.as_ref().and_then(|c| c.get()) else {
             return true;
         };
-        let attributes = policy.attributes_for(v.username.as_deref(), v.certificate.as_deref());
+        let attributes = policy.attributes_for(
+            v.username.as_deref(),
+            v.certificate.as_deref(),
+            v.subject.as_deref(),
+        );
         let who = crate::policy::Who {
             client_id,
             username: v.username.as_deref(),
@@ -268,7 +277,13 @@ impl Router {
             .policy
             .as_ref()
             .and_then(|c| c.get())
-            .map(|p| p.attributes_for(v.username.as_deref(), v.certificate.as_deref()))
+            .map(|p| {
+                p.attributes_for(
+                    v.username.as_deref(),
+                    v.certificate.as_deref(),
+                    v.subject.as_deref(),
+                )
+            })
             .unwrap_or_default();
         (v.username, attributes)
     }
@@ -429,6 +444,7 @@ impl Handler for Hooks {
                     // A client certificate names its holder when nothing else does.
                     username: username.or_else(|| certificate.clone()),
                     certificate,
+                    subject: info.cert().map(|c| c.subject.clone()),
                 };
                 let will_topic = info.last_will().map(|w| match w {
                     rmqtt::types::LastWill::V3(w) => w.topic.to_string(),
@@ -590,7 +606,14 @@ impl Handler for Hooks {
                     }
                     Some(t) => self.router.tenants[t].request(message).await,
                     None => {
-                        let _ = self.router.strangers.send(message);
+                        // Bounded: past it, a request of nobody's client
+                        // gets no answer at all rather than memory.
+                        if self.router.strangers.try_send(message).is_err() {
+                            debug!(
+                                client_id,
+                                "a request of a client of no tenant dropped: too many waiting"
+                            );
+                        }
                     }
                 }
                 // Consume it: route the copy only to a client that cannot exist.
@@ -727,7 +750,7 @@ pub struct EmbeddedServer {
     accept: tokio::task::JoinHandle<()>,
     tenants: Vec<(Tenant, BrokerTransport, mpsc::UnboundedReceiver<Control>)>,
     handles: Vec<TenantHandle>,
-    strangers: mpsc::UnboundedReceiver<InboundMessage>,
+    strangers: mpsc::Receiver<InboundMessage>,
     /// For the replies to clients of no tenant.
     reply_config: Config,
     local_addr: SocketAddr,
@@ -793,7 +816,7 @@ impl EmbeddedServer {
         } = opts;
         let limits = &limits;
         let scx = ServerContext::new().busy_check_enable(false).build().await;
-        let (strangers_tx, strangers) = mpsc::unbounded_channel();
+        let (strangers_tx, strangers) = mpsc::channel(STRANGERS_WAITING);
         let mut senders = Vec::new();
         let mut routes = Vec::new();
         let mut running = Vec::new();

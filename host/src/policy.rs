@@ -21,7 +21,7 @@
 //!           keys: ["{principal.attributes.organization}/*"]
 //! userAttributes:                      # attributes of password-file users
 //!   alice: { city: seattle, organization: contoso }
-//! certificateAttributes:               # of client certificates, by common name
+//! certificateAttributes:               # of client certificates, by common name or subject
 //!   smart-fan: { building: "17" }
 //! ```
 //!
@@ -127,6 +127,15 @@ struct FileTop {
     certificate_attributes: BTreeMap<String, BTreeMap<String, String>>,
 }
 
+/// A certificate subject (or common name) as `certificateAttributes` keys
+/// it: without the spaces around `=` and `,` that writers differ on.
+fn subject_key(name: &str) -> String {
+    name.split(',')
+        .map(|rdn| rdn.split('=').map(str::trim).collect::<Vec<_>>().join("="))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// One rule's broker resources.
 #[derive(Debug, Clone)]
 struct BrokerRule {
@@ -192,7 +201,7 @@ impl Policy {
                 .collect(),
             certificate_attributes: certificate_attributes
                 .into_iter()
-                .map(|(cn, a)| (cn, a.into_iter().collect()))
+                .map(|(name, a)| (subject_key(&name), a.into_iter().collect()))
                 .collect(),
             ..Policy::default()
         };
@@ -281,18 +290,21 @@ impl Policy {
     }
 
     /// The attributes of a client verified as `username`, holding a
-    /// certificate with the common name `certificate`: `userAttributes`
-    /// and `certificateAttributes` together.
+    /// certificate with the common name `cn` and the subject `subject`:
+    /// `userAttributes`, and the `certificateAttributes` entries named by
+    /// its common name or its whole subject (`CN = smart-fan, O = Contoso`;
+    /// spaces around `=` and `,` do not matter).
     pub fn attributes_for(
         &self,
         username: Option<&str>,
-        certificate: Option<&str>,
+        cn: Option<&str>,
+        subject: Option<&str>,
     ) -> Vec<(String, String)> {
         let mut out = self.attributes_of(username);
-        if let Some(cn) = certificate
-            && let Some(more) = self.certificate_attributes.get(cn)
-        {
-            out.extend(more.iter().cloned());
+        for name in [cn, subject].into_iter().flatten() {
+            if let Some(more) = self.certificate_attributes.get(&subject_key(name)) {
+                out.extend(more.iter().cloned());
+            }
         }
         out
     }
@@ -657,5 +669,28 @@ brokerResources = [{ method = "Connect", clientIds = ["{principal.username}-1"] 
                 .contains("Delete")
         );
         assert!(e("nothing: 1\n").contains("no rules"));
+    }
+
+    #[test]
+    fn certificate_attributes_by_common_name_or_subject() {
+        let p = Policy::parse(
+            "rules: []\ncertificateAttributes:\n  smart-fan: { building: \"17\" }\n  \"CN = smart-fan, O = Contoso\": { organization: contoso }\n",
+            false,
+        )
+        .expect("parse");
+        let mut got = p.attributes_for(None, Some("smart-fan"), Some("CN=smart-fan, O=Contoso"));
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("building".to_string(), "17".to_string()),
+                ("organization".to_string(), "contoso".to_string())
+            ]
+        );
+        assert!(
+            p.attributes_for(None, Some("other"), Some("CN=other"))
+                .is_empty()
+        );
+        assert_eq!(subject_key(" CN = a ,O= b"), "CN=a,O=b");
     }
 }

@@ -190,7 +190,7 @@ pub struct Server {
 struct ClientTransport {
     opts: ServeOptions,
     client: AsyncClient,
-    events: mpsc::UnboundedReceiver<NetEvent>,
+    events: mpsc::Receiver<NetEvent>,
     pending: VecDeque<NetEvent>,
     net: tokio::task::JoinHandle<()>,
     /// Requests handed to the guest and not yet acknowledged, in arrival order.
@@ -231,7 +231,7 @@ impl Server {
             opts.client_cert.as_ref(),
         )?;
         let (client, eventloop) = AsyncClient::new(mqtt, 256);
-        let (tx, events) = mpsc::unbounded_channel();
+        let (tx, events) = mpsc::channel(NET_EVENTS_WAITING);
         let net = tokio::spawn(pump(eventloop, tx));
         let mut transport = ClientTransport {
             opts,
@@ -476,8 +476,17 @@ impl crate::driver::Transport for ClientTransport {
 
 /// Drives the rumqttc event loop and forwards what the driver needs.
 /// Reconnects with a backoff (rumqttc itself would retry at once).
-async fn pump(mut eventloop: EventLoop, tx: mpsc::UnboundedSender<NetEvent>) {
+/// Events from the broker waiting for the store, at most. QoS 1 and 2
+/// requests stop at our receive maximum (256 unacknowledged) well below
+/// it; QoS 0 ones, which MQTT does not flow-control, are dropped past it
+/// (at most once is their contract) rather than held. The pump never waits
+/// for room for them: it also sends our replies, and a driver waiting to
+/// publish while the pump waits for it would stop both.
+const NET_EVENTS_WAITING: usize = 1024;
+
+async fn pump(mut eventloop: EventLoop, tx: mpsc::Sender<NetEvent>) {
     let mut backoff = Duration::from_millis(100);
+    let mut dropped: u64 = 0;
     loop {
         let forward = match eventloop.poll().await {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -496,7 +505,7 @@ async fn pump(mut eventloop: EventLoop, tx: mpsc::UnboundedSender<NetEvent>) {
             Ok(_) => None,
             Err(e) => {
                 let lost = NetEvent::Lost(e.to_string());
-                if tx.send(lost).is_err() {
+                if tx.send(lost).await.is_err() {
                     return;
                 }
                 tokio::time::sleep(backoff).await;
@@ -504,10 +513,23 @@ async fn pump(mut eventloop: EventLoop, tx: mpsc::UnboundedSender<NetEvent>) {
                 continue;
             }
         };
-        if let Some(event) = forward
-            && tx.send(event).is_err()
-        {
-            return;
+        let Some(event) = forward else { continue };
+        match tx.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(NetEvent::Publish(p)))
+                if p.qos == rumqttc::v5::mqttbytes::QoS::AtMostOnce =>
+            {
+                dropped += 1;
+                if dropped.is_power_of_two() {
+                    warn!(dropped, topic = %String::from_utf8_lossy(&p.topic), "QoS 0 messages dropped: the store is behind (more than {NET_EVENTS_WAITING} waiting)");
+                }
+            }
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
         }
     }
 }

@@ -141,6 +141,9 @@ pub struct Tenant {
     faults: u64,
     clock: std::sync::Arc<dyn crate::clock::Clock>,
     more_due: bool,
+    /// Requests of the current batch still to be handled one at a time,
+    /// after the guest failed on the batch.
+    singles: usize,
     metrics: Option<TenantMetrics>,
 }
 
@@ -169,6 +172,7 @@ impl Tenant {
             faults: 0,
             clock: opts.clock.clone(),
             more_due: false,
+            singles: 0,
             metrics: None,
         })
     }
@@ -237,27 +241,56 @@ impl Tenant {
     /// publish, in order; the journal records among them are already
     /// durable (per the fsync policy). If the guest fails, it is restarted
     /// and the requests are handled again one at a time: the one that fails
-    /// again gets a 500 reply, the others their normal replies.
+    /// again gets a 500 reply, the others their normal replies. (A server
+    /// uses [`Tenant::handle_some`], which hands the outputs over a bounded
+    /// call at a time.)
     pub fn handle(&mut self, messages: &[InboundMessage], now: u64) -> Result<Vec<Output>> {
-        match self.store.handle_messages(messages, now) {
-            Ok(outputs) => self.commit(outputs),
+        let mut all = Vec::new();
+        let mut rest = messages;
+        while !rest.is_empty() {
+            let (outputs, handled) = self.handle_some(rest, now)?;
+            all.extend(outputs);
+            rest = &rest[handled..];
+        }
+        Ok(all)
+    }
+
+    /// [`Tenant::handle`] one call into the guest at a time: handles the
+    /// first of `messages` (as many as one call takes: its outputs stop at
+    /// the guest's budget, [`statestore_guest::OUTPUT_BUDGET`]) and returns
+    /// their committed outputs and how many it handled (at least one); the
+    /// caller publishes them and calls again with the rest, so a batch of
+    /// large replies is never held whole (issue 15, finding 1).
+    pub fn handle_some(
+        &mut self,
+        messages: &[InboundMessage],
+        now: u64,
+    ) -> Result<(Vec<Output>, usize)> {
+        let Some(first) = messages.first() else {
+            return Ok((Vec::new(), 0));
+        };
+        if self.singles > 0 {
+            // After a failure: one at a time, so that only the request that
+            // fails again gets a 500.
+            self.singles -= 1;
+            let one = std::slice::from_ref(first);
+            return match self.store.handle_messages(one, now) {
+                Ok(outputs) => Ok((self.commit(outputs)?, 1)),
+                Err(e) => {
+                    let why = self.restart(&e)?;
+                    Ok((self.failure_replies(one, now, &why), 1))
+                }
+            };
+        }
+        match self.store.handle_messages_once(messages, now) {
+            Ok((outputs, handled)) => Ok((self.commit(outputs)?, handled)),
             Err(e) => {
                 let why = self.restart(&e)?;
-                if let [one] = messages {
-                    return Ok(self.failure_replies(std::slice::from_ref(one), now, &why));
+                if messages.len() == 1 {
+                    return Ok((self.failure_replies(messages, now, &why), 1));
                 }
-                let mut all = Vec::new();
-                for m in messages {
-                    let one = std::slice::from_ref(m);
-                    match self.store.handle_messages(one, now) {
-                        Ok(outputs) => all.extend(self.commit(outputs)?),
-                        Err(e) => {
-                            let why = self.restart(&e)?;
-                            all.extend(self.failure_replies(one, now, &why));
-                        }
-                    }
-                }
-                Ok(all)
+                self.singles = messages.len();
+                self.handle_some(messages, now)
             }
         }
     }

@@ -16,7 +16,7 @@ use wasmtime::{Engine, Store};
 
 use crate::bindings::{Guest, GuestPre};
 use crate::convert;
-use crate::{Backend, Config, GuestError, Input, Output};
+use crate::{Backend, Config, GuestError, InboundMessage, Input, Output};
 
 /// A failed call: the guest trapped or hit a limit.
 fn failed(e: wasmtime::Error) -> GuestError {
@@ -577,6 +577,20 @@ impl WasmStore {
                 return Ok(all);
             }
         }
+    }
+
+    /// One call into the guest with `messages`: its outputs, and how many
+    /// of the messages it handled (at least one; the guest stops taking
+    /// inputs once its outputs reach its budget).
+    pub fn handle_messages_once(
+        &mut self,
+        messages: &[InboundMessage],
+        now: u64,
+    ) -> Result<(Vec<Output>, usize), GuestError> {
+        let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
+        let mut outputs = self.call_once(&inputs, now, false)?;
+        let handled = statestore_guest::wire::handled(&mut outputs, inputs.len());
+        Ok((outputs, handled))
     }
 
     fn call_once(

@@ -292,6 +292,47 @@ fn request(client: &str, corr: u32, parts: &[&[u8]]) -> InboundMessage {
     }
 }
 
+/// Issue 15, finding 1: a server hands a batch to its tenant a call into
+/// the guest at a time (`Tenant::handle_some`), and publishes each call's
+/// outputs before the next, so a batch of large replies is never held
+/// whole: each call's replies stay within the guest's output budget plus
+/// one reply, and every request is answered once, in order.
+#[test]
+fn a_batch_of_large_replies_is_handed_over_a_call_at_a_time() {
+    let mut tenant = Tenant::open(
+        "large",
+        statestore_tests::wasm_runtime().clone(),
+        &StoreOptions::volatile("StateStore", "statestore-under-test"),
+    )
+    .expect("tenant");
+    let now = statestore::serve::now_ms();
+    let value = vec![b'v'; 5 << 20];
+    let out = tenant
+        .handle(&[request("c", 0, &[b"SET", b"big", &value])], now)
+        .expect("set");
+    assert_eq!(replies(&out)[0].2, b"+OK\r\n");
+    let batch: Vec<_> = (1..=10)
+        .map(|n| request("c", n, &[b"GET", b"big"]))
+        .collect();
+    let (mut rest, mut calls, mut answered) = (&batch[..], 0, Vec::new());
+    while !rest.is_empty() {
+        let (outputs, handled) = tenant.handle_some(rest, now).expect("handled");
+        let bytes: usize = replies(&outputs).iter().map(|r| r.2.len()).sum();
+        assert!(
+            bytes <= statestore_guest::OUTPUT_BUDGET + value.len() + 64,
+            "one call handed over {bytes} bytes"
+        );
+        for (corr, _, payload) in replies(&outputs) {
+            assert_eq!(payload.len(), value.len() + 12, "a whole GET reply");
+            answered.push(u32::from_be_bytes(corr.try_into().expect("4 bytes")));
+        }
+        rest = &rest[handled..];
+        calls += 1;
+    }
+    assert_eq!(answered, (1..=10).collect::<Vec<_>>());
+    assert!(calls >= 5, "50 MiB of replies in {calls} calls");
+}
+
 fn replies(outputs: &[Output]) -> Vec<(Vec<u8>, String, Vec<u8>)> {
     outputs
         .iter()

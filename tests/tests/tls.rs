@@ -330,9 +330,10 @@ rules:
     stateStoreResources:
       - method: ReadWrite
         keyType: Pattern
-        keys: ["{principal.attributes.building}/*", "{principal.username}/*"]
+        keys: ["{principal.attributes.building}/*", "{principal.username}/*", "{principal.attributes.floor}/*"]
 certificateAttributes:
   cert-client: { building: b17 }
+  "CN = cert-client": { floor: f3 }
 "#,
         false,
     )
@@ -345,7 +346,7 @@ certificateAttributes:
         Some((&pki.client_cert, &pki.client_key)),
     )
     .await;
-    for key in [&b"b17/speed"[..], b"cert-client/x"] {
+    for key in [&b"b17/speed"[..], b"cert-client/x", b"f3/x"] {
         let r = ss
             .set(key.to_vec(), b"3".to_vec(), T, None, SetOptions::default())
             .await
@@ -363,6 +364,63 @@ certificateAttributes:
         .await
         .expect_err("another building's key");
     assert!(format!("{e:?}").contains("NotAuthorized"), "{e:?}");
+    let _ = ss.shutdown().await;
+    let _ = exit.try_exit();
+    server.stop().await;
+}
+
+/// A spy over TLS (Debian's `mosquitto_sub`) on `#` and on the victim's
+/// `clients/<victim>/#` receives nothing of a victim that is the unmodified
+/// SDK over TLS (issue 16: isolation holds on the TLS listener too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spy_over_tls_receives_nothing_of_the_victim() {
+    let pki = TestPki::new("tls-spy");
+    let server = start(&pki, false).await;
+    let spy = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "localhost",
+            "-p",
+            &server.tls.to_string(),
+            "-V",
+            "mqttv5",
+        ])
+        .arg("--cafile")
+        .arg(&pki.ca)
+        .args(["-i", "spy", "-t", "#", "-t", "clients/tls-victim/#"])
+        // An ordinary topic it may read: proof that it listens.
+        .args(["-t", "sensors/#", "-v"])
+        // Exit after 4 s (the victim's work takes less).
+        .args(["-W", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mosquitto_sub is installed");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ss, exit) = sdk(server.tls, "tls-victim", &pki.ca, None).await;
+    let r = ss
+        .set(
+            b"secret".to_vec(),
+            b"the victim's".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("victim set");
+    assert!(r.response);
+    let got = ss.get(b"secret".to_vec(), T).await.expect("victim get");
+    assert_eq!(got.response.as_deref(), Some(&b"the victim's"[..]));
+    assert!(mosquitto_pub(server.tls, &pki, "sensors/t", "21", false));
+    let out = tokio::task::spawn_blocking(move || spy.wait_with_output())
+        .await
+        .expect("spy task")
+        .expect("spy output");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "sensors/t 21\n",
+        "the spy received only the ordinary message"
+    );
     let _ = ss.shutdown().await;
     let _ = exit.try_exit();
     server.stop().await;
