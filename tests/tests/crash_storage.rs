@@ -320,7 +320,9 @@ fn a_failed_snapshot_backs_off() {
         attempts: 0.into(),
     });
     let shared: Arc<dyn Storage> = storage.clone();
-    let pause = Duration::from_secs(2);
+    // Far longer than the first 80 writes take, so that "one attempt, then
+    // a pause" is always checked (it was skipped on a slow machine).
+    let pause = Duration::from_secs(5);
     let (journal, store, _) = Journal::open_in(
         shared,
         wasm_runtime(),
@@ -360,14 +362,17 @@ fn a_failed_snapshot_backs_off() {
     for i in 40..80 {
         set(&mut node, i);
     }
-    if started.elapsed() < pause {
-        assert_eq!(
-            storage.attempts.load(SeqCst) - before,
-            1,
-            "one attempt, then a pause"
-        );
-        assert_eq!(node.journal.snapshots_failed(), 1);
-    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < pause,
+        "80 writes took {elapsed:?}: too slow to tell a pause from none"
+    );
+    assert_eq!(
+        storage.attempts.load(SeqCst) - before,
+        1,
+        "one attempt, then a pause"
+    );
+    assert_eq!(node.journal.snapshots_failed(), 1);
     let logs = |s: &NoSnapshots| {
         s.inner
             .list()
