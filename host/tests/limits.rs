@@ -379,3 +379,53 @@ async fn a_stalled_subscriber_holds_at_most_its_queue_bytes() {
     };
     assert_eq!(&next.payload[..], b"small");
 }
+
+/// Finding 5, its reproduction end to end: 24 overwrites of a 1 MB value
+/// under a 16 MiB memory cap once left a durable store unable to start
+/// again (replay lowered up to 1,024 records into the guest at once). It
+/// restarts after SIGKILL with the last value and serves; a byte quota that
+/// cannot fit the memory cap is refused at start, with the numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_capped_durable_store_restarts_after_large_overwrites() {
+    let dir = std::env::temp_dir().join(format!("statestore-capped-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.display().to_string();
+    let args = ["--data-dir", data.as_str(), "--memory-mib", "16"];
+    let port = free_port();
+    let server = serve(port, &args);
+    let mut c = client(port, "capped").await;
+    let mut last = Vec::new();
+    for i in 0..24u8 {
+        last = vec![i; 1_000_000];
+        assert_eq!(
+            text(&c.call(&[b"SET", b"big", &last]).await),
+            "+OK\r\n",
+            "overwrite {i}"
+        );
+    }
+    assert_eq!(text(&c.call(&[b"SET", b"small", b"s"]).await), "+OK\r\n");
+    c.kill();
+    server.kill9();
+    let server = serve(port, &args);
+    let mut c = client(port, "capped-again").await;
+    let r = c.call(&[b"GET", b"big"]).await;
+    assert!(r.payload == bulk(&last), "{} bytes", r.payload.len());
+    assert_eq!(text(&c.call(&[b"GET", b"small"]).await), "$1\r\ns\r\n");
+    assert_eq!(text(&c.call(&[b"SET", b"after", b"a"]).await), "+OK\r\n");
+    let log = server.log();
+    assert!(!log.contains("guest failed"), "{log}");
+    drop(server);
+    // A quota more than a third of the cap cannot fit: refused at start.
+    let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--memory-mib", "16", "--max-bytes-mib", "8"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("more than a third of --memory-mib 16"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
