@@ -180,22 +180,32 @@ async fn acknowledged_writes_survive_sigkill() {
 async fn a_full_disk_gets_error_replies_and_nothing_half_applied() {
     // A real 160 KiB tmpfs as the data dir, in a private mount namespace
     // (unshare maps us to root in it, so this also works unprivileged). The
-    // shell runs a second server on the same (full) filesystem once the
-    // first stops: a restart must recover exactly what was acknowledged.
+    // shell fills the filesystem to the last byte once the first server
+    // stops and runs a second one on it (finding 10): it must start,
+    // recover exactly what was acknowledged and serve reads, and refuse
+    // writes until the test says to free space (a file in `free`, which
+    // the namespace does not cover), when the shell deletes its filler.
     let dir = std::env::temp_dir().join(format!("statestore-full-{}", std::process::id()));
+    let free = std::env::temp_dir().join(format!("statestore-full-free-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::create_dir_all(&free).expect("mkdir");
     let (port, port2) = (free_port(), free_port());
     let bin = env!("CARGO_BIN_EXE_statestore");
     let script = format!(
         r#"mount -t tmpfs -o size=160k tmpfs "$1" || exit 1
 "{bin}" serve --listen 127.0.0.1:{port} --data-dir "$1"
+dd if=/dev/zero of="$1/filler" bs=1k 2>/dev/null
+(i=0; while [ ! -e "$2/now" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; rm -f "$1/filler") &
 exec "{bin}" serve --listen 127.0.0.1:{port2} --data-dir "$1""#
     );
     let mut cmd = Command::new("unshare");
-    cmd.args(["-rm", "sh", "-c", &script, "sh"]).arg(&dir).env(
-        "STATESTORE_CACHE_DIR",
-        std::env::temp_dir().join("statestore-crash-test-cache"),
-    );
+    cmd.args(["-rm", "sh", "-c", &script, "sh"])
+        .arg(&dir)
+        .arg(&free)
+        .env(
+            "STATESTORE_CACHE_DIR",
+            std::env::temp_dir().join("statestore-crash-test-cache"),
+        );
     let server = Server::spawn(cmd);
     let mut c = RawClient::connect(port, "filler").await;
     let rt = c.response_topic();
@@ -275,6 +285,28 @@ exec "{bin}" serve --listen 127.0.0.1:{port2} --data-dir "$1""#
         "$-1\r\n"
     );
     assert_eq!(text(&c.call(&[b"GET", b"small"]).await), "$4\r\nfits\r\n");
+    // The disk is full to the last byte: writes get 500, nothing applied.
+    let r = c.call(&[b"SET", b"while-full", b"x"]).await;
+    assert_eq!(prop(&r, "__stat"), Some("500"), "{}", server.log());
+    assert_eq!(text(&c.call(&[b"GET", b"while-full"]).await), "$-1\r\n");
+    // Space returns: writes succeed again, without a restart.
+    std::fs::write(free.join("now"), "").expect("signal");
+    let start = Instant::now();
+    loop {
+        let r = c.call(&[b"SET", b"after-full", b"y"]).await;
+        if text(&r) == "+OK\r\n" {
+            break;
+        }
+        assert_eq!(prop(&r, "__stat"), Some("500"));
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "writes did not come back:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text(&c.call(&[b"GET", b"after-full"]).await), "$1\r\ny\r\n");
     server.kill9();
     let _ = std::fs::remove_dir(&dir);
+    let _ = std::fs::remove_dir_all(&free);
 }
