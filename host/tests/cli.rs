@@ -8,6 +8,30 @@ use std::time::{Duration, Instant};
 use statestore_tests::broker::{Mosquitto, RawClient, free_port, text};
 use statestore_tests::process::{Server, capture_stderr, wait_for};
 
+/// A child process killed (SIGKILL) and reaped when dropped, also when a
+/// test panics (a bare `Child` would be left running).
+struct Reaped(std::process::Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn statestore() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_statestore"));
     c.env(
@@ -124,11 +148,13 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 async fn serves_then_stops_cleanly_on_sigterm() {
     let broker = Mosquitto::start();
     let url = format!("mqtt://127.0.0.1:{}", broker.port);
-    let mut child = statestore()
-        .args(["serve", "--broker", &url, "--client-id", "cli-under-test"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start statestore");
+    let mut child = Reaped(
+        statestore()
+            .args(["serve", "--broker", &url, "--client-id", "cli-under-test"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start statestore"),
+    );
     let log = capture_stderr(&mut child);
     wait_for(&log, "subscribed; serving", Duration::from_secs(30));
     let status = set_get_then_sigterm(broker.port, &mut child).await;
@@ -170,11 +196,13 @@ fn broker_and_listen_are_exclusive() {
 async fn the_default_mode_is_a_complete_broker() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut child = statestore()
-        .args(["serve", "--listen", &listen])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start statestore");
+    let mut child = Reaped(
+        statestore()
+            .args(["serve", "--listen", &listen])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start statestore"),
+    );
     let log = capture_stderr(&mut child);
     wait_for(
         &log,
@@ -195,11 +223,13 @@ async fn the_default_mode_is_a_complete_broker() {
 fn bench_and_echo_run_against_a_real_store() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut store = statestore()
-        .args(["serve", "--listen", &listen])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
+    let mut store = Reaped(
+        statestore()
+            .args(["serve", "--listen", &listen])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve"),
+    );
     let log = capture_stderr(&mut store);
     wait_for(&log, "listening", Duration::from_secs(30));
     let url = format!("mqtt://{listen}");
@@ -223,11 +253,13 @@ fn bench_and_echo_run_against_a_real_store() {
         "{line}"
     );
     // The echo baseline on the same broker.
-    let mut echo = statestore()
-        .args(["echo", "--broker", &url])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("echo");
+    let mut echo = Reaped(
+        statestore()
+            .args(["echo", "--broker", &url])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("echo"),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let o = run(&[
         "bench",
@@ -291,12 +323,14 @@ async fn config_tenants_and_a_sighup_upgrade() {
     std::fs::write(&config, tenants_config(&dir, 1)).expect("config");
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut child = statestore()
-        .args(["serve", "--listen", &listen, "--config"])
-        .arg(&config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start statestore");
+    let mut child = Reaped(
+        statestore()
+            .args(["serve", "--listen", &listen, "--config"])
+            .arg(&config)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start statestore"),
+    );
     let log = capture_stderr(&mut child);
     wait_for(&log, "tenants started", Duration::from_secs(60));
     wait_for(&log, "listening", Duration::from_secs(10));
@@ -480,7 +514,7 @@ async fn a_graceful_shutdown_reports_what_it_flushed() {
         .stderr(Stdio::piped());
         c
     };
-    let mut child = serve(port).spawn().expect("start statestore");
+    let mut child = Reaped(serve(port).spawn().expect("start statestore"));
     let log = capture_stderr(&mut child);
     wait_for(&log, "listening", Duration::from_secs(30));
     let status = set_get_then_sigterm(port, &mut child).await;
@@ -496,7 +530,7 @@ async fn a_graceful_shutdown_reports_what_it_flushed() {
     );
     assert!(!line.contains("log_bytes=0 "), "{line}");
     let port = free_port();
-    let mut child = serve(port).spawn().expect("restart statestore");
+    let mut child = Reaped(serve(port).spawn().expect("restart statestore"));
     let log = capture_stderr(&mut child);
     wait_for(&log, "listening", Duration::from_secs(30));
     let mut c = RawClient::connect(port, "after-restart").await;
@@ -560,15 +594,17 @@ async fn the_example_systemd_unit_serves() {
         let _ = std::fs::remove_file(&copy);
     }
     let mut words = line.split_whitespace();
-    let mut child = Command::new(words.next().expect("a program"))
-        .args(words)
-        .env(
-            "STATESTORE_CACHE_DIR",
-            std::env::temp_dir().join("statestore-cli-test-cache"),
-        )
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the unit's command");
+    let mut child = Reaped(
+        Command::new(words.next().expect("a program"))
+            .args(words)
+            .env(
+                "STATESTORE_CACHE_DIR",
+                std::env::temp_dir().join("statestore-cli-test-cache"),
+            )
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the unit's command"),
+    );
     let log = capture_stderr(&mut child);
     wait_for(
         &log,
@@ -774,17 +810,19 @@ async fn users_file_authenticates_every_client() {
     let file = std::env::temp_dir().join(format!("statestore-users-{}", std::process::id()));
     std::fs::write(&file, users).expect("write");
     let port = free_port();
-    let mut child = statestore()
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--users-file",
-        ])
-        .arg(&file)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("serve");
+    let mut child = Reaped(
+        statestore()
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--users-file",
+            ])
+            .arg(&file)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve"),
+    );
     let log = capture_stderr(&mut child);
     wait_for(&log, "listening", Duration::from_secs(30));
     // A user with the right password.
