@@ -3,14 +3,21 @@
 //! the replies they belong to, and replayed with [`crate::StateMachine::replay`].
 //!
 //! ```text
-//! record = u8 format version (1) | u8 kind | body | u32 CRC-32 of everything before it
+//! record = u8 format version | u8 kind | body | u32 CRC-32 of everything before it
 //! kind 1 put     bytes key, bytes value, u64 wall, u32 counter,
 //!                opt hlc fencing token, opt u64 expires-at, u8 persist
 //! kind 2 delete  bytes key, u64 wall, u32 counter     (DEL / VDEL; the deletion's HLC)
 //! kind 3 expire  bytes key, u64 wall, u32 counter     (expiry; the deletion's HLC)
 //! kind 4 reply   str response topic, bytes correlation, u64 forget-at, message reply
 //!                (a dedup-cache entry: a redelivered request gets the same reply)
+//! kind 5 client reply (format version 2)
+//!                str client, then kind 4's body
+//!                (a dedup-cache entry charged to the client a broker or its
+//!                response topic vouched for: a restart keeps each client's bound)
 //! ```
+//! A record is written in the oldest format version that has its kind
+//! (kinds 1-4: 1; kind 5: 2), so a build that reads only version 1 refuses
+//! exactly the records it cannot read.
 //! Encodings of bytes, str, opt, hlc and message are those of
 //! `codec.rs`. A record of a newer format version is refused with
 //! [`Error::UnsupportedVersion`], never guessed at.
@@ -23,17 +30,23 @@ use crate::rpc::Reply;
 use crate::table::{Entry, EntryRef, Version};
 use crate::types::{Error, OutboundMessage};
 
-/// The record format this build writes and reads.
-pub const RECORD_VERSION: u8 = 1;
+/// The newest record format this build writes and reads.
+pub const RECORD_VERSION: u8 = 2;
 
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const EXPIRE: u8 = 3;
 const REPLY: u8 = 4;
+const CLIENT_REPLY: u8 = 5;
+
+/// The format version a record of `kind` is written in.
+fn version_of(kind: u8) -> u8 {
+    if kind == CLIENT_REPLY { 2 } else { 1 }
+}
 
 fn frame(kind: u8, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
     let mut w = Writer::new();
-    w.u8(RECORD_VERSION);
+    w.u8(version_of(kind));
     w.u8(kind);
     body(&mut w);
     w.finish_with_crc()
@@ -43,7 +56,7 @@ fn frame(kind: u8, body: impl FnOnce(&mut Writer)) -> Vec<u8> {
 fn frame_into(buf: &mut Vec<u8>, kind: u8, body: impl FnOnce(&mut Writer)) {
     let mut w = Writer(core::mem::take(buf));
     let start = w.0.len();
-    w.u8(RECORD_VERSION);
+    w.u8(version_of(kind));
     w.u8(kind);
     body(&mut w);
     let crc = crc32fast::hash(&w.0[start..]);
@@ -71,6 +84,8 @@ pub fn put_size(key: &[u8], e: EntryRef<'_>) -> usize {
 
 /// A decoded journal record.
 #[derive(Debug)]
+// One record is decoded at a time and applied at once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Record<'a> {
     /// `key` now holds `entry`.
     Put {
@@ -88,6 +103,8 @@ pub(crate) enum Record<'a> {
     },
     /// A dedup-cache entry.
     Reply {
+        /// The client it is charged to, if one was known (kind 5).
+        client: Option<String>,
         /// The request's response topic.
         topic: String,
         /// The request's correlation data.
@@ -127,7 +144,15 @@ pub(crate) fn decode(record: &[u8]) -> Result<Record<'_>, Error> {
             };
             Record::Remove { key, version }
         }
-        REPLY => Record::Reply {
+        REPLY | CLIENT_REPLY => Record::Reply {
+            client: if body[1] == CLIENT_REPLY {
+                if version < 2 {
+                    return Err(bad("a client reply in format version 1"));
+                }
+                Some(r.str()?)
+            } else {
+                None
+            },
             topic: r.str()?,
             correlation: r.bytes()?,
             forget_at: r.u64()?,
@@ -157,14 +182,23 @@ pub fn expire(key: &[u8], version: Version) -> Vec<u8> {
     })
 }
 
-/// A dedup-cache entry.
+/// A dedup-cache entry (charged to `client`, if known).
 pub fn reply(
+    client: Option<&str>,
     response_topic: &str,
     correlation: &[u8],
     forget_at: u64,
     reply: &OutboundMessage,
 ) -> Vec<u8> {
-    frame(REPLY, |w| {
+    let kind = if client.is_some() {
+        CLIENT_REPLY
+    } else {
+        REPLY
+    };
+    frame(kind, |w| {
+        if let Some(id) = client {
+            w.str(id);
+        }
         w.str(response_topic);
         w.bytes(correlation);
         w.u64(forget_at);
@@ -176,8 +210,10 @@ pub fn reply(
 /// `correlation` (no message expiry), appended to `buf` in place: the same
 /// bytes, without building the message first (every cached reply of a
 /// journaled store is written so).
+#[allow(clippy::too_many_arguments)]
 pub fn reply_into(
     buf: &mut Vec<u8>,
+    client: Option<&str>,
     topic: &str,
     correlation: &[u8],
     forget_at: u64,
@@ -186,7 +222,15 @@ pub fn reply_into(
     source_id: Option<&str>,
 ) {
     use crate::rpc::{CONTENT_TYPE, PROTOCOL_VERSION, prop};
-    frame_into(buf, REPLY, |w| {
+    let kind = if client.is_some() {
+        CLIENT_REPLY
+    } else {
+        REPLY
+    };
+    frame_into(buf, kind, |w| {
+        if let Some(id) = client {
+            w.str(id);
+        }
         w.str(topic);
         w.bytes(correlation);
         w.u64(forget_at);
@@ -227,9 +271,21 @@ pub fn reply_into(
 }
 
 /// About how long [`reply_into`] writes (at least).
-pub fn reply_size(topic: &str, correlation: &[u8], r: &Reply, node: &str) -> usize {
+pub fn reply_size(
+    client: Option<&str>,
+    topic: &str,
+    correlation: &[u8],
+    r: &Reply,
+    node: &str,
+) -> usize {
     let extra: usize = r.extra.iter().map(|(n, v)| 8 + n.len() + v.len()).sum();
-    2 * topic.len() + 2 * correlation.len() + r.payload.len() + extra + 2 * node.len() + 256
+    client.map_or(0, |c| 4 + c.len())
+        + 2 * topic.len()
+        + 2 * correlation.len()
+        + r.payload.len()
+        + extra
+        + 2 * node.len()
+        + 256
 }
 
 #[cfg(test)]
@@ -255,7 +311,7 @@ mod tests {
             ),
         ];
         for r in &replies {
-            for source in [None, Some("statestore")] {
+            for (source, client) in [(None, None), (Some("statestore"), Some("c"))] {
                 let message = r.message(
                     Str::from("clients/c/resp"),
                     Some(crate::types::Bytes::copy_from_slice(&[1, 2, 3])),
@@ -263,10 +319,11 @@ mod tests {
                     "node",
                     source.map(Str::from),
                 );
-                let built = reply("clients/c/resp", &[1, 2, 3], 99, &message);
+                let built = reply(client, "clients/c/resp", &[1, 2, 3], 99, &message);
                 let mut buf = vec![7u8];
                 reply_into(
                     &mut buf,
+                    client,
                     "clients/c/resp",
                     &[1, 2, 3],
                     99,
@@ -275,7 +332,20 @@ mod tests {
                     source,
                 );
                 assert_eq!(&buf[1..], &built[..], "{r:?} {source:?}");
-                assert!(reply_size("clients/c/resp", &[1, 2, 3], r, "node") >= built.len());
+                assert!(reply_size(client, "clients/c/resp", &[1, 2, 3], r, "node") >= built.len());
+                match decode(&built) {
+                    Ok(Record::Reply {
+                        client: c, topic, ..
+                    }) => {
+                        assert_eq!((c.as_deref(), topic.as_str()), (client, "clients/c/resp"));
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(
+                    built[0],
+                    if client.is_some() { 2 } else { 1 },
+                    "its format version"
+                );
             }
         }
     }

@@ -80,7 +80,8 @@ pub fn formats() -> Formats {
 }
 
 pub use machine::{
-    EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, Restoring, SnapshotCursor, StateMachine,
+    EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, REQUEST_EXPIRY_BUDGET, Restoring, SnapshotCursor,
+    StateMachine,
 };
 pub use snapshot::SnapshotScope;
 pub use types::{

@@ -9,6 +9,8 @@
 //!   observers  u64 n, n x { str client, bytes key }
 //!   dedup      u64 n, n x { str response topic, bytes correlation, u64 expires-at,
 //!                           message reply }
+//! body v2: as v1, but each dedup item starts with opt str client (the
+//!   client it is charged to, when one was known)
 //! bytes, str, opt, hlc, message: see codec.rs
 //! ```
 //!
@@ -39,7 +41,7 @@ pub enum SnapshotScope {
 /// Leading bytes of every snapshot.
 pub const MAGIC: &[u8; 8] = b"STSTSNAP";
 /// The newest format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The first bytes of a snapshot: magic, version and clock; the key count
 /// follows.
@@ -58,9 +60,10 @@ pub(crate) trait Visitor {
     fn key(&mut self, key: &[u8], entry: Entry);
     /// A KEYNOTIFY registration.
     fn registration(&mut self, client: &str, key: &[u8]);
-    /// A dedup-cache entry.
+    /// A dedup-cache entry (charged to `client`, if known).
     fn reply(
         &mut self,
+        client: Option<&str>,
         topic: &str,
         correlation: &[u8],
         expires_at: u64,
@@ -106,6 +109,8 @@ pub(crate) struct Restorer {
     stage: Stage,
     /// Bytes consumed, for error messages.
     offset: u64,
+    /// The format version, once the header was read.
+    version: u32,
 }
 
 impl Restorer {
@@ -197,6 +202,7 @@ impl Restorer {
                     return Err(bad("format version 0 does not exist"));
                 }
                 let (wall, counter) = (r.u64()?, r.u64()?);
+                self.version = version;
                 visit.clock(wall, counter);
                 Stage::Count(Section::Keys)
             }
@@ -215,11 +221,16 @@ impl Restorer {
                         visit.registration(&client, r.bytes()?);
                     }
                     Section::Dedup => {
+                        let client = if self.version >= 2 {
+                            r.opt(Reader::str)?
+                        } else {
+                            None
+                        };
                         let topic = r.str()?;
                         let corr = r.bytes()?;
                         let expires_at = r.u64()?;
                         let reply = r.message()?;
-                        visit.reply(&topic, corr, expires_at, reply)?;
+                        visit.reply(client.as_deref(), &topic, corr, expires_at, reply)?;
                     }
                 }
                 match left - 1 {

@@ -228,6 +228,64 @@ fn main() {
         );
     }
 
+    println!("\n## Every key due at once: the store keeps answering (wasm)\n");
+    println!(
+        "| keys due | calls to expire all | longest timer call | GET while expiring: median | longest | GET, nothing due: median | ratio of medians |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for &n in &sizes {
+        let mut store = rt.instantiate(&Config::default()).expect("instantiate");
+        // Baseline: GETs on a store of n keys, none due.
+        load(&mut store, n, Some(T0 + 3_600_000));
+        let mut idle = Vec::new();
+        for i in 0..200 {
+            let k = key(i * 7 % n);
+            let m = request(&[b"GET", &k], i as u64, "r");
+            let start = Instant::now();
+            store.handle_messages(&[m], T0).expect("get");
+            idle.push(start.elapsed().as_secs_f64());
+        }
+        drop(store);
+        // Every key due at T0 + 1000; a timer call and a GET in turn (as
+        // the server's driver interleaves them), until nothing is left.
+        let mut store = rt.instantiate(&Config::default()).expect("instantiate");
+        load(&mut store, n, Some(T0 + 1_000));
+        let (mut calls, mut longest_call, mut gets) = (0, 0f64, Vec::new());
+        loop {
+            let start = Instant::now();
+            let outputs = store.timeout(T0 + 1_000).expect("timeout");
+            longest_call = longest_call.max(start.elapsed().as_secs_f64());
+            calls += 1;
+            let m = request(&[b"GET", b"absent"], calls as u64, "r");
+            let start = Instant::now();
+            let replies = store.handle_messages(&[m], T0 + 1_000).expect("get");
+            gets.push(start.elapsed().as_secs_f64());
+            assert!(
+                replies
+                    .iter()
+                    .any(|o| matches!(o, Output::Publish(p) if *p.payload == *b"$-1\r\n")),
+                "a GET between timer calls is answered"
+            );
+            if outputs.is_empty() {
+                break;
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let longest_get = gets.iter().copied().fold(0f64, f64::max);
+        let (busy, quiet) = (median(&mut gets), median(&mut idle));
+        println!(
+            "| {n} | {calls} | {:.2} ms | {} us | {:.2} ms | {} us | {:.1} |",
+            longest_call * 1e3,
+            us(busy),
+            longest_get * 1e3,
+            us(quiet),
+            busy / quiet,
+        );
+    }
+
     println!("\n## SCAN (keys listed per second, default pages of 1,000 keys)\n");
     println!(
         "| keys | all keys (`*`): native | wasm | ratio | none match (`x*`): native | wasm | ratio |"

@@ -214,7 +214,9 @@ async fn snapshots_of_more_than_128_mib_succeed() {
 /// keys from one client) and of requests whose replies the dedup cache
 /// would keep (10,000 with 256-byte correlation data, 4,000-byte response
 /// topics and the longest message expiry) is answered with the quota error
-/// and bounded caching: the owner's keys stay, and the server's resident
+/// and bounded caching, charged to the flooding client over all its
+/// response topics (4 MiB): the owner's keys and its cached replies stay,
+/// and the server's resident
 /// memory grows by less than 96 MiB, or 320 MiB with the memory journal of
 /// a volatile store (it grew by 335 MiB and by 1.5 GiB). The journal's
 /// share: the log, and a snapshot of the dedup cache (whose 32 MiB take
@@ -239,6 +241,17 @@ async fn flood(extra: &[&str], bound_mib: u64) {
             "+OK\r\n"
         );
     }
+    // A request whose reply the owner may need again: retried after the
+    // flood, it must get its original answer from the dedup cache (a
+    // second execution of SET NX would not be +OK).
+    let mut once = owner.request_properties();
+    once.message_expiry_interval = Some(120);
+    let set_once = statestore_tests::resp(&[b"SET", b"once", b"v", b"NX"]);
+    let first = owner
+        .call_with(set_once.clone(), once.clone())
+        .await
+        .expect("reply");
+    assert_eq!(text(&first), "+OK\r\n");
     let before = server.rss_kib();
     let mut hostile = client(port, "flooder").await;
     let notify = |i: u32| {
@@ -297,6 +310,15 @@ async fn flood(extra: &[&str], bound_mib: u64) {
             "$4\r\nmine\r\n"
         );
     }
+    // The flooder spread 40 MiB of cached replies over 10,000 response
+    // topics: charged to it as one client, they pushed out its own oldest,
+    // not the owner's.
+    let again = owner.call_with(set_once, once).await.expect("reply");
+    assert_eq!(
+        text(&again),
+        "+OK\r\n",
+        "{extra:?}: the owner's cached reply was forgotten"
+    );
     let log = server.log();
     assert!(!log.contains("guest failed"), "{log}");
 }
@@ -428,4 +450,109 @@ async fn a_memory_capped_durable_store_restarts_after_large_overwrites() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Finding 7: a client cannot make the broker keep its session longer than
+/// `--max-session-expiry`: a client asking for an hour, gone for longer
+/// than the cap, finds no session when it comes back (and one when it
+/// comes back within the cap, so sessions are kept at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_is_cut_to_the_maximum() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{ConnAck, Packet};
+    use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+
+    async fn connect(port: u16, clean: bool) -> (AsyncClient, EventLoop, ConnAck) {
+        let mut o = MqttOptions::new("sleeper", "127.0.0.1", port);
+        o.set_keep_alive(Duration::from_secs(30))
+            .set_clean_start(clean)
+            .set_session_expiry_interval(Some(3600));
+        let (client, mut eventloop) = AsyncClient::new(o, 16);
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
+                Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => return (client, eventloop, ack),
+                Ok(Ok(_)) => {}
+                other => panic!("connect: {other:?}"),
+            }
+        }
+    }
+    async fn leave(client: AsyncClient, mut eventloop: EventLoop) {
+        client.disconnect().await.expect("disconnect");
+        while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+        }
+    }
+
+    let port = free_port();
+    let _server = serve(port, &["--max-session-expiry", "2"]);
+    let (client, mut eventloop, ack) = connect(port, true).await;
+    if let Some(granted) = ack.properties.and_then(|p| p.session_expiry_interval) {
+        assert!(granted <= 2, "the broker granted {granted} s");
+    }
+    client
+        .subscribe("held/#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::SubAck(_))) => break,
+            Ok(_) => {}
+            Err(e) => panic!("subscribe: {e}"),
+        }
+    }
+    leave(client, eventloop).await;
+    // Back within the cap: the session is there.
+    let (client, eventloop, ack) = connect(port, false).await;
+    assert!(ack.session_present, "no session kept at all");
+    leave(client, eventloop).await;
+    // Back after twice the cap (the client asked for an hour): gone.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_client, _eventloop, ack) = connect(port, false).await;
+    assert!(
+        !ack.session_present,
+        "the session outlived --max-session-expiry 2"
+    );
+}
+
+/// Finding 7: the broker no longer takes requests faster than the store
+/// handles them. 48 SETs of 4 MiB (192 MiB) published at once, under
+/// `--inbound-mib 4`: the publisher's connection is not read while 4 MiB
+/// wait for the store, so the server's peak resident memory grows by far
+/// less than what was sent (it took 286 MiB in 0.8 s before), and every
+/// SET is answered +OK, in order, with the last value kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_publisher_waits_for_the_store() {
+    let port = free_port();
+    let server = serve(port, &["--no-memory-journal", "--inbound-mib", "4"]);
+    let mut c = client(port, "fast").await;
+    assert_eq!(text(&c.call(&[b"SET", b"warm", b"up"]).await), "+OK\r\n");
+    let before = server.peak_rss_kib();
+    let mut sent = Vec::new();
+    for i in 0..48u8 {
+        let value = vec![i; 4 << 20];
+        let mut props = c.request_properties();
+        props.message_expiry_interval = Some(300);
+        sent.push(props.correlation_data.clone());
+        c.publish_request(statestore_tests::resp(&[b"SET", b"big", &value]), props)
+            .await;
+    }
+    for (n, corr) in sent.iter().enumerate() {
+        let r = c
+            .recv(Duration::from_secs(120))
+            .await
+            .unwrap_or_else(|| panic!("reply {n} of 48"));
+        let got = r
+            .properties
+            .as_ref()
+            .and_then(|p| p.correlation_data.clone());
+        assert_eq!(got, *corr, "in order");
+        assert_eq!(text(&r), "+OK\r\n");
+    }
+    let grown_mib = server.peak_rss_kib().saturating_sub(before) / 1024;
+    eprintln!("peak resident memory grew by {grown_mib} MiB for 192 MiB of requests");
+    assert!(
+        grown_mib < 96,
+        "peak resident memory grew by {grown_mib} MiB"
+    );
+    let r = c.call(&[b"GET", b"big"]).await;
+    assert!(r.payload == bulk(&[47u8; 4 << 20]), "the last value");
 }

@@ -153,14 +153,19 @@ impl StateMachine {
                 }
                 At::Dedup(pos) => {
                     let n = self.dedup.len();
-                    for (topic, corr, cached) in self.dedup.iter().skip(*pos) {
+                    for item in self.dedup.iter().skip(*pos) {
                         if w.0.len() >= max_bytes {
                             break;
                         }
-                        w.str(topic);
-                        w.bytes(corr);
-                        w.u64(cached.expires_at);
-                        w.message(&self.cached_message(topic, corr, &cached.reply));
+                        w.opt(item.client, Writer::str);
+                        w.str(item.topic);
+                        w.bytes(item.correlation);
+                        w.u64(item.cached.expires_at);
+                        w.message(&self.cached_message(
+                            item.topic,
+                            item.correlation,
+                            &item.cached.reply,
+                        ));
                         *pos += 1;
                     }
                     if *pos >= n {
@@ -205,18 +210,20 @@ impl StateMachine {
         let dedup_len: usize = self
             .dedup
             .iter()
-            .map(|(topic, corr, cached)| {
-                let extra: usize = cached
+            .map(|item| {
+                let extra: usize = item
+                    .cached
                     .reply
                     .extra
                     .iter()
                     .map(|(n, v)| 8 + n.len() + v.len())
                     .sum();
-                2 * (4 + topic.len())
-                    + 2 * (5 + corr.len())
+                5 + item.client.map_or(0, str::len)
+                    + 2 * (4 + item.topic.len())
+                    + 2 * (5 + item.correlation.len())
                     + 8
                     + 4
-                    + cached.reply.payload.len()
+                    + item.cached.reply.payload.len()
                     + extra
                     + 160
                     + 2 * node
@@ -255,6 +262,7 @@ impl StateMachine {
                 self.table.remove(key);
             }
             Record::Reply {
+                client,
                 topic,
                 correlation,
                 forget_at,
@@ -267,6 +275,7 @@ impl StateMachine {
                 }
                 let reply = reply_of(&reply, Error::BadRecord)?;
                 self.dedup.insert(
+                    client.as_deref(),
                     &topic,
                     correlation,
                     Cached {
@@ -376,6 +385,7 @@ impl Visitor for Restored {
     }
     fn reply(
         &mut self,
+        client: Option<&str>,
         topic: &str,
         correlation: &[u8],
         expires_at: u64,
@@ -383,7 +393,80 @@ impl Visitor for Restored {
     ) -> Result<(), Error> {
         let reply = reply_of(&reply, Error::BadSnapshot)?;
         self.dedup
-            .insert(topic, correlation, Cached { expires_at, reply });
+            .insert(client, topic, correlation, Cached { expires_at, reply });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::dedup::MAX_CLIENT_BYTES;
+
+    fn cached(at: u64) -> Cached {
+        Cached {
+            expires_at: at,
+            reply: Reply::ok(vec![1u8; 16 << 10], None),
+        }
+    }
+
+    /// Each cached reply keeps the client it is charged to through a
+    /// snapshot and through journal replay (format v2 / kind 5), so a
+    /// restarted store bounds each client as before; a version 1 snapshot
+    /// (no clients) still restores, its replies charged to their topics.
+    #[test]
+    fn clients_of_cached_replies_survive_a_restart() {
+        let mut sm = StateMachine::new(Config::default()).expect("config");
+        for i in 0..300u32 {
+            sm.dedup.insert(
+                Some("flooder"),
+                &format!("t/{i}"),
+                b"c",
+                cached(1_000 + u64::from(i)),
+            );
+        }
+        sm.dedup.insert(None, "anon", b"c", cached(5_000));
+        let held = sm.dedup.client_bytes(Some("flooder"), "");
+        assert!(
+            held <= MAX_CLIENT_BYTES && held > MAX_CLIENT_BYTES / 2,
+            "{held}"
+        );
+        let restored = StateMachine::restore(Config::default(), &sm.snapshot()).expect("restore");
+        assert_eq!(restored.dedup.client_bytes(Some("flooder"), ""), held);
+        assert_eq!(restored.dedup.len(), sm.dedup.len());
+        assert!(restored.dedup.client_bytes(None, "anon") > 0);
+
+        // Replay of kind 5 records charges the client too.
+        let mut replayed = StateMachine::new(Config::default()).expect("config");
+        for item in sm.dedup.iter() {
+            let m = sm.cached_message(item.topic, item.correlation, &item.cached.reply);
+            let record = journal::reply(
+                item.client,
+                item.topic,
+                item.correlation,
+                item.cached.expires_at,
+                &m,
+            );
+            replayed.replay(&record).expect("replay");
+        }
+        assert_eq!(replayed.dedup.client_bytes(Some("flooder"), ""), held);
+
+        // Format version 1: the same items without their client.
+        let mut w = Writer::new();
+        w.0.extend_from_slice(crate::snapshot::MAGIC);
+        w.u32(1);
+        w.u64(0);
+        w.u64(0);
+        w.u64(0); // keys
+        w.u64(0); // registrations
+        w.u64(1);
+        w.str("t/old");
+        w.bytes(b"c");
+        w.u64(9_000);
+        w.message(&sm.cached_message("t/old", b"c", &cached(0).reply));
+        let old = w.finish_with_crc();
+        let mut restored = StateMachine::restore(Config::default(), &old).expect("a v1 snapshot");
+        assert!(restored.dedup.get("t/old", b"c", 0).is_some());
+        assert!(restored.dedup.client_bytes(None, "t/old") > 16 << 10);
     }
 }

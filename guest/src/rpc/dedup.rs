@@ -9,11 +9,16 @@
 //! maps of long, shared-prefix topics.
 //!
 //! Bounded: the cache counts the bytes it holds (each entry's correlation
-//! data and reply, each topic's name, and a fixed overhead per entry and per
-//! topic). Past [`MAX_TOPIC_BYTES`] under one response topic (one client)
-//! that topic's entries nearest their deadline go; past [`MAX_BYTES`] in
-//! all, the cache's entries nearest their deadline go. A forgotten entry only means that a retry of
-//! its request is executed again; its client is the one that flooded.
+//! data and reply, each topic's name, and a fixed overhead per entry, per
+//! topic and per client). Every entry is charged to the client that made
+//! it: the one a broker vouches for or its response topic names (the
+//! `client` of [`DedupCache::insert`]), else its response topic alone (as
+//! far as the store can tell, one client). Past [`MAX_CLIENT_BYTES`] for one
+//! client, whatever response topics it spreads its requests over, that
+//! client's entries nearest their deadline go; past [`MAX_BYTES`] in all,
+//! the cache's entries nearest their deadline go. A forgotten entry only
+//! means that a retry of its request is executed again; a client that
+//! floods forgets its own replies, not the others'.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
@@ -34,12 +39,14 @@ pub struct Cached {
     pub reply: Reply,
 }
 
-/// One cached reply under its topic, with its insertion number.
+/// One cached reply under its topic, with its insertion number and the
+/// key of the owner it is charged to.
 #[derive(Debug, Clone)]
 struct Entry {
     correlation: Box<[u8]>,
     cached: Cached,
     seq: u64,
+    owner: Str,
 }
 
 /// One response topic and its replies by correlation data.
@@ -47,10 +54,18 @@ struct Entry {
 struct Topic {
     name: Str,
     replies: HashTable<Entry>,
-    /// Bytes counted for the topic and its entries.
+}
+
+/// What one client (or one unattributed response topic) holds.
+#[derive(Debug, Clone)]
+struct Owner {
+    /// [`owner_key`].
+    key: Str,
+    /// Bytes charged to it: its entries, each with its topic's name, and
+    /// its own overhead.
     bytes: usize,
     /// Its entries' keys in the deadline index, nearest first: what goes
-    /// when the topic is past its bound (an order that replay and restore
+    /// when it is past its bound (an order that replay and restore
     /// rebuild, unlike insertion order).
     by_deadline: BTreeSet<(u64, u64)>,
 }
@@ -60,14 +75,17 @@ type Key = (Str, Box<[u8]>);
 
 /// The most bytes the whole cache holds.
 pub const MAX_BYTES: usize = 32 << 20;
-/// The most bytes the cache holds under one response topic.
-pub const MAX_TOPIC_BYTES: usize = 4 << 20;
+/// The most bytes the cache holds for one client, over all its response
+/// topics.
+pub const MAX_CLIENT_BYTES: usize = 4 << 20;
 /// What an entry costs beyond its correlation data (held twice: in its
 /// topic and in the deadline index) and reply payload: its slots in two
 /// tables and two ordered indexes, the reply's fields.
 const ENTRY_OVERHEAD: usize = 192;
 /// What a topic costs beyond its name.
 const TOPIC_OVERHEAD: usize = 64;
+/// What an owner costs beyond its key.
+const OWNER_OVERHEAD: usize = 64;
 
 /// The bytes an entry is counted for.
 fn entry_bytes(correlation: &[u8], cached: &Cached) -> usize {
@@ -78,6 +96,20 @@ fn entry_bytes(correlation: &[u8], cached: &Cached) -> usize {
         .map(|(n, v)| n.len() + v.len())
         .sum();
     ENTRY_OVERHEAD + 2 * correlation.len() + cached.reply.payload.len() + extra
+}
+
+/// The key an entry's owner is found by: `c` and the client's identity, or
+/// `t` and the response topic when no client is known (the two never meet).
+fn owner_key(client: Option<&str>, response_topic: &str) -> String {
+    match client {
+        Some(id) => format!("c{id}"),
+        None => format!("t{response_topic}"),
+    }
+}
+
+/// The client of an owner key, if it names one.
+fn client_of(key: &str) -> Option<&str> {
+    key.strip_prefix('c')
 }
 
 /// Mixed into the host's seed.
@@ -91,12 +123,13 @@ const HASH_SEED: u64 = 0x6465_6475_7063_6163;
 #[derive(Debug, Clone)]
 pub struct DedupCache {
     topics: HashTable<Topic>,
+    owners: HashTable<Owner>,
     /// (deadline, insertion number) -> (topic, correlation).
     deadlines: BTreeMap<(u64, u64), Key>,
     hasher: FixedState,
     seq: u64,
     len: usize,
-    /// Bytes counted for every topic and entry.
+    /// Bytes counted for every topic, owner and entry.
     bytes: usize,
     /// The topic the last probe found, and its hash: a client's requests
     /// come in runs, and comparing with it costs less than hashing the
@@ -122,12 +155,26 @@ pub struct Probe<'c> {
     pub cached: Option<&'c Cached>,
 }
 
+/// One cached reply as [`DedupCache::iter`] lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct Item<'c> {
+    /// The request's response topic.
+    pub topic: &'c str,
+    /// Its correlation data.
+    pub correlation: &'c [u8],
+    /// The client it is charged to, if one was known.
+    pub client: Option<&'c str>,
+    /// The reply and when it is forgotten.
+    pub cached: &'c Cached,
+}
+
 impl DedupCache {
     /// An empty cache whose hashes are keyed by `seed` (the host's
     /// `hash-seed`, so that peers cannot aim for collisions).
     pub fn with_seed(seed: u64) -> DedupCache {
         DedupCache {
             topics: HashTable::new(),
+            owners: HashTable::new(),
             deadlines: BTreeMap::new(),
             hasher: FixedState::with_seed(seed ^ HASH_SEED),
             seq: 0,
@@ -192,16 +239,24 @@ impl DedupCache {
         self.probe(response_topic, Some(correlation), now).cached
     }
 
-    /// Remembers a reply, then forgets the oldest entries while the cache
-    /// (or this topic) holds more than its bound.
-    pub fn insert(&mut self, response_topic: &str, correlation: &[u8], cached: Cached) {
-        self.put(response_topic, correlation, cached);
-        let hash = self.hash(response_topic.as_bytes());
-        while let Some(topic) = self.topics.find(hash, |t| *t.name == *response_topic)
-            && topic.bytes > MAX_TOPIC_BYTES
+    /// Remembers a reply made for `client` (the identity a broker or the
+    /// response topic vouches for; `None` when nobody does), then forgets
+    /// the oldest entries while that client (or the cache) holds more than
+    /// its bound.
+    pub fn insert(
+        &mut self,
+        client: Option<&str>,
+        response_topic: &str,
+        correlation: &[u8],
+        cached: Cached,
+    ) {
+        let owner = self.put(client, response_topic, correlation, cached);
+        let hash = self.hash(owner.as_bytes());
+        while let Some(o) = self.owners.find(hash, |o| o.key == owner)
+            && o.bytes > MAX_CLIENT_BYTES
         {
-            // The topic's entry nearest its deadline.
-            let Some(&key) = topic.by_deadline.first() else {
+            // The owner's entry nearest its deadline.
+            let Some(&key) = o.by_deadline.first() else {
                 break;
             };
             self.forget(key);
@@ -214,14 +269,42 @@ impl DedupCache {
         }
     }
 
-    /// Remembers a reply, unbounded.
-    fn put(&mut self, response_topic: &str, correlation: &[u8], cached: Cached) {
+    /// Remembers a reply, unbounded; returns its owner's key.
+    fn put(
+        &mut self,
+        client: Option<&str>,
+        response_topic: &str,
+        correlation: &[u8],
+        cached: Cached,
+    ) -> Str {
         let at = cached.expires_at;
+        // Its owner is charged for its topic's name too: a client cannot
+        // spread long topics for free.
         let size = entry_bytes(correlation, &cached);
+        let charge = size + response_topic.len();
         self.seq += 1;
         let seq = self.seq;
         let hasher = self.hasher.clone();
         let hash = |b: &[u8]| hasher.hash_one(b);
+        let key = owner_key(client, response_topic);
+        let owner_hash = hash(key.as_bytes());
+        let owner = match self.owners.find_mut(owner_hash, |o| *o.key == *key) {
+            Some(owner) => owner,
+            None => {
+                let owner = Owner {
+                    bytes: OWNER_OVERHEAD + key.len(),
+                    key: Str::from(key),
+                    by_deadline: BTreeSet::new(),
+                };
+                self.bytes += owner.bytes;
+                self.owners
+                    .insert_unique(owner_hash, owner, |o| hash(o.key.as_bytes()))
+                    .into_mut()
+            }
+        };
+        owner.bytes += charge;
+        owner.by_deadline.insert((at, seq));
+        let owner_name = owner.key.clone();
         let topic_hash = hash(response_topic.as_bytes());
         let topic = match self
             .topics
@@ -232,10 +315,8 @@ impl DedupCache {
                 let topic = Topic {
                     name: Str::from(response_topic),
                     replies: HashTable::new(),
-                    bytes: TOPIC_OVERHEAD + response_topic.len(),
-                    by_deadline: BTreeSet::new(),
                 };
-                self.bytes += topic.bytes;
+                self.bytes += TOPIC_OVERHEAD + response_topic.len();
                 self.topics
                     .insert_unique(topic_hash, topic, |t| hash(t.name.as_bytes()))
                     .into_mut()
@@ -247,6 +328,7 @@ impl DedupCache {
             correlation: correlation.into(),
             cached,
             seq,
+            owner: owner_name.clone(),
         };
         let old = match topic
             .replies
@@ -260,20 +342,33 @@ impl DedupCache {
                 None
             }
         };
-        topic.bytes += size;
         self.bytes += size;
-        topic.by_deadline.insert((at, seq));
         match old {
             Some(old) => {
                 let freed = entry_bytes(&old.correlation, &old.cached);
-                topic.bytes -= freed;
                 self.bytes -= freed;
-                topic.by_deadline.remove(&(old.cached.expires_at, old.seq));
-                self.deadlines.remove(&(old.cached.expires_at, old.seq));
+                let old_key = (old.cached.expires_at, old.seq);
+                self.deadlines.remove(&old_key);
+                self.discharge(&old.owner, old_key, freed + response_topic.len());
             }
             None => self.len += 1,
         }
         self.deadlines.insert((at, seq), (name, correlation.into()));
+        owner_name
+    }
+
+    /// Takes an entry's charge off its owner, which goes once it holds none.
+    fn discharge(&mut self, owner: &Str, key: (u64, u64), charge: usize) {
+        let hash = self.hash(owner.as_bytes());
+        if let Ok(mut o) = self.owners.find_entry(hash, |o| o.key == *owner) {
+            let o_mut = o.get_mut();
+            o_mut.bytes -= charge;
+            o_mut.by_deadline.remove(&key);
+            if o_mut.by_deadline.is_empty() {
+                let (gone, _) = o.remove();
+                self.bytes -= gone.bytes;
+            }
+        }
     }
 
     /// Forgets what expired at `now`, at most `max` entries; returns how
@@ -302,6 +397,7 @@ impl DedupCache {
         let Ok(mut topic) = self.topics.find_entry(topic_hash, |t| t.name == name) else {
             return;
         };
+        let mut gone_entry = None;
         if let Ok(reply) = topic
             .get_mut()
             .replies
@@ -309,23 +405,33 @@ impl DedupCache {
         {
             let (entry, _) = reply.remove();
             let freed = entry_bytes(&entry.correlation, &entry.cached);
-            topic.get_mut().bytes -= freed;
-            topic.get_mut().by_deadline.remove(&key);
             self.bytes -= freed;
             self.len -= 1;
+            gone_entry = Some((entry.owner, freed));
         }
         if topic.get().replies.is_empty() {
             let (gone, _) = topic.remove();
-            self.bytes -= gone.bytes;
+            self.bytes -= TOPIC_OVERHEAD + gone.name.len();
             if self.last.as_ref().is_some_and(|(n, _)| *n == gone.name) {
                 self.last = None;
             }
+        }
+        if let Some((owner, freed)) = gone_entry {
+            self.discharge(&owner, key, freed + name.len());
         }
     }
 
     /// Bytes counted for every entry and topic held.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Bytes charged to `client` (its entries, whatever their topics).
+    pub fn client_bytes(&self, client: Option<&str>, response_topic: &str) -> usize {
+        let key = owner_key(client, response_topic);
+        self.owners
+            .find(self.hash(key.as_bytes()), |o| *o.key == *key)
+            .map_or(0, |o| o.bytes)
     }
 
     /// When the next entry is forgotten.
@@ -335,17 +441,20 @@ impl DedupCache {
 
     /// Every entry, ordered by response topic then correlation data (so
     /// that a snapshot's bytes do not depend on the hash seed).
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8], &Cached)> {
-        let mut all: Vec<(&str, &[u8], &Cached)> = self
+    pub fn iter(&self) -> impl Iterator<Item = Item<'_>> {
+        let mut all: Vec<Item<'_>> = self
             .topics
             .iter()
             .flat_map(|t| {
-                t.replies
-                    .iter()
-                    .map(move |r| (&*t.name, &*r.correlation, &r.cached))
+                t.replies.iter().map(move |r| Item {
+                    topic: &t.name,
+                    correlation: &r.correlation,
+                    client: client_of(&r.owner),
+                    cached: &r.cached,
+                })
             })
             .collect();
-        all.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        all.sort_unstable_by(|a, b| (a.topic, a.correlation).cmp(&(b.topic, b.correlation)));
         all.into_iter()
     }
 
@@ -374,9 +483,9 @@ mod tests {
     #[test]
     fn insert_get_replace_evict() {
         let mut c = DedupCache::with_seed(7);
-        c.insert("a/b", b"1", cached("a/b", 1, 100));
-        c.insert("a/b", b"2", cached("a/b", 2, 200));
-        c.insert("c", b"1", cached("c", 3, 150));
+        c.insert(None, "a/b", b"1", cached("a/b", 1, 100));
+        c.insert(None, "a/b", b"2", cached("a/b", 2, 200));
+        c.insert(None, "c", b"1", cached("c", 3, 150));
         assert_eq!(c.len(), 3);
         assert_eq!(c.get("a/b", b"1", 99).map(|c| c.reply.payload[0]), Some(1));
         assert_eq!(c.get("a/b", b"1", 100), None, "expired at its deadline");
@@ -387,7 +496,7 @@ mod tests {
         assert_eq!(known(&mut c, "a/b").as_deref(), Some("a/b"), "remembered");
         assert_eq!(known(&mut c, "a/bc"), None);
         // Replacing keeps one entry and moves its deadline.
-        c.insert("a/b", b"1", cached("a/b", 4, 300));
+        c.insert(None, "a/b", b"1", cached("a/b", 4, 300));
         assert_eq!(c.len(), 3);
         assert_eq!(c.next_deadline(), Some(150));
         c.evict(150, usize::MAX);
@@ -401,7 +510,7 @@ mod tests {
         assert_eq!(c.next_deadline(), None);
         assert_eq!(known(&mut c, "a/b"), None, "the remembered topic went too");
         // Back under a new buffer: found by name again.
-        c.insert("a/b", b"9", cached("a/b", 9, 400));
+        c.insert(None, "a/b", b"9", cached("a/b", 9, 400));
         assert_eq!(c.get("a/b", b"9", 0).map(|c| c.reply.payload[0]), Some(9));
         assert_eq!(c.get("a/b", b"9", 0).map(|c| c.reply.payload[0]), Some(9));
     }
@@ -416,9 +525,14 @@ mod tests {
             reply: Reply::ok(vec![0u8; 64 << 10], None),
         };
         let mut c = DedupCache::with_seed(3);
-        c.insert("quiet", b"q", cached("quiet", 1, 10_000));
+        c.insert(None, "quiet", b"q", cached("quiet", 1, 10_000));
         for i in 0..200u32 {
-            c.insert("flood", &i.to_be_bytes(), big(i, 20_000 + u64::from(i)));
+            c.insert(
+                None,
+                "flood",
+                &i.to_be_bytes(),
+                big(i, 20_000 + u64::from(i)),
+            );
             assert!(c.bytes() <= MAX_BYTES);
         }
         assert!(
@@ -436,13 +550,14 @@ mod tests {
         let per_entry = (64 << 10) + ENTRY_OVERHEAD + 8;
         assert_eq!(
             c.len(),
-            1 + MAX_TOPIC_BYTES.saturating_sub(TOPIC_OVERHEAD + 5) / per_entry
+            1 + MAX_CLIENT_BYTES.saturating_sub(OWNER_OVERHEAD + 6) / (per_entry + 5)
         );
         // Many clients: the whole cache is bounded.
         for t in 0..20u32 {
             let topic = format!("client-{t}");
             for i in 0..60u32 {
                 c.insert(
+                    None,
                     &topic,
                     &i.to_be_bytes(),
                     big(i, 30_000 + u64::from(t * 100 + i)),
@@ -470,9 +585,9 @@ mod tests {
         };
         let mut c = DedupCache::with_seed(5);
         // A long-lived entry first, then short-lived ones past the bound.
-        c.insert("t", b"long", entry(1_000_000));
+        c.insert(None, "t", b"long", entry(1_000_000));
         for i in 0..100u32 {
-            c.insert("t", &i.to_be_bytes(), entry(1_000 + u64::from(i)));
+            c.insert(None, "t", &i.to_be_bytes(), entry(1_000 + u64::from(i)));
         }
         assert!(
             c.get("t", b"long", 0).is_some(),
@@ -482,16 +597,69 @@ mod tests {
         assert!(c.get("t", &99u32.to_be_bytes(), 0).is_some());
     }
 
+    /// A client is bounded over all its response topics: spreading its
+    /// requests over new topics forgets its own oldest entries, never
+    /// another client's, and the topics and owners it leaves are counted
+    /// off again.
+    #[test]
+    fn a_client_is_bounded_whatever_topics_it_uses() {
+        let entry = |at: u64| Cached {
+            expires_at: at,
+            reply: Reply::ok(vec![0u8; 16 << 10], None),
+        };
+        let mut c = DedupCache::with_seed(9);
+        c.insert(Some("quiet"), "clients/quiet/r", b"q", entry(1_000));
+        for i in 0..2_000u32 {
+            let topic = format!("flood/{i}");
+            c.insert(Some("flooder"), &topic, b"x", entry(2_000 + u64::from(i)));
+            assert!(c.client_bytes(Some("flooder"), "") <= MAX_CLIENT_BYTES);
+        }
+        assert!(
+            c.get("clients/quiet/r", b"q", 0).is_some(),
+            "the quiet client keeps its entry"
+        );
+        assert!(c.get("flood/1999", b"x", 0).is_some(), "the newest stays");
+        assert!(c.get("flood/0", b"x", 0).is_none(), "the oldest went");
+        assert!(c.bytes() < MAX_CLIENT_BYTES + (64 << 10), "{}", c.bytes());
+        // Unattributed requests are bounded per topic, apart from clients.
+        c.insert(None, "flood/1999", b"y", entry(5_000));
+        assert!(c.get("flood/1999", b"x", 0).is_some());
+        assert_eq!(c.iter().filter(|i| i.client.is_none()).count(), 1);
+        assert!(c.iter().filter(|i| i.client == Some("flooder")).count() > 200);
+        // Another client replacing an entry takes its charge over.
+        c.insert(Some("quiet"), "flood/1999", b"x", entry(6_000));
+        assert_eq!(
+            c.iter()
+                .find(|i| i.topic == "flood/1999" && i.correlation == b"x")
+                .and_then(|i| i.client),
+            Some("quiet")
+        );
+        c.evict(u64::MAX, usize::MAX);
+        assert_eq!((c.len(), c.bytes()), (0, 0));
+        assert_eq!(c.client_bytes(Some("flooder"), ""), 0);
+    }
+
     #[test]
     fn iteration_is_ordered_whatever_the_seed() {
         let fill = |seed| {
             let mut c = DedupCache::with_seed(seed);
             for i in (0..50u8).rev() {
                 let topic = format!("t/{}", i % 7);
-                c.insert(&topic, &[i, 1], cached(&topic, i, 1000 + u64::from(i)));
+                c.insert(
+                    None,
+                    &topic,
+                    &[i, 1],
+                    cached(&topic, i, 1000 + u64::from(i)),
+                );
             }
             c.iter()
-                .map(|(t, corr, c)| (t.to_string(), corr.to_vec(), c.reply.payload[0]))
+                .map(|i| {
+                    (
+                        i.topic.to_string(),
+                        i.correlation.to_vec(),
+                        i.cached.reply.payload[0],
+                    )
+                })
                 .collect::<Vec<_>>()
         };
         let a = fill(1);
