@@ -19,6 +19,7 @@ mod bindings;
 pub mod cache;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 mod convert;
 pub mod driver;
@@ -93,6 +94,10 @@ pub trait Backend {
     fn timeout(&mut self, now: u64) -> Result<Vec<Output>, GuestError> {
         self.handle(&[], now)
     }
+    /// One call with a batch already in the guest's encoding
+    /// (`wit/WIRE.md`, what a replicated log carries): its outputs as the
+    /// guest made them (a trailing [`Output::More`] is left to the caller).
+    fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError>;
     /// When [`Backend::timeout`] is next due.
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError>;
     /// The whole state.
@@ -126,6 +131,10 @@ impl NativeStore {
 impl Backend for NativeStore {
     fn handle(&mut self, inputs: &[Input<'_>], now: u64) -> Result<Vec<Output>, GuestError> {
         Ok(self.0.step(inputs, now))
+    }
+    fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
+        let out = self.0.handle_wire(batch, now)?;
+        statestore_guest::wire::decode_outputs(&out).map_err(GuestError::BadOutputs)
     }
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {
         Ok(self.0.next_deadline())

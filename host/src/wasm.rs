@@ -644,6 +644,16 @@ impl Backend for WasmStore {
         self.call(inputs, now, false)
     }
 
+    fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
+        self.arm(false);
+        let api = self.guest.statestore_core_store().store();
+        let out = api
+            .call_handle_wire(&mut self.store, self.handle, batch, now)
+            .map_err(failed)?
+            .map_err(refused)?;
+        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+    }
+
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {
         self.arm(false);
         let api = self.guest.statestore_core_store().store();

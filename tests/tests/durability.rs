@@ -360,7 +360,9 @@ fn newer_formats_are_refused_with_a_clear_error() {
         .find(|p| p.extension().is_some_and(|x| x == "snap"))
         .expect("a snapshot");
     let mut data = std::fs::read(&snap).expect("read");
-    data[8] = 2; // snapshot format 2
+    // A format newer than this build's.
+    let newer = statestore_guest::snapshot::FORMAT_VERSION + 1;
+    data[8] = u8::try_from(newer).expect("small");
     let n = data.len() - 4;
     let crc = crc32(&data[..n]);
     data[n..].copy_from_slice(&crc.to_le_bytes());
@@ -371,16 +373,18 @@ fn newer_formats_are_refused_with_a_clear_error() {
             err,
             JournalError::NewerSnapshot {
                 source: statestore::GuestError::Refused(
-                    statestore_guest::Error::UnsupportedVersion(2)
+                    statestore_guest::Error::UnsupportedVersion(v)
                 ),
                 ..
-            }
+            } if v == newer
         ),
         "{err:?}"
     );
     let err = anyhow::Error::from(err);
     assert!(
-        format!("{err:#}").contains("format version 2 is newer than this build understands"),
+        format!("{err:#}").contains(&format!(
+            "format version {newer} is newer than this build understands"
+        )),
         "{err:#}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,0 +1,465 @@
+//! The whole cluster in one thread, under a simulated clock and network,
+//! replayable from a seed (the FoundationDB / TigerBeetle way): replicas
+//! with the native build of the guest, a network that loses, delays and
+//! reorders messages and cuts one replica off for a while, replicas that
+//! crash and restart from their log, clocks that are skewed and jump.
+//!
+//! Checked in every run:
+//! - **Determinism**: every replica that applies log entry `i` makes
+//!   exactly the outputs every other replica made of it (and itself, after
+//!   a restart).
+//! - **No acknowledged write is lost**: every SET a client got `+OK` for
+//!   reads back (GET through the log, on whichever replica leads) with its
+//!   value, during the run and after it.
+//! - **Same prefix, same state**: once faults stop and every replica has
+//!   applied the same index, their snapshots are identical.
+//!
+//! A failure names its seed; `run(seed, ..)` replays it exactly (the
+//! replicas' election timeouts are fixed per replica, and everything random
+//! comes from the seed).
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Result, bail};
+use raft::prelude::Message;
+use raft::storage::MemStorage;
+use statestore_guest::rpc::REQUEST_TOPIC;
+
+use super::{Applied, Replica, Timing, new_storage};
+use crate::{Backend, Config, InboundMessage, Input, NativeStore, Output};
+
+/// A tick of simulated time, ms.
+const TICK_MS: u64 = 10;
+/// Simulated time starts here (ms since the epoch).
+const T0: u64 = 1_700_000_000_000;
+
+/// What a run does.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Replicas (3 or 5).
+    pub replicas: usize,
+    /// Ticks with faults and load.
+    pub ticks: u64,
+    /// Per mille of messages lost.
+    pub loss: u64,
+    /// Longest delay of a message, ticks (delays reorder).
+    pub max_delay: u64,
+    /// Per mille chance per tick that a replica crashes (at most one down).
+    pub crash: u64,
+    /// Per mille chance per tick that a replica is cut off for a while.
+    pub partition: u64,
+    /// Per mille chance per tick of a client request.
+    pub load: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            replicas: 3,
+            ticks: 1_500,
+            loss: 50,
+            max_delay: 5,
+            crash: 4,
+            partition: 4,
+            load: 500,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// SETs acknowledged `+OK`.
+    pub acknowledged: usize,
+    /// GETs of acknowledged keys that were answered (and checked).
+    pub reads: usize,
+    /// Crashes and restarts.
+    pub crashes: usize,
+    /// Times the leader changed.
+    pub leader_changes: usize,
+    /// Log entries applied (on the replica that applied most).
+    pub applied: u64,
+    /// Timer entries (expiry proposed by the leader).
+    pub timeouts: usize,
+}
+
+/// splitmix64: every random choice of a run.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
+
+/// A request a client is waiting for.
+#[derive(Debug, Clone)]
+enum Op {
+    /// SET of key `n` to value `n`.
+    Set(u64),
+    /// GET of key `n`, acknowledged before the GET was sent.
+    Get(u64),
+    /// SET with a short PX of a key nobody checks (expiry entries).
+    Ttl,
+}
+
+struct Node {
+    replica: Option<Replica<NativeStore>>,
+    /// Its log and Raft state: what survives a crash.
+    storage: MemStorage,
+    /// Down until this tick.
+    down_until: u64,
+    /// Its clock's offset from simulated time, ms.
+    skew: i64,
+}
+
+fn config() -> Config {
+    Config::default()
+}
+
+fn key(n: u64) -> String {
+    format!("key-{n}")
+}
+
+fn request(parts: &[&[u8]], correlation: u64, now: u64) -> InboundMessage {
+    InboundMessage {
+        topic: REQUEST_TOPIC.into(),
+        payload: statestore_guest::resp3::request(parts),
+        qos: 1,
+        response_topic: Some("clients/sim/response".into()),
+        correlation_data: Some(correlation.to_be_bytes().to_vec()),
+        message_expiry_interval: Some(60),
+        content_type: None,
+        payload_format_indicator: None,
+        user_properties: vec![
+            ("__ts".into(), format!("{now:015}:00000:sim")),
+            ("__protVer".into(), "1.0".into()),
+        ],
+        client_id: Some("sim".into()),
+        received_at: None,
+        username: None,
+        attributes: Vec::new(),
+    }
+}
+
+/// Fixed, different election timeouts per replica: runs replay exactly.
+fn timing(id: u64) -> Timing {
+    let min = 10 + 3 * id as usize;
+    Timing {
+        heartbeat: 2,
+        election_min: min,
+        election_max: min + 1,
+    }
+}
+
+/// The reply to the request with `correlation` among `outputs`.
+fn reply_to(outputs: &[Output], correlation: u64) -> Option<&[u8]> {
+    outputs.iter().find_map(|o| match o {
+        Output::Publish(p)
+            if p.correlation_data.as_deref() == Some(&correlation.to_be_bytes()[..]) =>
+        {
+            Some(&p.payload[..])
+        }
+        _ => None,
+    })
+}
+
+/// Runs one seeded simulation; an error says which property broke.
+pub fn run(seed: u64, o: &Options) -> Result<Report> {
+    let mut rng = Rng(seed);
+    let ids: Vec<u64> = (1..=o.replicas as u64).collect();
+    let mut nodes: Vec<Node> = Vec::new();
+    for &id in &ids {
+        let storage = new_storage(&ids);
+        let replica = Replica::new(id, storage.clone(), NativeStore::new(config())?, timing(id))?;
+        nodes.push(Node {
+            replica: Some(replica),
+            storage,
+            down_until: 0,
+            skew: rng.below(4_000) as i64 - 2_000,
+        });
+    }
+    let mut report = Report::default();
+    // Messages in flight: (deliver at tick, message).
+    let mut net: Vec<(u64, Message)> = Vec::new();
+    // The replica cut off, and until when.
+    let mut cut: Option<(u64, u64)> = None;
+    // Outputs of each applied index, as the first replica made them.
+    let mut outputs_at: HashMap<u64, Vec<Output>> = HashMap::new();
+    // Requests waiting for their reply: correlation -> (op, origin).
+    let mut pending: BTreeMap<u64, (Op, u64)> = BTreeMap::new();
+    let mut acknowledged: Vec<u64> = Vec::new();
+    let mut next_corr = 0u64;
+    let mut next_key = 0u64;
+    let mut last_leader = 0u64;
+    let mut timer_pending = false;
+
+    let total = o.ticks + 3_000; // the tail: faults stop, the cluster settles
+    for tick in 0..total {
+        let faults = tick < o.ticks;
+        let now_ms = T0 + tick * TICK_MS;
+        // Faults.
+        if faults {
+            let down = nodes.iter().filter(|n| n.replica.is_none()).count();
+            if down == 0 && rng.chance(o.crash) {
+                let i = rng.below(nodes.len() as u64) as usize;
+                nodes[i].replica = None;
+                nodes[i].down_until = tick + 20 + rng.below(200);
+                report.crashes += 1;
+                // What it had in flight is gone; its clients' requests are
+                // lost with it (they would retry).
+                pending.retain(|_, (_, origin)| *origin != ids[i]);
+            }
+            if cut.is_none() && rng.chance(o.partition) {
+                cut = Some((
+                    ids[rng.below(ids.len() as u64) as usize],
+                    tick + 50 + rng.below(300),
+                ));
+            }
+            if rng.chance(2) {
+                // A clock jump on one replica.
+                let i = rng.below(nodes.len() as u64) as usize;
+                nodes[i].skew += rng.below(20_000) as i64 - 10_000;
+            }
+        } else {
+            cut = None;
+        }
+        if cut.is_some_and(|(_, until)| tick >= until) {
+            cut = None;
+        }
+        for (i, node) in nodes.iter_mut().enumerate() {
+            if node.replica.is_none() && tick >= node.down_until {
+                node.replica = Some(Replica::new(
+                    ids[i],
+                    node.storage.clone(),
+                    NativeStore::new(config())?,
+                    timing(ids[i]),
+                )?);
+            }
+        }
+        // Deliver what is due.
+        let mut due = Vec::new();
+        net.retain(|(at, m)| {
+            if *at <= tick {
+                due.push(m.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for m in due {
+            let blocked = cut.is_some_and(|(c, _)| m.from == c || m.to == c);
+            let node = &mut nodes[(m.to - 1) as usize];
+            if blocked {
+                continue;
+            }
+            if let Some(r) = node.replica.as_mut() {
+                // A stale or unexpected message is refused by Raft; that is
+                // the network's business, not a failure.
+                let _ = r.step(m);
+            }
+        }
+        // Ticks.
+        for node in nodes.iter_mut() {
+            if let Some(r) = node.replica.as_mut() {
+                r.tick();
+            }
+        }
+        // The leader.
+        let leader = nodes
+            .iter()
+            .filter_map(|n| n.replica.as_ref())
+            .filter(|r| r.is_leader())
+            .map(|r| r.id())
+            .max_by_key(|id| nodes[(*id - 1) as usize].replica.as_ref().map(|r| r.term()))
+            .unwrap_or(0);
+        if leader != 0 && leader != last_leader {
+            report.leader_changes += 1;
+            last_leader = leader;
+            timer_pending = false;
+        }
+        // Client load, at the leader (clients find it; forwarding comes later).
+        if faults && leader != 0 && rng.chance(o.load) {
+            let li = (leader - 1) as usize;
+            let clock = now_ms.saturating_add_signed(nodes[li].skew);
+            next_corr += 1;
+            let corr = next_corr;
+            let (op, msg) = match rng.below(10) {
+                0..=4 => {
+                    next_key += 1;
+                    let n = next_key;
+                    let (k, v) = (key(n), format!("value-{n}"));
+                    (
+                        Op::Set(n),
+                        request(&[b"SET", k.as_bytes(), v.as_bytes()], corr, now_ms),
+                    )
+                }
+                5..=8 if !acknowledged.is_empty() => {
+                    let n = acknowledged[rng.below(acknowledged.len() as u64) as usize];
+                    (
+                        Op::Get(n),
+                        request(&[b"GET", key(n).as_bytes()], corr, now_ms),
+                    )
+                }
+                _ => (
+                    Op::Ttl,
+                    request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
+                ),
+            };
+            let r = nodes[li].replica.as_mut().expect("the leader is up");
+            if r.propose(leader, &[Input::Message(&msg)], clock).is_ok() {
+                pending.insert(corr, (op, leader));
+            }
+        }
+        // Expiry: the leader proposes a timer entry once its guest is due.
+        if leader != 0 && !timer_pending {
+            let li = (leader - 1) as usize;
+            let clock = now_ms.saturating_add_signed(nodes[li].skew);
+            let r = nodes[li].replica.as_mut().expect("the leader is up");
+            if let Ok(Some(d)) = r.store_mut().next_deadline()
+                && d <= clock
+                && r.propose(leader, &[], clock).is_ok()
+            {
+                timer_pending = true;
+                report.timeouts += 1;
+            }
+        }
+        // Ready: persist, send, apply.
+        for node in nodes.iter_mut() {
+            let Some(r) = node.replica.as_mut() else {
+                continue;
+            };
+            let id = r.id();
+            let (messages, applied) = r.ready()?;
+            for m in messages {
+                if faults && rng.chance(o.loss) {
+                    continue;
+                }
+                let delay = 1 + if faults { rng.below(o.max_delay) } else { 0 };
+                net.push((tick + delay, m));
+            }
+            for a in applied {
+                check_deterministic(&mut outputs_at, id, &a)?;
+                report.applied = report.applied.max(a.index);
+                if a.origin == id && r_is_timer(&a) {
+                    timer_pending = false;
+                }
+                if a.origin != id {
+                    continue;
+                }
+                // The origin publishes the replies.
+                let corrs: Vec<u64> = pending.keys().copied().collect();
+                for corr in corrs {
+                    let Some(payload) = reply_to(&a.outputs, corr) else {
+                        continue;
+                    };
+                    let (op, _) = pending.remove(&corr).expect("pending");
+                    match op {
+                        Op::Set(n) => {
+                            if payload != b"+OK\r\n" {
+                                bail!(
+                                    "seed {seed}: SET of {} got {:?}",
+                                    key(n),
+                                    String::from_utf8_lossy(payload)
+                                );
+                            }
+                            acknowledged.push(n);
+                        }
+                        Op::Get(n) => {
+                            let v = format!("value-{n}");
+                            let want = format!("${}\r\n{v}\r\n", v.len());
+                            if payload != want.as_bytes() {
+                                bail!(
+                                    "seed {seed}: an acknowledged write was lost: GET {} at index {} got {:?}",
+                                    key(n),
+                                    a.index,
+                                    String::from_utf8_lossy(payload)
+                                );
+                            }
+                            report.reads += 1;
+                        }
+                        Op::Ttl => {}
+                    }
+                }
+            }
+        }
+    }
+    report.acknowledged = acknowledged.len();
+    // Settled: every replica up, the same index applied, the same state.
+    let applied: Vec<u64> = nodes
+        .iter()
+        .map(|n| n.replica.as_ref().map_or(0, Replica::applied))
+        .collect();
+    if applied.iter().any(|a| *a != applied[0]) {
+        bail!("seed {seed}: after settling, the replicas applied {applied:?}");
+    }
+    let mut snapshots = Vec::new();
+    for n in nodes.iter_mut() {
+        let r = n.replica.as_mut().expect("up after settling");
+        snapshots.push(r.store_mut().snapshot()?);
+    }
+    if snapshots.iter().any(|s| *s != snapshots[0]) {
+        bail!(
+            "seed {seed}: replicas at index {} hold different states",
+            applied[0]
+        );
+    }
+    // Every acknowledged key is in that state, with its value.
+    let mut check = nodes[0].replica.as_mut().expect("up").store_mut().clone();
+    for &n in &acknowledged {
+        let m = request(
+            &[b"GET", key(n).as_bytes()],
+            u64::MAX - n,
+            T0 + total * TICK_MS,
+        );
+        let out = check.handle_messages(&[m], T0 + total * TICK_MS)?;
+        let v = format!("value-{n}");
+        let want = format!("${}\r\n{v}\r\n", v.len());
+        if reply_to(&out, u64::MAX - n) != Some(want.as_bytes()) {
+            bail!(
+                "seed {seed}: acknowledged {} is not in the final state",
+                key(n)
+            );
+        }
+    }
+    Ok(report)
+}
+
+/// Whether an applied entry is a timer entry (no request in it).
+fn r_is_timer(a: &Applied) -> bool {
+    !a.outputs
+        .iter()
+        .any(|o| matches!(o, Output::Publish(p) if p.correlation_data.is_some()))
+}
+
+/// Every replica makes the same outputs of the same entry.
+fn check_deterministic(
+    seen: &mut HashMap<u64, Vec<Output>>,
+    replica: u64,
+    a: &Applied,
+) -> Result<()> {
+    match seen.get(&a.index) {
+        None => {
+            seen.insert(a.index, a.outputs.clone());
+        }
+        Some(first) if *first == a.outputs => {}
+        Some(first) => bail!(
+            "replica {replica} made other outputs of entry {} than another replica:\n{:?}\nvs\n{:?}",
+            a.index,
+            a.outputs,
+            first
+        ),
+    }
+    Ok(())
+}
