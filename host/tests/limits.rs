@@ -27,6 +27,29 @@ async fn client(port: u16, id: &str) -> RawClient {
     c
 }
 
+/// Subscribes a raw rumqttc client to `filter` (QoS 1) and polls its
+/// event loop until the SUBACK.
+async fn subscribed(
+    client: &rumqttc::v5::AsyncClient,
+    eventloop: &mut rumqttc::v5::EventLoop,
+    filter: &str,
+) {
+    use rumqttc::v5::Event;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    client
+        .subscribe(filter, QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::SubAck(_))) => return,
+            Ok(_) => {}
+            Err(e) => panic!("subscribing to {filter}: {e}"),
+        }
+    }
+}
+
 fn bulk(value: &[u8]) -> Vec<u8> {
     let mut out = format!("${}\r\n", value.len()).into_bytes();
     out.extend_from_slice(value);
@@ -341,17 +364,7 @@ async fn a_stalled_subscriber_holds_at_most_its_queue_bytes() {
         .set_clean_start(true)
         .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
     let (stalled, mut eventloop) = AsyncClient::new(o, 16);
-    stalled
-        .subscribe("feed/#", QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    loop {
-        match eventloop.poll().await {
-            Ok(Event::Incoming(Packet::SubAck(_))) => break,
-            Ok(_) => {}
-            Err(e) => panic!("the subscriber: {e}"),
-        }
-    }
+    subscribed(&stalled, &mut eventloop, "feed/#").await;
     // From here its event loop is not polled: nothing reads its socket.
     let before = server.rss_kib();
     let mut publisher = client(port, "publisher").await;
@@ -458,7 +471,6 @@ async fn a_memory_capped_durable_store_restarts_after_large_overwrites() {
 /// comes back within the cap, so sessions are kept at all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_expiry_is_cut_to_the_maximum() {
-    use rumqttc::v5::mqttbytes::QoS;
     use rumqttc::v5::mqttbytes::v5::{ConnAck, Packet};
     use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 
@@ -488,17 +500,7 @@ async fn session_expiry_is_cut_to_the_maximum() {
     if let Some(granted) = ack.properties.and_then(|p| p.session_expiry_interval) {
         assert!(granted <= 2, "the broker granted {granted} s");
     }
-    client
-        .subscribe("held/#", QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    loop {
-        match eventloop.poll().await {
-            Ok(Event::Incoming(Packet::SubAck(_))) => break,
-            Ok(_) => {}
-            Err(e) => panic!("subscribe: {e}"),
-        }
-    }
+    subscribed(&client, &mut eventloop, "held/#").await;
     leave(client, eventloop).await;
     // Back within the cap: the session is there.
     let (client, eventloop, ack) = connect(port, false).await;

@@ -142,13 +142,20 @@ async fn sdk(
     (client, exit)
 }
 
-/// `mosquitto_pub` over TLS (with a client certificate if given): whether it succeeded.
-fn mosquitto_pub(port: u16, pki: &TestPki, topic: &str, message: &str, cert: bool) -> bool {
-    let mut c = Command::new("mosquitto_pub");
+/// Debian's `mosquitto_pub` or `mosquitto_sub` (`tool`) speaking MQTT5 over
+/// TLS to `port`, trusting `pki`'s CA.
+fn mosquitto_tls(tool: &str, port: u16, pki: &TestPki) -> Command {
+    let mut c = Command::new(tool);
     c.args(["-h", "localhost", "-p", &port.to_string(), "-V", "mqttv5"])
         .arg("--cafile")
-        .arg(&pki.ca)
-        .args(["-t", topic, "-m", message, "-q", "1"]);
+        .arg(&pki.ca);
+    c
+}
+
+/// `mosquitto_pub` over TLS (with a client certificate if given): whether it succeeded.
+fn mosquitto_pub(port: u16, pki: &TestPki, topic: &str, message: &str, cert: bool) -> bool {
+    let mut c = mosquitto_tls("mosquitto_pub", port, pki);
+    c.args(["-t", topic, "-m", message, "-q", "1"]);
     if cert {
         c.arg("--cert")
             .arg(&pki.client_cert)
@@ -223,17 +230,7 @@ async fn clients_of_every_kind_over_tls_beside_the_plain_listener() {
     let _ = ss.shutdown().await;
     let _ = exit.try_exit();
     // mosquitto_sub / mosquitto_pub: ordinary MQTT over the TLS listener.
-    let sub = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "localhost",
-            "-p",
-            &server.tls.to_string(),
-            "-V",
-            "mqttv5",
-        ])
-        .arg("--cafile")
-        .arg(&pki.ca)
+    let sub = mosquitto_tls("mosquitto_sub", server.tls, &pki)
         .args(["-t", "plain/topic", "-C", "1", "-W", "10"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -270,17 +267,7 @@ async fn a_client_ca_requires_client_certificates() {
     );
     // A certificate another CA signed, for the same name: refused.
     let stranger = TestPki::new("mtls-stranger");
-    let ok = Command::new("mosquitto_pub")
-        .args([
-            "-h",
-            "localhost",
-            "-p",
-            &server.tls.to_string(),
-            "-V",
-            "mqttv5",
-        ])
-        .arg("--cafile")
-        .arg(&pki.ca)
+    let ok = mosquitto_tls("mosquitto_pub", server.tls, &pki)
         .arg("--cert")
         .arg(&stranger.client_cert)
         .arg("--key")
@@ -376,17 +363,7 @@ certificateAttributes:
 async fn a_spy_over_tls_receives_nothing_of_the_victim() {
     let pki = TestPki::new("tls-spy");
     let server = start(&pki, false).await;
-    let spy = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "localhost",
-            "-p",
-            &server.tls.to_string(),
-            "-V",
-            "mqttv5",
-        ])
-        .arg("--cafile")
-        .arg(&pki.ca)
+    let spy = mosquitto_tls("mosquitto_sub", server.tls, &pki)
         .args(["-i", "spy", "-t", "#", "-t", "clients/tls-victim/#"])
         // An ordinary topic it may read: proof that it listens.
         .args(["-t", "sensors/#", "-v"])

@@ -352,7 +352,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             for a in applied {
                 check_deterministic(&mut outputs_at, id, &a)?;
                 report.applied = report.applied.max(a.index);
-                if a.origin == id && r_is_timer(&a) {
+                if a.origin == id && is_timer(&a) {
                     timer_pending = false;
                 }
                 if a.origin != id {
@@ -437,7 +437,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
 }
 
 /// Whether an applied entry is a timer entry (no request in it).
-fn r_is_timer(a: &Applied) -> bool {
+fn is_timer(a: &Applied) -> bool {
     !a.outputs
         .iter()
         .any(|o| matches!(o, Output::Publish(p) if p.correlation_data.is_some()))
