@@ -725,6 +725,39 @@ pub fn decode_batch(buf: &[u8]) -> Result<Vec<InputRef<'_>>, Error> {
     Ok(inputs)
 }
 
+/// How many inputs a batch holds (0 if it is too short to say).
+pub fn batch_count(buf: &[u8]) -> usize {
+    buf.get(1..5).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize
+    })
+}
+
+/// The batch of the inputs of `buf` after its first `skip` (same format
+/// version): what a host hands the guest again after a call that stopped
+/// early ([`Output::More`]).
+pub fn batch_after(buf: &[u8], skip: usize) -> Result<Vec<u8>, Error> {
+    let (mut d, n) = Decoder::start(buf, BATCH_VERSIONS)?;
+    let skip = skip.min(n as usize);
+    for _ in 0..skip {
+        match buf[0] {
+            1 => {
+                d.message_ref(false)?;
+            }
+            2 => {
+                d.input(false)?;
+            }
+            _ => {
+                d.input(true)?;
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(5 + d.rest.len());
+    out.push(buf[0]);
+    out.extend_from_slice(&(n - skip as u32).to_le_bytes());
+    out.extend_from_slice(d.rest);
+    Ok(out)
+}
+
 /// How many of a call's `inputs` its `outputs` say were handled: a last
 /// [`Output::More`] of a call with inputs is taken off and names them (the
 /// caller calls again with the rest); a timer call's keeps it (more due).
@@ -788,6 +821,27 @@ pub fn utf8(b: &[u8]) -> Result<&str, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rest_of_a_batch_decodes_as_its_tail() {
+        let mut a = message();
+        a.payload = b"first".to_vec();
+        let mut b = message();
+        b.payload = b"second".to_vec();
+        let inputs = [
+            Input::Message(&a),
+            Input::Disconnected("gone"),
+            Input::Message(&b),
+        ];
+        let batch = encode_batch(&inputs);
+        assert_eq!(batch_count(&batch), 3);
+        let rest = batch_after(&batch, 1).expect("rest");
+        assert_eq!(batch_count(&rest), 2);
+        assert_eq!(rest, encode_batch(&inputs[1..]));
+        assert_eq!(batch_after(&batch, 3).expect("none"), encode_batch(&[]));
+        assert_eq!(batch_after(&batch, 9).expect("none"), encode_batch(&[]));
+        assert!(batch_after(&batch[..batch.len() - 1], 3).is_err());
+    }
 
     #[test]
     fn utf8_agrees_with_core() {

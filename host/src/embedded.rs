@@ -748,13 +748,32 @@ fn outbound(m: OutboundMessage) -> Publish {
 pub struct EmbeddedServer {
     scx: ServerContext,
     accept: tokio::task::JoinHandle<()>,
-    tenants: Vec<(Tenant, BrokerTransport, mpsc::UnboundedReceiver<Control>)>,
+    tenants: Vec<(Served, BrokerTransport, mpsc::UnboundedReceiver<Control>)>,
     handles: Vec<TenantHandle>,
     strangers: mpsc::Receiver<InboundMessage>,
     /// For the replies to clients of no tenant.
     reply_config: Config,
     local_addr: SocketAddr,
     tls: Option<TlsReload>,
+}
+
+/// What serves a tenant's clients (one per tenant, moved once: its size
+/// does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Served {
+    /// A store in this process.
+    Tenant(Tenant),
+    /// A replica of a cluster (`serve --cluster`).
+    Replica(Box<crate::cluster::node::Node>),
+}
+
+impl Served {
+    fn name(&self) -> &str {
+        match self {
+            Served::Tenant(t) => t.name(),
+            Served::Replica(_) => "default",
+        }
+    }
 }
 
 /// One tenant's side of the broker.
@@ -804,6 +823,35 @@ impl EmbeddedServer {
         listen: SocketAddr,
         server_client_id: &str,
         tenants: Vec<(Tenant, Route)>,
+        opts: BrokerOptions,
+    ) -> Result<EmbeddedServer> {
+        let served = tenants
+            .into_iter()
+            .map(|(t, r)| (Served::Tenant(t), r))
+            .collect();
+        EmbeddedServer::start_served(listen, server_client_id, served, opts).await
+    }
+
+    /// Starts the broker on `listen` with a replica of a cluster as its
+    /// store (`serve --cluster`): every client is its.
+    pub async fn start_replica(
+        listen: SocketAddr,
+        server_client_id: &str,
+        node: crate::cluster::node::Node,
+        opts: BrokerOptions,
+    ) -> Result<EmbeddedServer> {
+        let route = Route {
+            matcher: Matcher::default(),
+            default: true,
+        };
+        let served = vec![(Served::Replica(Box::new(node)), route)];
+        EmbeddedServer::start_served(listen, server_client_id, served, opts).await
+    }
+
+    async fn start_served(
+        listen: SocketAddr,
+        server_client_id: &str,
+        tenants: Vec<(Served, Route)>,
         opts: BrokerOptions,
     ) -> Result<EmbeddedServer> {
         let BrokerOptions {
@@ -967,14 +1015,24 @@ impl EmbeddedServer {
         } = self;
         let runs: Vec<_> = tenants
             .into_iter()
-            .map(|(mut tenant, mut transport, mut control)| {
-                let name = tenant.name().to_string();
+            .map(|(served, mut transport, mut control)| {
+                let name = served.name().to_string();
                 let run = move |stopped: std::pin::Pin<
                     Box<dyn std::future::Future<Output = ()> + Send>,
                 >| {
                     Box::pin(async move {
-                        crate::driver::drive(&mut tenant, &mut transport, &mut control, stopped)
-                            .await
+                        match served {
+                            Served::Tenant(mut tenant) => {
+                                crate::driver::drive(
+                                    &mut tenant,
+                                    &mut transport,
+                                    &mut control,
+                                    stopped,
+                                )
+                                .await
+                            }
+                            Served::Replica(node) => node.drive(&mut transport, stopped).await,
+                        }
                     })
                         as std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>
                 };

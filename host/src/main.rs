@@ -70,6 +70,9 @@ enum Command {
     /// Print one line per change of the keys (`KEY SET VALUE VERSION` or
     /// `KEY DELETE VERSION`) until Ctrl-C (or --count lines).
     Watch(WatchArgs),
+    /// Operate a cluster of replicas (`serve --cluster`).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Take the lease NAME, run COMMAND with its fencing token in
     /// $STATESTORE_FENCING_TOKEN (and $STATESTORE_LOCK_HOLDER), renewing the
     /// lease while it runs, then release it. Exits with the command's code
@@ -314,6 +317,21 @@ struct EchoArgs {
     topic: String,
 }
 
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Print each replica's role, term, commit and applied index, and its
+    /// lag behind the leader. Exit 0 if a leader is known and a majority
+    /// answered, else 1.
+    Status(ClusterStatusArgs),
+}
+
+#[derive(clap::Args)]
+struct ClusterStatusArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// Address of the embedded broker (when no --broker is given).
@@ -459,6 +477,15 @@ struct ServeArgs {
     /// again and, if it changed, switches to it while serving (hot upgrade).
     #[arg(long)]
     component: Option<PathBuf>,
+
+    /// Serve as one replica of a cluster (issue 20): this TOML file names
+    /// this replica (`id`), its `data_dir`, the shared `secret_file` and
+    /// every `[[replica]]` (`id`, `raft` address for the other replicas,
+    /// `mqtt` address of its embedded broker, where it listens). Writes are
+    /// acknowledged once a majority has them (durable under --fsync).
+    /// `scripts/cluster` starts three on loopback; see the README.
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER", conflicts_with_all = ["config", "data_dir", "broker"])]
+    cluster: Option<PathBuf>,
 
     /// Serve the tenants declared in this TOML file: each an isolated store
     /// with its own guest instance, journal and limits (see the README).
@@ -656,6 +683,15 @@ fn main() -> ExitCode {
             };
         }
         Command::Serve(args) => serve(*args),
+        Command::Cluster(ClusterCommand::Status(args)) => {
+            return match cluster_status(&args) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
         Command::Component(args) => component(args),
@@ -1176,6 +1212,9 @@ fn serve(args: ServeArgs) -> Result<()> {
              (client certificates), or pass --allow-insecure to do it anyway"
         );
     }
+    if let Some(path) = args.cluster.clone() {
+        return serve_cluster(args, &path);
+    }
     let specs = tenant_specs(&args, password.clone())?;
     let policy_cell = statestore::policy::PolicyCell::new(load_policy(&args)?);
     if args.authorization.is_some() && args.broker.is_some() {
@@ -1318,6 +1357,146 @@ fn serve(args: ServeArgs) -> Result<()> {
             })
             .collect();
         statestore::driver::supervise(runs, shutdown_signal()).await
+    })
+}
+
+/// `serve --cluster`: one replica, on its embedded broker.
+fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
+    use statestore::cluster::node::{ClusterFile, Node, Notify};
+    let file = ClusterFile::load(path)?;
+    let secret = file.secret()?;
+    let listen = file.me().mqtt.unwrap_or(args.listen);
+    if !listen.ip().is_loopback() && !args.allow_insecure && args.users_file.is_none() {
+        anyhow::bail!(
+            "refusing to listen on {listen} without authentication: anyone who can reach it could read and write every key (add --users-file, or --allow-insecure)"
+        );
+    }
+    let spec = cli_tenant(&args, None);
+    let mut spec_store = spec.store.clone();
+    if let Some(policy) = load_policy(&args)? {
+        spec_store.authorization = Some(policy.store_rules());
+    }
+    let mut guest = statestore::store::guest_config(&spec_store);
+    // The Raft log is the journal; every replica applies alike.
+    guest.persist = statestore::Persist::None;
+    guest.hash_seed = ClusterFile::hash_seed(&secret);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cache_dir = cache::default_dir().filter(|_| !args.no_cache);
+    let mut fleet = Fleet::new(
+        1,
+        spec.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY),
+        cache_dir,
+    )?;
+    let wasm = spec.component.read()?;
+    let runtime = fleet
+        .runtime_from_bytes(&wasm, spec.limits)
+        .with_context(|| format!("cannot load {}", spec.component))?;
+    rt.block_on(async move {
+        let node = Node::open(
+            &file,
+            runtime,
+            guest,
+            args.fsync,
+            statestore::clock::system(),
+            Notify::Everywhere,
+        )
+        .await?;
+        let users = match &args.users_file {
+            Some(path) => Some(statestore::users::Users::load(path)?),
+            None => None,
+        };
+        let policy_cell = statestore::policy::PolicyCell::new(load_policy(&args)?);
+        let server = EmbeddedServer::start_replica(
+            listen,
+            &args.client_id,
+            node,
+            statestore::embedded::BrokerOptions {
+                limits: broker_limits(&args),
+                users,
+                connections: None,
+                queue_dropped: None,
+                policy: Some(policy_cell),
+                tls: tls_listener(&args),
+            },
+        )
+        .await?;
+        server.run(shutdown_signal()).await
+    })
+}
+
+/// `cluster status`.
+fn cluster_status(args: &ClusterStatusArgs) -> Result<ExitCode> {
+    use statestore::cluster::node::ClusterFile;
+    let file = ClusterFile::load(&args.cluster)?;
+    let secret = file.secret()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let answers: Vec<(u64, Result<std::collections::BTreeMap<String, String>>)> =
+        rt.block_on(async {
+            let mut out = Vec::new();
+            for r in &file.replicas {
+                let asked = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    statestore::cluster::net::status(r.raft, &secret),
+                )
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3 s")));
+                let parsed = asked.map(|text| {
+                    text.lines()
+                        .filter_map(|l| l.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                });
+                out.push((r.id, parsed));
+            }
+            out
+        });
+    let num = |m: &std::collections::BTreeMap<String, String>, k: &str| -> u64 {
+        m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let leader_applied = answers
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().ok())
+        .filter(|m| m.get("role").map(String::as_str) == Some("leader"))
+        .map(|m| num(m, "applied"))
+        .max();
+    println!(
+        "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  mqtt",
+        "replica", "role", "term", "leader", "commit", "applied", "lag"
+    );
+    let mut up = 0;
+    for (id, a) in &answers {
+        match a {
+            Ok(m) => {
+                up += 1;
+                let lag = leader_applied.map_or("?".to_string(), |l| {
+                    l.saturating_sub(num(m, "applied")).to_string()
+                });
+                println!(
+                    "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  {}",
+                    id,
+                    m.get("role").map_or("?", String::as_str),
+                    num(m, "term"),
+                    num(m, "leader"),
+                    num(m, "commit"),
+                    num(m, "applied"),
+                    lag,
+                    m.get("mqtt").map_or("", String::as_str),
+                );
+            }
+            Err(e) => println!("{id:<8} unreachable: {e:#}"),
+        }
+    }
+    let majority = file.replicas.len() / 2 + 1;
+    Ok(if leader_applied.is_some() && up >= majority {
+        ExitCode::SUCCESS
+    } else {
+        println!("no leader, or fewer than a majority ({majority}) answered");
+        ExitCode::from(1)
     })
 }
 

@@ -39,6 +39,8 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.leader_changes += r.leader_changes;
         total.timeouts += r.timeouts;
         total.applied += r.applied;
+        total.restarts += r.restarts;
+        total.snapshots_sent += r.snapshots_sent;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -51,6 +53,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         "{total:?}"
     );
     assert!(total.timeouts > 0, "expiry went through the log: {total:?}");
+    assert!(
+        total.restarts > 0 && total.snapshots_sent > 0,
+        "replicas restarted from their disks and caught up from snapshots: {total:?}"
+    );
 }
 
 /// One seed, twice: the same run (a failure can be replayed).

@@ -32,12 +32,16 @@
 //! policy), snapshots for replicas that fall behind, the network transport,
 //! `serve --cluster`, forwarding, read index, `cluster status`.
 
+pub mod log;
+pub mod net;
+pub mod node;
 pub mod sim;
 
 use anyhow::{Context, Result, bail};
-use raft::prelude::{ConfState, Entry, EntryType, Message};
-use raft::storage::MemStorage;
+use raft::prelude::{Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
+
+pub use log::LogStore;
 use statestore_guest::wire;
 
 use crate::{Backend, Input, Output};
@@ -96,6 +100,8 @@ pub struct Applied {
     pub origin: u64,
     /// The `now` it was applied with.
     pub now: u64,
+    /// Applied again after a restart: its outputs went out before.
+    pub replayed: bool,
     /// Every output the guest made of it (the origin publishes them).
     pub outputs: Vec<Output>,
 }
@@ -122,11 +128,93 @@ impl Default for Timing {
     }
 }
 
-/// One replica: its Raft node over its log storage, and its guest.
+/// When a replica makes a log entry durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Synced before the replica acknowledges it (to the leader, or as the
+    /// leader counting itself): an acknowledged write survives the loss of
+    /// power on every replica but a minority.
+    Always,
+    /// Synced by the caller now and then ([`Replica::sync`]); a replica
+    /// acknowledges entries still in its page cache.
+    Later,
+}
+
+/// When a replica compacts its log into a snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct Compaction {
+    /// After this many entries applied since the last snapshot.
+    pub entries: u64,
+    /// Or after this many bytes of log.
+    pub bytes: u64,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction {
+            entries: 100_000,
+            bytes: 64 << 20,
+        }
+    }
+}
+
+/// Makes a replica's guest: empty (`None`) or from a snapshot.
+pub type MakeStore<B> = Box<dyn FnMut(Option<&[u8]>) -> Result<B> + Send>;
+
+/// Format of the data of a Raft snapshot: `u8 version, u64 applied now,
+/// guest snapshot (everything: keys, dedup cache, registrations)`.
+const SNAPSHOT_VERSION: u8 = 1;
+
+fn encode_snapshot(applied_now: u64, guest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + guest.len());
+    out.push(SNAPSHOT_VERSION);
+    out.extend_from_slice(&applied_now.to_le_bytes());
+    out.extend_from_slice(guest);
+    out
+}
+
+fn decode_snapshot(data: &[u8]) -> Result<(u64, &[u8])> {
+    match data.split_first() {
+        Some((&SNAPSHOT_VERSION, rest)) if rest.len() >= 8 => Ok((
+            u64::from_le_bytes(rest[..8].try_into().expect("8 bytes")),
+            &rest[8..],
+        )),
+        Some((v, _)) => bail!("Raft snapshot format {v} (this build reads {SNAPSHOT_VERSION})"),
+        None => bail!("an empty Raft snapshot"),
+    }
+}
+
+/// What a replica knows of itself, for `cluster status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    /// Its id.
+    pub id: u64,
+    /// `leader`, `follower`, `candidate` or `pre-candidate`.
+    pub role: String,
+    /// Its term.
+    pub term: u64,
+    /// The leader it knows (0: none).
+    pub leader: u64,
+    /// Its commit index.
+    pub commit: u64,
+    /// Index of the last entry applied to its guest.
+    pub applied: u64,
+    /// Index of its last log entry.
+    pub last_index: u64,
+    /// Its last snapshot's index.
+    pub snapshot: u64,
+    /// As leader: each replica's matched index.
+    pub matched: Vec<(u64, u64)>,
+}
+
+/// One replica: its Raft node over its log, and its guest.
 pub struct Replica<B: Backend> {
     id: u64,
-    node: RawNode<MemStorage>,
+    node: RawNode<LogStore>,
     store: B,
+    make: MakeStore<B>,
+    durability: Durability,
+    compaction: Compaction,
     /// Index of the last entry applied to the guest.
     applied: u64,
     /// The `now` of the last entry applied.
@@ -134,6 +222,11 @@ pub struct Replica<B: Backend> {
     /// The newest `now` of any entry in the log: what a leader stamps at
     /// least.
     log_now: u64,
+    /// Entries up to here were applied before a restart: their outputs
+    /// were published then.
+    replayed_to: u64,
+    /// Ticks each peer has spent waiting for a snapshot (as leader).
+    snapshot_wait: std::collections::HashMap<u64, u32>,
 }
 
 impl<B: Backend> std::fmt::Debug for Replica<B> {
@@ -147,17 +240,31 @@ impl<B: Backend> std::fmt::Debug for Replica<B> {
     }
 }
 
-/// A fresh log for a cluster of `voters`: every replica starts from the
-/// same membership (static, to start with).
-pub fn new_storage(voters: &[u64]) -> MemStorage {
-    MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])))
-}
+/// Ticks a peer may wait for a snapshot before it is sent again (a lost
+/// snapshot message would otherwise hold it back for good).
+const SNAPSHOT_RETRY_TICKS: u32 = 50;
 
 impl<B: Backend> Replica<B> {
-    /// Replica `id` over `storage` (a fresh one from [`new_storage`], or
-    /// the log it kept across a restart) with an empty guest `store`: the
-    /// committed entries are applied to it again from the start of the log.
-    pub fn new(id: u64, storage: MemStorage, store: B, timing: Timing) -> Result<Replica<B>> {
+    /// Replica `id` over its `log` (fresh, or kept across a restart): its
+    /// guest is made from the log's snapshot (or empty) by `make`, and the
+    /// committed entries after it are applied again.
+    pub fn new(
+        id: u64,
+        log: LogStore,
+        mut make: MakeStore<B>,
+        timing: Timing,
+        durability: Durability,
+        compaction: Compaction,
+    ) -> Result<Replica<B>> {
+        let snapshot = raft::Storage::snapshot(&log, 0, 0).ok();
+        let (store, applied, applied_now) = match &snapshot {
+            Some(s) => {
+                let (now, guest) = decode_snapshot(&s.data)?;
+                (make(Some(guest))?, s.get_metadata().index, now)
+            }
+            None => (make(None)?, 0, 0),
+        };
+        let replayed_to = log.hard_state().commit;
         let config = raft::Config {
             id,
             heartbeat_tick: timing.heartbeat,
@@ -168,20 +275,25 @@ impl<B: Backend> Replica<B> {
             check_quorum: true,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
-            applied: 0,
+            applied,
             ..Default::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let node = RawNode::new(&config, storage, &logger).context("starting the Raft node")?;
+        let node = RawNode::new(&config, log, &logger).context("starting the Raft node")?;
         let mut replica = Replica {
             id,
             node,
             store,
-            applied: 0,
-            applied_now: 0,
-            log_now: 0,
+            make,
+            durability,
+            compaction,
+            applied,
+            applied_now,
+            log_now: applied_now,
+            replayed_to,
+            snapshot_wait: Default::default(),
         };
-        replica.log_now = replica.newest_now_in_log();
+        replica.log_now = replica.log_now.max(replica.newest_now_in_log());
         Ok(replica)
     }
 
@@ -237,14 +349,73 @@ impl<B: Backend> Replica<B> {
         self.applied
     }
 
+    /// The newest `now` stamped on its log.
+    pub fn log_now(&self) -> u64 {
+        self.log_now
+    }
+
     /// Its guest.
     pub fn store_mut(&mut self) -> &mut B {
         &mut self.store
     }
 
+    /// What it knows of itself.
+    pub fn status(&self) -> Status {
+        let raft = &self.node.raft;
+        let role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        };
+        let mut matched: Vec<(u64, u64)> = if self.is_leader() {
+            raft.prs()
+                .iter()
+                .map(|(id, pr)| (*id, pr.matched))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        matched.sort_unstable();
+        Status {
+            id: self.id,
+            role: role.into(),
+            term: raft.term,
+            leader: raft.leader_id,
+            commit: raft.raft_log.committed,
+            applied: self.applied,
+            last_index: raft.raft_log.last_index(),
+            snapshot: self.node.store().snapshot_index(),
+            matched,
+        }
+    }
+
     /// One tick of its logical clock (elections, heartbeats).
     pub fn tick(&mut self) {
         self.node.tick();
+        if self.is_leader() {
+            // A snapshot message that was lost leaves its peer waiting:
+            // after a while, report it failed, so it is sent again.
+            let waiting: Vec<u64> = self
+                .node
+                .raft
+                .prs()
+                .iter()
+                .filter(|(_, pr)| pr.state == raft::ProgressState::Snapshot)
+                .map(|(id, _)| *id)
+                .collect();
+            self.snapshot_wait.retain(|id, _| waiting.contains(id));
+            for id in waiting {
+                let t = self.snapshot_wait.entry(id).or_default();
+                *t += 1;
+                if *t >= SNAPSHOT_RETRY_TICKS {
+                    *t = 0;
+                    self.node.report_snapshot(id, raft::SnapshotStatus::Failure);
+                }
+            }
+        } else {
+            self.snapshot_wait.clear();
+        }
     }
 
     /// A Raft message from a peer.
@@ -252,10 +423,22 @@ impl<B: Backend> Replica<B> {
         self.node.step(message).context("a Raft message")
     }
 
+    /// A peer could not be reached: Raft probes it again (and a snapshot
+    /// in flight to it is sent again).
+    pub fn unreachable(&mut self, peer: u64) {
+        self.node.report_unreachable(peer);
+    }
+
     /// Proposes `inputs`, received by `origin`, at the leader's `clock`
     /// (stamped with at least the newest `now` in the log). Only a leader
     /// takes proposals; the others refuse (the caller forwards or retries).
     pub fn propose(&mut self, origin: u64, inputs: &[Input<'_>], clock: u64) -> Result<u64> {
+        self.propose_wire(origin, &wire::encode_batch(inputs), clock)
+    }
+
+    /// [`Replica::propose`] of a batch already in the guest's encoding (a
+    /// follower forwarded it).
+    pub fn propose_wire(&mut self, origin: u64, batch: &[u8], clock: u64) -> Result<u64> {
         if !self.is_leader() {
             bail!(
                 "replica {} does not lead (leader: {})",
@@ -264,11 +447,19 @@ impl<B: Backend> Replica<B> {
             );
         }
         let now = clock.max(self.log_now);
-        self.node
-            .propose(vec![], encode_entry(origin, now, inputs))
-            .context("proposing")?;
+        let mut data = Vec::with_capacity(17 + batch.len());
+        data.push(ENTRY_VERSION);
+        data.extend_from_slice(&origin.to_le_bytes());
+        data.extend_from_slice(&now.to_le_bytes());
+        data.extend_from_slice(batch);
+        self.node.propose(vec![], data).context("proposing")?;
         self.log_now = now;
         Ok(now)
+    }
+
+    /// Makes what was written to the log durable ([`Durability::Later`]).
+    pub fn sync(&mut self) -> Result<()> {
+        self.node.mut_store().sync()
     }
 
     /// Does what Raft has ready: persists new entries and state, returns the
@@ -283,38 +474,85 @@ impl<B: Backend> Replica<B> {
         let mut ready = self.node.ready();
         messages.extend(ready.take_messages());
         if !ready.snapshot().is_empty() {
-            bail!("snapshots are not handled yet");
+            let snap = ready.snapshot().clone();
+            self.install(snap)?;
         }
         let committed = ready.take_committed_entries();
         self.apply(committed, &mut applied)?;
-        let store = self.node.store().clone();
         for e in ready.entries() {
             if let Ok(d) = decode_entry(&e.data) {
                 self.log_now = self.log_now.max(d.now);
             }
         }
-        store
-            .wl()
-            .append(ready.entries())
-            .context("appending to the log")?;
+        let log = self.node.mut_store();
+        log.append(ready.entries())?;
         if let Some(hs) = ready.hs() {
-            store.wl().set_hardstate(hs.clone());
+            log.set_hardstate(hs.clone())?;
+        }
+        if self.durability == Durability::Always {
+            log.sync()?;
         }
         messages.extend(ready.take_persisted_messages());
         let mut light = self.node.advance(ready);
         if let Some(commit) = light.commit_index() {
-            store.wl().mut_hard_state().set_commit(commit);
+            self.node.mut_store().set_commit(commit)?;
         }
         messages.extend(light.take_messages());
         let committed = light.take_committed_entries();
         self.apply(committed, &mut applied)?;
         self.node.advance_apply();
+        self.maybe_compact()?;
         Ok((messages, applied))
+    }
+
+    /// A leader's snapshot: the guest is replaced by its state.
+    fn install(&mut self, snap: Snapshot) -> Result<()> {
+        let index = snap.get_metadata().index;
+        let (now, guest) = decode_snapshot(&snap.data)?;
+        let store = (self.make)(Some(guest)).context("restoring a leader's snapshot")?;
+        self.node.mut_store().install(snap)?;
+        self.store = store;
+        self.applied = index;
+        self.applied_now = now;
+        self.log_now = self.log_now.max(now);
+        tracing::info!(
+            replica = self.id,
+            index,
+            "caught up from the leader's snapshot"
+        );
+        Ok(())
+    }
+
+    /// Takes a snapshot and compacts the log once it has grown enough.
+    fn maybe_compact(&mut self) -> Result<()> {
+        let log = self.node.store();
+        let since = self.applied.saturating_sub(log.snapshot_index());
+        if since == 0 || (since < self.compaction.entries && log.bytes() < self.compaction.bytes) {
+            return Ok(());
+        }
+        self.compact()
+    }
+
+    /// Takes a snapshot at the applied index and drops the log before it.
+    pub fn compact(&mut self) -> Result<()> {
+        if self.applied <= self.node.store().snapshot_index() {
+            return Ok(());
+        }
+        let guest = self
+            .store
+            .snapshot_with(crate::SnapshotScope::Everything)
+            .context("a snapshot of the guest")?;
+        let data = encode_snapshot(self.applied_now, &guest);
+        let applied = self.applied;
+        self.node.mut_store().compact(applied, data)
     }
 
     /// Applies committed entries to the guest.
     fn apply(&mut self, entries: Vec<Entry>, out: &mut Vec<Applied>) -> Result<()> {
         for entry in entries {
+            if entry.index <= self.applied {
+                continue; // in the snapshot the guest was made from
+            }
             self.applied = entry.index;
             if entry.data.is_empty() || entry.get_entry_type() != EntryType::EntryNormal {
                 // A new leader's empty entry, or a membership change
@@ -325,14 +563,40 @@ impl<B: Backend> Replica<B> {
                 decode_entry(&entry.data).with_context(|| format!("log entry {}", entry.index))?;
             let now = e.now.max(self.applied_now);
             self.applied_now = now;
-            let outputs = self
-                .store
-                .handle_wire(e.batch, now)
-                .with_context(|| format!("applying log entry {}", entry.index))?;
+            // A call that stops early (its output budget) is made again
+            // with the rest of the batch, as on every replica.
+            let mut outputs = Vec::new();
+            let mut batch = std::borrow::Cow::Borrowed(e.batch);
+            loop {
+                let mut out = match self.store.handle_wire(&batch, now) {
+                    Ok(out) => out,
+                    Err(crate::GuestError::Refused(e)) => {
+                        // The same on every replica: nothing applied.
+                        tracing::warn!(index = entry.index, error = %e, "a log entry the guest refuses: skipped");
+                        break;
+                    }
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("applying log entry {}", entry.index)));
+                    }
+                };
+                let count = wire::batch_count(&batch);
+                let handled = wire::handled(&mut out, count);
+                out.retain(|o| !matches!(o, Output::More(_)));
+                outputs.extend(out);
+                if handled >= count {
+                    break;
+                }
+                batch = std::borrow::Cow::Owned(
+                    wire::batch_after(&batch, handled)
+                        .with_context(|| format!("log entry {}", entry.index))?,
+                );
+            }
             out.push(Applied {
                 index: entry.index,
                 origin: e.origin,
                 now,
+                replayed: entry.index <= self.replayed_to,
                 outputs,
             });
         }

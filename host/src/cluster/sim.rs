@@ -21,11 +21,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Result, bail};
-use raft::prelude::Message;
-use raft::storage::MemStorage;
+use std::sync::Arc;
+
+use raft::prelude::{Message, MessageType};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
-use super::{Applied, Replica, Timing, new_storage};
+use super::{Applied, Compaction, Durability, LogStore, Replica, Timing};
+use crate::storage::MemStorage;
 use crate::{Backend, Config, InboundMessage, Input, NativeStore, Output};
 
 /// A tick of simulated time, ms.
@@ -81,6 +83,10 @@ pub struct Report {
     pub applied: u64,
     /// Timer entries (expiry proposed by the leader).
     pub timeouts: usize,
+    /// Restarts from a crashed disk.
+    pub restarts: usize,
+    /// Snapshots delivered to replicas behind the leader's log.
+    pub snapshots_sent: usize,
 }
 
 /// splitmix64: every random choice of a run.
@@ -116,8 +122,8 @@ enum Op {
 
 struct Node {
     replica: Option<Replica<NativeStore>>,
-    /// Its log and Raft state: what survives a crash.
-    storage: MemStorage,
+    /// Its disk: what was synced survives a crash, with a torn tail.
+    disk: MemStorage,
     /// Down until this tick.
     down_until: u64,
     /// Its clock's offset from simulated time, ms.
@@ -126,6 +132,21 @@ struct Node {
 
 fn config() -> Config {
     Config::default()
+}
+
+/// Snapshots often, so replicas that fall behind catch up from them.
+const COMPACTION: Compaction = Compaction {
+    entries: 40,
+    bytes: 1 << 20,
+};
+
+fn start(id: u64, ids: &[u64], disk: &MemStorage) -> Result<Replica<NativeStore>> {
+    let log = LogStore::open(Arc::new(disk.clone()), ids)?;
+    let make = Box::new(|snapshot: Option<&[u8]>| match snapshot {
+        None => NativeStore::new(config()),
+        Some(s) => NativeStore::restore(config(), s),
+    });
+    Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)
 }
 
 fn key(n: u64) -> String {
@@ -181,11 +202,11 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let ids: Vec<u64> = (1..=o.replicas as u64).collect();
     let mut nodes: Vec<Node> = Vec::new();
     for &id in &ids {
-        let storage = new_storage(&ids);
-        let replica = Replica::new(id, storage.clone(), NativeStore::new(config())?, timing(id))?;
+        let disk = MemStorage::new();
+        let replica = start(id, &ids, &disk)?;
         nodes.push(Node {
             replica: Some(replica),
-            storage,
+            disk,
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
         });
@@ -215,6 +236,9 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             if down == 0 && rng.chance(o.crash) {
                 let i = rng.below(nodes.len() as u64) as usize;
                 nodes[i].replica = None;
+                // What it had not synced is gone, but for a torn tail.
+                let torn = rng.below(64) as usize;
+                nodes[i].disk = nodes[i].disk.crash(Some(torn));
                 nodes[i].down_until = tick + 20 + rng.below(200);
                 report.crashes += 1;
                 // What it had in flight is gone; its clients' requests are
@@ -240,12 +264,8 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         }
         for (i, node) in nodes.iter_mut().enumerate() {
             if node.replica.is_none() && tick >= node.down_until {
-                node.replica = Some(Replica::new(
-                    ids[i],
-                    node.storage.clone(),
-                    NativeStore::new(config())?,
-                    timing(ids[i]),
-                )?);
+                node.replica = Some(start(ids[i], &ids, &node.disk)?);
+                report.restarts += 1;
             }
         }
         // Deliver what is due.
@@ -263,6 +283,9 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             let node = &mut nodes[(m.to - 1) as usize];
             if blocked {
                 continue;
+            }
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                report.snapshots_sent += 1;
             }
             if let Some(r) = node.replica.as_mut() {
                 // A stale or unexpected message is refused by Raft; that is
@@ -350,6 +373,12 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 net.push((tick + delay, m));
             }
             for a in applied {
+                if a.replayed {
+                    // Applied again after a restart: its replies went out
+                    // before (still checked for determinism).
+                    check_deterministic(&mut outputs_at, id, &a)?;
+                    continue;
+                }
                 check_deterministic(&mut outputs_at, id, &a)?;
                 report.applied = report.applied.max(a.index);
                 if a.origin == id && is_timer(&a) {

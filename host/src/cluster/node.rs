@@ -1,0 +1,545 @@
+//! One replica as a server: its [`Replica`] over a log in its data
+//! directory, the links to its peers, and the MQTT transport its clients
+//! use (the embedded broker or an external one), driven by one loop:
+//!
+//! ```text
+//!   transport (requests, client gone) ──> leader? propose : forward to the leader
+//!   peer links (Raft messages, forwarded requests, status) ──> step / propose
+//!   tick (50 ms) ──> Raft tick; the leader proposes expiry when the guest is due
+//!   after each: ready() ──> persist, send to peers, apply; publish what is ours
+//! ```
+//!
+//! What is ours to publish: the replies to requests this replica received
+//! (the entry's origin), and in the embedded mode every notification (the
+//! broker delivers it only if the observer's session is here).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Deserialize;
+use statestore_guest::wire;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::net::{Links, PeerEvent};
+use super::{Compaction, Durability, LogStore, Replica, Timing};
+use crate::clock::Clock;
+use crate::driver::{Input as TransportInput, Transport};
+use crate::journal::Fsync;
+use crate::{Backend as _, Config, InboundMessage, Input, Output, PublishKind, Runtime, WasmStore};
+
+/// A tick of a replica's Raft clock.
+pub const TICK: Duration = Duration::from_millis(50);
+
+/// Raft timing, in ticks: heartbeats every 100 ms, elections after 0.5 to
+/// 1 s without a leader.
+pub const TIMING: Timing = Timing {
+    heartbeat: 2,
+    election_min: 10,
+    election_max: 20,
+};
+
+/// How long requests wait for a leader before they get a 503.
+pub const HOLD: Duration = Duration::from_secs(5);
+
+/// The most bytes of requests held while there is no leader.
+const HOLD_BYTES: usize = 64 << 20;
+
+/// `--cluster FILE`: this replica and its peers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// This replica's id (one of `replica`).
+    pub id: u64,
+    /// Where this replica keeps its Raft log and snapshots.
+    pub data_dir: PathBuf,
+    /// A file holding the secret every replica shares (at least 16 bytes):
+    /// a peer link without it is refused.
+    pub secret_file: PathBuf,
+    /// Every replica of the cluster, this one included.
+    #[serde(rename = "replica")]
+    pub replicas: Vec<ReplicaEntry>,
+}
+
+/// One replica in a [`ClusterFile`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaEntry {
+    /// Its id (1, 2, ...; never 0).
+    pub id: u64,
+    /// Where it listens for the other replicas.
+    pub raft: SocketAddr,
+    /// Where its clients connect (its embedded broker), for `cluster
+    /// status` and clients' lists.
+    pub mqtt: Option<SocketAddr>,
+}
+
+impl ClusterFile {
+    /// Reads and checks `path` (relative paths in it are relative to it).
+    pub fn load(path: &Path) -> Result<ClusterFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the cluster file {}", path.display()))?;
+        let mut f: ClusterFile = toml::from_str(&text)
+            .with_context(|| format!("the cluster file {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        if f.data_dir.is_relative() {
+            f.data_dir = base.join(&f.data_dir);
+        }
+        if f.secret_file.is_relative() {
+            f.secret_file = base.join(&f.secret_file);
+        }
+        f.check()
+            .with_context(|| format!("the cluster file {}", path.display()))?;
+        Ok(f)
+    }
+
+    fn check(&self) -> Result<()> {
+        let n = self.replicas.len();
+        if !(1..=7).contains(&n) {
+            bail!("{n} replicas: a cluster has 1 to 7 (3 or 5 to survive failures)");
+        }
+        if n.is_multiple_of(2) {
+            warn!(
+                replicas = n,
+                "an even number of replicas survives no more failures than one fewer"
+            );
+        }
+        let mut ids: Vec<u64> = self.replicas.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        if ids.contains(&0) {
+            bail!("replica id 0 is reserved");
+        }
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            bail!("replica ids must differ: {ids:?}");
+        }
+        if !ids.contains(&self.id) {
+            bail!("id {} is not among the replicas {ids:?}", self.id);
+        }
+        Ok(())
+    }
+
+    /// This replica's entry.
+    pub fn me(&self) -> &ReplicaEntry {
+        self.replicas
+            .iter()
+            .find(|r| r.id == self.id)
+            .expect("checked at load")
+    }
+
+    /// The shared secret.
+    pub fn secret(&self) -> Result<Vec<u8>> {
+        let s = crate::config::read_secret(&self.secret_file)?;
+        if s.len() < 16 {
+            bail!(
+                "the cluster secret in {} is {} bytes: use at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
+                self.secret_file.display(),
+                s.len()
+            );
+        }
+        Ok(s.into_bytes())
+    }
+
+    /// The guest's hash seed: the same on every replica (they must apply
+    /// alike), and secret (derived from the shared secret).
+    pub fn hash_seed(secret: &[u8]) -> u64 {
+        use sha2::Digest as _;
+        let d = sha2::Sha256::digest([b"statestore hash seed ".as_slice(), secret].concat());
+        u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+    }
+}
+
+/// Who publishes notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notify {
+    /// Every replica hands every notification to its embedded broker,
+    /// which delivers it if the observer's session is there.
+    Everywhere,
+    /// The replica that received the request publishes them (through an
+    /// external broker, which routes them).
+    Origin,
+}
+
+/// Requests waiting for a leader.
+enum Held {
+    Requests(Instant, Vec<InboundMessage>),
+    Gone(Instant, String),
+}
+
+/// One replica, ready to serve.
+pub struct Node {
+    replica: Replica<WasmStore>,
+    links: Links,
+    events: mpsc::Receiver<PeerEvent>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    fsync: Fsync,
+    notify: Notify,
+    held: VecDeque<Held>,
+    held_bytes: usize,
+    last_timer: Option<Instant>,
+    replicas: Vec<ReplicaEntry>,
+    accept: tokio::task::JoinHandle<()>,
+    leader_seen: u64,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Opens replica `file.id`: its log (recovered from its data
+    /// directory), its guest (from the last snapshot, then the log), its
+    /// listener for peers. `config` is the guest's, the same on every
+    /// replica (its hash seed from [`ClusterFile::hash_seed`]).
+    pub async fn open(
+        file: &ClusterFile,
+        runtime: Runtime,
+        config: Config,
+        fsync: Fsync,
+        clock: Arc<dyn Clock>,
+        notify: Notify,
+    ) -> Result<Node> {
+        let secret = file.secret()?;
+        let disk = crate::storage::DirStorage::open(&file.data_dir).with_context(|| {
+            format!("cannot open the data directory {}", file.data_dir.display())
+        })?;
+        let voters: Vec<u64> = file.replicas.iter().map(|r| r.id).collect();
+        let log = LogStore::open(Arc::new(disk), &voters)?;
+        let make_config = config.clone();
+        let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
+            None => runtime.instantiate(&make_config),
+            Some(s) => runtime.restore(&make_config, s),
+        });
+        let durability = match fsync {
+            Fsync::Always => Durability::Always,
+            Fsync::Everysec | Fsync::No => Durability::Later,
+        };
+        let started = Instant::now();
+        let replica = Replica::new(
+            file.id,
+            log,
+            make,
+            TIMING,
+            durability,
+            Compaction::default(),
+        )?;
+        let me = file.me();
+        let listener = TcpListener::bind(me.raft)
+            .await
+            .with_context(|| format!("cannot listen for replicas on {} (in use?)", me.raft))?;
+        let (tx, events) = mpsc::channel(4096);
+        let accept = tokio::spawn(super::net::accept(listener, secret.clone(), tx.clone()));
+        let peers: Vec<(u64, SocketAddr)> = file.replicas.iter().map(|r| (r.id, r.raft)).collect();
+        let links = Links::start(file.id, &peers, &secret, tx);
+        let status = replica.status();
+        info!(
+            replica = file.id,
+            replicas = file.replicas.len(),
+            raft = %me.raft,
+            data_dir = %file.data_dir.display(),
+            term = status.term,
+            snapshot = status.snapshot,
+            last_index = status.last_index,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "replica started"
+        );
+        Ok(Node {
+            replica,
+            links,
+            events,
+            clock,
+            config,
+            fsync,
+            notify,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            last_timer: None,
+            replicas: file.replicas.clone(),
+            accept,
+            leader_seen: 0,
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The guest's config (for replies the host makes).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Serves clients over `transport` until `shutdown` completes.
+    pub async fn drive<T: Transport>(
+        mut self,
+        transport: &mut T,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<()> {
+        tokio::pin!(shutdown);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sync = tokio::time::interval(Duration::from_secs(1));
+        let result = loop {
+            let step: Result<()> = tokio::select! {
+                biased;
+                () = shutdown.as_mut() => break Ok(()),
+                event = self.events.recv() => match event {
+                    Some(e) => self.on_peer(e),
+                    None => break Err(anyhow::anyhow!("the replica links stopped")),
+                },
+                event = transport.recv() => {
+                    let Some(event) = event else {
+                        break Err(anyhow::anyhow!("the transport stopped"));
+                    };
+                    match transport.on_event(event).await? {
+                        Some(TransportInput::Messages(m)) => self.submit(Held::Requests(Instant::now(), m)),
+                        Some(TransportInput::ClientGone(id)) => self.submit(Held::Gone(Instant::now(), id)),
+                        None => {}
+                    }
+                    transport.settle().await?;
+                    Ok(())
+                }
+                _ = tick.tick() => self.on_tick(transport).await,
+                _ = sync.tick(), if self.fsync == Fsync::Everysec => self.replica.sync(),
+            };
+            if let Err(e) = step {
+                break Err(e);
+            }
+            if let Err(e) = self.ready(transport).await {
+                break Err(e);
+            }
+        };
+        if let Err(e) = self.replica.sync() {
+            warn!(error = %format!("{e:#}"), "syncing the Raft log at shutdown");
+        }
+        self.accept.abort();
+        transport.close().await;
+        if result.is_ok() {
+            info!(replica = self.replica.id(), "replica stopped");
+        }
+        result
+    }
+
+    /// Proposes (as leader), forwards (to the leader) or holds (no leader
+    /// yet) what a client sent.
+    fn submit(&mut self, held: Held) {
+        let leader = self.replica.leader();
+        if leader == 0 {
+            self.hold(held);
+            return;
+        }
+        let batch = match &held {
+            Held::Requests(_, m) => {
+                let inputs: Vec<Input<'_>> = m.iter().map(Input::Message).collect();
+                wire::encode_batch(&inputs)
+            }
+            Held::Gone(_, id) => wire::encode_batch(&[Input::Disconnected(id)]),
+        };
+        let id = self.replica.id();
+        if leader == id {
+            let now = self.now();
+            if let Err(e) = self.replica.propose_wire(id, &batch, now) {
+                tracing::debug!(error = %format!("{e:#}"), "proposal refused; held");
+                self.hold(held);
+            }
+        } else {
+            self.links.forward(leader, id, batch);
+        }
+    }
+
+    fn hold(&mut self, held: Held) {
+        let bytes = match &held {
+            Held::Requests(_, m) => m.iter().map(crate::driver::message_bytes).sum(),
+            Held::Gone(_, id) => id.len(),
+        };
+        if self.held_bytes + bytes > HOLD_BYTES {
+            // Past the bound: these get their 503 at the next tick.
+            warn!("requests waiting for a leader past {HOLD_BYTES} bytes: refused");
+        }
+        self.held_bytes += bytes;
+        self.held.push_back(held);
+    }
+
+    fn on_peer(&mut self, event: PeerEvent) -> Result<()> {
+        match event {
+            PeerEvent::Raft(m) => {
+                if let Err(e) = self.replica.step(m) {
+                    tracing::debug!(error = %format!("{e:#}"), "a Raft message refused");
+                }
+            }
+            PeerEvent::Forward { origin, batch } => {
+                if !self.replicas.iter().any(|r| r.id == origin) {
+                    warn!(
+                        origin,
+                        "forwarded requests from a replica not in the cluster file"
+                    );
+                } else if wire::decode_batch(&batch).is_err() {
+                    warn!(origin, "forwarded requests that do not decode: dropped");
+                } else if self.replica.is_leader() {
+                    let now = self.now();
+                    if let Err(e) = self.replica.propose_wire(origin, &batch, now) {
+                        tracing::debug!(error = %format!("{e:#}"), "a forwarded proposal refused (its client retries)");
+                    }
+                } else {
+                    tracing::debug!(
+                        origin,
+                        "forwarded requests reached a replica that no longer leads (their clients retry)"
+                    );
+                }
+            }
+            PeerEvent::Unreachable(peer) => self.replica.unreachable(peer),
+            PeerEvent::Status(reply) => {
+                let _ = reply.send(self.status_text());
+            }
+        }
+        Ok(())
+    }
+
+    /// `key=value` lines, for `cluster status`.
+    pub fn status_text(&self) -> String {
+        let s = self.replica.status();
+        let matched: Vec<String> = s
+            .matched
+            .iter()
+            .map(|(id, m)| format!("{id}:{m}"))
+            .collect();
+        let mqtt = self
+            .replicas
+            .iter()
+            .find(|r| r.id == s.id)
+            .and_then(|r| r.mqtt)
+            .map_or(String::new(), |a| a.to_string());
+        format!(
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\n",
+            s.id,
+            s.role,
+            s.term,
+            s.leader,
+            s.commit,
+            s.applied,
+            s.last_index,
+            s.snapshot,
+            matched.join(","),
+            mqtt,
+        )
+    }
+
+    async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
+        self.replica.tick();
+        let leader = self.replica.leader();
+        if leader != self.leader_seen {
+            info!(
+                replica = self.replica.id(),
+                leader,
+                term = self.replica.term(),
+                "leader changed"
+            );
+            self.leader_seen = leader;
+        }
+        // Held requests: to the leader once there is one; a 503 after HOLD.
+        if leader != 0 {
+            let held = std::mem::take(&mut self.held);
+            self.held_bytes = 0;
+            for h in held {
+                self.submit(h);
+            }
+        }
+        let mut refused = Vec::new();
+        while let Some(h) = self.held.front() {
+            let since = match h {
+                Held::Requests(at, _) | Held::Gone(at, _) => *at,
+            };
+            if since.elapsed() < HOLD && self.held_bytes <= HOLD_BYTES {
+                break;
+            }
+            match self.held.pop_front() {
+                Some(Held::Requests(_, m)) => {
+                    self.held_bytes = self
+                        .held_bytes
+                        .saturating_sub(m.iter().map(crate::driver::message_bytes).sum());
+                    refused.extend(m);
+                }
+                Some(Held::Gone(_, id)) => {
+                    self.held_bytes = self.held_bytes.saturating_sub(id.len());
+                }
+                None => break,
+            }
+        }
+        if !refused.is_empty() {
+            let now = self.now();
+            let replies: Vec<Output> = refused
+                .iter()
+                .filter_map(|m| {
+                    statestore_guest::StateMachine::host_reply(
+                        &self.config,
+                        m,
+                        now,
+                        statestore_guest::HostReply::Unavailable(
+                            "no leader among the state store replicas; retry".into(),
+                        ),
+                    )
+                })
+                .map(Output::Publish)
+                .collect();
+            transport.emit(replies).await?;
+        }
+        // Expiry: the leader proposes a timer entry when the guest is due.
+        if self.replica.is_leader()
+            && self
+                .last_timer
+                .is_none_or(|t| t.elapsed() >= Duration::from_millis(200))
+        {
+            let clock = self.now().max(self.replica.log_now());
+            if let Some(due) = self.replica.store_mut().next_deadline()?
+                && due <= clock
+            {
+                let id = self.replica.id();
+                if self.replica.propose(id, &[], clock).is_ok() {
+                    self.last_timer = Some(Instant::now());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Persists, sends, applies; publishes what is this replica's.
+    async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
+        let (messages, applied) = self.replica.ready()?;
+        for m in messages {
+            self.links.send(m);
+        }
+        let id = self.replica.id();
+        let mut out = Vec::new();
+        for a in applied {
+            if a.replayed {
+                continue;
+            }
+            let ours = a.origin == id;
+            for o in a.outputs {
+                let publish = match &o {
+                    Output::Publish(m) if m.kind == PublishKind::Notification => {
+                        ours || self.notify == Notify::Everywhere
+                    }
+                    Output::Publish(_) | Output::Violation { .. } => ours,
+                    Output::Journal(_) | Output::More(_) => false,
+                };
+                if publish {
+                    out.push(o);
+                }
+            }
+        }
+        if !out.is_empty() {
+            transport.emit(out).await?;
+        }
+        Ok(())
+    }
+}
