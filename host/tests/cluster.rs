@@ -1,0 +1,449 @@
+//! Three `statestore serve --cluster` processes on loopback (issue 20),
+//! with the unmodified Azure IoT Operations SDK as their clients:
+//! - every replica serves the SDK (writes and reads on followers are
+//!   forwarded to the leader), and a notification reaches an observer
+//!   connected to another replica than the writer;
+//! - under a write load on every replica, the leader and a follower are
+//!   killed (SIGKILL) again and again and restarted: every acknowledged SET
+//!   reads back with its value and version from any replica, and every
+//!   acknowledged DEL stays deleted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+use azure_iot_operations_mqtt::session::reconnect_policy::ExponentialBackoffWithJitter;
+use azure_iot_operations_mqtt::session::{
+    Session, SessionError, SessionExitHandle, SessionOptionsBuilder,
+};
+use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_services::state_store::{self, Operation, SetOptions};
+use statestore_tests::broker::free_port;
+use statestore_tests::process::Server;
+use tokio::task::JoinHandle;
+
+const T: Duration = Duration::from_secs(2);
+
+struct Sdk {
+    ss: Arc<state_store::Client>,
+    exit: SessionExitHandle,
+    run: JoinHandle<Result<(), SessionError>>,
+}
+
+impl Sdk {
+    /// An SDK client of the replica on `port`, reconnecting for as long as
+    /// it takes (its replica may be down for a while).
+    async fn connect(port: u16, id: &str) -> Sdk {
+        let settings = MqttConnectionSettingsBuilder::default()
+            .client_id(id)
+            .hostname("127.0.0.1")
+            .tcp_port(port)
+            .use_tls(false)
+            .keep_alive(Duration::from_secs(5))
+            .clean_start(true)
+            .session_expiry(Duration::from_secs(60))
+            .build()
+            .expect("mqtt settings");
+        let options = SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .reconnect_policy(Box::new(ExponentialBackoffWithJitter {
+                max_wait: Duration::from_millis(500),
+                max_reconnect_attempts: None,
+            }))
+            .aio_broker_features(None)
+            .build()
+            .expect("session options");
+        let session = Session::new(options).expect("session");
+        let monitor = session.create_session_monitor();
+        let ss = state_store::Client::new(
+            ApplicationContextBuilder::default()
+                .build()
+                .expect("application context"),
+            session.create_managed_client(),
+            session.create_session_monitor(),
+            state_store::ClientOptionsBuilder::default()
+                .build()
+                .expect("client options"),
+        )
+        .expect("state store client");
+        let exit = session.create_exit_handle();
+        let run = tokio::spawn(session.run());
+        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
+            .await
+            .expect("the SDK connects");
+        Sdk {
+            ss: Arc::new(ss),
+            exit,
+            run,
+        }
+    }
+
+    async fn close(self) {
+        let _ = tokio::time::timeout(T, self.ss.shutdown()).await;
+        if self.exit.try_exit().is_err() {
+            self.exit.force_exit();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.run).await;
+    }
+}
+
+/// Three replicas' files in a fresh directory.
+struct Cluster {
+    dir: PathBuf,
+    mqtt: Vec<u16>,
+    servers: Vec<Option<Server>>,
+}
+
+impl Cluster {
+    fn new(replicas: usize) -> Cluster {
+        let dir = std::env::temp_dir().join(format!(
+            "statestore-cluster-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("secret"), "a-test-secret-of-enough-bytes\n").expect("secret");
+        let mqtt: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        for i in 0..replicas {
+            let mut f = format!(
+                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\n",
+                i + 1,
+                i + 1
+            );
+            for j in 0..replicas {
+                f.push_str(&format!(
+                    "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
+                    j + 1,
+                    raft[j],
+                    mqtt[j]
+                ));
+            }
+            std::fs::write(dir.join(format!("replica-{}.toml", i + 1)), f).expect("file");
+        }
+        let mut c = Cluster {
+            dir,
+            mqtt,
+            servers: Vec::new(),
+        };
+        for i in 0..replicas {
+            let s = c.spawn(i);
+            c.servers.push(Some(s));
+        }
+        c
+    }
+
+    fn file(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("replica-{}.toml", i + 1))
+    }
+
+    fn spawn(&self, i: usize) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
+        cmd.args(["serve", "--no-cache", "--cluster"])
+            .arg(self.file(i))
+            .env("RUST_LOG", "info");
+        Server::spawn(cmd)
+    }
+
+    /// `cluster status`: (exit success, output).
+    fn status(&self) -> (bool, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
+            .args(["cluster", "status", "--cluster"])
+            .arg(self.file(0))
+            .output()
+            .expect("cluster status");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    /// The leader's index, once one is known to a majority.
+    fn leader(&self, within: Duration) -> usize {
+        let start = Instant::now();
+        loop {
+            let (ok, text) = self.status();
+            let leader = text.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() > 1 && f[1] == "leader")
+                    .then(|| f[0].parse::<usize>().ok())
+                    .flatten()
+            });
+            if ok && let Some(id) = leader {
+                return id - 1;
+            }
+            assert!(start.elapsed() < within, "no leader:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every replica answers and has applied what the leader has.
+    fn settled(&self, within: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let (ok, text) = self.status();
+            let rows: Vec<&str> = text
+                .lines()
+                .filter(|l| l.chars().next().is_some_and(|c| c.is_ascii_digit()))
+                .collect();
+            let all_caught_up = rows.len() == self.mqtt.len()
+                && rows.iter().all(|r| {
+                    let f: Vec<&str> = r.split_whitespace().collect();
+                    f.len() >= 7 && f[6] == "0"
+                });
+            if ok && all_caught_up {
+                return text;
+            }
+            assert!(start.elapsed() < within, "not settled:\n{text}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.servers.clear();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn dir_exists(p: &Path) -> bool {
+    p.is_dir()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
+    let c = Cluster::new(3);
+    let leader = c.leader(Duration::from_secs(20));
+    let follower = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let writer = Sdk::connect(c.mqtt[follower], "cluster-writer").await;
+    let observer = Sdk::connect(c.mqtt[other], "cluster-observer").await;
+    let mut obs = observer
+        .ss
+        .observe(b"watched".to_vec(), T)
+        .await
+        .expect("observe on a follower")
+        .response;
+    let set = writer
+        .ss
+        .set(
+            b"watched".to_vec(),
+            b"v1".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("set on a follower");
+    let version = set.version.expect("a version").to_string();
+    let n = tokio::time::timeout(T, obs.recv_notification())
+        .await
+        .expect("a notification across replicas")
+        .expect("observation open")
+        .0;
+    assert_eq!(n.operation, Operation::Set(b"v1".to_vec()));
+    assert_eq!(n.version.to_string(), version);
+    for port in &c.mqtt {
+        let reader = Sdk::connect(*port, &format!("cluster-reader-{port}")).await;
+        let got = reader.ss.get(b"watched".to_vec(), T).await.expect("get");
+        assert_eq!(got.response, Some(b"v1".to_vec()), "replica on {port}");
+        assert_eq!(got.version.map(|v| v.to_string()), Some(version.clone()));
+        reader.close().await;
+    }
+    let del = writer
+        .ss
+        .del(b"watched".to_vec(), None, T)
+        .await
+        .expect("del");
+    assert_eq!(del.response, 1);
+    let n = tokio::time::timeout(T, obs.recv_notification())
+        .await
+        .expect("a DELETE notification")
+        .expect("open")
+        .0;
+    assert_eq!(n.operation, Operation::Del);
+    writer.close().await;
+    observer.close().await;
+    assert!(dir_exists(&c.dir));
+}
+
+/// What the writers saw acknowledged.
+#[derive(Default)]
+struct Acked {
+    /// key -> (value, version) of acknowledged SETs.
+    sets: HashMap<String, (Vec<u8>, String)>,
+    /// Keys whose DEL was acknowledged.
+    deleted: Vec<String>,
+    /// Keys a DEL was sent for without an answer: either may have happened.
+    unsure: Vec<String>,
+}
+
+async fn write_load(port: u16, name: String, stop: Arc<AtomicBool>, acked: Arc<Mutex<Acked>>) {
+    let sdk = Sdk::connect(port, &name).await;
+    let mut n = 0u64;
+    let mut mine: Vec<String> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        if n.is_multiple_of(5)
+            && let Some(key) = mine.pop()
+        {
+            match sdk.ss.del(key.clone().into_bytes(), None, T).await {
+                Ok(r) => {
+                    assert_eq!(r.response, 1, "DEL of acknowledged {key}");
+                    let mut a = acked.lock().expect("lock");
+                    a.sets.remove(&key);
+                    a.deleted.push(key);
+                }
+                Err(_) => {
+                    {
+                        let mut a = acked.lock().expect("lock");
+                        a.sets.remove(&key);
+                        a.unsure.push(key);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            continue;
+        }
+        let key = format!("{name}-{n}");
+        let value = format!("value {n} of {name}").into_bytes();
+        match sdk
+            .ss
+            .set(
+                key.clone().into_bytes(),
+                value.clone(),
+                T,
+                None,
+                SetOptions::default(),
+            )
+            .await
+        {
+            Ok(r) if r.response => {
+                let version = r.version.expect("a version").to_string();
+                acked
+                    .lock()
+                    .expect("lock")
+                    .sets
+                    .insert(key.clone(), (value, version));
+                mine.push(key);
+            }
+            Ok(_) => panic!("an unconditional SET of {key} was not applied"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    sdk.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and_again() {
+    let mut c = Cluster::new(3);
+    c.leader(Duration::from_secs(20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let writers: Vec<_> = c
+        .mqtt
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            tokio::spawn(write_load(
+                *port,
+                format!("writer-{i}"),
+                stop.clone(),
+                acked.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut kills = Vec::new();
+    for round in 0..6 {
+        let leader = tokio::task::block_in_place(|| c.leader(Duration::from_secs(20)));
+        let victim = if round % 2 == 0 {
+            leader
+        } else {
+            (leader + 1 + (round / 2) % 2) % 3
+        };
+        let before = acked.lock().expect("lock").sets.len();
+        if let Some(s) = c.servers[victim].take() {
+            s.kill9();
+        }
+        kills.push((round, victim, victim == leader));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let during = acked.lock().expect("lock").sets.len();
+        eprintln!(
+            "round {round}: killed replica {} ({}); {} writes acknowledged while it was down",
+            victim + 1,
+            if victim == leader {
+                "leader"
+            } else {
+                "follower"
+            },
+            during.saturating_sub(before)
+        );
+        let s = tokio::task::block_in_place(|| c.spawn(victim));
+        c.servers[victim] = Some(s);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
+    eprintln!("{status}");
+    let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    assert!(
+        acked.sets.len() >= 50,
+        "writes went on through the kills: {} acknowledged",
+        acked.sets.len()
+    );
+    assert!(!acked.deleted.is_empty(), "some DELs were acknowledged");
+    // Every acknowledged write, read from every replica in turn.
+    let readers = [
+        Sdk::connect(c.mqtt[0], "check-0").await,
+        Sdk::connect(c.mqtt[1], "check-1").await,
+        Sdk::connect(c.mqtt[2], "check-2").await,
+    ];
+    let mut sets: Vec<_> = acked.sets.iter().collect();
+    sets.sort();
+    for (i, (key, (value, version))) in sets.iter().enumerate() {
+        let got = readers[i % 3]
+            .ss
+            .get(key.as_bytes().to_vec(), T)
+            .await
+            .expect("get");
+        assert_eq!(
+            got.response.as_ref(),
+            Some(value),
+            "acknowledged SET of {key} lost"
+        );
+        assert_eq!(
+            got.version.map(|v| v.to_string()).as_ref(),
+            Some(version),
+            "{key}"
+        );
+    }
+    for (i, key) in acked.deleted.iter().enumerate() {
+        let got = readers[i % 3]
+            .ss
+            .get(key.as_bytes().to_vec(), T)
+            .await
+            .expect("get");
+        assert_eq!(got.response, None, "acknowledged DEL of {key} undone");
+    }
+    eprintln!(
+        "{} acknowledged SETs and {} DELs checked on every replica ({} DELs unanswered); kills: {kills:?}",
+        acked.sets.len(),
+        acked.deleted.len(),
+        acked.unsure.len()
+    );
+    for r in readers {
+        r.close().await;
+    }
+}
