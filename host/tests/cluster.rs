@@ -397,6 +397,13 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
     }
     let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
     eprintln!("{status}");
+    if std::env::var_os("STATESTORE_CLUSTER_LOGS").is_some() {
+        for (i, s) in c.servers.iter().enumerate() {
+            if let Some(s) = s {
+                eprintln!("--- replica {} ---\n{}", i + 1, s.log());
+            }
+        }
+    }
     let acked = std::mem::take(&mut *acked.lock().expect("lock"));
     assert!(
         acked.sets.len() >= 50,

@@ -13,7 +13,7 @@
 //! (the entry's origin), and in the embedded mode every notification (the
 //! broker delivers it only if the observer's session is here).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +49,13 @@ pub const HOLD: Duration = Duration::from_secs(5);
 
 /// The most bytes of requests held while there is no leader.
 const HOLD_BYTES: usize = 64 << 20;
+
+/// How long a request sent to the leader is kept to be sent again if the
+/// leader changes before it is applied.
+const RESEND_WITHIN: Duration = Duration::from_secs(10);
+
+/// The most bytes of requests kept for that.
+const RESEND_BYTES: usize = 64 << 20;
 
 /// `--cluster FILE`: this replica and its peers.
 #[derive(Debug, Clone, Deserialize)]
@@ -185,6 +192,13 @@ pub struct Node {
     replicas: Vec<ReplicaEntry>,
     accept: tokio::task::JoinHandle<()>,
     leader_seen: u64,
+    /// Requests proposed or forwarded and not yet applied, by response
+    /// topic and correlation data: sent again to a new leader (a leader
+    /// that dies or steps down loses what it had not committed). The
+    /// replicated dedup cache answers one applied twice with its first
+    /// reply.
+    unapplied: HashMap<(String, Vec<u8>), (Instant, InboundMessage)>,
+    unapplied_bytes: usize,
 }
 
 impl std::fmt::Debug for Node {
@@ -266,6 +280,8 @@ impl Node {
             replicas: file.replicas.clone(),
             accept,
             leader_seen: 0,
+            unapplied: HashMap::new(),
+            unapplied_bytes: 0,
         })
     }
 
@@ -339,6 +355,7 @@ impl Node {
         }
         let batch = match &held {
             Held::Requests(_, m) => {
+                self.track(m);
                 let inputs: Vec<Input<'_>> = m.iter().map(Input::Message).collect();
                 wire::encode_batch(&inputs)
             }
@@ -353,6 +370,75 @@ impl Node {
             }
         } else {
             self.links.forward(leader, id, batch);
+        }
+    }
+
+    /// Keeps requests until they are applied (see `unapplied`).
+    fn track(&mut self, messages: &[InboundMessage]) {
+        for m in messages {
+            let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
+                continue;
+            };
+            let key = (topic.clone(), corr.clone());
+            if self.unapplied.contains_key(&key) {
+                continue;
+            }
+            let bytes = crate::driver::message_bytes(m);
+            if self.unapplied_bytes + bytes > RESEND_BYTES {
+                // Past the bound: forget what is too old to send again.
+                self.unapplied
+                    .retain(|_, (at, _)| at.elapsed() < RESEND_WITHIN);
+                self.unapplied_bytes = self
+                    .unapplied
+                    .values()
+                    .map(|(_, m)| crate::driver::message_bytes(m))
+                    .sum();
+                if self.unapplied_bytes + bytes > RESEND_BYTES {
+                    return;
+                }
+            }
+            self.unapplied_bytes += bytes;
+            self.unapplied.insert(key, (Instant::now(), m.clone()));
+        }
+    }
+
+    /// Applied: no longer to be sent again.
+    fn untrack(&mut self, outputs: &[Output]) {
+        if self.unapplied.is_empty() {
+            return;
+        }
+        for o in outputs {
+            if let Output::Publish(p) = o
+                && p.kind != PublishKind::Notification
+                && let Some(corr) = &p.correlation_data
+                && let Some((_, m)) = self.unapplied.remove(&(p.topic.to_string(), corr.to_vec()))
+            {
+                self.unapplied_bytes = self
+                    .unapplied_bytes
+                    .saturating_sub(crate::driver::message_bytes(&m));
+            }
+        }
+    }
+
+    /// A new leader: what the old one may have lost goes to it again.
+    fn resend(&mut self) {
+        self.unapplied
+            .retain(|_, (at, _)| at.elapsed() < RESEND_WITHIN);
+        if self.unapplied.is_empty() {
+            return;
+        }
+        let mut all: Vec<(Instant, InboundMessage)> =
+            self.unapplied.drain().map(|(_, v)| v).collect();
+        self.unapplied_bytes = 0;
+        all.sort_by_key(|(at, _)| *at);
+        info!(
+            requests = all.len(),
+            leader = self.replica.leader(),
+            "a new leader: requests not yet applied are sent to it again"
+        );
+        let messages: Vec<InboundMessage> = all.into_iter().map(|(_, m)| m).collect();
+        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
+            self.submit(Held::Requests(Instant::now(), chunk.to_vec()));
         }
     }
 
@@ -444,6 +530,9 @@ impl Node {
                 "leader changed"
             );
             self.leader_seen = leader;
+            if leader != 0 {
+                self.resend();
+            }
         }
         // Held requests: to the leader once there is one; a 503 after HOLD.
         if leader != 0 {
@@ -524,6 +613,9 @@ impl Node {
                 continue;
             }
             let ours = a.origin == id;
+            if ours {
+                self.untrack(&a.outputs);
+            }
             for o in a.outputs {
                 let publish = match &o {
                     Output::Publish(m) if m.kind == PublishKind::Notification => {
