@@ -467,12 +467,24 @@ impl<B: Backend> Replica<B> {
     /// guest (their outputs, in order).
     pub fn ready(&mut self) -> Result<(Vec<Message>, Vec<Applied>)> {
         let mut messages = Vec::new();
+        let applied = self.ready_sending(&mut |m| messages.push(m))?;
+        Ok((messages, applied))
+    }
+
+    /// [`Replica::ready`] handing each message to `send` as soon as it may
+    /// go: a leader's appends before its own write reaches the disk (so
+    /// the followers' writes and its own overlap), the acknowledgements of
+    /// entries only after.
+    pub fn ready_sending(&mut self, send: &mut dyn FnMut(Message)) -> Result<Vec<Applied>> {
         let mut applied = Vec::new();
         if !self.node.has_ready() {
-            return Ok((messages, applied));
+            return Ok(applied);
         }
         let mut ready = self.node.ready();
-        messages.extend(ready.take_messages());
+        for m in ready.take_messages() {
+            send(m);
+        }
+        let mut messages = Vec::new();
         if !ready.snapshot().is_empty() {
             let snap = ready.snapshot().clone();
             self.install(snap)?;
@@ -502,7 +514,10 @@ impl<B: Backend> Replica<B> {
         self.apply(committed, &mut applied)?;
         self.node.advance_apply();
         self.maybe_compact()?;
-        Ok((messages, applied))
+        for m in messages {
+            send(m);
+        }
+        Ok(applied)
     }
 
     /// A leader's snapshot: the guest is replaced by its state.

@@ -309,7 +309,17 @@ impl Node {
                 biased;
                 () = shutdown.as_mut() => break Ok(()),
                 event = self.events.recv() => match event {
-                    Some(e) => self.on_peer(e),
+                    Some(e) => {
+                        // Everything already here, then one ready: one
+                        // write to the disk for all of it.
+                        let mut r = self.on_peer(e);
+                        let mut n = 0;
+                        while r.is_ok() && n < 1024 && let Ok(e) = self.events.try_recv() {
+                            r = self.on_peer(e);
+                            n += 1;
+                        }
+                        r
+                    }
                     None => break Err(anyhow::anyhow!("the replica links stopped")),
                 },
                 event = transport.recv() => {
@@ -602,10 +612,8 @@ impl Node {
 
     /// Persists, sends, applies; publishes what is this replica's.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
-        let (messages, applied) = self.replica.ready()?;
-        for m in messages {
-            self.links.send(m);
-        }
+        let links = &self.links;
+        let applied = self.replica.ready_sending(&mut |m| links.send(m))?;
         let id = self.replica.id();
         let mut out = Vec::new();
         for a in applied {
