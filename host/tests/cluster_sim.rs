@@ -41,6 +41,8 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.applied += r.applied;
         total.restarts += r.restarts;
         total.snapshots_sent += r.snapshots_sent;
+        total.hot_ops += r.hot_ops;
+        total.unknown += r.unknown;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -53,6 +55,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         "{total:?}"
     );
     assert!(total.timeouts > 0, "expiry went through the log: {total:?}");
+    assert!(
+        total.hot_ops > 0 && total.unknown * 100 <= runs as usize * 3,
+        "hot keys' histories were checked (the checker gave up on at most 1%): {total:?}"
+    );
     assert!(
         total.restarts > 0 && total.snapshots_sent > 0,
         "replicas restarted from their disks and caught up from snapshots: {total:?}"

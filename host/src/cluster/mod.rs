@@ -32,6 +32,7 @@
 //! policy), snapshots for replicas that fall behind, the network transport,
 //! `serve --cluster`, forwarding, read index, `cluster status`.
 
+pub mod linear;
 pub mod log;
 pub mod net;
 pub mod node;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use raft::prelude::{Message, MessageType};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
-use super::{Applied, Compaction, Durability, LogStore, Replica, Timing};
+use super::{Applied, Compaction, Durability, LogStore, Replica, Timing, linear};
 use crate::storage::MemStorage;
 use crate::{Backend, Config, InboundMessage, Input, NativeStore, Output};
 
@@ -87,6 +87,21 @@ pub struct Report {
     pub restarts: usize,
     /// Snapshots delivered to replicas behind the leader's log.
     pub snapshots_sent: usize,
+    /// Operations on hot keys, checked for linearizability.
+    pub hot_ops: usize,
+    /// Hot key histories the checker gave up on (its budget).
+    pub unknown: usize,
+}
+
+/// Steps the linearizability checker may take per history.
+const LINEAR_BUDGET: u64 = 20_000_000;
+
+/// The value of a GET reply (`$-1`: none).
+fn parse_bulk(payload: &[u8]) -> Option<Vec<u8>> {
+    let rest = payload.strip_prefix(b"$")?;
+    let nl = rest.iter().position(|&b| b == b'\r')?;
+    let len: usize = std::str::from_utf8(&rest[..nl]).ok()?.parse().ok()?;
+    rest.get(nl + 2..nl + 2 + len).map(<[u8]>::to_vec)
 }
 
 /// splitmix64: every random choice of a run.
@@ -118,7 +133,14 @@ enum Op {
     Get(u64),
     /// SET with a short PX of a key nobody checks (expiry entries).
     Ttl,
+    /// SET, GET or DEL of a hot key (of [`HOT_KEYS`]), shared by every
+    /// client: its history is checked for linearizability. The event's
+    /// index in that key's history.
+    Hot(usize, usize),
 }
+
+/// Keys every client writes, reads and deletes concurrently.
+const HOT_KEYS: usize = 3;
 
 struct Node {
     replica: Option<Replica<NativeStore>>,
@@ -225,6 +247,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let mut next_key = 0u64;
     let mut last_leader = 0u64;
     let mut timer_pending = false;
+    let mut hot: Vec<Vec<linear::Event>> = vec![Vec::new(); HOT_KEYS];
 
     let total = o.ticks + 3_000; // the tail: faults stop, the cluster settles
     for tick in 0..total {
@@ -318,8 +341,38 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             let clock = now_ms.saturating_add_signed(nodes[li].skew);
             next_corr += 1;
             let corr = next_corr;
-            let (op, msg) = match rng.below(10) {
-                0..=4 => {
+            let pick = rng.below(20);
+            let (op, msg) = match pick {
+                12.. => {
+                    let k = rng.below(HOT_KEYS as u64) as usize;
+                    let name = format!("hot-{k}");
+                    let (op, parts): (linear::Op, Vec<Vec<u8>>) = match rng.below(5) {
+                        0 | 1 => {
+                            next_key += 1;
+                            let v = format!("v{next_key}").into_bytes();
+                            (
+                                linear::Op::Set(v.clone()),
+                                vec![b"SET".to_vec(), name.clone().into_bytes(), v],
+                            )
+                        }
+                        2 | 3 => (
+                            linear::Op::Get(None),
+                            vec![b"GET".to_vec(), name.clone().into_bytes()],
+                        ),
+                        _ => (
+                            linear::Op::Del(None),
+                            vec![b"DEL".to_vec(), name.clone().into_bytes()],
+                        ),
+                    };
+                    hot[k].push(linear::Event {
+                        op,
+                        call: tick,
+                        ret: None,
+                    });
+                    let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                    (Op::Hot(k, hot[k].len() - 1), request(&refs, corr, now_ms))
+                }
+                0..=5 => {
                     next_key += 1;
                     let n = next_key;
                     let (k, v) = (key(n), format!("value-{n}"));
@@ -328,7 +381,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                         request(&[b"SET", k.as_bytes(), v.as_bytes()], corr, now_ms),
                     )
                 }
-                5..=8 if !acknowledged.is_empty() => {
+                6..=10 if !acknowledged.is_empty() => {
                     let n = acknowledged[rng.below(acknowledged.len() as u64) as usize];
                     (
                         Op::Get(n),
@@ -343,6 +396,8 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             let r = nodes[li].replica.as_mut().expect("the leader is up");
             if r.propose(leader, &[Input::Message(&msg)], clock).is_ok() {
                 pending.insert(corr, (op, leader));
+            } else if let Op::Hot(k, _) = op {
+                hot[k].pop(); // never invoked
             }
         }
         // Expiry: the leader proposes a timer entry once its guest is due.
@@ -419,12 +474,53 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                             report.reads += 1;
                         }
                         Op::Ttl => {}
+                        Op::Hot(k, i) => {
+                            let e = &mut hot[k][i];
+                            e.ret = Some(tick);
+                            match &mut e.op {
+                                linear::Op::Set(_) => {
+                                    if payload != b"+OK\r\n" {
+                                        bail!(
+                                            "seed {seed}: SET hot-{k} got {:?}",
+                                            String::from_utf8_lossy(payload)
+                                        );
+                                    }
+                                }
+                                linear::Op::Get(seen) => *seen = parse_bulk(payload),
+                                linear::Op::Del(said) => {
+                                    *said = Some(match payload {
+                                        b":1\r\n" => true,
+                                        b":0\r\n" => false,
+                                        other => bail!(
+                                            "seed {seed}: DEL hot-{k} got {:?}",
+                                            String::from_utf8_lossy(other)
+                                        ),
+                                    });
+                                }
+                            }
+                        }
                     }
                 }
             }
         }
     }
     report.acknowledged = acknowledged.len();
+    // Every hot key's history is linearizable.
+    for history in hot.iter_mut() {
+        // A GET never answered changed nothing and said nothing.
+        history.retain(|e| e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
+    }
+    for (k, history) in hot.iter().enumerate() {
+        report.hot_ops += history.len();
+        match linear::check(history, LINEAR_BUDGET) {
+            linear::Verdict::Linearizable => {}
+            linear::Verdict::Unknown => report.unknown += 1,
+            linear::Verdict::Not => bail!(
+                "seed {seed}: the history of hot-{k} is not linearizable ({} operations):\n{history:?}",
+                history.len()
+            ),
+        }
+    }
     // Settled: every replica up, the same index applied, the same state.
     let applied: Vec<u64> = nodes
         .iter()
