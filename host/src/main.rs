@@ -483,8 +483,11 @@ struct ServeArgs {
     /// every `[[replica]]` (`id`, `raft` address for the other replicas,
     /// `mqtt` address of its embedded broker, where it listens). Writes are
     /// acknowledged once a majority has them (durable under --fsync).
-    /// `scripts/cluster` starts three on loopback; see the README.
-    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER", conflicts_with_all = ["config", "data_dir", "broker"])]
+    /// `scripts/cluster` starts three on loopback; see the README. With
+    /// --broker, the replicas share the request topic through one MQTT5
+    /// shared subscription (`$share/statestore/...`), each as client
+    /// `<--client-id>-<id>`.
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER", conflicts_with_all = ["config", "data_dir"])]
     cluster: Option<PathBuf>,
 
     /// Serve the tenants declared in this TOML file: each an isolated store
@@ -1330,6 +1333,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 connect_timeout: Duration::from_secs(args.connect_timeout),
                 client_events: args.client_events,
                 store: spec.store.clone(),
+                shared_group: None,
             };
             let server = Server::connect_tenant(tenant, opts)
                 .await
@@ -1366,7 +1370,11 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
     let file = ClusterFile::load(path)?;
     let secret = file.secret()?;
     let listen = file.me().mqtt.unwrap_or(args.listen);
-    if !listen.ip().is_loopback() && !args.allow_insecure && args.users_file.is_none() {
+    if args.broker.is_none()
+        && !listen.ip().is_loopback()
+        && !args.allow_insecure
+        && args.users_file.is_none()
+    {
         anyhow::bail!(
             "refusing to listen on {listen} without authentication: anyone who can reach it could read and write every key (add --users-file, or --allow-insecure)"
         );
@@ -1394,16 +1402,47 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
     let runtime = fleet
         .runtime_from_bytes(&wasm, spec.limits)
         .with_context(|| format!("cannot load {}", spec.component))?;
+    let password = match &args.password_file {
+        Some(p) => Some(config::read_secret(p)?),
+        None => None,
+    };
     rt.block_on(async move {
+        let notify = if args.broker.is_some() {
+            Notify::Origin
+        } else {
+            Notify::Everywhere
+        };
         let node = Node::open(
             &file,
             runtime,
             guest,
             args.fsync,
             statestore::clock::system(),
-            Notify::Everywhere,
+            notify,
         )
         .await?;
+        if let Some(broker) = args.broker.clone() {
+            let client_id = format!("{}-{}", args.client_id, file.id);
+            let opts = ServeOptions {
+                broker,
+                client_id: client_id.clone(),
+                username: args.username.clone(),
+                password,
+                ca_file: args.ca_file.clone(),
+                client_cert: client_cert(&args.client_cert, &args.client_key),
+                keep_alive: Duration::from_secs(args.keep_alive),
+                // No session outlives a replica's connection: the broker
+                // gives its share of the requests to the replicas that are
+                // up (a kept session would queue them for a dead one).
+                session_expiry: Duration::ZERO,
+                max_packet: args.max_packet_mib << 20,
+                connect_timeout: Duration::from_secs(args.connect_timeout),
+                client_events: args.client_events,
+                store: spec_store,
+                shared_group: Some("statestore".into()),
+            };
+            return statestore::serve::serve_replica(node, opts, shutdown_signal()).await;
+        }
         let users = match &args.users_file {
             Some(path) => Some(statestore::users::Users::load(path)?),
             None => None,

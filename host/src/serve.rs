@@ -164,6 +164,9 @@ pub struct ServeOptions {
     pub max_packet: u32,
     /// The store: node id, persistence.
     pub store: StoreOptions,
+    /// A replica of a cluster subscribes to the request topic through
+    /// this MQTT5 shared subscription group (`$share/<group>/...`).
+    pub shared_group: Option<String>,
 }
 
 // Raw events of the rumqttc connection.
@@ -208,6 +211,55 @@ impl Server {
     /// Connects `tenant`'s own connection (`opts.store` is not used: the
     /// tenant is open already).
     pub async fn connect_tenant(tenant: Tenant, opts: ServeOptions) -> Result<Server> {
+        let transport = ClientTransport::connect(opts).await?;
+        let (control, control_rx) = mpsc::unbounded_channel();
+        Ok(Server {
+            tenant,
+            transport,
+            control,
+            control_rx,
+        })
+    }
+
+    /// Serves requests until `shutdown` completes, then finishes what is in
+    /// hand, disconnects cleanly and returns.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+        crate::driver::drive(
+            &mut self.tenant,
+            &mut self.transport,
+            &mut self.control_rx,
+            shutdown,
+        )
+        .await
+    }
+
+    /// Where to send commands (upgrades) to the running tenant.
+    pub fn control(&self) -> mpsc::UnboundedSender<Control> {
+        self.control.clone()
+    }
+
+    /// The tenant's name.
+    pub fn tenant_name(&self) -> &str {
+        self.tenant.name()
+    }
+}
+
+/// Serves a replica of a cluster (`serve --cluster` with `--broker`)
+/// through the broker: its requests come through the shared subscription
+/// of `opts.shared_group`, so the broker spreads them over the replicas
+/// and gives a dead replica's unacknowledged ones to another.
+pub async fn serve_replica(
+    node: crate::cluster::node::Node,
+    opts: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let mut transport = ClientTransport::connect(opts).await?;
+    node.drive(&mut transport, shutdown).await
+}
+
+impl ClientTransport {
+    /// Connects to the broker and subscribes.
+    async fn connect(opts: ServeOptions) -> Result<ClientTransport> {
         let mut mqtt = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);
         mqtt.set_keep_alive(opts.keep_alive)
             .set_clean_start(false)
@@ -244,15 +296,7 @@ impl Server {
         let wait =
             tokio::time::timeout(transport.opts.connect_timeout, transport.first_connection());
         match wait.await {
-            Ok(Ok(())) => {
-                let (control, control_rx) = mpsc::unbounded_channel();
-                Ok(Server {
-                    tenant,
-                    transport,
-                    control,
-                    control_rx,
-                })
-            }
+            Ok(Ok(())) => Ok(transport),
             Ok(Err(e)) => {
                 transport.net.abort();
                 Err(e)
@@ -268,30 +312,6 @@ impl Server {
         }
     }
 
-    /// Serves requests until `shutdown` completes, then finishes what is in
-    /// hand, disconnects cleanly and returns.
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        crate::driver::drive(
-            &mut self.tenant,
-            &mut self.transport,
-            &mut self.control_rx,
-            shutdown,
-        )
-        .await
-    }
-
-    /// Where to send commands (upgrades) to the running tenant.
-    pub fn control(&self) -> mpsc::UnboundedSender<Control> {
-        self.control.clone()
-    }
-
-    /// The tenant's name.
-    pub fn tenant_name(&self) -> &str {
-        self.tenant.name()
-    }
-}
-
-impl ClientTransport {
     async fn first_connection(&mut self) -> Result<()> {
         loop {
             match self.events.recv().await {
@@ -309,9 +329,17 @@ impl ClientTransport {
         }
     }
 
+    /// The request topic's filter: shared by the replicas of a cluster.
+    fn request_filter(&self) -> String {
+        match &self.opts.shared_group {
+            Some(group) => format!("$share/{group}/{REQUEST_TOPIC}"),
+            None => REQUEST_TOPIC.to_string(),
+        }
+    }
+
     async fn subscribe(&self) -> Result<()> {
         self.client
-            .subscribe(REQUEST_TOPIC, QoS::AtLeastOnce)
+            .subscribe(self.request_filter(), QoS::AtLeastOnce)
             .await
             .context("subscribe")?;
         if let Some(filter) = self.opts.client_events.filter() {
@@ -333,7 +361,7 @@ impl ClientTransport {
                     {
                         bail!("the broker refused our subscription to {REQUEST_TOPIC}: {bad:?}");
                     }
-                    info!(topic = REQUEST_TOPIC, "subscribed; serving");
+                    info!(topic = %self.request_filter(), "subscribed; serving");
                     return Ok(());
                 }
                 Some(NetEvent::Lost(e)) => bail!("connection lost while subscribing: {e}"),

@@ -96,10 +96,16 @@ struct Cluster {
     dir: PathBuf,
     mqtt: Vec<u16>,
     servers: Vec<Option<Server>>,
+    /// The port of the external broker the replicas serve through, if any.
+    broker: Option<u16>,
 }
 
 impl Cluster {
     fn new(replicas: usize) -> Cluster {
+        Cluster::with_broker(replicas, None)
+    }
+
+    fn with_broker(replicas: usize, broker: Option<u16>) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
             "statestore-cluster-{}-{}",
             std::process::id(),
@@ -130,6 +136,7 @@ impl Cluster {
             dir,
             mqtt,
             servers: Vec::new(),
+            broker,
         };
         for i in 0..replicas {
             let s = c.spawn(i);
@@ -147,7 +154,13 @@ impl Cluster {
         cmd.args(["serve", "--no-cache", "--cluster"])
             .arg(self.file(i))
             .env("RUST_LOG", "info");
-        Server::spawn(cmd)
+        match self.broker {
+            Some(port) => {
+                cmd.args(["--broker", &format!("mqtt://127.0.0.1:{port}")]);
+                Server::spawn_until(cmd, "subscribed; serving")
+            }
+            None => Server::spawn(cmd),
+        }
     }
 
     /// `cluster status`: (exit success, output).
@@ -453,4 +466,73 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
     for r in readers {
         r.close().await;
     }
+}
+
+/// External mode: three replicas serve through one mosquitto, sharing the
+/// request topic (`$share/statestore/...`); the SDK talks to the broker.
+/// With one replica killed, the others answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_the_request_topic_of_an_external_broker() {
+    let broker = statestore_tests::broker::Mosquitto::start();
+    let mut c = Cluster::with_broker(3, Some(broker.port));
+    let leader = c.leader(Duration::from_secs(20));
+    let a = Sdk::connect(broker.port, "ext-writer").await;
+    let mut versions = Vec::new();
+    for i in 0..30 {
+        let r =
+            a.ss.set(
+                format!("ext-{i}").into_bytes(),
+                b"v".to_vec(),
+                T,
+                None,
+                SetOptions::default(),
+            )
+            .await
+            .expect("set through a shared subscription");
+        versions.push(r.version.expect("a version").to_string());
+    }
+    // Every replica took a share of the requests.
+    for (i, s) in c.servers.iter().enumerate() {
+        let log = s.as_ref().expect("up").log();
+        assert!(
+            log.contains("$share/statestore/"),
+            "replica {}: {log}",
+            i + 1
+        );
+    }
+    // A follower dies: the others go on. (Requests the broker had queued
+    // for its session wait for it; the SDK's retry goes to another.)
+    let victim = (leader + 1) % 3;
+    if let Some(s) = c.servers[victim].take() {
+        s.kill9();
+    }
+    let mut ok = 0;
+    for i in 0..20 {
+        if a.ss
+            .set(
+                format!("ext-after-{i}").into_bytes(),
+                b"w".to_vec(),
+                T,
+                None,
+                SetOptions::default(),
+            )
+            .await
+            .is_ok()
+        {
+            ok += 1;
+        }
+    }
+    eprintln!("{ok} of 20 writes answered with a replica down");
+    assert!(ok >= 18, "{ok} of 20 writes answered with a replica down");
+    for i in 0..30 {
+        let got = a.ss.get(format!("ext-{i}").into_bytes(), T).await;
+        if let Ok(got) = got {
+            assert_eq!(got.response, Some(b"v".to_vec()));
+            assert_eq!(
+                got.version.map(|v| v.to_string()).as_ref(),
+                Some(&versions[i])
+            );
+        }
+    }
+    a.close().await;
 }

@@ -218,6 +218,7 @@ pub fn serve_options(broker: BrokerUrl, client_events: ClientEvents) -> ServeOpt
         connect_timeout: Duration::from_secs(10),
         client_events,
         store: StoreOptions::volatile("StateStore", "statestore-under-test"),
+        shared_group: None,
     }
 }
 
