@@ -1407,6 +1407,15 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
         None => None,
     };
     rt.block_on(async move {
+        let metrics = match args.metrics {
+            Some(addr) => {
+                let metrics = statestore::metrics::Metrics::new()?;
+                let at = metrics.serve(addr).await?;
+                tracing::info!(metrics = %format!("http://{at}/metrics"), "metrics listening");
+                Some(metrics)
+            }
+            None => None,
+        };
         let notify = if args.broker.is_some() {
             Notify::Origin
         } else {
@@ -1421,6 +1430,11 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
             notify,
         )
         .await?;
+        let mut node = node;
+        if let Some(m) = &metrics {
+            node.set_metrics(m.replica()?);
+            m.set_ready();
+        }
         if let Some(broker) = args.broker.clone() {
             let client_id = format!("{}-{}", args.client_id, file.id);
             let opts = ServeOptions {
@@ -1455,8 +1469,8 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
             statestore::embedded::BrokerOptions {
                 limits: broker_limits(&args),
                 users,
-                connections: None,
-                queue_dropped: None,
+                connections: metrics.as_ref().map(|m| m.connections().clone()),
+                queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
                 policy: Some(policy_cell),
                 tls: tls_listener(&args),
             },

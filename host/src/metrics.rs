@@ -272,6 +272,49 @@ impl Metrics {
         }
     }
 
+    /// The metrics of a replica of a cluster (registered on first call).
+    pub fn replica(&self) -> Result<ReplicaMetrics> {
+        let r = &self.registry;
+        let g = |name: &str, help: &str| -> Result<IntGauge> {
+            let g = IntGauge::new(name, help)?;
+            r.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let leader_changes = IntCounter::new(
+            "statestore_raft_leader_changes_total",
+            "Times this replica saw the leader change (to none or to another)",
+        )?;
+        r.register(Box::new(leader_changes.clone()))?;
+        let commit = Histogram::with_opts(
+            HistogramOpts::new(
+                "statestore_raft_commit_seconds",
+                "From this replica proposing or forwarding a request to applying it (a majority had it durable)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )?;
+        r.register(Box::new(commit.clone()))?;
+        Ok(ReplicaMetrics {
+            term: g("statestore_raft_term", "This replica's Raft term")?,
+            is_leader: g("statestore_raft_is_leader", "1 while this replica leads")?,
+            commit_index: g(
+                "statestore_raft_commit_index",
+                "This replica's commit index",
+            )?,
+            applied_index: g(
+                "statestore_raft_applied_index",
+                "Index of the last entry this replica applied to its guest",
+            )?,
+            lag: gauge(
+                r,
+                "statestore_raft_replica_lag_entries",
+                "As leader: entries each replica's log is behind this one's",
+                &["replica"],
+            )?,
+            leader_changes,
+            commit,
+        })
+    }
+
     /// The embedded broker's connection count.
     pub fn connections(&self) -> &IntGauge {
         &self.connections
@@ -618,4 +661,23 @@ mod tests {
             }
         }
     }
+}
+
+/// A replica's metrics (`serve --cluster --metrics`).
+#[derive(Debug, Clone)]
+pub struct ReplicaMetrics {
+    /// Its term.
+    pub term: IntGauge,
+    /// 1 while it leads.
+    pub is_leader: IntGauge,
+    /// Its commit index.
+    pub commit_index: IntGauge,
+    /// Its applied index.
+    pub applied_index: IntGauge,
+    /// As leader: each replica's lag, entries.
+    pub lag: IntGaugeVec,
+    /// Leader changes seen.
+    pub leader_changes: IntCounter,
+    /// From proposing or forwarding a request to applying it.
+    pub commit: Histogram,
 }

@@ -95,6 +95,8 @@ impl Sdk {
 struct Cluster {
     dir: PathBuf,
     mqtt: Vec<u16>,
+    /// Each replica's `--metrics` port.
+    metrics: Vec<u16>,
     servers: Vec<Option<Server>>,
     /// The port of the external broker the replicas serve through, if any.
     broker: Option<u16>,
@@ -135,6 +137,7 @@ impl Cluster {
         let mut c = Cluster {
             dir,
             mqtt,
+            metrics: (0..replicas).map(|_| free_port()).collect(),
             servers: Vec::new(),
             broker,
         };
@@ -153,6 +156,7 @@ impl Cluster {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
         cmd.args(["serve", "--no-cache", "--cluster"])
             .arg(self.file(i))
+            .args(["--metrics", &format!("127.0.0.1:{}", self.metrics[i])])
             .env("RUST_LOG", "info");
         match self.broker {
             Some(port) => {
@@ -216,6 +220,28 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// The samples of replica `port`'s `/metrics` named `name` (any labels).
+fn metric(port: u16, name: &str) -> Vec<(String, f64)> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics port");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("response");
+    raw.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }
 
 impl Drop for Cluster {
@@ -286,6 +312,22 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     writer.close().await;
     observer.close().await;
     assert!(dir_exists(&c.dir));
+    // Metrics per replica: who leads, the indexes, commit latency of the
+    // requests the follower forwarded, each replica's lag.
+    let one = |port: u16, name: &str| -> f64 {
+        metric(port, name)
+            .first()
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("{name} on {port}"))
+    };
+    assert_eq!(one(c.metrics[leader], "statestore_raft_is_leader"), 1.0);
+    assert_eq!(one(c.metrics[follower], "statestore_raft_is_leader"), 0.0);
+    assert!(one(c.metrics[follower], "statestore_raft_applied_index") >= 3.0);
+    assert!(one(c.metrics[follower], "statestore_raft_term") >= 1.0);
+    assert!(one(c.metrics[follower], "statestore_raft_commit_seconds_count") >= 2.0);
+    assert!(one(c.metrics[follower], "statestore_raft_leader_changes_total") >= 1.0);
+    let lags = metric(c.metrics[leader], "statestore_raft_replica_lag_entries");
+    assert_eq!(lags.len(), 3, "{lags:?}");
 }
 
 /// What the writers saw acknowledged.

@@ -199,6 +199,7 @@ pub struct Node {
     /// reply.
     unapplied: HashMap<(String, Vec<u8>), (Instant, InboundMessage)>,
     unapplied_bytes: usize,
+    metrics: Option<crate::metrics::ReplicaMetrics>,
 }
 
 impl std::fmt::Debug for Node {
@@ -282,7 +283,34 @@ impl Node {
             leader_seen: 0,
             unapplied: HashMap::new(),
             unapplied_bytes: 0,
+            metrics: None,
         })
+    }
+
+    /// Keeps `metrics` up to date from now on.
+    pub fn set_metrics(&mut self, metrics: crate::metrics::ReplicaMetrics) {
+        self.metrics = Some(metrics);
+    }
+
+    fn refresh_metrics(&self) {
+        let Some(m) = &self.metrics else { return };
+        let s = self.replica.status();
+        m.term.set(i64::try_from(s.term).unwrap_or(i64::MAX));
+        m.is_leader.set(i64::from(s.role == "leader"));
+        m.commit_index
+            .set(i64::try_from(s.commit).unwrap_or(i64::MAX));
+        m.applied_index
+            .set(i64::try_from(s.applied).unwrap_or(i64::MAX));
+        for r in &self.replicas {
+            let lag = s
+                .matched
+                .iter()
+                .find(|(id, _)| *id == r.id)
+                .map_or(0, |(_, matched)| s.last_index.saturating_sub(*matched));
+            m.lag
+                .with_label_values(&[&r.id.to_string()])
+                .set(i64::try_from(lag).unwrap_or(i64::MAX));
+        }
     }
 
     fn now(&self) -> u64 {
@@ -421,8 +449,11 @@ impl Node {
             if let Output::Publish(p) = o
                 && p.kind != PublishKind::Notification
                 && let Some(corr) = &p.correlation_data
-                && let Some((_, m)) = self.unapplied.remove(&(p.topic.to_string(), corr.to_vec()))
+                && let Some((at, m)) = self.unapplied.remove(&(p.topic.to_string(), corr.to_vec()))
             {
+                if let Some(metrics) = &self.metrics {
+                    metrics.commit.observe(at.elapsed().as_secs_f64());
+                }
                 self.unapplied_bytes = self
                     .unapplied_bytes
                     .saturating_sub(crate::driver::message_bytes(&m));
@@ -531,6 +562,7 @@ impl Node {
 
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         self.replica.tick();
+        self.refresh_metrics();
         let leader = self.replica.leader();
         if leader != self.leader_seen {
             info!(
@@ -540,6 +572,9 @@ impl Node {
                 "leader changed"
             );
             self.leader_seen = leader;
+            if let Some(m) = &self.metrics {
+                m.leader_changes.inc();
+            }
             if leader != 0 {
                 self.resend();
             }
