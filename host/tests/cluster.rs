@@ -15,80 +15,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::reconnect_policy::ExponentialBackoffWithJitter;
-use azure_iot_operations_mqtt::session::{
-    Session, SessionError, SessionExitHandle, SessionOptionsBuilder,
-};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
-use azure_iot_operations_services::state_store::{self, Operation, SetOptions};
+use azure_iot_operations_services::state_store::{Operation, SetOptions};
 use statestore_tests::broker::free_port;
 use statestore_tests::process::Server;
-use tokio::task::JoinHandle;
+use statestore_tests::sdk::Sdk;
 
 const T: Duration = Duration::from_secs(2);
 
-struct Sdk {
-    ss: Arc<state_store::Client>,
-    exit: SessionExitHandle,
-    run: JoinHandle<Result<(), SessionError>>,
-}
-
-impl Sdk {
-    /// An SDK client of the replica on `port`, reconnecting for as long as
-    /// it takes (its replica may be down for a while).
-    async fn connect(port: u16, id: &str) -> Sdk {
-        let settings = MqttConnectionSettingsBuilder::default()
-            .client_id(id)
-            .hostname("127.0.0.1")
-            .tcp_port(port)
-            .use_tls(false)
-            .keep_alive(Duration::from_secs(5))
-            .clean_start(true)
-            .session_expiry(Duration::from_secs(60))
-            .build()
-            .expect("mqtt settings");
-        let options = SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .reconnect_policy(Box::new(ExponentialBackoffWithJitter {
-                max_wait: Duration::from_millis(500),
-                max_reconnect_attempts: None,
-            }))
-            .aio_broker_features(None)
-            .build()
-            .expect("session options");
-        let session = Session::new(options).expect("session");
-        let monitor = session.create_session_monitor();
-        let ss = state_store::Client::new(
-            ApplicationContextBuilder::default()
-                .build()
-                .expect("application context"),
-            session.create_managed_client(),
-            session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default()
-                .build()
-                .expect("client options"),
-        )
-        .expect("state store client");
-        let exit = session.create_exit_handle();
-        let run = tokio::spawn(session.run());
-        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
-            .await
-            .expect("the SDK connects");
-        Sdk {
-            ss: Arc::new(ss),
-            exit,
-            run,
-        }
-    }
-
-    async fn close(self) {
-        let _ = tokio::time::timeout(T, self.ss.shutdown()).await;
-        if self.exit.try_exit().is_err() {
-            self.exit.force_exit();
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.run).await;
-    }
+/// An SDK client of the replica on `port`, reconnecting for as long as it
+/// takes (its replica may be down for a while).
+async fn sdk(port: u16, id: &str) -> Sdk {
+    let settings = statestore_tests::sdk::plain(port, id)
+        .keep_alive(Duration::from_secs(5))
+        .build()
+        .expect("mqtt settings");
+    Sdk::start(settings, None, Duration::from_millis(500)).await
 }
 
 /// Three replicas' files in a fresh directory.
@@ -263,8 +204,8 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     let leader = c.leader(Duration::from_secs(20));
     let follower = (leader + 1) % 3;
     let other = (leader + 2) % 3;
-    let writer = Sdk::connect(c.mqtt[follower], "cluster-writer").await;
-    let observer = Sdk::connect(c.mqtt[other], "cluster-observer").await;
+    let writer = sdk(c.mqtt[follower], "cluster-writer").await;
+    let observer = sdk(c.mqtt[other], "cluster-observer").await;
     let mut obs = observer
         .ss
         .observe(b"watched".to_vec(), T)
@@ -291,7 +232,7 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     assert_eq!(n.operation, Operation::Set(b"v1".to_vec()));
     assert_eq!(n.version.to_string(), version);
     for port in &c.mqtt {
-        let reader = Sdk::connect(*port, &format!("cluster-reader-{port}")).await;
+        let reader = sdk(*port, &format!("cluster-reader-{port}")).await;
         let got = reader.ss.get(b"watched".to_vec(), T).await.expect("get");
         assert_eq!(got.response, Some(b"v1".to_vec()), "replica on {port}");
         assert_eq!(got.version.map(|v| v.to_string()), Some(version.clone()));
@@ -342,7 +283,7 @@ struct Acked {
 }
 
 async fn write_load(port: u16, name: String, stop: Arc<AtomicBool>, acked: Arc<Mutex<Acked>>) {
-    let sdk = Sdk::connect(port, &name).await;
+    let sdk = sdk(port, &name).await;
     let mut n = 0u64;
     let mut mine: Vec<String> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -468,9 +409,9 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
     assert!(!acked.deleted.is_empty(), "some DELs were acknowledged");
     // Every acknowledged write, read from every replica in turn.
     let readers = [
-        Sdk::connect(c.mqtt[0], "check-0").await,
-        Sdk::connect(c.mqtt[1], "check-1").await,
-        Sdk::connect(c.mqtt[2], "check-2").await,
+        sdk(c.mqtt[0], "check-0").await,
+        sdk(c.mqtt[1], "check-1").await,
+        sdk(c.mqtt[2], "check-2").await,
     ];
     let mut sets: Vec<_> = acked.sets.iter().collect();
     sets.sort();
@@ -518,7 +459,7 @@ async fn replicas_share_the_request_topic_of_an_external_broker() {
     let broker = statestore_tests::broker::Mosquitto::start();
     let mut c = Cluster::with_broker(3, Some(broker.port));
     let leader = c.leader(Duration::from_secs(20));
-    let a = Sdk::connect(broker.port, "ext-writer").await;
+    let a = sdk(broker.port, "ext-writer").await;
     let mut versions = Vec::new();
     for i in 0..30 {
         let r =

@@ -9,6 +9,7 @@
 
 pub mod broker;
 pub mod process;
+pub mod sdk;
 pub mod vector;
 
 use std::path::PathBuf;

@@ -4,98 +4,17 @@
 //! a real mosquitto, and `statestore serve` with its embedded broker. Every
 //! scenario runs in both.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::reconnect_policy::ExponentialBackoffWithJitter;
-use azure_iot_operations_mqtt::session::{
-    Session, SessionError, SessionExitHandle, SessionOptionsBuilder,
-};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
 use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
 use azure_iot_operations_services::leased_lock::{self, lease, lock};
 use azure_iot_operations_services::state_store::{
     self, ErrorKind, Operation, ServiceError, SetCondition, SetOptions,
 };
 use statestore_tests::broker::{Deployment, Mode};
-use tokio::task::JoinHandle;
+use statestore_tests::sdk::Sdk;
 
 const T: Duration = Duration::from_secs(5);
-
-struct Sdk {
-    ss: Arc<state_store::Client>,
-    exit: SessionExitHandle,
-    run: JoinHandle<Result<(), SessionError>>,
-    id: String,
-}
-
-impl Sdk {
-    async fn connect(port: u16, id: &str) -> Sdk {
-        Sdk::connect_as(port, id, None).await
-    }
-
-    /// Connects with a user name and password, if given.
-    async fn connect_as(port: u16, id: &str, user: Option<(&str, &str)>) -> Sdk {
-        let mut settings = MqttConnectionSettingsBuilder::default();
-        if let Some((name, password)) = user {
-            settings = settings
-                .username(name.to_string())
-                .password(password.to_string());
-        }
-        let settings = settings
-            .client_id(id)
-            .hostname("127.0.0.1")
-            .tcp_port(port)
-            .use_tls(false)
-            .keep_alive(Duration::from_secs(10))
-            .clean_start(true)
-            .session_expiry(Duration::from_secs(60))
-            .build()
-            .expect("mqtt settings");
-        let options = SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .reconnect_policy(Box::new(ExponentialBackoffWithJitter {
-                max_wait: Duration::from_secs(1),
-                max_reconnect_attempts: Some(10),
-            }))
-            .aio_broker_features(None)
-            .build()
-            .expect("session options");
-        let session = Session::new(options).expect("session");
-        let monitor = session.create_session_monitor();
-        let ss = state_store::Client::new(
-            ApplicationContextBuilder::default()
-                .build()
-                .expect("application context"),
-            session.create_managed_client(),
-            session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default()
-                .build()
-                .expect("client options"),
-        )
-        .expect("state store client");
-        let exit = session.create_exit_handle();
-        let run = tokio::spawn(session.run());
-        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
-            .await
-            .expect("the SDK connects");
-        Sdk {
-            ss: Arc::new(ss),
-            exit,
-            run,
-            id: id.to_string(),
-        }
-    }
-
-    async fn close(self) {
-        let _ = self.ss.shutdown().await;
-        if self.exit.try_exit().is_err() {
-            self.exit.force_exit();
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.run).await;
-    }
-}
 
 /// Runs each scenario against both modes, as `external::name` and `embedded::name`.
 macro_rules! in_both_modes {

@@ -8,14 +8,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::reconnect_policy::ExponentialBackoffWithJitter;
-use azure_iot_operations_mqtt::session::{Session, SessionOptionsBuilder};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
 use azure_iot_operations_services::state_store::{self, SetOptions};
 use statestore::embedded::{BrokerOptions, EmbeddedServer, Route, TlsListener};
 use statestore::store::StoreOptions;
 use statestore::tenant::Tenant;
 use statestore_tests::broker::{RawClient, TestPki, free_port, text};
+use statestore_tests::sdk::Sdk;
 use tokio::sync::oneshot;
 
 const T: Duration = Duration::from_secs(5);
@@ -93,7 +91,7 @@ async fn sdk(
     ca: &std::path::Path,
     cert: Option<(&std::path::Path, &std::path::Path)>,
 ) -> (
-    state_store::Client,
+    std::sync::Arc<state_store::Client>,
     azure_iot_operations_mqtt::session::SessionExitHandle,
 ) {
     let b = MqttConnectionSettingsBuilder::default()
@@ -112,34 +110,8 @@ async fn sdk(
         None => b,
     };
     let settings = b.build().expect("mqtt settings");
-    let options = SessionOptionsBuilder::default()
-        .connection_settings(settings)
-        .reconnect_policy(Box::new(ExponentialBackoffWithJitter {
-            max_wait: Duration::from_secs(1),
-            max_reconnect_attempts: Some(5),
-        }))
-        .aio_broker_features(None)
-        .build()
-        .expect("session options");
-    let session = Session::new(options).expect("session");
-    let monitor = session.create_session_monitor();
-    let client = state_store::Client::new(
-        ApplicationContextBuilder::default()
-            .build()
-            .expect("application context"),
-        session.create_managed_client(),
-        session.create_session_monitor(),
-        state_store::ClientOptionsBuilder::default()
-            .build()
-            .expect("client options"),
-    )
-    .expect("state store client");
-    let exit = session.create_exit_handle();
-    tokio::spawn(session.run());
-    tokio::time::timeout(Duration::from_secs(10), monitor.connected())
-        .await
-        .expect("the SDK connects over TLS");
-    (client, exit)
+    let sdk = Sdk::start(settings, Some(5), Duration::from_secs(1)).await;
+    (sdk.ss, sdk.exit)
 }
 
 /// Debian's `mosquitto_pub` or `mosquitto_sub` (`tool`) speaking MQTT5 over
