@@ -493,6 +493,50 @@ mod tests {
     }
 
     #[test]
+    fn any_bytes_in_the_log_open_or_are_refused_never_panic() {
+        let disk = Disk::new();
+        let mut log = open(&disk).expect("open");
+        let entries: Vec<Entry> = (1..=20).map(|i| entry(i, 1 + i / 7)).collect();
+        log.append(&entries).expect("append");
+        log.set_hardstate(hs(3, 1, 15)).expect("hs");
+        log.sync().expect("sync");
+        let name = log_name(log.generation);
+        drop(log);
+        let good = disk.crash(None).read(&name).expect("read");
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..500 {
+            let mut bytes = good.clone();
+            match round % 4 {
+                0 => bytes.truncate((next() as usize) % (good.len() + 1)),
+                1 => {
+                    let at = (next() as usize) % bytes.len();
+                    bytes[at] ^= 1 << (next() % 8);
+                }
+                2 => bytes = (0..next() % 300).map(|_| next() as u8).collect(),
+                _ => {
+                    let at = (next() as usize) % bytes.len();
+                    let extra: Vec<u8> = (0..next() % 40).map(|_| next() as u8).collect();
+                    bytes.splice(at..at, extra);
+                }
+            }
+            let d = Disk::new();
+            d.write_atomic(CURRENT, b"7").expect("current");
+            d.write_atomic("raft-log.7", &bytes).expect("log");
+            if let Ok(back) = open(&d.crash(None)) {
+                // What opened is a log raft-rs can start from.
+                let last = back.mem.last_index().expect("last");
+                assert!(back.hard_state().commit <= last, "round {round}");
+            }
+        }
+    }
+
+    #[test]
     fn a_snapshot_compacts_the_log_and_is_what_a_restart_starts_from() {
         let disk = Disk::new();
         let mut log = open(&disk).expect("open");

@@ -321,3 +321,72 @@ pub async fn status(addr: SocketAddr, secret: &[u8]) -> Result<String> {
         None => bail!("{addr} closed the link (is the secret right?)"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn listening() -> (SocketAddr, mpsc::Receiver<PeerEvent>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(accept(listener, b"the-right-secret-16".to_vec(), tx));
+        (addr, rx)
+    }
+
+    async fn send(addr: SocketAddr, secret: &[u8], frames: &[Vec<u8>]) {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(&hello(2, secret)).await.expect("hello");
+        for f in frames {
+            let _ = s.write_all(f).await;
+        }
+        let _ = s.flush().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    fn forward_frame() -> Vec<u8> {
+        let mut body = 2u64.to_le_bytes().to_vec();
+        body.extend_from_slice(b"batch");
+        frame(FORWARD, &body)
+    }
+
+    #[tokio::test]
+    async fn a_link_without_the_secret_is_not_read() {
+        let (addr, mut rx) = listening().await;
+        send(addr, b"a-wrong-secret-of-16", &[forward_frame()]).await;
+        send(addr, b"", &[forward_frame()]).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing from a peer without the secret"
+        );
+        send(addr, b"the-right-secret-16", &[forward_frame()]).await;
+        match rx.recv().await {
+            Some(PeerEvent::Forward { origin, batch }) => {
+                assert_eq!((origin, &batch[..]), (2, &b"batch"[..]));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_frames_close_the_link_and_nothing_else() {
+        let (addr, mut rx) = listening().await;
+        let oversized = (u32::MAX).to_le_bytes().to_vec();
+        let unknown = frame(99, b"x");
+        let not_raft = frame(RAFT, &[0xff; 7]);
+        for bad in [oversized, unknown, not_raft] {
+            send(addr, b"the-right-secret-16", &[bad, forward_frame()]).await;
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "a link is closed at its first bad frame"
+        );
+        // The listener still takes links.
+        let text = tokio::spawn(status(addr, b"the-right-secret-16"));
+        match rx.recv().await {
+            Some(PeerEvent::Status(reply)) => reply.send("id=1\n".into()).expect("reply"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(text.await.expect("join").expect("status"), "id=1\n");
+    }
+}
