@@ -360,7 +360,12 @@ impl Node {
                         None => {}
                     }
                     transport.settle().await?;
-                    Ok(())
+                    // And what the peers sent meanwhile: one ready for both.
+                    let mut r = Ok(());
+                    while r.is_ok() && let Ok(e) = self.events.try_recv() {
+                        r = self.on_peer(e);
+                    }
+                    r
                 }
                 _ = tick.tick() => self.on_tick(transport).await,
                 _ = sync.tick(), if self.fsync == Fsync::Everysec => self.replica.sync(),
