@@ -61,14 +61,13 @@ pub struct EntryRef<'a> {
     pub batch: &'a [u8],
 }
 
-/// Encodes an entry of `inputs`.
-pub fn encode_entry(origin: u64, now: u64, inputs: &[Input<'_>]) -> Vec<u8> {
-    let batch = wire::encode_batch(inputs);
+/// Encodes an entry of `batch`, inputs in the guest's batch encoding.
+pub fn encode_entry(origin: u64, now: u64, batch: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(17 + batch.len());
     out.push(ENTRY_VERSION);
     out.extend_from_slice(&origin.to_le_bytes());
     out.extend_from_slice(&now.to_le_bytes());
-    out.extend_from_slice(&batch);
+    out.extend_from_slice(batch);
     out
 }
 
@@ -448,12 +447,9 @@ impl<B: Backend> Replica<B> {
             );
         }
         let now = clock.max(self.log_now);
-        let mut data = Vec::with_capacity(17 + batch.len());
-        data.push(ENTRY_VERSION);
-        data.extend_from_slice(&origin.to_le_bytes());
-        data.extend_from_slice(&now.to_le_bytes());
-        data.extend_from_slice(batch);
-        self.node.propose(vec![], data).context("proposing")?;
+        self.node
+            .propose(vec![], encode_entry(origin, now, batch))
+            .context("proposing")?;
         self.log_now = now;
         Ok(now)
     }

@@ -317,11 +317,6 @@ impl Node {
         self.clock.now_ms()
     }
 
-    /// The guest's config (for replies the host makes).
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// Serves clients over `transport` until `shutdown` completes.
     pub async fn drive<T: Transport>(
         mut self,
