@@ -57,6 +57,10 @@ impl wit::Guest for Component {
             record_version: f.record_version,
         }
     }
+
+    fn reads(batch: Vec<u8>) -> Result<Vec<u32>, wit::Error> {
+        StateMachine::reads(&batch).map_err(error_out)
+    }
 }
 
 struct Store {
@@ -127,6 +131,14 @@ impl wit::GuestStore for Store {
 
     fn handle_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
         self.changing().handle_wire(&batch, now).map_err(error_out)
+    }
+
+    fn query_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
+        // Changes nothing: a snapshot in parts goes on.
+        self.machine
+            .borrow_mut()
+            .query_wire(&batch, now)
+            .map_err(error_out)
     }
 
     fn handle(&self, inputs: Vec<wit::Input>, now: u64) -> Vec<wit::Output> {

@@ -98,6 +98,12 @@ pub trait Backend {
     /// (`wit/WIRE.md`, what a replicated log carries): its outputs as the
     /// guest made them (a trailing [`Output::More`] is left to the caller).
     fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError>;
+    /// The positions of the inputs of `batch` (the guest's encoding) that
+    /// are reads [`Backend::query_wire`] answers (WIT `reads`).
+    fn reads(&mut self, batch: &[u8]) -> Result<Vec<u32>, GuestError>;
+    /// Answers the reads of `batch` at `now` without changing the store
+    /// (WIT `query-wire`; a trailing [`Output::More`] is left to the caller).
+    fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError>;
     /// When [`Backend::timeout`] is next due.
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError>;
     /// The whole state.
@@ -134,6 +140,13 @@ impl Backend for NativeStore {
     }
     fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
         let out = self.0.handle_wire(batch, now)?;
+        statestore_guest::wire::decode_outputs(&out).map_err(GuestError::BadOutputs)
+    }
+    fn reads(&mut self, batch: &[u8]) -> Result<Vec<u32>, GuestError> {
+        Ok(statestore_guest::StateMachine::reads(batch)?)
+    }
+    fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
+        let out = self.0.query_wire(batch, now)?;
         statestore_guest::wire::decode_outputs(&out).map_err(GuestError::BadOutputs)
     }
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {

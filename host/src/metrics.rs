@@ -293,7 +293,16 @@ impl Metrics {
             .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
         r.register(Box::new(commit.clone()))?;
+        let reads = IntCounterVec::new(
+            Opts::new(
+                "statestore_raft_reads_total",
+                "Reads (GET, SCAN) this replica received, by how they were served: `index` (a read index, no log entry) or `log` (as a log entry: the read index was off, late, or the client had a write in flight)",
+            ),
+            &["path"],
+        )?;
+        r.register(Box::new(reads.clone()))?;
         Ok(ReplicaMetrics {
+            reads,
             term: g("statestore_raft_term", "This replica's Raft term")?,
             is_leader: g("statestore_raft_is_leader", "1 while this replica leads")?,
             commit_index: g(
@@ -680,4 +689,6 @@ pub struct ReplicaMetrics {
     pub leader_changes: IntCounter,
     /// From proposing or forwarding a request to applying it.
     pub commit: Histogram,
+    /// Reads served by path (`index`, `log`).
+    pub reads: IntCounterVec,
 }

@@ -654,6 +654,25 @@ impl Backend for WasmStore {
         statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
     }
 
+    fn reads(&mut self, batch: &[u8]) -> Result<Vec<u32>, GuestError> {
+        self.arm(false);
+        self.guest
+            .statestore_core_store()
+            .call_reads(&mut self.store, batch)
+            .map_err(failed)?
+            .map_err(refused)
+    }
+
+    fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
+        self.arm(false);
+        let api = self.guest.statestore_core_store().store();
+        let out = api
+            .call_query_wire(&mut self.store, self.handle, batch, now)
+            .map_err(failed)?
+            .map_err(refused)?;
+        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+    }
+
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {
         self.arm(false);
         let api = self.guest.statestore_core_store().store();

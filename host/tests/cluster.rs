@@ -269,6 +269,16 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     assert!(one(c.metrics[follower], "statestore_raft_leader_changes_total") >= 1.0);
     let lags = metric(c.metrics[leader], "statestore_raft_replica_lag_entries");
     assert_eq!(lags.len(), 3, "{lags:?}");
+    // Each replica answered its reader's GET with a read index (no log
+    // entry), the leader and the followers alike.
+    for port in &c.metrics {
+        let reads = metric(*port, "statestore_raft_reads_total");
+        let by_index = reads
+            .iter()
+            .find(|(k, _)| k.contains("path=\"index\""))
+            .map_or(0.0, |(_, v)| *v);
+        assert!(by_index >= 1.0, "replica metrics on {port}: {reads:?}");
+    }
 }
 
 /// What the writers saw acknowledged.

@@ -43,6 +43,7 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.snapshots_sent += r.snapshots_sent;
         total.hot_ops += r.hot_ops;
         total.unknown += r.unknown;
+        total.index_reads += r.index_reads;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -55,6 +56,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         "{total:?}"
     );
     assert!(total.timeouts > 0, "expiry went through the log: {total:?}");
+    assert!(
+        total.index_reads > 10 * runs as usize,
+        "reads were answered with a read index, on followers and leaders: {total:?}"
+    );
     assert!(
         total.hot_ops > 0 && total.unknown * 100 <= runs as usize * 3,
         "hot keys' histories were checked (the checker gave up on at most 1%): {total:?}"

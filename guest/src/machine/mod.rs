@@ -79,6 +79,9 @@ pub struct StateMachine {
     /// Requests answered from the dedup cache, keys expired.
     dedup_hits: u64,
     expired: u64,
+    /// The call in progress only reads ([`StateMachine::query_wire`]): no
+    /// reply is cached and no `__ts` moves the clock.
+    read_only: bool,
 }
 
 impl StateMachine {
@@ -146,6 +149,7 @@ impl StateMachine {
                 .map(|r| Authorizer::new(r).unwrap_or_default()),
             dedup_hits: 0,
             expired: 0,
+            read_only: false,
             config,
             clock,
             table,
@@ -201,6 +205,50 @@ impl StateMachine {
                 }
             }
         }
+        Ok(std::mem::take(&mut self.out).finish())
+    }
+
+    /// The positions of the inputs of `batch` that are reads
+    /// [`StateMachine::query_wire`] answers: messages on the request topic
+    /// at QoS 1 whose payload is a GET or a SCAN.
+    pub fn reads(batch: &[u8]) -> Result<Vec<u32>, Error> {
+        let inputs = wire::decode_batch(batch)?;
+        Ok(inputs
+            .iter()
+            .enumerate()
+            .filter(|(_, input)| matches!(input, InputRef::Message(m) if is_read(m)))
+            .map(|(i, _)| u32::try_from(i).unwrap_or(u32::MAX))
+            .collect())
+    }
+
+    /// Answers the reads of `batch` ([`StateMachine::reads`]) as
+    /// [`StateMachine::handle_wire`] would at `now`, without changing the
+    /// store: no key expires (one due at `now` is dead to a read anyway), no
+    /// reply is cached, and a request's `__ts` neither moves the clock nor
+    /// is checked against `now` (a replica answers at the time of the last
+    /// entry it applied, which may be long past). Other inputs get no
+    /// outputs. Bounded like `handle_wire` (a last [`Output::More`]).
+    ///
+    /// What a replicated store serves reads with once it knows its state
+    /// is at least as new as the log was when they arrived (a read index):
+    /// no log entry, the same replies.
+    pub fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
+        let inputs = wire::decode_batch(batch)?;
+        self.out = OutputWriter::new((batch.len() * 2 + 64).min(1 << 20));
+        self.read_only = true;
+        for (i, input) in inputs.iter().enumerate() {
+            if i > 0 && self.out.len() >= OUTPUT_BUDGET {
+                self.out.more(u32::try_from(i).unwrap_or(u32::MAX));
+                break;
+            }
+            self.out.begin_input();
+            if let InputRef::Message(m) = input
+                && is_read(m)
+            {
+                self.request(m, now);
+            }
+        }
+        self.read_only = false;
         Ok(std::mem::take(&mut self.out).finish())
     }
 
@@ -457,7 +505,7 @@ impl StateMachine {
         }
         let (reply, cache) = self.execute(msg, &props, identity, verified, now);
         self.reply(response_topic, Some(correlation), expiry, &reply);
-        if cache {
+        if cache && !self.read_only {
             // Charged to its client when someone vouches for it; else to
             // its response topic alone.
             let client = identity.filter(|_| verified);
@@ -593,7 +641,7 @@ impl StateMachine {
             }
             None => None,
             Some(Err(_)) => return Err(Reply::error(ServiceError::TimestampMalformed)),
-            Some(Ok((wall, _, _))) if hlc::too_far_ahead(wall, now) => {
+            Some(Ok((wall, _, _))) if !self.read_only && hlc::too_far_ahead(wall, now) => {
                 return Err(Reply::error(ServiceError::TimestampSkew));
             }
             Some(Ok((wall, counter, _))) => Some((wall, counter)),
@@ -631,6 +679,7 @@ impl StateMachine {
             _ => None,
         };
         // The request's `__ts` is absorbed into L (spec §8.4).
+        let timestamp = timestamp.filter(|_| !self.read_only);
         let received = match timestamp.map(|(w, c)| self.clock.receive_parts(w, c, now)) {
             None => None,
             Some(Ok(l)) => Some(l),
@@ -803,4 +852,15 @@ pub enum HostReply {
     /// 503 ("server not ready", spec §4.3) with this `__stMsg`: the
     /// tenant has stopped.
     Unavailable(String),
+}
+
+/// Whether `m` is a request [`StateMachine::query_wire`] answers: a GET or
+/// a SCAN on the request topic, at QoS 1.
+fn is_read(m: &MessageRef<'_>) -> bool {
+    m.topic == rpc::REQUEST_TOPIC
+        && m.qos == 1
+        && matches!(
+            command::parse(m.payload),
+            Ok(Command::Get { .. } | Command::Scan { .. })
+        )
 }

@@ -227,6 +227,8 @@ pub struct Replica<B: Backend> {
     replayed_to: u64,
     /// Ticks each peer has spent waiting for a snapshot (as leader).
     snapshot_wait: std::collections::HashMap<u64, u32>,
+    /// Read indexes Raft confirmed: (context, index), served once applied.
+    read_states: Vec<(u64, u64)>,
 }
 
 impl<B: Backend> std::fmt::Debug for Replica<B> {
@@ -292,6 +294,7 @@ impl<B: Backend> Replica<B> {
             log_now: applied_now,
             replayed_to,
             snapshot_wait: Default::default(),
+            read_states: Vec::new(),
         };
         replica.log_now = replica.log_now.max(replica.newest_now_in_log());
         Ok(replica)
@@ -454,6 +457,41 @@ impl<B: Backend> Replica<B> {
         Ok(now)
     }
 
+    /// Asks Raft for a read index for the reads `ctx` names: the leader's
+    /// commit index once a majority confirmed it still leads (a heartbeat
+    /// round, no log entry). [`Replica::take_reads`] returns `ctx` once this
+    /// replica has applied that index; nothing comes back if the leader is
+    /// unknown, changes, or has not yet committed an entry of its term (the
+    /// caller gives up after a while and sends the reads through the log).
+    pub fn read_index(&mut self, ctx: u64) {
+        self.node.read_index(ctx.to_le_bytes().to_vec());
+    }
+
+    /// The contexts of reads whose index this replica has applied: its
+    /// state now reflects every write acknowledged before they arrived, so
+    /// [`Replica::query`] may answer them.
+    pub fn take_reads(&mut self) -> Vec<u64> {
+        let applied = self.applied;
+        let mut ready = Vec::new();
+        self.read_states.retain(|&(ctx, index)| {
+            if index <= applied {
+                ready.push(ctx);
+                false
+            } else {
+                true
+            }
+        });
+        ready
+    }
+
+    /// Answers the reads of `batch` (the guest's encoding) on the applied
+    /// state, at the `now` of the last entry applied: what they would get
+    /// as the next entry of the log, without one.
+    pub fn query(&mut self, batch: &[u8]) -> Result<Vec<Output>> {
+        let now = self.applied_now;
+        whole(&mut self.store, batch, |s, b| s.query_wire(b, now)).context("answering reads")
+    }
+
     /// Makes what was written to the log durable ([`Durability::Later`]).
     pub fn sync(&mut self) -> Result<()> {
         self.node.mut_store().sync()
@@ -480,6 +518,11 @@ impl<B: Backend> Replica<B> {
         let mut ready = self.node.ready();
         for m in ready.take_messages() {
             send(m);
+        }
+        for rs in ready.take_read_states() {
+            if let Ok(ctx) = <[u8; 8]>::try_from(rs.request_ctx.as_slice()) {
+                self.read_states.push((u64::from_le_bytes(ctx), rs.index));
+            }
         }
         let mut messages = Vec::new();
         if !ready.snapshot().is_empty() {
@@ -575,35 +618,17 @@ impl<B: Backend> Replica<B> {
                 decode_entry(&entry.data).with_context(|| format!("log entry {}", entry.index))?;
             let now = e.now.max(self.applied_now);
             self.applied_now = now;
-            // A call that stops early (its output budget) is made again
-            // with the rest of the batch, as on every replica.
-            let mut outputs = Vec::new();
-            let mut batch = std::borrow::Cow::Borrowed(e.batch);
-            loop {
-                let mut out = match self.store.handle_wire(&batch, now) {
-                    Ok(out) => out,
-                    Err(crate::GuestError::Refused(e)) => {
+            let outputs = match whole(&mut self.store, e.batch, |s, b| s.handle_wire(b, now)) {
+                Ok(outputs) => outputs,
+                Err(e) => match e.downcast_ref::<crate::GuestError>() {
+                    Some(crate::GuestError::Refused(refused)) => {
                         // The same on every replica: nothing applied.
-                        tracing::warn!(index = entry.index, error = %e, "a log entry the guest refuses: skipped");
-                        break;
+                        tracing::warn!(index = entry.index, error = %refused, "a log entry the guest refuses: skipped");
+                        Vec::new()
                     }
-                    Err(e) => {
-                        return Err(anyhow::Error::new(e)
-                            .context(format!("applying log entry {}", entry.index)));
-                    }
-                };
-                let count = wire::batch_count(&batch);
-                let handled = wire::handled(&mut out, count);
-                out.retain(|o| !matches!(o, Output::More(_)));
-                outputs.extend(out);
-                if handled >= count {
-                    break;
-                }
-                batch = std::borrow::Cow::Owned(
-                    wire::batch_after(&batch, handled)
-                        .with_context(|| format!("log entry {}", entry.index))?,
-                );
-            }
+                    _ => return Err(e.context(format!("applying log entry {}", entry.index))),
+                },
+            };
             out.push(Applied {
                 index: entry.index,
                 origin: e.origin,
@@ -613,5 +638,27 @@ impl<B: Backend> Replica<B> {
             });
         }
         Ok(())
+    }
+}
+
+/// Every output of `call` on `batch`: a call that stops early (its output
+/// budget) is made again with the rest of the batch, as on every replica.
+fn whole<B: Backend>(
+    store: &mut B,
+    batch: &[u8],
+    mut call: impl FnMut(&mut B, &[u8]) -> std::result::Result<Vec<Output>, crate::GuestError>,
+) -> Result<Vec<Output>> {
+    let mut outputs = Vec::new();
+    let mut batch = std::borrow::Cow::Borrowed(batch);
+    loop {
+        let mut out = call(store, &batch)?;
+        let count = wire::batch_count(&batch);
+        let handled = wire::handled(&mut out, count);
+        out.retain(|o| !matches!(o, Output::More(_)));
+        outputs.extend(out);
+        if handled >= count {
+            return Ok(outputs);
+        }
+        batch = std::borrow::Cow::Owned(wire::batch_after(&batch, handled)?);
     }
 }

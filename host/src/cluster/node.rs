@@ -57,6 +57,26 @@ const RESEND_WITHIN: Duration = Duration::from_secs(10);
 /// The most bytes of requests kept for that.
 const RESEND_BYTES: usize = 64 << 20;
 
+/// How long reads wait for their read index before they go through the
+/// log instead (the leader changed, or has not committed in its term yet).
+const READ_WAIT: Duration = Duration::from_millis(500);
+
+/// The most bytes of reads waiting for a read index (more go through the log).
+const READ_BYTES: usize = 64 << 20;
+
+/// How a replica serves reads (GET, SCAN).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadPath {
+    /// With a read index: the leader confirms with a heartbeat round that
+    /// it still leads and names its commit index; the replica that got the
+    /// read answers it once it has applied that index. No log entry.
+    #[default]
+    Index,
+    /// As a log entry, like a write (for comparison, or to rule it out).
+    Log,
+}
+
 /// `--cluster FILE`: this replica and its peers.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,6 +88,9 @@ pub struct ClusterFile {
     /// A file holding the secret every replica shares (at least 16 bytes):
     /// a peer link without it is refused.
     pub secret_file: PathBuf,
+    /// How reads are served: `index` (the default) or `log`.
+    #[serde(default)]
+    pub reads: ReadPath,
     /// Every replica of the cluster, this one included.
     #[serde(rename = "replica")]
     pub replicas: Vec<ReplicaEntry>,
@@ -177,6 +200,15 @@ enum Held {
     Gone(Instant, String),
 }
 
+/// Reads waiting for their read index.
+struct PendingRead {
+    at: Instant,
+    messages: Vec<InboundMessage>,
+    /// `messages` in the guest's encoding.
+    batch: Vec<u8>,
+    bytes: usize,
+}
+
 /// One replica, ready to serve.
 pub struct Node {
     replica: Replica<WasmStore>,
@@ -199,6 +231,17 @@ pub struct Node {
     /// reply.
     unapplied: HashMap<(String, Vec<u8>), (Instant, InboundMessage)>,
     unapplied_bytes: usize,
+    /// How many of `unapplied` each response topic has: a read on a topic
+    /// with a write in flight goes through the log behind it, so that a
+    /// client reads its own writes even when it does not wait for them.
+    unapplied_topics: HashMap<String, usize>,
+    read_path: ReadPath,
+    /// Reads waiting for their read index, by context.
+    reads: HashMap<u64, PendingRead>,
+    reads_bytes: usize,
+    /// The next read context: a random start, so that one from before a
+    /// restart, still queued at the leader, is never taken for a new one.
+    next_read: u64,
     metrics: Option<crate::metrics::ReplicaMetrics>,
 }
 
@@ -283,6 +326,11 @@ impl Node {
             leader_seen: 0,
             unapplied: HashMap::new(),
             unapplied_bytes: 0,
+            unapplied_topics: HashMap::new(),
+            read_path: file.reads,
+            reads: HashMap::new(),
+            reads_bytes: 0,
+            next_read: random_u64(),
             metrics: None,
         })
     }
@@ -349,14 +397,13 @@ impl Node {
                     let Some(event) = event else {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
-                    match transport.on_event(event).await? {
+                    let mut r = match transport.on_event(event).await? {
                         Some(TransportInput::Messages(m)) => self.submit(Held::Requests(Instant::now(), m)),
                         Some(TransportInput::ClientGone(id)) => self.submit(Held::Gone(Instant::now(), id)),
-                        None => {}
-                    }
+                        None => Ok(()),
+                    };
                     transport.settle().await?;
                     // And what the peers sent meanwhile: one ready for both.
-                    let mut r = Ok(());
                     while r.is_ok() && let Ok(e) = self.events.try_recv() {
                         r = self.on_peer(e);
                     }
@@ -383,9 +430,142 @@ impl Node {
         result
     }
 
+    /// Serves what a client sent: its reads with a read index (see
+    /// [`ReadPath`]), the rest through the log ([`Node::submit_log`]).
+    fn submit(&mut self, held: Held) -> Result<()> {
+        let Held::Requests(at, messages) = held else {
+            self.submit_log(held);
+            return Ok(());
+        };
+        if self.replica.leader() == 0 {
+            self.hold(Held::Requests(at, messages));
+            return Ok(());
+        }
+        let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
+        let positions = match self.replica.store_mut().reads(&wire::encode_batch(&inputs)) {
+            Ok(p) => p,
+            Err(crate::GuestError::Refused(_)) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        if positions.is_empty() {
+            self.submit_log(Held::Requests(at, messages));
+            return Ok(());
+        }
+        let mut reads = Vec::new();
+        let mut rest = Vec::new();
+        let mut by_log = 0;
+        for (i, m) in messages.into_iter().enumerate() {
+            if !positions.contains(&u32::try_from(i).unwrap_or(u32::MAX)) {
+                rest.push(m);
+            } else if self.read_path == ReadPath::Index
+                && !m
+                    .response_topic
+                    .as_ref()
+                    .is_some_and(|t| self.unapplied_topics.contains_key(t))
+            {
+                reads.push(m);
+            } else {
+                by_log += 1;
+                rest.push(m);
+            }
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.reads.with_label_values(&["log"]).inc_by(by_log);
+        }
+        if !reads.is_empty() {
+            self.read(reads);
+        }
+        if !rest.is_empty() {
+            self.submit_log(Held::Requests(at, rest));
+        }
+        Ok(())
+    }
+
+    /// Asks for a read index for `messages` (reads): answered once this
+    /// replica has applied it, or through the log after [`READ_WAIT`].
+    fn read(&mut self, messages: Vec<InboundMessage>) {
+        let bytes: usize = messages.iter().map(crate::driver::message_bytes).sum();
+        if self.reads_bytes + bytes > READ_BYTES {
+            self.submit_log(Held::Requests(Instant::now(), messages));
+            return;
+        }
+        let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
+        let batch = wire::encode_batch(&inputs);
+        let ctx = self.next_read;
+        self.next_read = self.next_read.wrapping_add(1);
+        self.replica.read_index(ctx);
+        self.reads_bytes += bytes;
+        self.reads.insert(
+            ctx,
+            PendingRead {
+                at: Instant::now(),
+                messages,
+                batch,
+                bytes,
+            },
+        );
+    }
+
+    /// Reads that waited [`READ_WAIT`] (or all, `everything`) go through
+    /// the log.
+    fn reads_to_log(&mut self, everything: bool) {
+        let late: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| everything || r.at.elapsed() >= READ_WAIT)
+            .map(|(ctx, _)| *ctx)
+            .collect();
+        let mut messages = Vec::new();
+        for ctx in late {
+            if let Some(r) = self.reads.remove(&ctx) {
+                self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
+                messages.extend(r.messages);
+            }
+        }
+        if messages.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            reads = messages.len(),
+            "reads without a read index in time: through the log"
+        );
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .reads
+                .with_label_values(&["log"])
+                .inc_by(messages.len() as u64);
+        }
+        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
+            self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
+        }
+    }
+
+    /// The answers to the reads whose read index has been applied.
+    fn answer_reads(&mut self, out: &mut Vec<Output>) -> Result<()> {
+        for ctx in self.replica.take_reads() {
+            let Some(r) = self.reads.remove(&ctx) else {
+                continue; // gone through the log meanwhile
+            };
+            self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
+            if let Some(metrics) = &self.metrics {
+                metrics
+                    .reads
+                    .with_label_values(&["index"])
+                    .inc_by(r.messages.len() as u64);
+            }
+            let outputs = self.replica.query(&r.batch)?;
+            out.extend(
+                outputs
+                    .into_iter()
+                    .filter(|o| matches!(o, Output::Publish(_) | Output::Violation { .. })),
+            );
+        }
+        Ok(())
+    }
+
     /// Proposes (as leader), forwards (to the leader) or holds (no leader
     /// yet) what a client sent.
-    fn submit(&mut self, held: Held) {
+    fn submit_log(&mut self, held: Held) {
         let leader = self.replica.leader();
         if leader == 0 {
             self.hold(held);
@@ -424,19 +604,26 @@ impl Node {
             let bytes = crate::driver::message_bytes(m);
             if self.unapplied_bytes + bytes > RESEND_BYTES {
                 // Past the bound: forget what is too old to send again.
-                self.unapplied
-                    .retain(|_, (at, _)| at.elapsed() < RESEND_WITHIN);
-                self.unapplied_bytes = self
-                    .unapplied
-                    .values()
-                    .map(|(_, m)| crate::driver::message_bytes(m))
-                    .sum();
+                self.forget_unapplied();
                 if self.unapplied_bytes + bytes > RESEND_BYTES {
                     return;
                 }
             }
             self.unapplied_bytes += bytes;
+            *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
             self.unapplied.insert(key, (Instant::now(), m.clone()));
+        }
+    }
+
+    /// Forgets requests too old to send again ([`RESEND_WITHIN`]).
+    fn forget_unapplied(&mut self) {
+        self.unapplied
+            .retain(|_, (at, _)| at.elapsed() < RESEND_WITHIN);
+        self.unapplied_bytes = 0;
+        self.unapplied_topics.clear();
+        for ((topic, _), (_, m)) in &self.unapplied {
+            self.unapplied_bytes += crate::driver::message_bytes(m);
+            *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
         }
     }
 
@@ -457,20 +644,29 @@ impl Node {
                 self.unapplied_bytes = self
                     .unapplied_bytes
                     .saturating_sub(crate::driver::message_bytes(&m));
+                let topic: &str = &p.topic;
+                if let Some(n) = self.unapplied_topics.get_mut(topic) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.unapplied_topics.remove(topic);
+                    }
+                }
             }
         }
     }
 
     /// A new leader: what the old one may have lost goes to it again.
     fn resend(&mut self) {
-        self.unapplied
-            .retain(|_, (at, _)| at.elapsed() < RESEND_WITHIN);
+        // Reads waiting for an index from the old leader will not get one.
+        self.reads_to_log(true);
+        self.forget_unapplied();
         if self.unapplied.is_empty() {
             return;
         }
         let mut all: Vec<(Instant, InboundMessage)> =
             self.unapplied.drain().map(|(_, v)| v).collect();
         self.unapplied_bytes = 0;
+        self.unapplied_topics.clear();
         all.sort_by_key(|(at, _)| *at);
         info!(
             requests = all.len(),
@@ -479,7 +675,7 @@ impl Node {
         );
         let messages: Vec<InboundMessage> = all.into_iter().map(|(_, m)| m).collect();
         for chunk in messages.chunks(crate::driver::MAX_BATCH) {
-            self.submit(Held::Requests(Instant::now(), chunk.to_vec()));
+            self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
         }
     }
 
@@ -584,9 +780,10 @@ impl Node {
             let held = std::mem::take(&mut self.held);
             self.held_bytes = 0;
             for h in held {
-                self.submit(h);
+                self.submit(h)?;
             }
         }
+        self.reads_to_log(false);
         let mut refused = Vec::new();
         while let Some(h) = self.held.front() {
             let since = match h {
@@ -672,9 +869,19 @@ impl Node {
                 }
             }
         }
+        self.answer_reads(&mut out)?;
         if !out.is_empty() {
             transport.emit(out).await?;
         }
         Ok(())
     }
+}
+
+/// A random u64 from the standard library's hasher keys (seeded by the
+/// operating system).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish()
 }

@@ -9,8 +9,11 @@
 //!   exactly the outputs every other replica made of it (and itself, after
 //!   a restart).
 //! - **No acknowledged write is lost**: every SET a client got `+OK` for
-//!   reads back (GET through the log, on whichever replica leads) with its
-//!   value, during the run and after it.
+//!   reads back with its value, during the run and after it: half the
+//!   GETs through the log (proposed by the leader), half with a read index
+//!   on any replica that is up (a follower waits until it has applied the
+//!   leader's commit index), and both kinds in the hot keys' histories that
+//!   the linearizability checker reads.
 //! - **Same prefix, same state**: once faults stop and every replica has
 //!   applied the same index, their snapshots are identical.
 //!
@@ -25,6 +28,7 @@ use std::sync::Arc;
 
 use raft::prelude::{Message, MessageType};
 use statestore_guest::rpc::REQUEST_TOPIC;
+use statestore_guest::wire;
 
 use super::{Applied, Compaction, Durability, LogStore, Replica, Timing, linear};
 use crate::storage::MemStorage;
@@ -91,6 +95,8 @@ pub struct Report {
     pub hot_ops: usize,
     /// Hot key histories the checker gave up on (its budget).
     pub unknown: usize,
+    /// Reads answered with a read index (no log entry).
+    pub index_reads: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -248,6 +254,9 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let mut last_leader = 0u64;
     let mut timer_pending = false;
     let mut hot: Vec<Vec<linear::Event>> = vec![Vec::new(); HOT_KEYS];
+    // Reads waiting for their read index: context -> batch.
+    let mut reads: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut next_read = 0u64;
 
     let total = o.ticks + 3_000; // the tail: faults stop, the cluster settles
     for tick in 0..total {
@@ -393,11 +402,31 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                     request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
                 ),
             };
-            let r = nodes[li].replica.as_mut().expect("the leader is up");
-            if r.propose(leader, &[Input::Message(&msg)], clock).is_ok() {
-                pending.insert(corr, (op, leader));
-            } else if let Op::Hot(k, _) = op {
-                hot[k].pop(); // never invoked
+            let read = matches!(op, Op::Get(_))
+                || matches!(op, Op::Hot(k, i) if matches!(hot[k][i].op, linear::Op::Get(_)));
+            // Half the reads go with a read index to a replica that is up
+            // (a follower or the leader); the rest through the log.
+            let by_index = if read && rng.chance(500) {
+                let up: Vec<usize> = (0..nodes.len())
+                    .filter(|&i| nodes[i].replica.is_some())
+                    .collect();
+                Some(up[rng.below(up.len() as u64) as usize])
+            } else {
+                None
+            };
+            if let Some(ri) = by_index {
+                next_read += 1;
+                let r = nodes[ri].replica.as_mut().expect("up");
+                r.read_index(next_read);
+                reads.insert(next_read, wire::encode_batch(&[Input::Message(&msg)]));
+                pending.insert(corr, (op, ids[ri]));
+            } else {
+                let r = nodes[li].replica.as_mut().expect("the leader is up");
+                if r.propose(leader, &[Input::Message(&msg)], clock).is_ok() {
+                    pending.insert(corr, (op, leader));
+                } else if let Op::Hot(k, _) = op {
+                    hot[k].pop(); // never invoked
+                }
             }
         }
         // Expiry: the leader proposes a timer entry once its guest is due.
@@ -443,64 +472,34 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                     continue;
                 }
                 // The origin publishes the replies.
-                let corrs: Vec<u64> = pending.keys().copied().collect();
-                for corr in corrs {
-                    let Some(payload) = reply_to(&a.outputs, corr) else {
-                        continue;
-                    };
-                    let (op, _) = pending.remove(&corr).expect("pending");
-                    match op {
-                        Op::Set(n) => {
-                            if payload != b"+OK\r\n" {
-                                bail!(
-                                    "seed {seed}: SET of {} got {:?}",
-                                    key(n),
-                                    String::from_utf8_lossy(payload)
-                                );
-                            }
-                            acknowledged.push(n);
-                        }
-                        Op::Get(n) => {
-                            let v = format!("value-{n}");
-                            let want = format!("${}\r\n{v}\r\n", v.len());
-                            if payload != want.as_bytes() {
-                                bail!(
-                                    "seed {seed}: an acknowledged write was lost: GET {} at index {} got {:?}",
-                                    key(n),
-                                    a.index,
-                                    String::from_utf8_lossy(payload)
-                                );
-                            }
-                            report.reads += 1;
-                        }
-                        Op::Ttl => {}
-                        Op::Hot(k, i) => {
-                            let e = &mut hot[k][i];
-                            e.ret = Some(tick);
-                            match &mut e.op {
-                                linear::Op::Set(_) => {
-                                    if payload != b"+OK\r\n" {
-                                        bail!(
-                                            "seed {seed}: SET hot-{k} got {:?}",
-                                            String::from_utf8_lossy(payload)
-                                        );
-                                    }
-                                }
-                                linear::Op::Get(seen) => *seen = parse_bulk(payload),
-                                linear::Op::Del(said) => {
-                                    *said = Some(match payload {
-                                        b":1\r\n" => true,
-                                        b":0\r\n" => false,
-                                        other => bail!(
-                                            "seed {seed}: DEL hot-{k} got {:?}",
-                                            String::from_utf8_lossy(other)
-                                        ),
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
+                replies(
+                    seed,
+                    tick,
+                    a.index,
+                    &a.outputs,
+                    &mut pending,
+                    &mut acknowledged,
+                    &mut hot,
+                    &mut report,
+                )?;
+            }
+            // Reads whose read index this replica has applied.
+            for ctx in r.take_reads() {
+                let Some(batch) = reads.remove(&ctx) else {
+                    continue;
+                };
+                let outputs = r.query(&batch)?;
+                report.index_reads += 1;
+                replies(
+                    seed,
+                    tick,
+                    r.applied(),
+                    &outputs,
+                    &mut pending,
+                    &mut acknowledged,
+                    &mut hot,
+                    &mut report,
+                )?;
             }
         }
     }
@@ -559,6 +558,78 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// Settles the requests answered in `outputs` (applied at log index `at`).
+#[allow(clippy::too_many_arguments)]
+fn replies(
+    seed: u64,
+    tick: u64,
+    at: u64,
+    outputs: &[Output],
+    pending: &mut BTreeMap<u64, (Op, u64)>,
+    acknowledged: &mut Vec<u64>,
+    hot: &mut [Vec<linear::Event>],
+    report: &mut Report,
+) -> Result<()> {
+    let corrs: Vec<u64> = pending.keys().copied().collect();
+    for corr in corrs {
+        let Some(payload) = reply_to(outputs, corr) else {
+            continue;
+        };
+        let (op, _) = pending.remove(&corr).expect("pending");
+        match op {
+            Op::Set(n) => {
+                if payload != b"+OK\r\n" {
+                    bail!(
+                        "seed {seed}: SET of {} got {:?}",
+                        key(n),
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                acknowledged.push(n);
+            }
+            Op::Get(n) => {
+                let v = format!("value-{n}");
+                let want = format!("${}\r\n{v}\r\n", v.len());
+                if payload != want.as_bytes() {
+                    bail!(
+                        "seed {seed}: an acknowledged write was lost: GET {} at index {at} got {:?}",
+                        key(n),
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                report.reads += 1;
+            }
+            Op::Ttl => {}
+            Op::Hot(k, i) => {
+                let e = &mut hot[k][i];
+                e.ret = Some(tick);
+                match &mut e.op {
+                    linear::Op::Set(_) => {
+                        if payload != b"+OK\r\n" {
+                            bail!(
+                                "seed {seed}: SET hot-{k} got {:?}",
+                                String::from_utf8_lossy(payload)
+                            );
+                        }
+                    }
+                    linear::Op::Get(seen) => *seen = parse_bulk(payload),
+                    linear::Op::Del(said) => {
+                        *said = Some(match payload {
+                            b":1\r\n" => true,
+                            b":0\r\n" => false,
+                            other => bail!(
+                                "seed {seed}: DEL hot-{k} got {:?}",
+                                String::from_utf8_lossy(other)
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether an applied entry is a timer entry (no request in it).
