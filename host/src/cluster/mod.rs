@@ -184,6 +184,18 @@ fn decode_snapshot(data: &[u8]) -> Result<(u64, &[u8])> {
     }
 }
 
+/// A Raft `Ready` whose committed entries were applied and whose new
+/// entries are still to be persisted ([`Replica::ready_persist`]).
+pub struct Unpersisted(raft::Ready);
+
+impl std::fmt::Debug for Unpersisted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unpersisted")
+            .field("entries", &self.0.entries().len())
+            .finish()
+    }
+}
+
 /// What a replica knows of itself, for `cluster status`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {
@@ -511,9 +523,27 @@ impl<B: Backend> Replica<B> {
     /// the followers' writes and its own overlap), the acknowledgements of
     /// entries only after.
     pub fn ready_sending(&mut self, send: &mut dyn FnMut(Message)) -> Result<Vec<Applied>> {
+        let (mut applied, rest) = self.ready_apply(send)?;
+        if let Some(rest) = rest {
+            applied.extend(self.ready_persist(rest, send)?);
+        }
+        Ok(applied)
+    }
+
+    /// The first half of [`Replica::ready_sending`]: hands over the
+    /// messages that may go at once, installs a leader's snapshot and
+    /// applies the entries already committed, whose replies may go out
+    /// now, before this replica's new entries reach its disk (a reply
+    /// never waits for the fsync of later requests). The caller must then
+    /// call [`Replica::ready_persist`] with what it returns, before
+    /// anything else.
+    pub fn ready_apply(
+        &mut self,
+        send: &mut dyn FnMut(Message),
+    ) -> Result<(Vec<Applied>, Option<Unpersisted>)> {
         let mut applied = Vec::new();
         if !self.node.has_ready() {
-            return Ok(applied);
+            return Ok((applied, None));
         }
         let mut ready = self.node.ready();
         for m in ready.take_messages() {
@@ -524,13 +554,25 @@ impl<B: Backend> Replica<B> {
                 self.read_states.push((u64::from_le_bytes(ctx), rs.index));
             }
         }
-        let mut messages = Vec::new();
         if !ready.snapshot().is_empty() {
             let snap = ready.snapshot().clone();
             self.install(snap)?;
         }
         let committed = ready.take_committed_entries();
         self.apply(committed, &mut applied)?;
+        Ok((applied, Some(Unpersisted(ready))))
+    }
+
+    /// The second half of [`Replica::ready_sending`]: persists the new
+    /// entries and state (synced under [`Durability::Always`]), then sends
+    /// what had to wait for that, and applies what that committed.
+    pub fn ready_persist(
+        &mut self,
+        Unpersisted(mut ready): Unpersisted,
+        send: &mut dyn FnMut(Message),
+    ) -> Result<Vec<Applied>> {
+        let mut applied = Vec::new();
+        let mut messages = Vec::new();
         for e in ready.entries() {
             if let Ok(d) = decode_entry(&e.data) {
                 self.log_now = self.log_now.max(d.now);

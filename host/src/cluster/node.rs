@@ -844,8 +844,26 @@ impl Node {
 
     /// Persists, sends, applies; publishes what is this replica's.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
+        // Replies to what was committed go out before this replica's new
+        // entries are synced: they never wait for a later fsync.
         let links = &self.links;
-        let applied = self.replica.ready_sending(&mut |m| links.send(m))?;
+        let (applied, rest) = self.replica.ready_apply(&mut |m| links.send(m))?;
+        self.publish(transport, applied).await?;
+        if let Some(rest) = rest {
+            let links = &self.links;
+            let applied = self.replica.ready_persist(rest, &mut |m| links.send(m))?;
+            self.publish(transport, applied).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes what is this replica's of `applied`, and the answers to
+    /// reads whose index is now applied.
+    async fn publish<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        applied: Vec<super::Applied>,
+    ) -> Result<()> {
         let id = self.replica.id();
         let mut out = Vec::new();
         for a in applied {
