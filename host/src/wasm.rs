@@ -625,6 +625,26 @@ impl WasmStore {
         statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
     }
 
+    /// One `handle-wire` call (or, `query`, `query-wire`) with a batch
+    /// already encoded: its outputs as the guest made them.
+    fn call_wire(
+        &mut self,
+        batch: &[u8],
+        now: u64,
+        query: bool,
+    ) -> Result<Vec<Output>, GuestError> {
+        self.arm(false);
+        let api = self.guest.statestore_core_store().store();
+        let out = if query {
+            api.call_query_wire(&mut self.store, self.handle, batch, now)
+        } else {
+            api.call_handle_wire(&mut self.store, self.handle, batch, now)
+        }
+        .map_err(failed)?
+        .map_err(refused)?;
+        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+    }
+
     /// Arms the deadline of the next call: a request's, or a bulk one's.
     fn arm(&mut self, bulk: bool) {
         self.calls += 1;
@@ -645,13 +665,7 @@ impl Backend for WasmStore {
     }
 
     fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
-        self.arm(false);
-        let api = self.guest.statestore_core_store().store();
-        let out = api
-            .call_handle_wire(&mut self.store, self.handle, batch, now)
-            .map_err(failed)?
-            .map_err(refused)?;
-        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+        self.call_wire(batch, now, false)
     }
 
     fn reads(&mut self, batch: &[u8]) -> Result<Vec<u32>, GuestError> {
@@ -664,13 +678,7 @@ impl Backend for WasmStore {
     }
 
     fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
-        self.arm(false);
-        let api = self.guest.statestore_core_store().store();
-        let out = api
-            .call_query_wire(&mut self.store, self.handle, batch, now)
-            .map_err(failed)?
-            .map_err(refused)?;
-        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+        self.call_wire(batch, now, true)
     }
 
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {

@@ -281,6 +281,64 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     }
 }
 
+/// A client that sends a SET and then a GET of the same key without
+/// waiting (one batch, often) reads its own write, on the leader and on a
+/// follower: its GET goes through the log behind the SET, not with a read
+/// index that could predate it. (On loopback the commit usually wins the
+/// race anyway; the routing itself is `cluster::node`'s unit test
+/// `a_read_behind_its_clients_write_goes_through_the_log`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reads_its_own_pipelined_writes_on_any_replica() {
+    use statestore_tests::broker::RawClient;
+    let c = Cluster::new(3);
+    let leader = c.leader(Duration::from_secs(20));
+    for (name, replica) in [("leader", leader), ("follower", (leader + 1) % 3)] {
+        let mut client = RawClient::connect(c.mqtt[replica], &format!("pipelined-{name}")).await;
+        let topic = client.response_topic();
+        client.subscribe(&topic).await;
+        let mut gets = HashMap::new();
+        for n in 0..40 {
+            let key = format!("{name}-{n}");
+            let value = format!("value {n}");
+            let set = client.request_properties();
+            client
+                .publish_request(
+                    statestore_tests::resp(&[b"SET", key.as_bytes(), value.as_bytes()]),
+                    set,
+                )
+                .await;
+            let get = client.request_properties();
+            let corr = get.correlation_data.clone().expect("correlation");
+            client
+                .publish_request(statestore_tests::resp(&[b"GET", key.as_bytes()]), get)
+                .await;
+            gets.insert(corr.to_vec(), value);
+        }
+        let mut answered = 0;
+        while answered < gets.len() {
+            let p = client
+                .recv(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("{name}: {answered} of {} GETs answered", gets.len()));
+            let corr = p
+                .properties
+                .as_ref()
+                .and_then(|x| x.correlation_data.clone())
+                .expect("correlation");
+            if let Some(value) = gets.get(&corr.to_vec()) {
+                let want = format!("${}\r\n{value}\r\n", value.len());
+                assert_eq!(
+                    String::from_utf8_lossy(&p.payload),
+                    want,
+                    "{name}: a GET right after its SET"
+                );
+                answered += 1;
+            }
+        }
+        client.disconnect().await;
+    }
+}
+
 /// What the writers saw acknowledged.
 #[derive(Default)]
 struct Acked {

@@ -177,6 +177,8 @@ impl StateMachine {
     /// no inputs) 0 to say more is due now.
     pub fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
         let inputs = wire::decode_batch(batch)?;
+        // A query that stopped half-way (a trap) left nothing behind.
+        self.read_only = false;
         // A reply is about as long as its request (up to a point: a large
         // SET's reply is short); the list grows if not.
         let capacity = (batch.len() + batch.len() / 2 + 64).min(1 << 20);

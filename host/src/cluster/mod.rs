@@ -479,6 +479,13 @@ impl<B: Backend> Replica<B> {
         self.node.read_index(ctx.to_le_bytes().to_vec());
     }
 
+    /// Whether a read index may be asked for now: not on a leader that has
+    /// not yet committed an entry of its term (raft-rs drops the request;
+    /// such reads go through the log at once).
+    pub fn may_read_index(&self) -> bool {
+        !self.is_leader() || self.node.raft.commit_to_current_term()
+    }
+
     /// The contexts of reads whose index this replica has applied: its
     /// state now reflects every write acknowledged before they arrived, so
     /// [`Replica::query`] may answer them.

@@ -239,6 +239,8 @@ pub struct Node {
     /// Reads waiting for their read index, by context.
     reads: HashMap<u64, PendingRead>,
     reads_bytes: usize,
+    /// When `unapplied` was last rid of what is too old.
+    forgot: Instant,
     /// The next read context: a random start, so that one from before a
     /// restart, still queued at the leader, is never taken for a new one.
     next_read: u64,
@@ -330,6 +332,7 @@ impl Node {
             read_path: file.reads,
             reads: HashMap::new(),
             reads_bytes: 0,
+            forgot: Instant::now(),
             next_read: random_u64(),
             metrics: None,
         })
@@ -451,24 +454,9 @@ impl Node {
             self.submit_log(Held::Requests(at, messages));
             return Ok(());
         }
-        let mut reads = Vec::new();
-        let mut rest = Vec::new();
-        let mut by_log = 0;
-        for (i, m) in messages.into_iter().enumerate() {
-            if !positions.contains(&u32::try_from(i).unwrap_or(u32::MAX)) {
-                rest.push(m);
-            } else if self.read_path == ReadPath::Index
-                && !m
-                    .response_topic
-                    .as_ref()
-                    .is_some_and(|t| self.unapplied_topics.contains_key(t))
-            {
-                reads.push(m);
-            } else {
-                by_log += 1;
-                rest.push(m);
-            }
-        }
+        let index = self.read_path == ReadPath::Index && self.replica.may_read_index();
+        let (reads, rest, by_log) =
+            split_reads(messages, &positions, index, &self.unapplied_topics);
         if let Some(metrics) = &self.metrics {
             metrics.reads.with_label_values(&["log"]).inc_by(by_log);
         }
@@ -506,13 +494,12 @@ impl Node {
         );
     }
 
-    /// Reads that waited [`READ_WAIT`] (or all, `everything`) go through
-    /// the log.
-    fn reads_to_log(&mut self, everything: bool) {
+    /// Reads that waited [`READ_WAIT`] go through the log.
+    fn reads_to_log(&mut self) {
         let late: Vec<u64> = self
             .reads
             .iter()
-            .filter(|(_, r)| everything || r.at.elapsed() >= READ_WAIT)
+            .filter(|(_, r)| r.at.elapsed() >= READ_WAIT)
             .map(|(ctx, _)| *ctx)
             .collect();
         let mut messages = Vec::new();
@@ -553,7 +540,16 @@ impl Node {
                     .with_label_values(&["index"])
                     .inc_by(r.messages.len() as u64);
             }
-            let outputs = self.replica.query(&r.batch)?;
+            let outputs = match self.replica.query(&r.batch) {
+                Ok(outputs) => outputs,
+                Err(e) if matches!(e.downcast_ref(), Some(crate::GuestError::Refused(_))) => {
+                    // Not ours to stop on (the batch is our own encoding):
+                    // its clients retry.
+                    warn!(error = %format!("{e:#}"), "reads the guest refused: not answered");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             out.extend(
                 outputs
                     .into_iter()
@@ -597,6 +593,9 @@ impl Node {
             let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
                 continue;
             };
+            if m.qos != 1 || m.topic != statestore_guest::rpc::REQUEST_TOPIC {
+                continue; // never answered
+            }
             let key = (topic.clone(), corr.clone());
             if self.unapplied.contains_key(&key) {
                 continue;
@@ -657,16 +656,25 @@ impl Node {
 
     /// A new leader: what the old one may have lost goes to it again.
     fn resend(&mut self) {
-        // Reads waiting for an index from the old leader will not get one.
-        self.reads_to_log(true);
         self.forget_unapplied();
-        if self.unapplied.is_empty() {
-            return;
-        }
         let mut all: Vec<(Instant, InboundMessage)> =
             self.unapplied.drain().map(|(_, v)| v).collect();
         self.unapplied_bytes = 0;
         self.unapplied_topics.clear();
+        // Reads waiting for an index from the old leader will not get one:
+        // they go through the log too.
+        let reads: Vec<PendingRead> = self.reads.drain().map(|(_, r)| r).collect();
+        self.reads_bytes = 0;
+        if let Some(metrics) = &self.metrics {
+            let n: usize = reads.iter().map(|r| r.messages.len()).sum();
+            metrics.reads.with_label_values(&["log"]).inc_by(n as u64);
+        }
+        for r in reads {
+            all.extend(r.messages.into_iter().map(|m| (r.at, m)));
+        }
+        if all.is_empty() {
+            return;
+        }
         all.sort_by_key(|(at, _)| *at);
         info!(
             requests = all.len(),
@@ -783,7 +791,12 @@ impl Node {
                 self.submit(h)?;
             }
         }
-        self.reads_to_log(false);
+        self.reads_to_log();
+        if self.forgot.elapsed() >= Duration::from_secs(1) {
+            // Requests never answered (expired, refused) age out.
+            self.forget_unapplied();
+            self.forgot = Instant::now();
+        }
         let mut refused = Vec::new();
         while let Some(h) = self.held.front() {
             let since = match h {
@@ -895,6 +908,40 @@ impl Node {
     }
 }
 
+/// Splits a batch into the reads to serve with a read index (`index`:
+/// allowed now) and the rest, for the log, in order; and how many reads
+/// are in the rest. `positions` are the reads (the guest's `reads`). A read
+/// whose response topic has a write in flight (`unapplied`) or earlier in
+/// the batch goes through the log behind it: a client reads its own writes
+/// even when it does not wait for them.
+fn split_reads(
+    messages: Vec<InboundMessage>,
+    positions: &[u32],
+    index: bool,
+    unapplied: &HashMap<String, usize>,
+) -> (Vec<InboundMessage>, Vec<InboundMessage>, u64) {
+    let mut reads = Vec::new();
+    let mut rest = Vec::new();
+    let mut by_log = 0;
+    let mut writing: std::collections::HashSet<String> = Default::default();
+    for (i, m) in messages.into_iter().enumerate() {
+        let topic = m.response_topic.as_deref();
+        if !positions.contains(&u32::try_from(i).unwrap_or(u32::MAX)) {
+            if let Some(t) = topic {
+                writing.insert(t.to_string());
+            }
+            rest.push(m);
+        } else if index && !topic.is_some_and(|t| writing.contains(t) || unapplied.contains_key(t))
+        {
+            reads.push(m);
+        } else {
+            by_log += 1;
+            rest.push(m);
+        }
+    }
+    (reads, rest, by_log)
+}
+
 /// A random u64 from the standard library's hasher keys (seeded by the
 /// operating system).
 fn random_u64() -> u64 {
@@ -902,4 +949,54 @@ fn random_u64() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(topic: &str, corr: u8) -> InboundMessage {
+        InboundMessage {
+            topic: statestore_guest::rpc::REQUEST_TOPIC.into(),
+            qos: 1,
+            response_topic: Some(topic.into()),
+            correlation_data: Some(vec![corr]),
+            ..Default::default()
+        }
+    }
+
+    fn corrs(messages: &[InboundMessage]) -> Vec<u8> {
+        messages
+            .iter()
+            .map(|m| m.correlation_data.as_ref().expect("set")[0])
+            .collect()
+    }
+
+    /// Reads of other clients take the index; a client's read after its
+    /// own write (earlier in the batch, or still in flight) stays behind
+    /// it in the log, in order.
+    #[test]
+    fn a_read_behind_its_clients_write_goes_through_the_log() {
+        // 0: a's write, 1: a's read, 2: b's read, 3: c's read (c has a
+        // write in flight), 4: b's write, 5: b's read.
+        let batch = vec![
+            message("a", 0),
+            message("a", 1),
+            message("b", 2),
+            message("c", 3),
+            message("b", 4),
+            message("b", 5),
+        ];
+        let in_flight = HashMap::from([("c".to_string(), 1)]);
+        let (reads, rest, by_log) = split_reads(batch.clone(), &[1, 2, 3, 5], true, &in_flight);
+        assert_eq!(corrs(&reads), [2]);
+        assert_eq!(corrs(&rest), [0, 1, 3, 4, 5]);
+        assert_eq!(by_log, 3);
+        // Without the index (off, or a leader new to its term): all in
+        // the log, in order.
+        let (reads, rest, by_log) = split_reads(batch, &[1, 2, 3, 5], false, &HashMap::new());
+        assert!(reads.is_empty());
+        assert_eq!(corrs(&rest), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(by_log, 4);
+    }
 }
