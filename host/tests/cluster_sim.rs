@@ -12,7 +12,7 @@ fn budget() -> Duration {
     let secs = std::env::var("STATESTORE_SIM_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(90);
     Duration::from_secs(secs)
 }
 
