@@ -6,7 +6,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_guest::{Config, InboundMessage, Output, PublishKind, StateMachine};
+use statestore_guest::{Config, InboundMessage, Input, Output, PublishKind, StateMachine, Via};
 
 #[derive(Debug, Arbitrary)]
 enum Payload {
@@ -53,8 +53,14 @@ enum Event {
         props: Vec<(String, String)>,
         client_id: Option<String>,
         received_back: Option<u16>,
+        /// Where it came in (a replica and its life), as in a cluster.
+        via: Option<(u8, u8)>,
     },
     Disconnect(String),
+    /// A replica reports a client gone (a cluster's `disconnected-via`).
+    DisconnectVia(String, u8, u8),
+    /// A replica starts a new life (`replica-started`).
+    ReplicaStarted(u8, u8),
     Timeout,
     Advance(u16),
     Restore,
@@ -99,6 +105,14 @@ fn payload(p: &Payload) -> Vec<u8> {
     }
 }
 
+/// A few replicas, a few lives each: vias that meet.
+fn to_via(replica: u8, started: u8) -> Via {
+    Via {
+        replica: u64::from(replica % 3),
+        started: u64::from(started % 4),
+    }
+}
+
 fuzz_target!(|events: Vec<Event>| {
     let config = Config::default();
     let mut sm = StateMachine::new(config.clone()).expect("default config is valid");
@@ -116,6 +130,7 @@ fuzz_target!(|events: Vec<Event>| {
                 props,
                 client_id,
                 received_back,
+                via,
             } => {
                 let mut user_properties = props.clone();
                 if let Some(t) = t {
@@ -138,10 +153,13 @@ fuzz_target!(|events: Vec<Event>| {
                     received_at: received_back.map(|b| now - u64::from(b)),
                     username: None,
                     attributes: Vec::new(),
+                    via: via.map(|(r, s)| to_via(r, s)),
                 };
                 sm.handle(&m, now)
             }
             Event::Disconnect(c) => sm.client_disconnected(c, now),
+            Event::DisconnectVia(c, r, s) => sm.step(&[Input::DisconnectedVia(c, to_via(*r, *s))], now),
+            Event::ReplicaStarted(r, s) => sm.step(&[Input::ReplicaStarted(to_via(*r, *s))], now),
             Event::Timeout => sm.timeout(now),
             Event::Advance(ms) => {
                 now += u64::from(*ms) * 16;

@@ -296,6 +296,8 @@ fn error_out(e: types::Error) -> wit::Error {
 enum Owned {
     Message(types::InboundMessage),
     Disconnected(String),
+    DisconnectedVia(String, types::Via),
+    ReplicaStarted(types::Via),
 }
 
 impl Owned {
@@ -303,6 +305,8 @@ impl Owned {
         match self {
             Owned::Message(m) => types::Input::Message(m),
             Owned::Disconnected(id) => types::Input::Disconnected(id),
+            Owned::DisconnectedVia(id, via) => types::Input::DisconnectedVia(id, *via),
+            Owned::ReplicaStarted(via) => types::Input::ReplicaStarted(*via),
         }
     }
 }
@@ -311,6 +315,15 @@ fn input_in(i: wit::Input) -> Owned {
     match i {
         wit::Input::Message(m) => Owned::Message(message_in(m)),
         wit::Input::Disconnected(id) => Owned::Disconnected(id),
+        wit::Input::DisconnectedVia(d) => Owned::DisconnectedVia(d.client_id, via_in(d.via)),
+        wit::Input::ReplicaStarted(via) => Owned::ReplicaStarted(via_in(via)),
+    }
+}
+
+fn via_in(v: wit::Via) -> types::Via {
+    types::Via {
+        replica: v.replica,
+        started: v.started,
     }
 }
 
@@ -333,6 +346,7 @@ fn message_in(m: wit::InboundMessage) -> types::InboundMessage {
         received_at: m.received_at,
         username: m.username,
         attributes: pairs_in(m.attributes),
+        via: m.via.map(via_in),
     }
 }
 

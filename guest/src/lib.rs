@@ -86,5 +86,5 @@ pub use machine::{
 pub use snapshot::SnapshotScope;
 pub use types::{
     Config, Error, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,
-    ScanPage, Stats,
+    ScanPage, Stats, Via,
 };

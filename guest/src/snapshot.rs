@@ -11,6 +11,8 @@
 //!                           message reply }
 //! body v2: as v1, but each dedup item starts with opt str client (the
 //!   client it is charged to, when one was known)
+//! body v3: as v2, but each observer ends with opt via (u64 replica,
+//!   u64 started: where the registration was made, in a cluster)
 //! bytes, str, opt, hlc, message: see codec.rs
 //! ```
 //!
@@ -25,7 +27,7 @@
 
 use crate::codec::{Reader, Writer};
 use crate::table::Entry;
-use crate::types::{Error, OutboundMessage};
+use crate::types::{Error, OutboundMessage, Via};
 
 /// What a snapshot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +43,7 @@ pub enum SnapshotScope {
 /// Leading bytes of every snapshot.
 pub const MAGIC: &[u8; 8] = b"STSTSNAP";
 /// The newest format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The first bytes of a snapshot: magic, version and clock; the key count
 /// follows.
@@ -58,8 +60,8 @@ pub(crate) trait Visitor {
     fn clock(&mut self, wall: u64, counter: u64);
     /// A key and its entry.
     fn key(&mut self, key: &[u8], entry: Entry);
-    /// A KEYNOTIFY registration.
-    fn registration(&mut self, client: &str, key: &[u8]);
+    /// A KEYNOTIFY registration, and where it was made.
+    fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>);
     /// A dedup-cache entry (charged to `client`, if known).
     fn reply(
         &mut self,
@@ -218,7 +220,18 @@ impl Restorer {
                     }
                     Section::Registrations => {
                         let client = r.str()?;
-                        visit.registration(&client, r.bytes()?);
+                        let key = r.bytes()?;
+                        let via = if self.version >= 3 {
+                            r.opt(|r| {
+                                Ok(Via {
+                                    replica: r.u64()?,
+                                    started: r.u64()?,
+                                })
+                            })?
+                        } else {
+                            None
+                        };
+                        visit.registration(&client, key, via);
                     }
                     Section::Dedup => {
                         let client = if self.version >= 2 {

@@ -86,6 +86,24 @@ pub struct InboundMessage {
     /// The publisher's attributes (from its authentication), for
     /// authorization rules.
     pub attributes: Vec<(String, String)>,
+    /// Where the publisher is connected, in a replicated store (a
+    /// KEYNOTIFY registration remembers it: see [`Via`]).
+    pub via: Option<Via>,
+}
+
+/// Where a client is connected in a replicated store: the replica, and the
+/// start of that replica's current life (its wall-clock start time, ms). A
+/// KEYNOTIFY registration remembers the `via` of its request, so that a
+/// disconnect reported by one replica drops only what was registered
+/// through it ([`Input::DisconnectedVia`]), and a replica that restarts
+/// drops what its earlier lives' connections registered
+/// ([`Input::ReplicaStarted`]) (WIT `via`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Via {
+    /// The replica's id.
+    pub replica: u64,
+    /// When the replica's current life started (ms since the epoch).
+    pub started: u64,
 }
 
 /// Whether an outbound publish is a reply or a notification.
@@ -143,6 +161,14 @@ pub enum Input<'a> {
     Message(&'a InboundMessage),
     /// The client with this id went away: its KEYNOTIFY registrations go.
     Disconnected(&'a str),
+    /// The client with this id went away from the replica and life of
+    /// `Via`: its registrations made through that replica, in that life or
+    /// an earlier one (or with no `via`), go; those it made since through
+    /// another replica (or a later life) stay.
+    DisconnectedVia(&'a str, Via),
+    /// The replica of `Via` started the life of `Via`: the registrations
+    /// made through it in earlier lives go (their connections are gone).
+    ReplicaStarted(Via),
 }
 
 /// Everything the guest asks of its host (WIT `output`).

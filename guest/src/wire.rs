@@ -10,14 +10,18 @@
 //! guest reads the messages in place, without copying their fields.
 //!
 //! ```text
-//! batch   = u8 version (3), u32 count, input*         (version 1: message* only)
+//! batch   = u8 version (4), u32 count, input*         (version 1: message* only)
 //! input   = u8 0, message | u8 1, str client-id (disconnected)
+//!         | u8 2, str client-id, via (disconnected-via; version 4)
+//!         | u8 3, via (replica-started; version 4)
 //! message = str topic, bytes payload, u8 qos, opt<str> response-topic,
 //!           opt<bytes> correlation, opt<u32> message-expiry, opt<str> content-type,
 //!           opt<u8> payload-format, u32 n, (str name, str value)*n,
 //!           opt<str> client-id, opt<u64> received-at,
-//!           opt<str> username, u32 n, (str name, str value)*n attributes
-//!           (version 3; version 2 ends at received-at)
+//!           opt<str> username, u32 n, (str name, str value)*n attributes,
+//!           opt<via>
+//!           (version 4; version 3 ends at the attributes, version 2 at received-at)
+//! via     = u64 replica, u64 started
 //! outputs = u8 version (4), u32 count, output*
 //! output  = u8 1, bytes record | u8 2, opt<str> client-id, str reason
 //!         | u8 3, reply | u8 4, notify | u8 5, u32 handled (last only)
@@ -42,15 +46,17 @@ use crate::hlc::Version;
 use crate::notify;
 use crate::rpc::{self, REQUEST_TOPIC, Reply, RequestProps, Status};
 use crate::types::{
-    Bytes, Error, InboundMessage, Input, OutboundMessage, Output, Str, interned_bytes,
+    Bytes, Error, InboundMessage, Input, OutboundMessage, Output, Str, Via, interned_bytes,
 };
 
 /// Version byte of the batches this build writes.
-pub const BATCH_VERSION: u8 = 3;
+pub const BATCH_VERSION: u8 = 4;
 
 /// The batch versions this build reads: 1 (messages only), 2 (tagged
-/// inputs) and 3 (messages with their user name and attributes).
-pub const BATCH_VERSIONS: &[u8] = &[1, 2, 3];
+/// inputs), 3 (messages with their user name and attributes) and 4
+/// (messages with their `via`, and the inputs `disconnected-via` and
+/// `replica-started`).
+pub const BATCH_VERSIONS: &[u8] = &[1, 2, 3, 4];
 
 /// Version byte that starts every output list: 4 since a call may stop
 /// early (the `more` output) to bound what crosses the boundary.
@@ -114,6 +120,8 @@ pub struct MessageRef<'a> {
     pub username: Option<&'a str>,
     /// The publisher's attributes.
     pub attributes: Attributes<'a>,
+    /// Where the publisher is connected, in a replicated store.
+    pub via: Option<Via>,
 }
 
 impl<'a> MessageRef<'a> {
@@ -135,6 +143,7 @@ impl<'a> MessageRef<'a> {
             received_at: m.received_at,
             username: m.username.as_deref(),
             attributes: Attributes::Owned(&m.attributes),
+            via: m.via,
         }
     }
 }
@@ -148,6 +157,10 @@ pub enum InputRef<'a> {
     Message(MessageRef<'a>),
     /// A client went away.
     Disconnected(&'a str),
+    /// A client went away from a replica ([`Input::DisconnectedVia`]).
+    DisconnectedVia(&'a str, Via),
+    /// A replica started a new life ([`Input::ReplicaStarted`]).
+    ReplicaStarted(Via),
 }
 
 /// Appends the encoding of values to a buffer.
@@ -236,6 +249,12 @@ impl Encoder {
         self.opt(m.received_at, Self::u64);
         self.opt(m.username.as_deref(), Self::str);
         self.props(m.attributes.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        self.opt(m.via, Self::via);
+    }
+
+    fn via(&mut self, v: Via) {
+        self.u64(v.replica);
+        self.u64(v.started);
     }
 
     /// Appends a version as the text of an HLC of `node`.
@@ -260,7 +279,8 @@ pub fn encode_batch_into(buf: &mut Vec<u8>, inputs: &[Input<'_>]) {
     let size: usize = inputs
         .iter()
         .map(|i| match i {
-            Input::Disconnected(id) => 8 + id.len(),
+            Input::Disconnected(id) | Input::DisconnectedVia(id, _) => 24 + id.len(),
+            Input::ReplicaStarted(_) => 24,
             Input::Message(m) => {
                 64 + m.topic.len()
                     + m.payload.len()
@@ -296,6 +316,15 @@ pub fn encode_batch_into(buf: &mut Vec<u8>, inputs: &[Input<'_>]) {
             Input::Disconnected(id) => {
                 e.u8(1);
                 e.str(id);
+            }
+            Input::DisconnectedVia(id, via) => {
+                e.u8(2);
+                e.str(id);
+                e.via(*via);
+            }
+            Input::ReplicaStarted(via) => {
+                e.u8(3);
+                e.via(*via);
             }
         }
     }
@@ -536,9 +565,9 @@ impl<'a> Decoder<'a> {
         }
     }
 
-    /// A message; `principal`: the batch (version 3) carries its user name
-    /// and attributes.
-    fn message_ref(&mut self, principal: bool) -> Result<MessageRef<'a>, Error> {
+    /// A message of a batch of `version`: from 3 on it carries its user
+    /// name and attributes, from 4 on its `via`.
+    fn message_ref(&mut self, version: u8) -> Result<MessageRef<'a>, Error> {
         // The request topic needs no UTF-8 check: equal bytes are the constant.
         let topic = match self.bytes()? {
             t if t == REQUEST_TOPIC.as_bytes() => REQUEST_TOPIC,
@@ -568,7 +597,7 @@ impl<'a> Decoder<'a> {
         }
         let client_id = self.opt(Self::str)?;
         let received_at = self.opt(Self::u64)?;
-        let (username, attributes) = if principal {
+        let (username, attributes) = if version >= 3 {
             let username = self.opt(Self::str)?;
             let start = self.rest;
             let n = self.u32()?;
@@ -580,6 +609,11 @@ impl<'a> Decoder<'a> {
             (username, Attributes::Encoded(&start[..used]))
         } else {
             (None, Attributes::default())
+        };
+        let via = if version >= 4 {
+            self.opt(Self::via)?
+        } else {
+            None
         };
         Ok(MessageRef {
             topic,
@@ -593,6 +627,14 @@ impl<'a> Decoder<'a> {
             received_at,
             username,
             attributes,
+            via,
+        })
+    }
+
+    fn via(&mut self) -> Result<Via, Error> {
+        Ok(Via {
+            replica: self.u64()?,
+            started: self.u64()?,
         })
     }
 
@@ -686,10 +728,16 @@ impl<'a> Decoder<'a> {
         ))
     }
 
-    fn input(&mut self, principal: bool) -> Result<InputRef<'a>, Error> {
+    /// One input of a batch of `version` (1: untagged messages).
+    fn input(&mut self, version: u8) -> Result<InputRef<'a>, Error> {
+        if version == 1 {
+            return Ok(InputRef::Message(self.message_ref(version)?));
+        }
         match self.u8()? {
-            0 => Ok(InputRef::Message(self.message_ref(principal)?)),
+            0 => Ok(InputRef::Message(self.message_ref(version)?)),
             1 => Ok(InputRef::Disconnected(self.str()?)),
+            2 if version >= 4 => Ok(InputRef::DisconnectedVia(self.str()?, self.via()?)),
+            3 if version >= 4 => Ok(InputRef::ReplicaStarted(self.via()?)),
             _ => Err(bad("unknown input tag")),
         }
     }
@@ -713,11 +761,7 @@ pub fn decode_batch(buf: &[u8]) -> Result<Vec<InputRef<'_>>, Error> {
     }
     let mut inputs = Vec::with_capacity(n as usize);
     for _ in 0..n {
-        inputs.push(match buf[0] {
-            1 => InputRef::Message(d.message_ref(false)?),
-            2 => d.input(false)?,
-            _ => d.input(true)?,
-        });
+        inputs.push(d.input(buf[0])?);
     }
     if !d.rest.is_empty() {
         return Err(bad("bytes after the last input"));
@@ -739,17 +783,7 @@ pub fn batch_after(buf: &[u8], skip: usize) -> Result<Vec<u8>, Error> {
     let (mut d, n) = Decoder::start(buf, BATCH_VERSIONS)?;
     let skip = skip.min(n as usize);
     for _ in 0..skip {
-        match buf[0] {
-            1 => {
-                d.message_ref(false)?;
-            }
-            2 => {
-                d.input(false)?;
-            }
-            _ => {
-                d.input(true)?;
-            }
-        }
+        d.input(buf[0])?;
     }
     let mut out = Vec::with_capacity(5 + d.rest.len());
     out.push(buf[0]);
@@ -886,6 +920,10 @@ mod tests {
             received_at: Some(7),
             username: Some("alice".into()),
             attributes: vec![("city".into(), "seattle".into())],
+            via: Some(Via {
+                replica: 3,
+                started: u64::MAX - 1,
+            }),
         }
     }
 
@@ -895,7 +933,7 @@ mod tests {
             .into_iter()
             .filter_map(|i| match i {
                 InputRef::Message(m) => Some(m),
-                InputRef::Disconnected(_) => None,
+                _ => None,
             })
             .collect()
     }
@@ -929,18 +967,50 @@ mod tests {
         assert_eq!(seen[1].topic, "");
         assert_eq!(seen[1].username, None);
         assert_eq!(seen[1].attributes.iter().count(), 0);
+        assert_eq!(seen[0].via, m.via);
+        assert_eq!(seen[1].via, None);
     }
 
-    /// Batches of versions 1 (messages only, no input tags) and 2 (no
-    /// user name or attributes) still decode.
+    /// The inputs of version 4: `disconnected-via` and `replica-started`;
+    /// a version 3 batch has neither (nor a message's `via`).
     #[test]
-    fn version_1_and_2_batches_decode() {
+    fn version_4_inputs_round_trip() {
+        let via = Via {
+            replica: 5,
+            started: 1_700_000_000_000,
+        };
+        let wire = encode_batch(&[
+            Input::DisconnectedVia("gone", via),
+            Input::ReplicaStarted(via),
+        ]);
+        let all = decode_batch(&wire).expect("decodes");
+        assert!(matches!(all[0], InputRef::DisconnectedVia("gone", v) if v == via));
+        assert!(matches!(all[1], InputRef::ReplicaStarted(v) if v == via));
+        let mut v3 = wire.clone();
+        v3[0] = 3;
+        assert!(decode_batch(&v3).is_err(), "tags 2 and 3 are version 4's");
+        assert_eq!(
+            batch_after(&wire, 1).expect("skips"),
+            encode_batch(&[Input::ReplicaStarted(via)])
+        );
+    }
+
+    /// Batches of versions 1 (messages only, no input tags), 2 (no user
+    /// name or attributes) and 3 (no via) still decode.
+    #[test]
+    fn version_1_2_and_3_batches_decode() {
         let m = InboundMessage {
             username: None,
             attributes: Vec::new(),
+            via: None,
             ..message()
         };
         let mut v2 = encode_batch(&[Input::Message(&m)]);
+        // Version 3 is version 4 without the via (`u8 0` here).
+        assert_eq!(v2[v2.len() - 1], 0);
+        v2.truncate(v2.len() - 1);
+        v2[0] = 3;
+        assert_eq!(decoded(&v2)[0].received_at, Some(7));
         // Version 2 is version 3 without the user name and attributes
         // (`u8 0` and `u32 0` here).
         assert_eq!(v2[v2.len() - 5..], [0, 0, 0, 0, 0]);
@@ -1029,6 +1099,17 @@ mod tests {
         let wire = encode_batch(&[
             Input::Message(&a),
             Input::Disconnected("x"),
+            Input::DisconnectedVia(
+                "y",
+                Via {
+                    replica: 2,
+                    started: 3,
+                },
+            ),
+            Input::ReplicaStarted(Via {
+                replica: 2,
+                started: 4,
+            }),
             Input::Message(&b),
         ]);
         for cut in 0..wire.len() {
@@ -1043,8 +1124,8 @@ mod tests {
         longer.push(0);
         assert!(decode_batch(&longer).is_err());
         assert_eq!(
-            decode_batch(&[4, 0, 0, 0, 0]).map(|v| v.len()),
-            Err(Error::UnsupportedVersion(4))
+            decode_batch(&[5, 0, 0, 0, 0]).map(|v| v.len()),
+            Err(Error::UnsupportedVersion(5))
         );
         assert!(decode_batch(&[2, 255, 255, 255, 255]).is_err());
         assert!(

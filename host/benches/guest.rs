@@ -35,6 +35,7 @@ fn request(parts: &[&[u8]], corr: u64, now: u64) -> InboundMessage {
         received_at: None,
         username: None,
         attributes: Vec::new(),
+        via: None,
     }
 }
 

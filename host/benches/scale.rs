@@ -87,6 +87,7 @@ fn request(parts: &[&[u8]], corr: u64, client: &str) -> InboundMessage {
         received_at: None,
         username: None,
         attributes: Vec::new(),
+        via: None,
     }
 }
 

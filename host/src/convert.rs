@@ -102,6 +102,14 @@ pub(crate) fn message(m: &types::InboundMessage) -> wit::InboundMessage {
         received_at: m.received_at,
         username: m.username.clone(),
         attributes: pairs(&m.attributes),
+        via: m.via.map(via),
+    }
+}
+
+fn via(v: types::Via) -> wit::Via {
+    wit::Via {
+        replica: v.replica,
+        started: v.started,
     }
 }
 
@@ -109,6 +117,11 @@ pub(crate) fn input(i: &types::Input<'_>) -> wit::Input {
     match i {
         types::Input::Message(m) => wit::Input::Message(message(m)),
         types::Input::Disconnected(id) => wit::Input::Disconnected(id.to_string()),
+        types::Input::DisconnectedVia(id, v) => wit::Input::DisconnectedVia(wit::Departure {
+            client_id: id.to_string(),
+            via: via(*v),
+        }),
+        types::Input::ReplicaStarted(v) => wit::Input::ReplicaStarted(via(*v)),
     }
 }
 

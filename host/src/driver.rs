@@ -70,6 +70,12 @@ pub trait Transport {
     fn emit(&mut self, outputs: Vec<Output>) -> impl Future<Output = Result<()>>;
     /// The outputs of the last input were emitted (acknowledge its requests).
     fn settle(&mut self) -> impl Future<Output = Result<()>>;
+    /// Called at each tick of a replica: acknowledge what waited too long
+    /// for its reply (a transport that acknowledges at `settle` has nothing
+    /// to do).
+    fn tick(&mut self) -> impl Future<Output = Result<()>> {
+        std::future::ready(Ok(()))
+    }
     /// Shut down cleanly.
     fn close(&mut self) -> impl Future<Output = ()>;
 }

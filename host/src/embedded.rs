@@ -710,6 +710,7 @@ fn inbound(client_id: &str, p: &Publish) -> InboundMessage {
         received_at: Some(now_ms()),
         username: None,
         attributes: Vec::new(),
+        via: None,
     }
 }
 

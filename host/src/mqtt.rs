@@ -130,6 +130,7 @@ pub fn inbound(p: &Publish) -> InboundMessage {
         received_at: None,
         username: None,
         attributes: Vec::new(),
+        via: None,
     }
 }
 

@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use rumqttc::Outgoing;
@@ -198,6 +198,54 @@ struct ClientTransport {
     net: tokio::task::JoinHandle<()>,
     /// Requests handed to the guest and not yet acknowledged, in arrival order.
     to_ack: Vec<Publish>,
+    /// A replica's requests are acknowledged once answered (see
+    /// [`Unanswered`]); one process's once handled.
+    ack_when_answered: bool,
+    unanswered: Vec<Unanswered>,
+}
+
+/// A request a replica took from the broker and has not answered yet: it
+/// is acknowledged (PUBACK) once its reply is handed to the broker, so a
+/// replica that dies before its request is committed leaves it
+/// unacknowledged, and the broker delivers it again (to the replica's
+/// session when it comes back, or to another member of the shared
+/// subscription). One that is never answered (expired, lost with a
+/// leader) is acknowledged when its client has stopped waiting:
+/// at its message expiry, at most [`ANSWER_WITHIN`] after it came.
+struct Unanswered {
+    topic: String,
+    correlation: Vec<u8>,
+    until: Instant,
+    publish: Publish,
+}
+
+/// The longest a replica leaves a request unacknowledged.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// What to wait for before acknowledging `p`, if it is a request that gets
+/// a reply (QoS 1 on the request topic, a valid response topic, correlation
+/// data); `None`: acknowledge it now.
+fn awaiting(p: &Publish, now: Instant) -> Option<Unanswered> {
+    if p.qos != QoS::AtLeastOnce || p.topic.as_ref() != REQUEST_TOPIC.as_bytes() {
+        return None;
+    }
+    let props = p.properties.as_ref()?;
+    let topic = props.response_topic.as_ref()?;
+    let correlation = props.correlation_data.as_ref()?;
+    if statestore_guest::rpc::check_response_topic(topic)
+        != statestore_guest::rpc::TopicCheck::Valid
+    {
+        return None;
+    }
+    let wait = props.message_expiry_interval.map_or(ANSWER_WITHIN, |s| {
+        Duration::from_secs(u64::from(s)).min(ANSWER_WITHIN)
+    });
+    Some(Unanswered {
+        topic: topic.clone(),
+        correlation: correlation.to_vec(),
+        until: now + wait,
+        publish: p.clone(),
+    })
 }
 
 impl Server {
@@ -254,6 +302,7 @@ pub async fn serve_replica(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let mut transport = ClientTransport::connect(opts).await?;
+    transport.ack_when_answered = true;
     node.drive(&mut transport, shutdown).await
 }
 
@@ -292,6 +341,8 @@ impl ClientTransport {
             pending: VecDeque::new(),
             net,
             to_ack: Vec::new(),
+            ack_when_answered: false,
+            unanswered: Vec::new(),
         };
         let wait =
             tokio::time::timeout(transport.opts.connect_timeout, transport.first_connection());
@@ -429,6 +480,7 @@ impl crate::driver::Transport for ClientTransport {
                 // cache answers them); acking them on this new connection
                 // could hit other messages' packet ids.
                 self.to_ack.clear();
+                self.unanswered.clear();
                 // Subscriptions are renewed in case the broker lost the session.
                 self.subscribe().await?;
                 Ok(None)
@@ -454,6 +506,18 @@ impl crate::driver::Transport for ClientTransport {
         for o in outputs {
             match o {
                 Output::Publish(m) => {
+                    // A replica's request is acknowledged after its reply.
+                    let answered = if m.kind == crate::PublishKind::Response
+                        && !self.unanswered.is_empty()
+                        && let Some(corr) = &m.correlation_data
+                    {
+                        self.unanswered
+                            .iter()
+                            .position(|u| u.topic == *m.topic && u.correlation == **corr)
+                            .map(|i| self.unanswered.remove(i))
+                    } else {
+                        None
+                    };
                     let props = mqtt::properties(&m);
                     self.client
                         .publish_with_properties(
@@ -465,6 +529,12 @@ impl crate::driver::Transport for ClientTransport {
                         )
                         .await
                         .map_err(|e| anyhow!("publish: {e}"))?;
+                    if let Some(u) = answered {
+                        self.client
+                            .ack(&u.publish)
+                            .await
+                            .context("acknowledge a request")?;
+                    }
                 }
                 Output::Violation { client_id, reason } => {
                     // A plain client cannot disconnect another client.
@@ -476,12 +546,41 @@ impl crate::driver::Transport for ClientTransport {
         Ok(())
     }
 
-    /// Every reply is queued on the connection ahead of these acks.
+    /// Every reply is queued on the connection ahead of these acks (a
+    /// replica's requests wait for their replies: [`Unanswered`]).
     async fn settle(&mut self) -> Result<()> {
+        let now = Instant::now();
         for p in std::mem::take(&mut self.to_ack) {
-            if p.qos != QoS::AtMostOnce {
-                self.client.ack(&p).await.context("acknowledge a request")?;
+            if p.qos == QoS::AtMostOnce {
+                continue;
             }
+            if self.ack_when_answered
+                && let Some(u) = awaiting(&p, now)
+            {
+                self.unanswered.push(u);
+                continue;
+            }
+            self.client.ack(&p).await.context("acknowledge a request")?;
+        }
+        self.tick().await
+    }
+
+    /// Acknowledges the requests whose clients no longer wait for them.
+    async fn tick(&mut self) -> Result<()> {
+        if self.unanswered.is_empty() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let (overdue, waiting): (Vec<Unanswered>, Vec<Unanswered>) =
+            std::mem::take(&mut self.unanswered)
+                .into_iter()
+                .partition(|u| u.until <= now);
+        self.unanswered = waiting;
+        for u in overdue {
+            self.client
+                .ack(&u.publish)
+                .await
+                .context("acknowledge a request")?;
         }
         Ok(())
     }

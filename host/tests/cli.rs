@@ -478,7 +478,7 @@ fn the_component_can_be_taken_away() {
     let v = run(&["--version"]);
     let text = String::from_utf8_lossy(&v.stdout);
     assert!(
-        text.contains(&format!("component sha256 {hex}")) && text.contains("statestore:core@0.5.0"),
+        text.contains(&format!("component sha256 {hex}")) && text.contains("statestore:core@0.6.0"),
         "{text}"
     );
     // A path it cannot write is a clear error.

@@ -187,6 +187,19 @@ fn metric(port: u16, name: &str) -> Vec<(String, f64)> {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What each replica said last: the cause of a failure.
+            for (i, s) in self.servers.iter().enumerate() {
+                if let Some(s) = s {
+                    let log = s.log();
+                    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                    eprintln!("--- replica {} (last lines of its log) ---", i + 1);
+                    for l in tail.iter().rev() {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+        }
         self.servers.clear();
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -519,6 +532,140 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
     }
 }
 
+/// Whether `observer` gets a notification for `key` within `wait`
+/// (anything else it receives is skipped).
+async fn notified(
+    observer: &mut statestore_tests::broker::RawClient,
+    key: &[u8],
+    wait: Duration,
+) -> bool {
+    let topic = statestore_guest::notify::topic(&observer.id, key);
+    let until = Instant::now() + wait;
+    while let Some(p) = observer
+        .recv(until.saturating_duration_since(Instant::now()))
+        .await
+    {
+        if p.topic.as_ref() == topic.as_bytes() {
+            return true;
+        }
+    }
+    false
+}
+
+/// Sends `kill -SIG` to `pid`.
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// KEYNOTIFY registrations belong to the connection that made them, across
+/// replicas (the guest's `via`):
+/// - a client that moves from replica A to B keeps what it registered
+///   through B when A reports its disconnect late (A was stopped: its
+///   report reaches the log after the registration through B);
+/// - what it registered through A goes with that report;
+/// - a replica that restarts drops what its earlier life's clients
+///   registered (their connections died with it), instead of leaving it
+///   to be delivered to the client wherever it reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keynotify_registrations_follow_the_connection_that_made_them() {
+    use statestore_tests::broker::RawClient;
+    let mut c = Cluster::new(3);
+    let leader = c.leader(Duration::from_secs(20));
+    let (a, b) = ((leader + 1) % 3, (leader + 2) % 3);
+    let id = "moving-observer";
+    let filter = |client: &RawClient| {
+        format!(
+            "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/{}/command/notify/#",
+            client
+                .id
+                .bytes()
+                .map(|b| format!("{b:02X}"))
+                .collect::<String>()
+        )
+    };
+    let mut writer = RawClient::connect(c.mqtt[b], "via-writer").await;
+    writer.subscribe(&writer.response_topic()).await;
+    let mut set = async |key: &[u8]| {
+        let reply = writer.call(&[b"SET", key, b"v"]).await;
+        assert_eq!(&reply.payload[..], b"+OK\r\n");
+    };
+
+    // 1. Registered through A; A stops; the client moves to B and
+    //    registers another key there; A comes back and reports the
+    //    disconnect.
+    let mut on_a = RawClient::connect(c.mqtt[a], id).await;
+    on_a.subscribe(&on_a.response_topic()).await;
+    let reply = on_a.call(&[b"KEYNOTIFY", b"via-a"]).await;
+    assert_eq!(&reply.payload[..], b"+OK\r\n");
+    let pid_a = c.servers[a].as_ref().expect("up").pid();
+    signal(pid_a, "STOP");
+    on_a.kill();
+    let mut on_b = RawClient::connect(c.mqtt[b], id).await;
+    on_b.subscribe(&on_b.response_topic()).await;
+    on_b.subscribe(&filter(&on_b)).await;
+    let reply = on_b.call(&[b"KEYNOTIFY", b"via-b"]).await;
+    assert_eq!(&reply.payload[..], b"+OK\r\n");
+    signal(pid_a, "CONT");
+    // A's report drops what was registered through A (until then B
+    // delivers its notifications to the client's session there)...
+    let start = Instant::now();
+    loop {
+        set(b"via-a").await;
+        if !notified(&mut on_b, b"via-a", Duration::from_millis(700)).await {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "A's disconnect report never dropped the registration made through A"
+        );
+    }
+    // ...and leaves what was registered through B.
+    set(b"via-b").await;
+    assert!(
+        notified(&mut on_b, b"via-b", T).await,
+        "a late disconnect from A dropped a registration made through B"
+    );
+
+    // 2. Registered through A; A dies; the client reconnects to B without
+    //    registering: B delivers the orphan's notifications until A's new
+    //    life drops it.
+    on_b.kill();
+    let mut on_a = RawClient::connect(c.mqtt[a], id).await;
+    on_a.subscribe(&on_a.response_topic()).await;
+    let reply = on_a.call(&[b"KEYNOTIFY", b"orphan"]).await;
+    assert_eq!(&reply.payload[..], b"+OK\r\n");
+    if let Some(s) = c.servers[a].take() {
+        s.kill9();
+    }
+    on_a.kill();
+    let mut on_b = RawClient::connect(c.mqtt[b], id).await;
+    on_b.subscribe(&filter(&on_b)).await;
+    set(b"orphan").await;
+    assert!(
+        notified(&mut on_b, b"orphan", T).await,
+        "the registration outlives its replica until that replica starts again"
+    );
+    c.servers[a] = Some(c.spawn(a));
+    c.settled(Duration::from_secs(30));
+    let start = Instant::now();
+    loop {
+        set(b"orphan").await;
+        if !notified(&mut on_b, b"orphan", Duration::from_millis(700)).await {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "A's new life never dropped its earlier life's registrations"
+        );
+    }
+    on_b.disconnect().await;
+    writer.disconnect().await;
+}
+
 /// External mode: three replicas serve through one mosquitto, sharing the
 /// request topic (`$share/statestore/...`); the SDK talks to the broker.
 /// With one replica killed, the others answer.
@@ -584,4 +731,92 @@ async fn replicas_share_the_request_topic_of_an_external_broker() {
         assert_eq!(got.version.map(|v| v.to_string()).as_ref(), Some(version));
     }
     a.close().await;
+}
+
+/// External mode: a replica acknowledges (PUBACK) a request only once it
+/// has answered it, so a broker that hands a dead subscriber's
+/// unacknowledged messages to another member of the shared subscription
+/// (EMQX does; mosquitto keeps them for a persistent session) loses none
+/// that was not committed. Seen from the broker's own log: with the other
+/// two replicas stopped nothing commits, and the replica that took a
+/// request does not acknowledge it until the others are back and its reply
+/// is out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_replica_acknowledges_a_request_once_it_has_answered_it() {
+    use statestore_tests::broker::RawClient;
+    let broker = statestore_tests::broker::Mosquitto::start_verbose();
+    let c = Cluster::with_broker(3, Some(broker.port));
+    let leader = c.leader(Duration::from_secs(20));
+    let others = [(leader + 1) % 3, (leader + 2) % 3];
+    let pid = |i: usize| c.servers[i].as_ref().expect("up").pid();
+    for &o in &others {
+        signal(pid(o), "STOP");
+    }
+    let mut client = RawClient::connect(broker.port, "ack-probe").await;
+    client.subscribe(&client.response_topic()).await;
+    let mut waiting = Vec::new();
+    for i in 0..6 {
+        let props = client.request_properties();
+        waiting.push(props.correlation_data.clone());
+        let key = format!("acked-{i}");
+        client
+            .publish_request(
+                statestore_tests::resp(&[b"SET", key.as_bytes(), b"v"]),
+                props,
+            )
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let me = format!("statestore-{}", leader + 1);
+    let count = |what: &str| {
+        broker
+            .log()
+            .lines()
+            .filter(|l| l.contains(&format!("{what} {me} ")))
+            .count()
+    };
+    let requests = broker
+        .log()
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("Sending PUBLISH to {me} ")) && l.contains("command/invoke'")
+        })
+        .count();
+    assert!(
+        requests >= 1,
+        "the broker gave {me} no request:\n{}",
+        broker.log()
+    );
+    let early = count("Received PUBACK from");
+    for &o in &others {
+        signal(pid(o), "CONT");
+    }
+    assert_eq!(
+        early,
+        0,
+        "{me} acknowledged requests it could not commit:\n{}",
+        broker.log()
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    while !waiting.is_empty() {
+        let p = client
+            .recv(until.saturating_duration_since(Instant::now()))
+            .await
+            .unwrap_or_else(|| panic!("{} requests unanswered", waiting.len()));
+        let corr = p
+            .properties
+            .as_ref()
+            .and_then(|x| x.correlation_data.clone());
+        waiting.retain(|w| *w != corr);
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while count("Received PUBACK from") < requests {
+        assert!(
+            Instant::now() < until,
+            "{me} did not acknowledge its answered requests:\n{}",
+            broker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    client.disconnect().await;
 }

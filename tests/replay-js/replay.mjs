@@ -1,5 +1,5 @@
 // Replays the golden vectors (tests/vectors/*.json) against the state store
-// component (`statestore:core/store@0.5.0`) in Node.js, through jco.
+// component (`statestore:core/store@0.6.0`) in Node.js, through jco.
 //
 //   node replay.mjs <vectors dir> [--component <transpiled .js>]
 //
@@ -644,7 +644,7 @@ async function loadComponent(js = componentJs) {
   const url = pathToFileURL(js);
   if (instanceCount++ > 0) url.search = `?instance=${instanceCount}`;
   const mod = await import(url.href);
-  const api = mod.store ?? mod['statestore:core/store@0.5.0'];
+  const api = mod.store ?? mod['statestore:core/store@0.6.0'];
   if (!api || typeof api.Store !== 'function') {
     throw new Error(`${js} exports no \`store\` interface with a Store resource (exports: ${Object.keys(mod).join(', ')})`);
   }
@@ -654,7 +654,7 @@ async function loadComponent(js = componentJs) {
 /** The load-time check of WIRE.md: the formats, or {refused: why}. */
 function checkFormats(api, js) {
   if (typeof api.formats !== 'function') {
-    return { refused: `${js} has no formats() (not statestore:core/store@0.5.0?)` };
+    return { refused: `${js} has no formats() (not statestore:core/store@0.6.0?)` };
   }
   const f = api.formats();
   const batchVersions = Array.from(f.batchVersions ?? []);

@@ -41,6 +41,16 @@ impl Mosquitto {
     /// Starts mosquitto with `listener PORT 127.0.0.1`, anonymous access, no
     /// persistence, TCP_NODELAY, and its log published on `$SYS/broker/log/#`.
     pub fn start() -> Mosquitto {
+        Mosquitto::start_logging(false)
+    }
+
+    /// [`Mosquitto::start`], logging every packet too (`log_type debug`:
+    /// "Received PUBACK from `client` ..." and the like), to stderr only.
+    pub fn start_verbose() -> Mosquitto {
+        Mosquitto::start_logging(true)
+    }
+
+    fn start_logging(debug: bool) -> Mosquitto {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "statestore-mosquitto-{}-{port}",
@@ -52,6 +62,11 @@ impl Mosquitto {
              max_queued_messages 100000\nlog_dest topic\nlog_dest stderr\n\
              log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
         );
+        let conf = if debug {
+            conf.replace("log_dest topic\n", "") + "log_type debug\n"
+        } else {
+            conf
+        };
         Mosquitto::start_with(port, dir, &conf)
     }
 

@@ -264,6 +264,7 @@ impl Sim {
             received_at: None,
             username: None,
             attributes: Vec::new(),
+            via: None,
         }
     }
 

@@ -530,6 +530,7 @@ fn message_from_json(v: &Value) -> Result<InboundMessage> {
             None | Some(Value::Null) => Vec::new(),
             Some(a) => pairs_from_json(a, "attributes")?,
         },
+        via: None,
     })
 }
 

@@ -289,6 +289,7 @@ fn request(client: &str, corr: u32, parts: &[&[u8]]) -> InboundMessage {
         received_at: None,
         username: None,
         attributes: Vec::new(),
+        via: None,
     }
 }
 

@@ -205,6 +205,12 @@ impl StateMachine {
                 InputRef::Disconnected(id) => {
                     self.registry.drop_client(id);
                 }
+                InputRef::DisconnectedVia(id, via) => {
+                    self.registry.drop_via(id, *via);
+                }
+                InputRef::ReplicaStarted(via) => {
+                    self.registry.drop_replica(*via);
+                }
             }
         }
         Ok(std::mem::take(&mut self.out).finish())
@@ -689,7 +695,7 @@ impl StateMachine {
         };
         if let (Command::KeyNotify { key, stop }, Some(client)) = (&command, observer) {
             let payload = if !*stop {
-                if self.registry.register(client, key).is_err() {
+                if self.registry.register(client, key, msg.via).is_err() {
                     return Err(Reply::error(ServiceError::QuotaExceeded));
                 }
                 resp3::REPLY_OK

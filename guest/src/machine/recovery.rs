@@ -11,7 +11,7 @@ use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::snapshot::{self, SnapshotScope, Visitor};
 use crate::table::{Entry, EntryRef, Table};
-use crate::types::{Config, Error, OutboundMessage, Persist};
+use crate::types::{Config, Error, OutboundMessage, Persist, Via};
 
 /// A snapshot being taken in parts ([`StateMachine::snapshot_part`]): where
 /// it has got to. Only valid while the state does not change.
@@ -135,12 +135,16 @@ impl StateMachine {
                     cursor.at = At::Registrations(0);
                 }
                 At::Registrations(pos) => {
-                    for (client, key) in self.registry.iter().take(registrations).skip(*pos) {
+                    for (client, key, via) in self.registry.iter().take(registrations).skip(*pos) {
                         if w.0.len() >= max_bytes {
                             break;
                         }
                         w.str(client);
                         w.bytes(key);
+                        w.opt(via, |w, v| {
+                            w.u64(v.replica);
+                            w.u64(v.started);
+                        });
                         *pos += 1;
                     }
                     if *pos >= registrations {
@@ -204,7 +208,7 @@ impl StateMachine {
             SnapshotScope::Everything => self
                 .registry
                 .iter()
-                .map(|(c, k)| 8 + c.len() + k.len())
+                .map(|(c, k, _)| 25 + c.len() + k.len())
                 .sum(),
         };
         let dedup_len: usize = self
@@ -380,8 +384,8 @@ impl Visitor for Restored {
     fn key(&mut self, key: &[u8], entry: Entry) {
         self.table.put(key, entry.as_ref());
     }
-    fn registration(&mut self, client: &str, key: &[u8]) {
-        self.registry.restore(client, key);
+    fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>) {
+        self.registry.restore(client, key, via);
     }
     fn reply(
         &mut self,

@@ -57,6 +57,11 @@ const RESEND_WITHIN: Duration = Duration::from_secs(10);
 /// The most bytes of requests kept for that.
 const RESEND_BYTES: usize = 64 << 20;
 
+/// How long a request sent to the leader waits to be applied before it is
+/// sent again to the same leader (a forward lost with a broken link, or
+/// refused by a leader about to step down): until [`RESEND_WITHIN`].
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+
 /// How long reads wait for their read index before they go through the
 /// log instead (the leader changed, or has not committed in its term yet).
 const READ_WAIT: Duration = Duration::from_millis(500);
@@ -198,6 +203,18 @@ pub enum Notify {
 enum Held {
     Requests(Instant, Vec<InboundMessage>),
     Gone(Instant, String),
+    /// This replica's new life: the registrations its earlier lives'
+    /// connections made go (the guest's `replica-started`).
+    Started(Instant),
+}
+
+/// A request sent to the leader, until it is applied.
+struct Tracked {
+    /// When it was first sent.
+    at: Instant,
+    /// When it was last sent.
+    sent: Instant,
+    message: InboundMessage,
 }
 
 /// Reads waiting for their read index.
@@ -223,13 +240,15 @@ pub struct Node {
     last_timer: Option<Instant>,
     replicas: Vec<ReplicaEntry>,
     accept: tokio::task::JoinHandle<()>,
-    leader_seen: u64,
+    /// The leader and term last seen: a new one (the same replica elected
+    /// again in a new term included) gets the requests not yet applied.
+    leader_seen: (u64, u64),
     /// Requests proposed or forwarded and not yet applied, by response
     /// topic and correlation data: sent again to a new leader (a leader
-    /// that dies or steps down loses what it had not committed). The
-    /// replicated dedup cache answers one applied twice with its first
-    /// reply.
-    unapplied: HashMap<(String, Vec<u8>), (Instant, InboundMessage)>,
+    /// that dies or steps down loses what it had not committed), and to
+    /// the same one after [`RETRY_AFTER`]. The replicated dedup cache
+    /// answers one applied twice with its first reply.
+    unapplied: HashMap<(String, Vec<u8>), Tracked>,
     unapplied_bytes: usize,
     /// How many of `unapplied` each response topic has: a read on a topic
     /// with a write in flight goes through the log behind it, so that a
@@ -245,6 +264,12 @@ pub struct Node {
     /// restart, still queued at the leader, is never taken for a new one.
     next_read: u64,
     metrics: Option<crate::metrics::ReplicaMetrics>,
+    /// Where this replica's clients are connected, in its guest's terms:
+    /// each request carries it, so that a KEYNOTIFY registration
+    /// remembers it, and a disconnect this replica reports drops only what
+    /// was registered through it (embedded mode; `None` through an
+    /// external broker, whose client events are nobody's in particular).
+    via: Option<statestore_guest::Via>,
 }
 
 impl std::fmt::Debug for Node {
@@ -316,7 +341,6 @@ impl Node {
             replica,
             links,
             events,
-            clock,
             config,
             fsync,
             notify,
@@ -325,7 +349,7 @@ impl Node {
             last_timer: None,
             replicas: file.replicas.clone(),
             accept,
-            leader_seen: 0,
+            leader_seen: (0, 0),
             unapplied: HashMap::new(),
             unapplied_bytes: 0,
             unapplied_topics: HashMap::new(),
@@ -335,6 +359,11 @@ impl Node {
             forgot: Instant::now(),
             next_read: random_u64(),
             metrics: None,
+            via: (notify == Notify::Everywhere).then(|| statestore_guest::Via {
+                replica: file.id,
+                started: clock.now_ms(),
+            }),
+            clock,
         })
     }
 
@@ -401,7 +430,12 @@ impl Node {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
                     let mut r = match transport.on_event(event).await? {
-                        Some(TransportInput::Messages(m)) => self.submit(Held::Requests(Instant::now(), m)),
+                        Some(TransportInput::Messages(mut m)) => {
+                            for m in &mut m {
+                                m.via = self.via;
+                            }
+                            self.submit(Held::Requests(Instant::now(), m))
+                        }
                         Some(TransportInput::ClientGone(id)) => self.submit(Held::Gone(Instant::now(), id)),
                         None => Ok(()),
                     };
@@ -412,7 +446,10 @@ impl Node {
                     }
                     r
                 }
-                _ = tick.tick() => self.on_tick(transport).await,
+                _ = tick.tick() => match self.on_tick(transport).await {
+                    Ok(()) => transport.tick().await,
+                    Err(e) => Err(e),
+                },
                 _ = sync.tick(), if self.fsync == Fsync::Everysec => self.replica.sync(),
             };
             if let Err(e) = step {
@@ -573,7 +610,14 @@ impl Node {
                 let inputs: Vec<Input<'_>> = m.iter().map(Input::Message).collect();
                 wire::encode_batch(&inputs)
             }
-            Held::Gone(_, id) => wire::encode_batch(&[Input::Disconnected(id)]),
+            Held::Gone(_, id) => match self.via {
+                Some(via) => wire::encode_batch(&[Input::DisconnectedVia(id, via)]),
+                None => wire::encode_batch(&[Input::Disconnected(id)]),
+            },
+            Held::Started(_) => match self.via {
+                Some(via) => wire::encode_batch(&[Input::ReplicaStarted(via)]),
+                None => return,
+            },
         };
         let id = self.replica.id();
         if leader == id {
@@ -610,17 +654,24 @@ impl Node {
             }
             self.unapplied_bytes += bytes;
             *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
-            self.unapplied.insert(key, (Instant::now(), m.clone()));
+            let now = Instant::now();
+            self.unapplied.insert(
+                key,
+                Tracked {
+                    at: now,
+                    sent: now,
+                    message: m.clone(),
+                },
+            );
         }
     }
 
     /// Forgets requests too old to send again ([`RESEND_WITHIN`]).
     fn forget_unapplied(&mut self) {
-        self.unapplied
-            .retain(|_, (at, _)| at.elapsed() < RESEND_WITHIN);
+        self.unapplied.retain(|_, t| t.at.elapsed() < RESEND_WITHIN);
         self.unapplied_bytes = 0;
         self.unapplied_topics.clear();
-        for ((topic, _), (_, m)) in &self.unapplied {
+        for ((topic, _), Tracked { message: m, .. }) in &self.unapplied {
             self.unapplied_bytes += crate::driver::message_bytes(m);
             *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
         }
@@ -635,7 +686,8 @@ impl Node {
             if let Output::Publish(p) = o
                 && p.kind != PublishKind::Notification
                 && let Some(corr) = &p.correlation_data
-                && let Some((at, m)) = self.unapplied.remove(&(p.topic.to_string(), corr.to_vec()))
+                && let Some(Tracked { at, message: m, .. }) =
+                    self.unapplied.remove(&(p.topic.to_string(), corr.to_vec()))
             {
                 if let Some(metrics) = &self.metrics {
                     metrics.commit.observe(at.elapsed().as_secs_f64());
@@ -654,11 +706,17 @@ impl Node {
         }
     }
 
-    /// A new leader: what the old one may have lost goes to it again.
+    /// A new leader: what the old one may have lost goes to it again, and
+    /// this replica's start (`replica-started`, which the guest may apply
+    /// any number of times: it drops only what earlier lives registered).
     fn resend(&mut self) {
+        self.submit_log(Held::Started(Instant::now()));
         self.forget_unapplied();
-        let mut all: Vec<(Instant, InboundMessage)> =
-            self.unapplied.drain().map(|(_, v)| v).collect();
+        let mut all: Vec<(Instant, InboundMessage)> = self
+            .unapplied
+            .drain()
+            .map(|(_, t)| (t.at, t.message))
+            .collect();
         self.unapplied_bytes = 0;
         self.unapplied_topics.clear();
         // Reads waiting for an index from the old leader will not get one:
@@ -687,10 +745,37 @@ impl Node {
         }
     }
 
+    /// Sends again (to the same leader) what waited [`RETRY_AFTER`] since
+    /// it was last sent: a forward can be lost on a link that broke, or
+    /// reach a leader just as it steps down (and is elected again in a new
+    /// term, which sends everything again too).
+    fn retry(&mut self) {
+        let mut late: Vec<(Instant, InboundMessage)> = Vec::new();
+        for t in self.unapplied.values_mut() {
+            if t.sent.elapsed() >= RETRY_AFTER {
+                t.sent = Instant::now();
+                late.push((t.at, t.message.clone()));
+            }
+        }
+        if late.is_empty() {
+            return;
+        }
+        late.sort_by_key(|(at, _)| *at);
+        tracing::debug!(
+            requests = late.len(),
+            "requests not applied in time: sent again"
+        );
+        let messages: Vec<InboundMessage> = late.into_iter().map(|(_, m)| m).collect();
+        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
+            self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
+        }
+    }
+
     fn hold(&mut self, held: Held) {
         let bytes = match &held {
             Held::Requests(_, m) => m.iter().map(crate::driver::message_bytes).sum(),
             Held::Gone(_, id) => id.len(),
+            Held::Started(_) => 16,
         };
         if self.held_bytes + bytes > HOLD_BYTES {
             // Past the bound: these get their 503 at the next tick.
@@ -768,14 +853,10 @@ impl Node {
         self.replica.tick();
         self.refresh_metrics();
         let leader = self.replica.leader();
-        if leader != self.leader_seen {
-            info!(
-                replica = self.replica.id(),
-                leader,
-                term = self.replica.term(),
-                "leader changed"
-            );
-            self.leader_seen = leader;
+        let term = self.replica.term();
+        if leader != self.leader_seen.0 || (leader != 0 && term != self.leader_seen.1) {
+            info!(replica = self.replica.id(), leader, term, "leader changed");
+            self.leader_seen = (leader, term);
             if let Some(m) = &self.metrics {
                 m.leader_changes.inc();
             }
@@ -793,14 +874,19 @@ impl Node {
         }
         self.reads_to_log();
         if self.forgot.elapsed() >= Duration::from_secs(1) {
-            // Requests never answered (expired, refused) age out.
+            // Requests never answered (expired, refused) age out; those
+            // waiting too long go to the leader again.
             self.forget_unapplied();
             self.forgot = Instant::now();
+            // A leader loses none of its own proposals without a new term.
+            if leader != 0 && leader != self.replica.id() {
+                self.retry();
+            }
         }
         let mut refused = Vec::new();
         while let Some(h) = self.held.front() {
             let since = match h {
-                Held::Requests(at, _) | Held::Gone(at, _) => *at,
+                Held::Requests(at, _) | Held::Gone(at, _) | Held::Started(at) => *at,
             };
             if since.elapsed() < HOLD && self.held_bytes <= HOLD_BYTES {
                 break;
@@ -814,6 +900,9 @@ impl Node {
                 }
                 Some(Held::Gone(_, id)) => {
                     self.held_bytes = self.held_bytes.saturating_sub(id.len());
+                }
+                Some(Held::Started(_)) => {
+                    self.held_bytes = self.held_bytes.saturating_sub(16);
                 }
                 None => break,
             }

@@ -199,6 +199,7 @@ fn request(parts: &[&[u8]], correlation: u64, now: u64) -> InboundMessage {
         received_at: None,
         username: None,
         attributes: Vec::new(),
+        via: None,
     }
 }
 
