@@ -552,6 +552,30 @@ async fn notified(
     false
 }
 
+/// SETs `key` through `writer`.
+async fn set(writer: &mut statestore_tests::broker::RawClient, key: &[u8]) {
+    let reply = writer.call(&[b"SET", key, b"v"]).await;
+    assert_eq!(&reply.payload[..], b"+OK\r\n");
+}
+
+/// SETs `key` through `writer` until `observer` is no longer notified of
+/// it (what it registered was dropped), for at most 15 s (else `why`).
+async fn set_until_unobserved(
+    writer: &mut statestore_tests::broker::RawClient,
+    observer: &mut statestore_tests::broker::RawClient,
+    key: &[u8],
+    why: &str,
+) {
+    let start = Instant::now();
+    loop {
+        set(writer, key).await;
+        if !notified(observer, key, Duration::from_millis(700)).await {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "{why}");
+    }
+}
+
 /// Sends `kill -SIG` to `pid`.
 fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
@@ -589,10 +613,6 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
     };
     let mut writer = RawClient::connect(c.mqtt[b], "via-writer").await;
     writer.subscribe(&writer.response_topic()).await;
-    let mut set = async |key: &[u8]| {
-        let reply = writer.call(&[b"SET", key, b"v"]).await;
-        assert_eq!(&reply.payload[..], b"+OK\r\n");
-    };
 
     // 1. Registered through A; A stops; the client moves to B and
     //    registers another key there; A comes back and reports the
@@ -612,19 +632,15 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
     signal(pid_a, "CONT");
     // A's report drops what was registered through A (until then B
     // delivers its notifications to the client's session there)...
-    let start = Instant::now();
-    loop {
-        set(b"via-a").await;
-        if !notified(&mut on_b, b"via-a", Duration::from_millis(700)).await {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "A's disconnect report never dropped the registration made through A"
-        );
-    }
+    set_until_unobserved(
+        &mut writer,
+        &mut on_b,
+        b"via-a",
+        "A's disconnect report never dropped the registration made through A",
+    )
+    .await;
     // ...and leaves what was registered through B.
-    set(b"via-b").await;
+    set(&mut writer, b"via-b").await;
     assert!(
         notified(&mut on_b, b"via-b", T).await,
         "a late disconnect from A dropped a registration made through B"
@@ -644,24 +660,20 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
     on_a.kill();
     let mut on_b = RawClient::connect(c.mqtt[b], id).await;
     on_b.subscribe(&filter(&on_b)).await;
-    set(b"orphan").await;
+    set(&mut writer, b"orphan").await;
     assert!(
         notified(&mut on_b, b"orphan", T).await,
         "the registration outlives its replica until that replica starts again"
     );
     c.servers[a] = Some(c.spawn(a));
     c.settled(Duration::from_secs(30));
-    let start = Instant::now();
-    loop {
-        set(b"orphan").await;
-        if !notified(&mut on_b, b"orphan", Duration::from_millis(700)).await {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "A's new life never dropped its earlier life's registrations"
-        );
-    }
+    set_until_unobserved(
+        &mut writer,
+        &mut on_b,
+        b"orphan",
+        "A's new life never dropped its earlier life's registrations",
+    )
+    .await;
     on_b.disconnect().await;
     writer.disconnect().await;
 }

@@ -637,7 +637,11 @@ impl Node {
             let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
                 continue;
             };
-            if m.qos != 1 || m.topic != statestore_guest::rpc::REQUEST_TOPIC {
+            if m.qos != 1
+                || m.topic != statestore_guest::rpc::REQUEST_TOPIC
+                || statestore_guest::rpc::check_response_topic(topic)
+                    != statestore_guest::rpc::TopicCheck::Valid
+            {
                 continue; // never answered
             }
             let key = (topic.clone(), corr.clone());
@@ -752,7 +756,12 @@ impl Node {
     fn retry(&mut self) {
         let mut late: Vec<(Instant, InboundMessage)> = Vec::new();
         for t in self.unapplied.values_mut() {
-            if t.sent.elapsed() >= RETRY_AFTER {
+            // One its client no longer waits for is not sent again.
+            let expired = t
+                .message
+                .message_expiry_interval
+                .is_some_and(|s| t.at.elapsed() >= Duration::from_secs(u64::from(s)));
+            if t.sent.elapsed() >= RETRY_AFTER && !expired {
                 t.sent = Instant::now();
                 late.push((t.at, t.message.clone()));
             }
