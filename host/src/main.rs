@@ -1432,7 +1432,7 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
         .await?;
         let mut node = node;
         if let Some(m) = &metrics {
-            node.set_metrics(m.replica()?);
+            node.set_metrics(m.replica()?, m.tenant("default"));
             m.set_ready();
         }
         if let Some(broker) = args.broker.clone() {

@@ -251,6 +251,19 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
         assert_eq!(got.version.map(|v| v.to_string()), Some(version.clone()));
         reader.close().await;
     }
+    // Every replica's store metrics show the key (its guest's sizes, read
+    // every second).
+    for port in &c.metrics {
+        let deadline = Instant::now() + T;
+        while sample(*port, "statestore_keys", "tenant=\"default\"") != Some(1.0) {
+            assert!(
+                Instant::now() < deadline,
+                "statestore_keys on {port}: {:?}",
+                metric(*port, "statestore_keys")
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let del = writer
         .ss
         .del(b"watched".to_vec(), None, T)
@@ -292,6 +305,64 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
             .map_or(0.0, |(_, v)| *v);
         assert!(by_index >= 1.0, "replica metrics on {port}: {reads:?}");
     }
+    // The store's metrics of one process, per replica: the requests each
+    // took, the replies it published (and their latency), notifications,
+    // its guest, its Raft log as its journal.
+    let count =
+        |i: usize, name: &str, labels: &str| sample(c.metrics[i], name, labels).unwrap_or(0.0);
+    assert_eq!(
+        count(follower, "statestore_requests_total", "verb=\"SET\""),
+        1.0
+    );
+    assert_eq!(
+        count(follower, "statestore_requests_total", "verb=\"DEL\""),
+        1.0
+    );
+    assert_eq!(
+        count(other, "statestore_requests_total", "verb=\"SET\""),
+        0.0
+    );
+    assert!(count(other, "statestore_requests_total", "verb=\"KEYNOTIFY\"") >= 1.0);
+    // SET, its GET, DEL.
+    assert!(count(follower, "statestore_replies_total", "outcome=\"ok\"") >= 3.0);
+    assert!(count(follower, "statestore_request_duration_seconds_count", "") >= 3.0);
+    for i in 0..3 {
+        // Each replica hands the SET's and the DEL's notifications to its
+        // broker (which delivers them where the observer is).
+        assert!(
+            count(i, "statestore_notifications_total", "") >= 2.0,
+            "replica {i}"
+        );
+        assert!(
+            count(i, "statestore_guest_calls_total", "") >= 3.0,
+            "replica {i}"
+        );
+        assert!(
+            count(i, "statestore_guest_memory_bytes", "") > 0.0,
+            "replica {i}"
+        );
+        assert!(
+            count(i, "statestore_journal_records_total", "") >= 3.0,
+            "replica {i}"
+        );
+        assert!(
+            count(i, "statestore_journal_fsync_duration_seconds_count", "") >= 1.0,
+            "replica {i}"
+        );
+    }
+}
+
+/// The value of replica `port`'s sample of `name` whose labels contain
+/// `labels` (and the tenant `default`).
+fn sample(port: u16, name: &str, labels: &str) -> Option<f64> {
+    metric(port, name)
+        .into_iter()
+        .find(|(k, _)| {
+            k.split(['{', ' ']).next() == Some(name)
+                && k.contains(labels)
+                && k.contains("tenant=\"default\"")
+        })
+        .map(|(_, v)| v)
 }
 
 /// A client that sends a SET and then a GET of the same key without

@@ -49,6 +49,8 @@ pub struct LogStore {
     dirty: bool,
     /// The last snapshot (with its data), what a lagging replica is sent.
     snapshot: Snapshot,
+    /// Appends, bytes, fsync and snapshot durations (`--metrics`).
+    metrics: Option<crate::metrics::JournalMetrics>,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -215,7 +217,19 @@ impl LogStore {
             bytes,
             dirty: false,
             snapshot,
+            metrics: None,
         })
+    }
+
+    /// Records its appends, bytes, fsync and snapshot durations in
+    /// `metrics` from now on.
+    pub fn set_metrics(&mut self, metrics: crate::metrics::JournalMetrics) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Its metrics, if it keeps any.
+    pub fn metrics(&self) -> Option<&crate::metrics::JournalMetrics> {
+        self.metrics.as_ref()
     }
 
     /// Appends `entries` (replacing any conflicting tail).
@@ -231,7 +245,7 @@ impl LogStore {
         for e in entries {
             frame(KIND_ENTRY, &e.write_to_bytes()?, &mut buf);
         }
-        self.write(&buf)
+        self.write(&buf, entries.len())
     }
 
     /// Records the hard state (term, vote, commit).
@@ -239,7 +253,7 @@ impl LogStore {
         let mut buf = Vec::new();
         frame(KIND_HARD_STATE, &hs.write_to_bytes()?, &mut buf);
         self.mem.wl().set_hardstate(hs);
-        self.write(&buf)
+        self.write(&buf, 1)
     }
 
     /// Records a new commit index.
@@ -249,22 +263,31 @@ impl LogStore {
         self.set_hardstate(hs)
     }
 
-    fn write(&mut self, buf: &[u8]) -> Result<()> {
+    /// Appends `buf`, `records` framed records.
+    fn write(&mut self, buf: &[u8], records: usize) -> Result<()> {
         self.file
             .append(buf)
             .with_context(|| format!("writing the Raft log in {}", self.disk.describe()))?;
         self.bytes += buf.len() as u64;
         self.dirty = true;
+        if let Some(m) = &self.metrics {
+            m.records.inc_by(records as u64);
+            m.bytes.inc_by(buf.len() as u64);
+        }
         Ok(())
     }
 
     /// Makes everything written so far durable.
     pub fn sync(&mut self) -> Result<()> {
         if self.dirty {
+            let started = std::time::Instant::now();
             self.file
                 .sync()
                 .with_context(|| format!("syncing the Raft log in {}", self.disk.describe()))?;
             self.dirty = false;
+            if let Some(m) = &self.metrics {
+                m.fsync.observe(started.elapsed().as_secs_f64());
+            }
         }
         Ok(())
     }

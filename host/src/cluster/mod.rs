@@ -642,13 +642,25 @@ impl<B: Backend> Replica<B> {
         if self.applied <= self.node.store().snapshot_index() {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let guest = self
             .store
             .snapshot_with(crate::SnapshotScope::Everything)
             .context("a snapshot of the guest")?;
         let data = encode_snapshot(self.applied_now, &guest);
         let applied = self.applied;
-        self.node.mut_store().compact(applied, data)
+        let log = self.node.mut_store();
+        log.compact(applied, data)?;
+        if let Some(m) = log.metrics() {
+            m.snapshot.observe(started.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// Records its log's appends, bytes, fsync and snapshot durations in
+    /// `metrics` from now on.
+    pub fn set_log_metrics(&mut self, metrics: crate::metrics::JournalMetrics) {
+        self.node.mut_store().set_metrics(metrics);
     }
 
     /// Applies committed entries to the guest.

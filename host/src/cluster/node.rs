@@ -264,6 +264,11 @@ pub struct Node {
     /// restart, still queued at the leader, is never taken for a new one.
     next_read: u64,
     metrics: Option<crate::metrics::ReplicaMetrics>,
+    /// The store's own metrics, as one process keeps them for its tenant
+    /// (`default`): requests taken here, replies and notifications
+    /// published here, the latency of this replica's requests, the guest's
+    /// sizes, the Raft log as its journal.
+    store_metrics: Option<crate::metrics::TenantMetrics>,
     /// Where this replica's clients are connected, in its guest's terms:
     /// each request carries it, so that a KEYNOTIFY registration
     /// remembers it, and a disconnect this replica reports drops only what
@@ -359,6 +364,7 @@ impl Node {
             forgot: Instant::now(),
             next_read: random_u64(),
             metrics: None,
+            store_metrics: None,
             via: (notify == Notify::Everywhere).then(|| statestore_guest::Via {
                 replica: file.id,
                 started: clock.now_ms(),
@@ -367,12 +373,43 @@ impl Node {
         })
     }
 
-    /// Keeps `metrics` up to date from now on.
-    pub fn set_metrics(&mut self, metrics: crate::metrics::ReplicaMetrics) {
+    /// Keeps `metrics` (the replica's) and `store` (the store's, as one
+    /// process has them for its tenant) up to date from now on.
+    pub fn set_metrics(
+        &mut self,
+        metrics: crate::metrics::ReplicaMetrics,
+        store: crate::metrics::TenantMetrics,
+    ) {
+        self.replica.set_log_metrics(store.journal());
         self.metrics = Some(metrics);
+        self.store_metrics = Some(store);
+        self.refresh_store_metrics(true);
     }
 
-    fn refresh_metrics(&self) {
+    /// The guest's sizes and counters, if `force` or they are due.
+    fn refresh_store_metrics(&mut self, force: bool) {
+        let Some(m) = &mut self.store_metrics else {
+            return;
+        };
+        if !force && !m.refresh_due() {
+            return;
+        }
+        let store = self.replica.store_mut();
+        if let Ok(stats) = store.stats() {
+            m.refresh(&stats, store.calls(), store.memory_bytes());
+        }
+    }
+
+    /// Counts the replies and notifications of `outputs`, about to be
+    /// published.
+    fn published(&self, outputs: &[Output]) {
+        if let Some(m) = &self.store_metrics {
+            m.published(outputs);
+        }
+    }
+
+    fn refresh_metrics(&mut self) {
+        self.refresh_store_metrics(false);
         let Some(m) = &self.metrics else { return };
         let s = self.replica.status();
         m.term.set(i64::try_from(s.term).unwrap_or(i64::MAX));
@@ -433,6 +470,9 @@ impl Node {
                         Some(TransportInput::Messages(mut m)) => {
                             for m in &mut m {
                                 m.via = self.via;
+                            }
+                            if let Some(metrics) = &self.store_metrics {
+                                metrics.requests(m.iter().map(|m| m.payload.as_slice()));
                             }
                             self.submit(Held::Requests(Instant::now(), m))
                         }
@@ -543,7 +583,9 @@ impl Node {
         for ctx in late {
             if let Some(r) = self.reads.remove(&ctx) {
                 self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
-                messages.extend(r.messages);
+                // Tracked from when they were taken.
+                self.track(r.at, &r.messages);
+                messages.extend(r.messages.into_iter().map(|m| (r.at, m)));
             }
         }
         if messages.is_empty() {
@@ -559,9 +601,7 @@ impl Node {
                 .with_label_values(&["log"])
                 .inc_by(messages.len() as u64);
         }
-        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
-            self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
-        }
+        self.submit_in_order(messages);
     }
 
     /// The answers to the reads whose read index has been applied.
@@ -576,6 +616,9 @@ impl Node {
                     .reads
                     .with_label_values(&["index"])
                     .inc_by(r.messages.len() as u64);
+            }
+            if let Some(metrics) = &self.store_metrics {
+                metrics.answered(r.at, r.messages.len());
             }
             let outputs = match self.replica.query(&r.batch) {
                 Ok(outputs) => outputs,
@@ -605,8 +648,8 @@ impl Node {
             return;
         }
         let batch = match &held {
-            Held::Requests(_, m) => {
-                self.track(m);
+            Held::Requests(at, m) => {
+                self.track(*at, m);
                 let inputs: Vec<Input<'_>> = m.iter().map(Input::Message).collect();
                 wire::encode_batch(&inputs)
             }
@@ -631,8 +674,9 @@ impl Node {
         }
     }
 
-    /// Keeps requests until they are applied (see `unapplied`).
-    fn track(&mut self, messages: &[InboundMessage]) {
+    /// Keeps requests (taken at `at`) until they are applied (see
+    /// `unapplied`); one already kept keeps its time.
+    fn track(&mut self, at: Instant, messages: &[InboundMessage]) {
         for m in messages {
             let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
                 continue;
@@ -662,7 +706,7 @@ impl Node {
             self.unapplied.insert(
                 key,
                 Tracked {
-                    at: now,
+                    at,
                     sent: now,
                     message: m.clone(),
                 },
@@ -696,6 +740,9 @@ impl Node {
                 if let Some(metrics) = &self.metrics {
                     metrics.commit.observe(at.elapsed().as_secs_f64());
                 }
+                if let Some(metrics) = &self.store_metrics {
+                    metrics.answered(at, 1);
+                }
                 self.unapplied_bytes = self
                     .unapplied_bytes
                     .saturating_sub(crate::driver::message_bytes(&m));
@@ -716,13 +763,16 @@ impl Node {
     fn resend(&mut self) {
         self.submit_log(Held::Started(Instant::now()));
         self.forget_unapplied();
+        // They stay tracked, with the time they were taken.
+        let now = Instant::now();
         let mut all: Vec<(Instant, InboundMessage)> = self
             .unapplied
-            .drain()
-            .map(|(_, t)| (t.at, t.message))
+            .values_mut()
+            .map(|t| {
+                t.sent = now;
+                (t.at, t.message.clone())
+            })
             .collect();
-        self.unapplied_bytes = 0;
-        self.unapplied_topics.clear();
         // Reads waiting for an index from the old leader will not get one:
         // they go through the log too.
         let reads: Vec<PendingRead> = self.reads.drain().map(|(_, r)| r).collect();
@@ -732,18 +782,25 @@ impl Node {
             metrics.reads.with_label_values(&["log"]).inc_by(n as u64);
         }
         for r in reads {
+            self.track(r.at, &r.messages);
             all.extend(r.messages.into_iter().map(|m| (r.at, m)));
         }
         if all.is_empty() {
             return;
         }
-        all.sort_by_key(|(at, _)| *at);
         info!(
             requests = all.len(),
             leader = self.replica.leader(),
             "a new leader: requests not yet applied are sent to it again"
         );
-        let messages: Vec<InboundMessage> = all.into_iter().map(|(_, m)| m).collect();
+        self.submit_in_order(all);
+    }
+
+    /// Submits `requests` (each with the time it was taken, already
+    /// tracked) to the log again, in the order they were taken.
+    fn submit_in_order(&mut self, mut requests: Vec<(Instant, InboundMessage)>) {
+        requests.sort_by_key(|(at, _)| *at);
+        let messages: Vec<InboundMessage> = requests.into_iter().map(|(_, m)| m).collect();
         for chunk in messages.chunks(crate::driver::MAX_BATCH) {
             self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
         }
@@ -769,15 +826,11 @@ impl Node {
         if late.is_empty() {
             return;
         }
-        late.sort_by_key(|(at, _)| *at);
         tracing::debug!(
             requests = late.len(),
             "requests not applied in time: sent again"
         );
-        let messages: Vec<InboundMessage> = late.into_iter().map(|(_, m)| m).collect();
-        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
-            self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
-        }
+        self.submit_in_order(late);
     }
 
     fn hold(&mut self, held: Held) {
@@ -932,6 +985,7 @@ impl Node {
                 })
                 .map(Output::Publish)
                 .collect();
+            self.published(&replies);
             transport.emit(replies).await?;
         }
         // Expiry: the leader proposes a timer entry when the guest is due.
@@ -1000,6 +1054,7 @@ impl Node {
         }
         self.answer_reads(&mut out)?;
         if !out.is_empty() {
+            self.published(&out);
             transport.emit(out).await?;
         }
         Ok(())
