@@ -323,6 +323,41 @@ enum ClusterCommand {
     /// lag behind the leader. Exit 0 if a leader is known and a majority
     /// answered, else 1.
     Status(ClusterStatusArgs),
+    /// Add a replica to a running cluster (through its leader). Start the
+    /// new replica with `join = true` in its cluster file and an empty data
+    /// directory (before or after this); it catches up from the leader's
+    /// snapshot. One change at a time.
+    Add(ClusterAddArgs),
+    /// Remove a replica from a running cluster (through its leader; a
+    /// leader hands the leadership over first). The removed replica stops.
+    /// To replace a dead machine: remove it, then add its successor.
+    Remove(ClusterRemoveArgs),
+}
+
+#[derive(clap::Args)]
+struct ClusterAddArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// The new replica's id (not a member's, never 0).
+    #[arg(long)]
+    id: u64,
+    /// Where the new replica listens for the others.
+    #[arg(long, value_name = "ADDR")]
+    raft: std::net::SocketAddr,
+    /// Where its embedded broker listens for clients (for `cluster status`).
+    #[arg(long, value_name = "ADDR")]
+    mqtt: Option<std::net::SocketAddr>,
+}
+
+#[derive(clap::Args)]
+struct ClusterRemoveArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// The id of the replica to remove.
+    #[arg(long)]
+    id: u64,
 }
 
 #[derive(clap::Args)]
@@ -695,6 +730,19 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Command::Cluster(ClusterCommand::Add(args)) => {
+            let mut request = format!("add {} raft={}", args.id, args.raft);
+            if let Some(m) = args.mqtt {
+                request.push_str(&format!(" mqtt={m}"));
+            }
+            cluster_change(&args.cluster, &request, args.id, true)
+        }
+        Command::Cluster(ClusterCommand::Remove(args)) => cluster_change(
+            &args.cluster,
+            &format!("remove {}", args.id),
+            args.id,
+            false,
+        ),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
         Command::Component(args) => component(args),
@@ -1480,6 +1528,53 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
     })
 }
 
+/// What one replica said to `status`: `key=value` lines.
+type StatusMap = std::collections::BTreeMap<String, String>;
+
+/// Asks every replica of `file`, and every member they name that the file
+/// does not, for its status.
+async fn cluster_statuses(
+    file: &statestore::cluster::node::ClusterFile,
+    secret: &[u8],
+) -> Vec<(u64, std::net::SocketAddr, Result<StatusMap>)> {
+    async fn ask(addr: std::net::SocketAddr, secret: &[u8]) -> Result<StatusMap> {
+        let text = tokio::time::timeout(
+            Duration::from_secs(3),
+            statestore::cluster::net::status(addr, secret),
+        )
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3 s")))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+    let mut out = Vec::new();
+    for r in &file.replicas {
+        out.push((r.id, r.raft, ask(r.raft, secret).await));
+    }
+    // Members added while running that this file does not list.
+    let mut more: Vec<(u64, std::net::SocketAddr)> = Vec::new();
+    for (_, _, a) in &out {
+        let Ok(m) = a else { continue };
+        for peer in m.get("peers").map_or("", String::as_str).split(',') {
+            if let Some((id, addr)) = peer.split_once('@')
+                && let (Ok(id), Ok(addr)) = (id.parse::<u64>(), addr.parse())
+                && !out.iter().any(|(known, _, _)| *known == id)
+                && !more.iter().any(|(known, _)| *known == id)
+            {
+                more.push((id, addr));
+            }
+        }
+    }
+    for (id, addr) in more {
+        out.push((id, addr, ask(addr, secret).await));
+    }
+    out.sort_by_key(|(id, _, _)| *id);
+    out
+}
+
 /// `cluster status`.
 fn cluster_status(args: &ClusterStatusArgs) -> Result<ExitCode> {
     use statestore::cluster::node::ClusterFile;
@@ -1488,51 +1583,43 @@ fn cluster_status(args: &ClusterStatusArgs) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let answers: Vec<(u64, Result<std::collections::BTreeMap<String, String>>)> =
-        rt.block_on(async {
-            let mut out = Vec::new();
-            for r in &file.replicas {
-                let asked = tokio::time::timeout(
-                    Duration::from_secs(3),
-                    statestore::cluster::net::status(r.raft, &secret),
-                )
-                .await
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3 s")));
-                let parsed = asked.map(|text| {
-                    text.lines()
-                        .filter_map(|l| l.split_once('='))
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect()
-                });
-                out.push((r.id, parsed));
-            }
-            out
-        });
-    let num = |m: &std::collections::BTreeMap<String, String>, k: &str| -> u64 {
-        m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
-    };
-    let leader_applied = answers
+    let answers = rt.block_on(cluster_statuses(&file, &secret));
+    let num =
+        |m: &StatusMap, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
+    let leader = answers
         .iter()
-        .filter_map(|(_, a)| a.as_ref().ok())
+        .filter_map(|(_, _, a)| a.as_ref().ok())
         .filter(|m| m.get("role").map(String::as_str) == Some("leader"))
-        .map(|m| num(m, "applied"))
-        .max();
+        .max_by_key(|m| num(m, "term"));
+    let leader_applied = leader.map(|m| num(m, "applied"));
+    // The members, as the leader has them (else as the file lists them).
+    let voters: Vec<u64> = match leader.and_then(|m| m.get("voters")) {
+        Some(v) => v.split(',').filter_map(|id| id.parse().ok()).collect(),
+        None => file.replicas.iter().map(|r| r.id).collect(),
+    };
     println!(
         "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  mqtt",
         "replica", "role", "term", "leader", "commit", "applied", "lag"
     );
     let mut up = 0;
-    for (id, a) in &answers {
+    for (id, _, a) in &answers {
+        let member = voters.contains(id);
         match a {
             Ok(m) => {
-                up += 1;
+                up += usize::from(member);
                 let lag = leader_applied.map_or("?".to_string(), |l| {
                     l.saturating_sub(num(m, "applied")).to_string()
                 });
+                let role = m.get("role").map_or("?", String::as_str);
+                let role = if member {
+                    role.to_string()
+                } else {
+                    format!("{role}*")
+                };
                 println!(
                     "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  {}",
                     id,
-                    m.get("role").map_or("?", String::as_str),
+                    role,
                     num(m, "term"),
                     num(m, "leader"),
                     num(m, "commit"),
@@ -1541,15 +1628,101 @@ fn cluster_status(args: &ClusterStatusArgs) -> Result<ExitCode> {
                     m.get("mqtt").map_or("", String::as_str),
                 );
             }
+            Err(_) if !member => println!("{id:<8} not a member"),
             Err(e) => println!("{id:<8} unreachable: {e:#}"),
         }
     }
-    let majority = file.replicas.len() / 2 + 1;
+    if answers
+        .iter()
+        .any(|(id, _, a)| a.is_ok() && !voters.contains(id))
+    {
+        println!("* not a member (joining, or removed)");
+    }
+    let majority = voters.len() / 2 + 1;
+    println!(
+        "members: {}",
+        voters
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(if leader_applied.is_some() && up >= majority {
         ExitCode::SUCCESS
     } else {
         println!("no leader, or fewer than a majority ({majority}) answered");
         ExitCode::from(1)
+    })
+}
+
+/// `cluster add` / `cluster remove`: sends `request` to the leader (found
+/// through the replicas' status, followed when a replica names another),
+/// then waits until the leader has applied it (replica `id` is, or is no
+/// longer, a member).
+fn cluster_change(path: &std::path::Path, request: &str, id: u64, add: bool) -> Result<()> {
+    use statestore::cluster::node::ClusterFile;
+    let file = ClusterFile::load(path)?;
+    let secret = file.secret()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        // When it was last proposed: again after 5 s (a leader that lost
+        // it, a new leader).
+        let mut proposed: Option<tokio::time::Instant> = None;
+        loop {
+            let answers = cluster_statuses(&file, &secret).await;
+            let leader = answers
+                .iter()
+                .filter_map(|(_, addr, a)| a.as_ref().ok().map(|m| (addr, m)))
+                .filter(|(_, m)| m.get("role").map(String::as_str) == Some("leader"))
+                .max_by_key(|(_, m)| m.get("term").and_then(|t| t.parse::<u64>().ok()));
+            if let Some((addr, m)) = leader {
+                let voters: Vec<u64> = m
+                    .get("voters")
+                    .map_or("", String::as_str)
+                    .split(',')
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                if voters.contains(&id) == add && proposed.is_none() {
+                    let list = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+                    if add {
+                        println!("replica {id} is already a member; members: {list}");
+                        return Ok(());
+                    }
+                    anyhow::bail!("replica {id} is not a member; members: {list}");
+                }
+                if voters.contains(&id) == add {
+                    println!(
+                        "replica {id} {}; members: {}",
+                        if add { "added" } else { "removed" },
+                        voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                    );
+                    return Ok(());
+                }
+                if proposed.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
+                    let answer = statestore::cluster::net::change(*addr, &secret, request).await?;
+                    if let Some(ok) = answer.strip_prefix("ok ") {
+                        eprintln!("{ok}");
+                        proposed = Some(tokio::time::Instant::now());
+                    } else if answer.contains("leader=") || answer.contains("in progress") {
+                        // Not (or no longer) the leader, handing over, or
+                        // busy with a change: ask again.
+                        eprintln!("{answer}");
+                    } else {
+                        anyhow::bail!("{}", answer.trim_start_matches("error: "));
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "replica {id} is {} a member after 30 s (no leader, or the change was lost: see `statestore cluster status`, then run this again)",
+                    if add { "not yet" } else { "still" }
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     })
 }
 

@@ -36,6 +36,8 @@ async fn sdk(port: u16, id: &str) -> Sdk {
 struct Cluster {
     dir: PathBuf,
     mqtt: Vec<u16>,
+    /// Where each replica listens for the others.
+    raft: Vec<u16>,
     /// Each replica's `--metrics` port.
     metrics: Vec<u16>,
     servers: Vec<Option<Server>>,
@@ -78,6 +80,7 @@ impl Cluster {
         let mut c = Cluster {
             dir,
             mqtt,
+            raft,
             metrics: (0..replicas).map(|_| free_port()).collect(),
             servers: Vec::new(),
             broker,
@@ -902,4 +905,200 @@ async fn an_external_replica_acknowledges_a_request_once_it_has_answered_it() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     client.disconnect().await;
+}
+
+/// Runs `statestore cluster <args> --cluster FILE`: (exit success, stdout
+/// and stderr).
+fn cluster_command(file: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .arg("cluster")
+        .args(args)
+        .arg("--cluster")
+        .arg(file)
+        .output()
+        .expect("statestore cluster");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// A dead machine replaced while the cluster serves, the way an operator
+/// does it: `cluster remove` the dead replica, start a new one (a new id,
+/// an empty data directory, `join = true`) and `cluster add` it. It catches
+/// up from the leader's snapshot: every key written before reads back
+/// from it with its version, and writes through it work. Then the leader
+/// is removed: it hands the leadership over first, and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
+    let mut c = Cluster::new(3);
+    let leader = c.leader(Duration::from_secs(20));
+    let dead = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+    let writer = sdk(c.mqtt[other], "membership-writer").await;
+    let mut versions = Vec::new();
+    for i in 0..20 {
+        let set = writer
+            .ss
+            .set(
+                format!("before-{i}").into_bytes(),
+                format!("v{i}").into_bytes(),
+                T,
+                None,
+                SetOptions::default(),
+            )
+            .await
+            .expect("set");
+        versions.push(set.version.expect("a version").to_string());
+    }
+    c.servers[dead].take().expect("running").kill9();
+    // Remove the dead replica (through any replica's file).
+    let (ok, out) = cluster_command(&c.file(other), &["remove", "--id", &(dead + 1).to_string()]);
+    assert!(ok, "cluster remove:\n{out}");
+    assert!(
+        out.contains(&format!("replica {} removed", dead + 1)),
+        "{out}"
+    );
+    // Its successor: replica 4, new ports, an empty data directory.
+    let (raft4, mqtt4) = (free_port(), free_port());
+    let mut f =
+        "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\njoin = true\n".to_string();
+    for i in [leader, other] {
+        f.push_str(&format!(
+            "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
+            i + 1,
+            c.raft[i],
+            c.mqtt[i]
+        ));
+    }
+    f.push_str(&format!(
+        "\n[[replica]]\nid = 4\nraft = \"127.0.0.1:{raft4}\"\nmqtt = \"127.0.0.1:{mqtt4}\"\n"
+    ));
+    std::fs::write(c.dir.join("replica-4.toml"), f).expect("file");
+    c.mqtt.push(mqtt4);
+    c.raft.push(raft4);
+    c.metrics.push(free_port());
+    let s = c.spawn(3);
+    c.servers.push(Some(s));
+    let (ok, out) = cluster_command(
+        &c.file(leader),
+        &[
+            "add",
+            "--id",
+            "4",
+            "--raft",
+            &format!("127.0.0.1:{raft4}"),
+            "--mqtt",
+            &format!("127.0.0.1:{mqtt4}"),
+        ],
+    );
+    assert!(ok, "cluster add:\n{out}");
+    let mut members = [leader + 1, other + 1, 4];
+    members.sort_unstable();
+    let members = members
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(out.contains(&format!("members: {members}")), "{out}");
+    // Replica 4 serves what was written before it existed, once it has
+    // caught up (a GET through it waits for its read index).
+    let reader = sdk(mqtt4, "membership-reader").await;
+    for (i, version) in versions.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = reader.ss.get(format!("before-{i}").into_bytes(), T).await;
+            if let Ok(got) = &got
+                && got.response.is_some()
+            {
+                assert_eq!(got.response, Some(format!("v{i}").into_bytes()));
+                assert_eq!(
+                    got.version.as_ref().map(ToString::to_string).as_ref(),
+                    Some(version)
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "before-{i} on replica 4: {got:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    reader
+        .ss
+        .set(
+            b"after".to_vec(),
+            b"via-4".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .expect("a write through the new replica");
+    let got = writer.ss.get(b"after".to_vec(), T).await.expect("get");
+    assert_eq!(got.response, Some(b"via-4".to_vec()));
+    // The status names the members: the removed replica is not one.
+    let (ok, out) = cluster_command(&c.file(leader), &["status"]);
+    assert!(ok, "{out}");
+    assert!(out.contains(&format!("members: {members}")), "{out}");
+    // Removing the leader: it hands over, then leaves and stops.
+    let (ok, out) = cluster_command(
+        &c.file(other),
+        &["remove", "--id", &(leader + 1).to_string()],
+    );
+    assert!(ok, "cluster remove (the leader):\n{out}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.servers[leader].as_mut().expect("running").exited() {
+        assert!(Instant::now() < deadline, "the removed leader still runs");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        c.servers[leader]
+            .as_ref()
+            .expect("kept")
+            .log()
+            .contains("was removed from the cluster"),
+        "the removed replica says why it stopped"
+    );
+    c.servers[leader] = None;
+    // Two members left, both up: writes go on.
+    let set = writer
+        .ss
+        .set(
+            b"after-2".to_vec(),
+            b"v".to_vec(),
+            T,
+            None,
+            SetOptions::default(),
+        )
+        .await;
+    let set = match set {
+        Ok(s) => s,
+        // The first may meet the election that follows the leader leaving.
+        Err(_) => writer
+            .ss
+            .set(
+                b"after-2".to_vec(),
+                b"v".to_vec(),
+                T,
+                None,
+                SetOptions::default(),
+            )
+            .await
+            .expect("a write once the two members have a leader"),
+    };
+    assert!(set.version.is_some());
+    let got = reader
+        .ss
+        .get(b"after-2".to_vec(), T)
+        .await
+        .expect("get on replica 4");
+    assert_eq!(got.response, Some(b"v".to_vec()));
+    writer.close().await;
+    reader.close().await;
 }

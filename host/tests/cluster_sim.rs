@@ -1,6 +1,7 @@
 //! Replication under a simulated network, clock and disk (issue 20): many
 //! seeded runs of a 3-replica cluster with message loss, delay and
-//! reordering, partitions, crashes and restarts, and clock jumps, bounded
+//! reordering, partitions, crashes and restarts, clock jumps, and
+//! followers replaced by new replicas (membership changes), bounded
 //! by time. A failure names its seed: `STATESTORE_SIM_SEED=<seed> cargo test
 //! -p statestore --test cluster_sim` replays exactly that run.
 
@@ -44,6 +45,7 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.hot_ops += r.hot_ops;
         total.unknown += r.unknown;
         total.index_reads += r.index_reads;
+        total.replaced += r.replaced;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -67,6 +69,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.restarts > 0 && total.snapshots_sent > 0,
         "replicas restarted from their disks and caught up from snapshots: {total:?}"
+    );
+    assert!(
+        total.replaced * 4 >= runs as usize,
+        "followers were replaced while the cluster ran (removed, a new replica added): {total:?}"
     );
 }
 

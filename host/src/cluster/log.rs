@@ -4,6 +4,7 @@
 //!
 //! ```text
 //!   raft-snapshot      the last guest snapshot, as a Raft snapshot (written atomically)
+//!   raft-conf          the membership the log started with (a ConfState, written once)
 //!   raft-log.current   which generation of the log is current (written atomically)
 //!   raft-log.<gen>     records: u32 len | u32 crc32 | u8 kind | protobuf
 //!                        kind 1: an Entry   kind 2: the HardState
@@ -34,6 +35,7 @@ use crate::storage::{LogFile, Storage};
 
 const SNAPSHOT: &str = "raft-snapshot";
 const CURRENT: &str = "raft-log.current";
+const CONF: &str = "raft-conf";
 const KIND_ENTRY: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
 
@@ -130,6 +132,10 @@ fn log_name(generation: u64) -> String {
 
 impl LogStore {
     /// Opens (or creates, for a cluster of `voters`) the log kept in `disk`.
+    /// The membership a log starts with is kept beside it (`raft-conf`):
+    /// the changes in the log apply to it, whatever `voters` says later.
+    /// No `voters` (a replica joining a running cluster): no membership
+    /// until the leader's snapshot brings one.
     pub fn open(disk: Arc<dyn Storage>, voters: &[u64]) -> Result<LogStore> {
         disk.lock()
             .with_context(|| format!("{} is in use by another process", disk.describe()))?;
@@ -143,8 +149,15 @@ impl LogStore {
             mem.wl()
                 .apply_snapshot(snapshot.clone())
                 .context("loading the Raft snapshot")?;
+        } else if names.iter().any(|n| n == CONF) {
+            let bytes = disk.read(CONF).context("reading raft-conf")?;
+            let conf = ConfState::parse_from_bytes(&bytes).context("raft-conf")?;
+            mem = MemStorage::new_with_conf_state(conf);
         } else {
-            mem = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), vec![])));
+            let conf = ConfState::from((voters.to_vec(), vec![]));
+            disk.write_atomic(CONF, &conf.write_to_bytes()?)
+                .context("writing raft-conf")?;
+            mem = MemStorage::new_with_conf_state(conf);
         }
         let mut generation = 0;
         if names.iter().any(|n| n == CURRENT) {
@@ -219,6 +232,12 @@ impl LogStore {
             snapshot,
             metrics: None,
         })
+    }
+
+    /// The membership is now `conf` (a change was applied): the next
+    /// snapshot records it.
+    pub fn set_conf_state(&mut self, conf: ConfState) {
+        self.mem.wl().set_conf_state(conf);
     }
 
     /// Records its appends, bytes, fsync and snapshot durations in
@@ -453,6 +472,29 @@ mod tests {
             commit,
             ..Default::default()
         }
+    }
+
+    fn voters(log: &LogStore) -> Vec<u64> {
+        log.initial_state().expect("state").conf_state.voters
+    }
+
+    /// The membership a log starts with is its own: a cluster file that
+    /// lists other replicas later does not change it (the log's changes
+    /// apply to it), and a replica that joins starts with none.
+    #[test]
+    fn the_membership_a_log_starts_with_is_kept() {
+        let disk = Disk::new();
+        let log = open(&disk).expect("open");
+        assert_eq!(voters(&log), [1, 2, 3]);
+        drop(log);
+        let log = LogStore::open(Arc::new(disk.crash(None)), &[1, 2, 4]).expect("reopen");
+        assert_eq!(voters(&log), [1, 2, 3]);
+        let joining = Disk::new();
+        let log = LogStore::open(Arc::new(joining.clone()), &[]).expect("open");
+        assert!(voters(&log).is_empty());
+        drop(log);
+        let log = LogStore::open(Arc::new(joining.crash(None)), &[1, 2, 3]).expect("reopen");
+        assert!(voters(&log).is_empty(), "still joining");
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub mod node;
 pub mod sim;
 
 use anyhow::{Context, Result, bail};
-use raft::prelude::{Entry, EntryType, Message, Snapshot};
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
 pub use log::LogStore;
@@ -162,26 +162,83 @@ impl Default for Compaction {
 pub type MakeStore<B> = Box<dyn FnMut(Option<&[u8]>) -> Result<B> + Send>;
 
 /// Format of the data of a Raft snapshot: `u8 version, u64 applied now,
-/// guest snapshot (everything: keys, dedup cache, registrations)`.
-const SNAPSHOT_VERSION: u8 = 1;
+/// members, guest snapshot (everything: keys, dedup cache,
+/// registrations)`; members (version 2) are `u32 count`, then per replica
+/// added while running `u64 id, u32 length, address record`. Version 1
+/// (no members) is still read.
+const SNAPSHOT_VERSION: u8 = 2;
 
-fn encode_snapshot(applied_now: u64, guest: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(9 + guest.len());
+/// What a Raft snapshot holds besides the guest's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct SnapshotData<'a> {
+    applied_now: u64,
+    members: Members,
+    guest: &'a [u8],
+}
+
+/// The address records of the replicas added while running (the
+/// context of their conf change), by id: what the other replicas reach
+/// them at. The founding replicas' are in the cluster files.
+pub type Members = std::collections::BTreeMap<u64, Vec<u8>>;
+
+fn encode_snapshot(applied_now: u64, members: &Members, guest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(13 + guest.len());
     out.push(SNAPSHOT_VERSION);
     out.extend_from_slice(&applied_now.to_le_bytes());
+    out.extend_from_slice(&(members.len() as u32).to_le_bytes());
+    for (id, record) in members {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        out.extend_from_slice(record);
+    }
     out.extend_from_slice(guest);
     out
 }
 
-fn decode_snapshot(data: &[u8]) -> Result<(u64, &[u8])> {
-    match data.split_first() {
-        Some((&SNAPSHOT_VERSION, rest)) if rest.len() >= 8 => Ok((
-            u64::from_le_bytes(rest[..8].try_into().expect("8 bytes")),
-            &rest[8..],
-        )),
-        Some((v, _)) => bail!("Raft snapshot format {v} (this build reads {SNAPSHOT_VERSION})"),
-        None => bail!("an empty Raft snapshot"),
+fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
+        if rest.len() < n {
+            bail!("a Raft snapshot cut short");
+        }
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        Ok(head)
     }
+    let Some((&version, mut rest)) = data.split_first() else {
+        bail!("an empty Raft snapshot");
+    };
+    if !(1..=SNAPSHOT_VERSION).contains(&version) {
+        bail!("Raft snapshot format {version} (this build reads 1 to {SNAPSHOT_VERSION})");
+    }
+    let applied_now = u64::from_le_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
+    let mut members = Members::new();
+    if version >= 2 {
+        let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+        for _ in 0..count {
+            let id = u64::from_le_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+            members.insert(id, take(&mut rest, len as usize)?.to_vec());
+        }
+    }
+    Ok(SnapshotData {
+        applied_now,
+        members,
+        guest: rest,
+    })
+}
+
+/// A change of membership to propose ([`Replica::propose_change`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Replica `id` becomes a voter; `record` is how the others reach it.
+    Add {
+        /// Its id.
+        id: u64,
+        /// Its address record (opaque here).
+        record: Vec<u8>,
+    },
+    /// Replica `id` leaves.
+    Remove(u64),
 }
 
 /// A Raft `Ready` whose committed entries were applied and whose new
@@ -241,6 +298,13 @@ pub struct Replica<B: Backend> {
     snapshot_wait: std::collections::HashMap<u64, u32>,
     /// Read indexes Raft confirmed: (context, index), served once applied.
     read_states: Vec<(u64, u64)>,
+    /// The address records of replicas added while running.
+    members: Members,
+    /// Membership changes applied (a counter the host watches).
+    changes: u64,
+    /// A membership change added a replica: snapshot now, so that it
+    /// starts from a snapshot that names it, never from the log's start.
+    compact_now: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for Replica<B> {
@@ -271,12 +335,17 @@ impl<B: Backend> Replica<B> {
         compaction: Compaction,
     ) -> Result<Replica<B>> {
         let snapshot = raft::Storage::snapshot(&log, 0, 0).ok();
-        let (store, applied, applied_now) = match &snapshot {
+        let (store, applied, applied_now, members) = match &snapshot {
             Some(s) => {
-                let (now, guest) = decode_snapshot(&s.data)?;
-                (make(Some(guest))?, s.get_metadata().index, now)
+                let d = decode_snapshot(&s.data)?;
+                (
+                    make(Some(d.guest))?,
+                    s.get_metadata().index,
+                    d.applied_now,
+                    d.members,
+                )
             }
-            None => (make(None)?, 0, 0),
+            None => (make(None)?, 0, 0, Members::new()),
         };
         let replayed_to = log.hard_state().commit;
         let config = raft::Config {
@@ -292,7 +361,7 @@ impl<B: Backend> Replica<B> {
             applied,
             ..Default::default()
         };
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let logger = slog::Logger::root(RaftLog, slog::o!("replica" => id));
         let node = RawNode::new(&config, log, &logger).context("starting the Raft node")?;
         let mut replica = Replica {
             id,
@@ -307,6 +376,9 @@ impl<B: Backend> Replica<B> {
             replayed_to,
             snapshot_wait: Default::default(),
             read_states: Vec::new(),
+            members,
+            changes: 0,
+            compact_now: false,
         };
         replica.log_now = replica.log_now.max(replica.newest_now_in_log());
         Ok(replica)
@@ -486,6 +558,128 @@ impl<B: Backend> Replica<B> {
         !self.is_leader() || self.node.raft.commit_to_current_term()
     }
 
+    /// Proposes a membership change (as leader; one at a time: a change
+    /// proposed and not yet applied is refused here, where raft-rs would
+    /// drop it without a word).
+    pub fn propose_change(&mut self, change: &Change) -> Result<()> {
+        if !self.is_leader() {
+            bail!(
+                "replica {} does not lead (leader: {})",
+                self.id,
+                self.leader()
+            );
+        }
+        if self.node.raft.pending_conf_index > self.applied {
+            bail!("a membership change is still in progress: retry once it is applied");
+        }
+        let voters = self.voters();
+        let mut cc = ConfChange::default();
+        match change {
+            Change::Add { id, record } => {
+                if *id == 0 {
+                    bail!("replica id 0 is reserved");
+                }
+                if voters.contains(id) {
+                    bail!("replica {id} is already a member");
+                }
+                cc.set_change_type(ConfChangeType::AddNode);
+                cc.node_id = *id;
+                cc.context = record.clone().into();
+            }
+            Change::Remove(id) => {
+                if !voters.contains(id) {
+                    bail!("replica {id} is not a member (members: {voters:?})");
+                }
+                if voters.len() == 1 {
+                    bail!("replica {id} is the last member");
+                }
+                if *id == self.id {
+                    bail!("replica {id} leads: move the leadership first");
+                }
+                cc.set_change_type(ConfChangeType::RemoveNode);
+                cc.node_id = *id;
+            }
+        }
+        self.node
+            .propose_conf_change(vec![], cc)
+            .context("proposing a membership change")
+    }
+
+    /// Asks `to` (a voter) to take over the leadership.
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.node.transfer_leader(to);
+    }
+
+    /// The voting members, as this replica has applied them.
+    pub fn voters(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.node.raft.prs().conf().voters().ids().iter().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The address records of the replicas added while running.
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// How many membership changes it has applied (or snapshots
+    /// installed): a host keeps its links in step when this moves.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Whether it waits to join: no membership yet (until the leader's
+    /// snapshot).
+    pub fn joining(&self) -> bool {
+        self.node.raft.prs().conf().voters().ids().is_empty()
+    }
+
+    /// Applies a committed membership change.
+    fn apply_change(&mut self, entry: &Entry) -> Result<()> {
+        use protobuf::Message as _;
+        let cc = ConfChange::parse_from_bytes(&entry.data)
+            .with_context(|| format!("log entry {}: a membership change", entry.index))?;
+        if cc.get_change_type() == ConfChangeType::RemoveNode
+            && cc.node_id == self.id
+            && self.is_leader()
+        {
+            // A leader that leaves the membership steps down first
+            // (raft-rs 0.7 cannot lead without itself: it stops on it).
+            // The others elect a leader among themselves.
+            tracing::info!(replica = self.id, "removed while leading: steps down");
+            let term = self.node.raft.term;
+            self.node.raft.become_follower(term, raft::INVALID_ID);
+        }
+        let conf = self.node.apply_conf_change(&cc).with_context(|| {
+            format!(
+                "applying the membership change of log entry {}",
+                entry.index
+            )
+        })?;
+        match cc.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                if !cc.context.is_empty() {
+                    self.members.insert(cc.node_id, cc.context.to_vec());
+                }
+                self.compact_now = true;
+            }
+            ConfChangeType::RemoveNode => {
+                self.members.remove(&cc.node_id);
+            }
+        }
+        tracing::info!(
+            replica = self.id,
+            index = entry.index,
+            change = ?cc.get_change_type(),
+            node = cc.node_id,
+            voters = ?conf.voters,
+            "membership changed"
+        );
+        self.node.mut_store().set_conf_state(conf);
+        self.changes += 1;
+        Ok(())
+    }
+
     /// The contexts of reads whose index this replica has applied: its
     /// state now reflects every write acknowledged before they arrived, so
     /// [`Replica::query`] may answer them.
@@ -612,8 +806,11 @@ impl<B: Backend> Replica<B> {
     /// A leader's snapshot: the guest is replaced by its state.
     fn install(&mut self, snap: Snapshot) -> Result<()> {
         let index = snap.get_metadata().index;
-        let (now, guest) = decode_snapshot(&snap.data)?;
-        let store = (self.make)(Some(guest)).context("restoring a leader's snapshot")?;
+        let d = decode_snapshot(&snap.data)?;
+        let now = d.applied_now;
+        let store = (self.make)(Some(d.guest)).context("restoring a leader's snapshot")?;
+        self.members = d.members;
+        self.changes += 1;
         self.node.mut_store().install(snap)?;
         self.store = store;
         self.applied = index;
@@ -631,9 +828,14 @@ impl<B: Backend> Replica<B> {
     fn maybe_compact(&mut self) -> Result<()> {
         let log = self.node.store();
         let since = self.applied.saturating_sub(log.snapshot_index());
-        if since == 0 || (since < self.compaction.entries && log.bytes() < self.compaction.bytes) {
+        if since == 0
+            || (!self.compact_now
+                && since < self.compaction.entries
+                && log.bytes() < self.compaction.bytes)
+        {
             return Ok(());
         }
+        self.compact_now = false;
         self.compact()
     }
 
@@ -647,7 +849,7 @@ impl<B: Backend> Replica<B> {
             .store
             .snapshot_with(crate::SnapshotScope::Everything)
             .context("a snapshot of the guest")?;
-        let data = encode_snapshot(self.applied_now, &guest);
+        let data = encode_snapshot(self.applied_now, &self.members, &guest);
         let applied = self.applied;
         let log = self.node.mut_store();
         log.compact(applied, data)?;
@@ -670,10 +872,27 @@ impl<B: Backend> Replica<B> {
                 continue; // in the snapshot the guest was made from
             }
             self.applied = entry.index;
-            if entry.data.is_empty() || entry.get_entry_type() != EntryType::EntryNormal {
-                // A new leader's empty entry, or a membership change
-                // (static membership for now).
-                continue;
+            match entry.get_entry_type() {
+                EntryType::EntryConfChange => {
+                    self.apply_change(&entry)?;
+                    continue;
+                }
+                EntryType::EntryConfChangeV2 => {
+                    bail!(
+                        "log entry {}: a joint membership change (this build proposes none)",
+                        entry.index
+                    );
+                }
+                EntryType::EntryNormal if entry.data.is_empty() => continue, // a new leader's
+                EntryType::EntryNormal => {}
+            }
+            if self.joining() {
+                // The log's start without the membership it started with:
+                // applying it could make this replica think it alone votes.
+                bail!(
+                    "log entry {} reached a replica that has no membership yet (it joins from a snapshot, never from the log's start)",
+                    entry.index
+                );
             }
             let e =
                 decode_entry(&entry.data).with_context(|| format!("log entry {}", entry.index))?;
@@ -702,6 +921,61 @@ impl<B: Backend> Replica<B> {
     }
 }
 
+/// raft-rs's log (slog) into ours (tracing, target `raft`): its errors
+/// and warnings as such, its info (elections, votes, membership) at debug
+/// (`RUST_LOG=raft=debug`), its debug at trace.
+struct RaftLog;
+
+impl slog::Drain for RaftLog {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(
+        &self,
+        record: &slog::Record<'_>,
+        values: &slog::OwnedKVList,
+    ) -> std::result::Result<(), slog::Never> {
+        struct Fields(String);
+        impl slog::Serializer for Fields {
+            fn emit_arguments(
+                &mut self,
+                key: slog::Key,
+                val: &std::fmt::Arguments<'_>,
+            ) -> slog::Result {
+                use std::fmt::Write as _;
+                let _ = write!(self.0, " {key}={val}");
+                Ok(())
+            }
+        }
+        let level = match record.level() {
+            slog::Level::Critical | slog::Level::Error => tracing::Level::ERROR,
+            slog::Level::Warning => tracing::Level::WARN,
+            slog::Level::Info => tracing::Level::DEBUG,
+            slog::Level::Debug | slog::Level::Trace => tracing::Level::TRACE,
+        };
+        let enabled = match level {
+            tracing::Level::ERROR => tracing::enabled!(target: "raft", tracing::Level::ERROR),
+            tracing::Level::WARN => tracing::enabled!(target: "raft", tracing::Level::WARN),
+            tracing::Level::DEBUG => tracing::enabled!(target: "raft", tracing::Level::DEBUG),
+            _ => tracing::enabled!(target: "raft", tracing::Level::TRACE),
+        };
+        if !enabled {
+            return Ok(());
+        }
+        let mut fields = Fields(String::new());
+        let _ = slog::KV::serialize(&record.kv(), record, &mut fields);
+        let _ = slog::KV::serialize(values, record, &mut fields);
+        let text = format!("{}{}", record.msg(), fields.0);
+        match level {
+            tracing::Level::ERROR => tracing::error!(target: "raft", "{text}"),
+            tracing::Level::WARN => tracing::warn!(target: "raft", "{text}"),
+            tracing::Level::DEBUG => tracing::debug!(target: "raft", "{text}"),
+            _ => tracing::trace!(target: "raft", "{text}"),
+        }
+        Ok(())
+    }
+}
+
 /// Every output of `call` on `batch`: a call that stops early (its output
 /// budget) is made again with the rest of the batch, as on every replica.
 fn whole<B: Backend>(
@@ -721,5 +995,37 @@ fn whole<B: Backend>(
             return Ok(outputs);
         }
         batch = std::borrow::Cow::Owned(wire::batch_after(&batch, handled)?);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot keeps the address records of the replicas added while
+    /// running; one of format 1 (none) is still read.
+    #[test]
+    fn snapshots_carry_the_members_added_while_running() {
+        let members = Members::from([(4, b"raft=127.0.0.1:7104".to_vec()), (5, Vec::new())]);
+        let data = encode_snapshot(42, &members, b"guest");
+        let d = decode_snapshot(&data).expect("decode");
+        assert_eq!(
+            (d.applied_now, &d.members, d.guest),
+            (42, &members, &b"guest"[..])
+        );
+        let mut v1 = vec![1];
+        v1.extend_from_slice(&42u64.to_le_bytes());
+        v1.extend_from_slice(b"guest");
+        let d = decode_snapshot(&v1).expect("format 1");
+        assert_eq!(
+            (d.applied_now, d.members.is_empty(), d.guest),
+            (42, true, &b"guest"[..])
+        );
+        // Cut short anywhere, or of an unknown format: an error, never a panic.
+        for n in 0..data.len() {
+            let _ = decode_snapshot(&data[..n]);
+        }
+        assert!(decode_snapshot(&data[..20]).is_err());
+        assert!(decode_snapshot(&[9, 0, 0]).is_err());
     }
 }

@@ -8,6 +8,8 @@
 //!   1 raft      a Raft message (protobuf)
 //!   2 forward   u64 origin, batch (a follower's requests, for the leader to propose)
 //!   3 status?   (empty)            4 status    text, `key=value` per line
+//!   5 change?   text: `add <id> raft=<addr> [mqtt=<addr>]` or `remove <id>`
+//!   6 change    text: `ok ...` or `error: ...`
 //! ```
 //!
 //! Sending never waits: a frame for a peer whose queue is full is dropped
@@ -30,9 +32,18 @@ const RAFT: u8 = 1;
 const FORWARD: u8 = 2;
 const STATUS_REQUEST: u8 = 3;
 const STATUS: u8 = 4;
+const CHANGE_REQUEST: u8 = 5;
+const CHANGE: u8 = 6;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
 pub const MAX_FRAME: usize = 1 << 30;
+
+/// How long a link may stay silent before its hello (then it is closed).
+const HELLO_WAIT: Duration = if cfg!(test) {
+    Duration::from_millis(200)
+} else {
+    Duration::from_secs(5)
+};
 
 /// Frames waiting for one peer, at most.
 const QUEUE: usize = 4096;
@@ -53,6 +64,9 @@ pub enum PeerEvent {
     Unreachable(u64),
     /// An operator asks for the replica's status.
     Status(oneshot::Sender<String>),
+    /// An operator asks for a membership change (`cluster add`, `cluster
+    /// remove`): the request's text, and where the answer goes.
+    Change(String, oneshot::Sender<String>),
 }
 
 /// A frame to send.
@@ -65,6 +79,8 @@ enum Frame {
 /// The sending side: a queue per peer.
 #[derive(Debug)]
 pub struct Links {
+    id: u64,
+    secret: Vec<u8>,
     peers: HashMap<u64, mpsc::Sender<Frame>>,
     events: mpsc::Sender<PeerEvent>,
 }
@@ -114,26 +130,44 @@ impl Links {
         secret: &[u8],
         events: mpsc::Sender<PeerEvent>,
     ) -> Links {
-        let mut senders = HashMap::new();
-        for &(peer, addr) in peers {
-            if peer == id {
-                continue;
-            }
-            let (tx, rx) = mpsc::channel(QUEUE);
-            senders.insert(peer, tx);
-            tokio::spawn(outbound(
-                id,
-                peer,
-                addr,
-                secret.to_vec(),
-                rx,
-                events.clone(),
-            ));
-        }
-        Links {
-            peers: senders,
+        let mut links = Links {
+            id,
+            secret: secret.to_vec(),
+            peers: HashMap::new(),
             events,
+        };
+        for &(peer, addr) in peers {
+            links.add(peer, addr);
         }
+        links
+    }
+
+    /// Starts a link to `peer` at `addr` (none to itself; a link already
+    /// there stays).
+    pub fn add(&mut self, peer: u64, addr: SocketAddr) {
+        if peer == self.id || self.peers.contains_key(&peer) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        self.peers.insert(peer, tx);
+        tokio::spawn(outbound(
+            self.id,
+            peer,
+            addr,
+            self.secret.clone(),
+            rx,
+            self.events.clone(),
+        ));
+    }
+
+    /// Stops the link to `peer`.
+    pub fn remove(&mut self, peer: u64) {
+        self.peers.remove(&peer);
+    }
+
+    /// The peers it links to.
+    pub fn peers(&self) -> Vec<u64> {
+        self.peers.keys().copied().collect()
     }
 
     /// Sends a Raft message (dropped if its peer's queue is full).
@@ -149,7 +183,10 @@ impl Links {
 
     fn queue(&self, to: u64, f: Frame) {
         let Some(tx) = self.peers.get(&to) else {
-            warn!(peer = to, "a message for a replica not in the cluster file");
+            debug!(
+                peer = to,
+                "a message for a replica with no link (not a member, or no address known)"
+            );
             return;
         };
         if tx.try_send(f).is_err() {
@@ -177,6 +214,9 @@ async fn outbound(
                     info!(peer, %addr, error = %e, "replica unreachable; retrying");
                     logged = true;
                 }
+                if rx.is_closed() {
+                    return; // no longer a member
+                }
                 // What queued meanwhile is stale: Raft sends again.
                 while rx.try_recv().is_ok() {}
                 let _ = events.try_send(PeerEvent::Unreachable(peer));
@@ -192,7 +232,10 @@ async fn outbound(
         logged = false;
         backoff = Duration::from_millis(50);
         let mut w = BufWriter::new(stream);
-        if w.write_all(&hello(id, &secret)).await.is_err() {
+        // The hello goes at once: a peer closes a link that says nothing
+        // for 5 s, and a link between two followers may carry nothing
+        // until an election (whose first votes would then be lost).
+        if w.write_all(&hello(id, &secret)).await.is_err() || w.flush().await.is_err() {
             continue;
         }
         let failed = loop {
@@ -255,7 +298,7 @@ async fn inbound(
     events: mpsc::Sender<PeerEvent>,
 ) -> Result<()> {
     // The first frame is the hello, small, and soon.
-    let first = tokio::time::timeout(Duration::from_secs(5), async {
+    let first = tokio::time::timeout(HELLO_WAIT, async {
         let mut len = [0u8; 4];
         stream.read_exact(&mut len).await?;
         let len = u32::from_le_bytes(len) as usize;
@@ -267,7 +310,7 @@ async fn inbound(
         Ok(body)
     })
     .await
-    .context("no hello within 5 s")??;
+    .context("no hello in time")??;
     if first[0] != HELLO {
         bail!("not a hello");
     }
@@ -298,6 +341,17 @@ async fn inbound(
                 w.flush().await?;
                 continue;
             }
+            CHANGE_REQUEST => {
+                let (tx, rx) = oneshot::channel();
+                let text = String::from_utf8_lossy(&body).into_owned();
+                if events.send(PeerEvent::Change(text, tx)).await.is_err() {
+                    return Ok(());
+                }
+                let text = rx.await.unwrap_or_default();
+                w.write_all(&frame(CHANGE, text.as_bytes())).await?;
+                w.flush().await?;
+                continue;
+            }
             k => bail!("a frame of unknown kind {k}"),
         };
         if events.send(event).await.is_err() {
@@ -309,14 +363,25 @@ async fn inbound(
 
 /// Asks the replica at `addr` for its status (`cluster status`).
 pub async fn status(addr: SocketAddr, secret: &[u8]) -> Result<String> {
+    ask(addr, secret, STATUS_REQUEST, b"", STATUS).await
+}
+
+/// Asks the replica at `addr` (the leader) for a membership change: its
+/// answer, `ok ...` or `error: ...`.
+pub async fn change(addr: SocketAddr, secret: &[u8], request: &str) -> Result<String> {
+    ask(addr, secret, CHANGE_REQUEST, request.as_bytes(), CHANGE).await
+}
+
+/// An operator's question to the replica at `addr`, and its answer.
+async fn ask(addr: SocketAddr, secret: &[u8], kind: u8, body: &[u8], answer: u8) -> Result<String> {
     let mut s = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
     s.write_all(&hello(0, secret)).await?;
-    s.write_all(&frame(STATUS_REQUEST, &[])).await?;
+    s.write_all(&frame(kind, body)).await?;
     s.flush().await?;
     match read_frame(&mut s).await? {
-        Some((STATUS, body)) => Ok(String::from_utf8_lossy(&body).into_owned()),
+        Some((k, body)) if k == answer => Ok(String::from_utf8_lossy(&body).into_owned()),
         Some((k, _)) => bail!("{addr} answered with a frame of kind {k}"),
         None => bail!("{addr} closed the link (is the secret right?)"),
     }
@@ -366,6 +431,31 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A link that carries nothing for longer than a peer waits for a
+    /// hello (two followers, between elections) still delivers its first
+    /// frame: its hello went at once. (Sent with its first frame, it came
+    /// too late, the peer had closed the link, and the first votes of an
+    /// election were lost.)
+    #[tokio::test]
+    async fn a_link_silent_for_long_delivers_its_first_frame() {
+        let (addr, mut rx) = listening().await;
+        let (events, _own) = mpsc::channel(16);
+        let mut links = Links::start(1, &[], b"the-right-secret-16", events);
+        links.add(2, addr);
+        links.add(1, addr); // itself: no link
+        assert_eq!(links.peers(), [2]);
+        tokio::time::sleep(HELLO_WAIT * 3).await;
+        links.forward(2, 1, b"batch".to_vec());
+        match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+            Ok(Some(PeerEvent::Forward { origin, batch })) => {
+                assert_eq!((origin, &batch[..]), (1, &b"batch"[..]));
+            }
+            other => panic!("the first frame after a silence: {other:?}"),
+        }
+        links.remove(2);
+        assert!(links.peers().is_empty());
     }
 
     #[tokio::test]

@@ -96,6 +96,11 @@ pub struct ClusterFile {
     /// How reads are served: `index` (the default) or `log`.
     #[serde(default)]
     pub reads: ReadPath,
+    /// This replica joins a running cluster (`statestore cluster add`):
+    /// it starts with no membership and waits for the leader's snapshot.
+    /// Only read when its data directory is new.
+    #[serde(default)]
+    pub join: bool,
     /// Every replica of the cluster, this one included.
     #[serde(rename = "replica")]
     pub replicas: Vec<ReplicaEntry>,
@@ -238,7 +243,14 @@ pub struct Node {
     held: VecDeque<Held>,
     held_bytes: usize,
     last_timer: Option<Instant>,
+    /// The members, with their addresses (from the cluster file, or the
+    /// record they were added with).
     replicas: Vec<ReplicaEntry>,
+    /// The replicas of the cluster file.
+    file_replicas: Vec<ReplicaEntry>,
+    /// The replica's membership changes already reflected in `replicas`
+    /// and the links.
+    changes_seen: Option<u64>,
     accept: tokio::task::JoinHandle<()>,
     /// The leader and term last seen: a new one (the same replica elected
     /// again in a new term included) gets the requests not yet applied.
@@ -302,7 +314,11 @@ impl Node {
         let disk = crate::storage::DirStorage::open(&file.data_dir).with_context(|| {
             format!("cannot open the data directory {}", file.data_dir.display())
         })?;
-        let voters: Vec<u64> = file.replicas.iter().map(|r| r.id).collect();
+        let voters: Vec<u64> = if file.join {
+            Vec::new()
+        } else {
+            file.replicas.iter().map(|r| r.id).collect()
+        };
         let log = LogStore::open(Arc::new(disk), &voters)?;
         let make_config = config.clone();
         let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
@@ -353,6 +369,8 @@ impl Node {
             held_bytes: 0,
             last_timer: None,
             replicas: file.replicas.clone(),
+            file_replicas: file.replicas.clone(),
+            changes_seen: None,
             accept,
             leader_seen: (0, 0),
             unapplied: HashMap::new(),
@@ -878,7 +896,127 @@ impl Node {
             PeerEvent::Status(reply) => {
                 let _ = reply.send(self.status_text());
             }
+            PeerEvent::Change(request, reply) => {
+                let answer = match self.change(&request) {
+                    Ok(text) => format!("ok {text}"),
+                    Err(e) => format!("error: {e:#}"),
+                };
+                let _ = reply.send(answer);
+            }
         }
+        Ok(())
+    }
+
+    /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
+    /// or `remove <id>`, proposed if this replica leads.
+    fn change(&mut self, request: &str) -> Result<String> {
+        let mut words = request.split_whitespace();
+        let verb = words.next().unwrap_or_default();
+        let id: u64 = words
+            .next()
+            .and_then(|w| w.parse().ok())
+            .context("a replica id")?;
+        let leader = self.replica.leader();
+        if leader != self.replica.id() {
+            bail!("not the leader; leader={leader}");
+        }
+        let change = match verb {
+            "add" => {
+                let record: Vec<&str> = words.collect();
+                let entry = parse_record(id, record.join(" ").as_bytes())?;
+                if self
+                    .replicas
+                    .iter()
+                    .any(|r| r.id != id && r.raft == entry.raft)
+                {
+                    bail!("{} is already a member's address", entry.raft);
+                }
+                super::Change::Add {
+                    id,
+                    record: record.join(" ").into_bytes(),
+                }
+            }
+            "remove" if id == self.replica.id() => {
+                // A leader does not remove itself: it hands over first.
+                let to = self.successor().context("no other member to lead")?;
+                self.replica.transfer_leader(to);
+                bail!("replica {id} leads: the leadership moves to replica {to}; leader={to}");
+            }
+            "remove" => super::Change::Remove(id),
+            v => bail!("unknown change {v:?} (add, remove)"),
+        };
+        self.replica.propose_change(&change)?;
+        info!(
+            replica = self.replica.id(),
+            request, "membership change proposed"
+        );
+        Ok(format!("proposed: {request}"))
+    }
+
+    /// The voter (not this replica) most up to date, to take over the
+    /// leadership.
+    fn successor(&self) -> Option<u64> {
+        let me = self.replica.id();
+        let voters = self.replica.voters();
+        self.replica
+            .status()
+            .matched
+            .iter()
+            .filter(|(id, _)| *id != me && voters.contains(id))
+            .max_by_key(|(_, matched)| *matched)
+            .map(|(id, _)| *id)
+    }
+
+    /// Keeps `replicas` and the links in step with the membership the
+    /// replica has applied; a replica removed from it stops.
+    fn sync_members(&mut self) -> Result<()> {
+        let changes = self.replica.changes();
+        if self.changes_seen == Some(changes) {
+            return Ok(());
+        }
+        self.changes_seen = Some(changes);
+        let voters = self.replica.voters();
+        let me = self.replica.id();
+        if voters.is_empty() {
+            return Ok(()); // joining: the leader's snapshot brings them
+        }
+        if !voters.contains(&me) {
+            bail!(
+                "replica {me} was removed from the cluster (members: {voters:?}): it stops; to serve again it must be added back (`statestore cluster add`) with an empty data directory and `join = true`"
+            );
+        }
+        let mut known = self.file_replicas.clone();
+        for (id, record) in self.replica.members() {
+            if known.iter().any(|r| r.id == *id) {
+                continue;
+            }
+            match parse_record(*id, record) {
+                Ok(entry) => known.push(entry),
+                Err(e) => {
+                    warn!(replica = id, error = %format!("{e:#}"), "a member's address record")
+                }
+            }
+        }
+        known.retain(|r| voters.contains(&r.id));
+        for r in &known {
+            self.links.add(r.id, r.raft);
+        }
+        for peer in self.links.peers() {
+            if !voters.contains(&peer) {
+                info!(replica = me, peer, "no longer a member: its link is closed");
+                self.links.remove(peer);
+            }
+        }
+        for v in &voters {
+            if !known.iter().any(|r| r.id == *v) {
+                warn!(
+                    replica = me,
+                    member = v,
+                    "no address known for a member (add it to the cluster file)"
+                );
+            }
+        }
+        self.replicas = known;
         Ok(())
     }
 
@@ -896,8 +1034,14 @@ impl Node {
             .find(|r| r.id == s.id)
             .and_then(|r| r.mqtt)
             .map_or(String::new(), |a| a.to_string());
+        let voters: Vec<String> = self.replica.voters().iter().map(u64::to_string).collect();
+        let peers: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|r| format!("{}@{}", r.id, r.raft))
+            .collect();
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\n",
             s.id,
             s.role,
             s.term,
@@ -908,11 +1052,20 @@ impl Node {
             s.snapshot,
             matched.join(","),
             mqtt,
+            voters.join(","),
+            peers.join(","),
         )
     }
 
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         self.replica.tick();
+        if self.replica.is_leader()
+            && !self.replica.voters().contains(&self.replica.id())
+            && let Some(to) = self.successor()
+        {
+            // Removed while leading (proposed by an earlier leader).
+            self.replica.transfer_leader(to);
+        }
         self.refresh_metrics();
         let leader = self.replica.leader();
         let term = self.replica.term();
@@ -1013,10 +1166,12 @@ impl Node {
         // entries are synced: they never wait for a later fsync.
         let links = &self.links;
         let (applied, rest) = self.replica.ready_apply(&mut |m| links.send(m))?;
+        self.sync_members()?;
         self.publish(transport, applied).await?;
         if let Some(rest) = rest {
             let links = &self.links;
             let applied = self.replica.ready_persist(rest, &mut |m| links.send(m))?;
+            self.sync_members()?;
             self.publish(transport, applied).await?;
         }
         Ok(())
@@ -1093,6 +1248,25 @@ fn split_reads(
         }
     }
     (reads, rest, by_log)
+}
+
+/// A replica's address record: `raft=<addr> [mqtt=<addr>]`.
+fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
+    let text = std::str::from_utf8(record).context("an address record that is not UTF-8")?;
+    let mut raft = None;
+    let mut mqtt = None;
+    for word in text.split_whitespace() {
+        match word.split_once('=') {
+            Some(("raft", a)) => raft = Some(a.parse().with_context(|| format!("raft={a}"))?),
+            Some(("mqtt", a)) => mqtt = Some(a.parse().with_context(|| format!("mqtt={a}"))?),
+            _ => bail!("{word:?} in an address record (raft=<addr> [mqtt=<addr>])"),
+        }
+    }
+    Ok(ReplicaEntry {
+        id,
+        raft: raft.context("an address record without raft=<addr>")?,
+        mqtt,
+    })
 }
 
 /// A random u64 from the standard library's hasher keys (seeded by the

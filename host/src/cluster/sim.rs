@@ -56,6 +56,10 @@ pub struct Options {
     pub partition: u64,
     /// Per mille chance per tick of a client request.
     pub load: u64,
+    /// Per mille chance per tick that a follower is replaced while the
+    /// cluster runs: removed from the membership, then a new replica (a
+    /// new id, an empty disk) joins and catches up from a snapshot.
+    pub replace: u64,
 }
 
 impl Default for Options {
@@ -68,6 +72,7 @@ impl Default for Options {
             crash: 4,
             partition: 4,
             load: 500,
+            replace: 1,
         }
     }
 }
@@ -97,6 +102,8 @@ pub struct Report {
     pub unknown: usize,
     /// Reads answered with a read index (no log entry).
     pub index_reads: usize,
+    /// Replicas replaced by a new one (removed, then a new id added).
+    pub replaced: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -156,6 +163,8 @@ struct Node {
     down_until: u64,
     /// Its clock's offset from simulated time, ms.
     skew: i64,
+    /// Removed from the membership: down for good.
+    removed: bool,
 }
 
 fn config() -> Config {
@@ -168,6 +177,8 @@ const COMPACTION: Compaction = Compaction {
     bytes: 1 << 20,
 };
 
+/// Replica `id` over `disk`: a new disk starts with the membership `ids`
+/// (none: it joins), a used one with what it recorded.
 fn start(id: u64, ids: &[u64], disk: &MemStorage) -> Result<Replica<NativeStore>> {
     let log = LogStore::open(Arc::new(disk.clone()), ids)?;
     let make = Box::new(|snapshot: Option<&[u8]>| match snapshot {
@@ -238,8 +249,13 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             disk,
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
+            removed: false,
         });
     }
+    // A replacement under way: the replica being removed, and then the one
+    // joining.
+    let mut removing: Option<u64> = None;
+    let mut joining: Option<u64> = None;
     let mut report = Report::default();
     // Messages in flight: (deliver at tick, message).
     let mut net: Vec<(u64, Message)> = Vec::new();
@@ -265,9 +281,12 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         let now_ms = T0 + tick * TICK_MS;
         // Faults.
         if faults {
-            let down = nodes.iter().filter(|n| n.replica.is_none()).count();
-            if down == 0 && rng.chance(o.crash) {
-                let i = rng.below(nodes.len() as u64) as usize;
+            let down = nodes
+                .iter()
+                .filter(|n| n.replica.is_none() && !n.removed)
+                .count();
+            let i = rng.below(nodes.len() as u64) as usize;
+            if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
                 nodes[i].replica = None;
                 // What it had not synced is gone, but for a torn tail.
                 let torn = rng.below(64) as usize;
@@ -276,11 +295,12 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 report.crashes += 1;
                 // What it had in flight is gone; its clients' requests are
                 // lost with it (they would retry).
-                pending.retain(|_, (_, origin)| *origin != ids[i]);
+                let id = i as u64 + 1;
+                pending.retain(|_, (_, origin)| *origin != id);
             }
             if cut.is_none() && rng.chance(o.partition) {
                 cut = Some((
-                    ids[rng.below(ids.len() as u64) as usize],
+                    rng.below(nodes.len() as u64) + 1,
                     tick + 50 + rng.below(300),
                 ));
             }
@@ -296,8 +316,8 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             cut = None;
         }
         for (i, node) in nodes.iter_mut().enumerate() {
-            if node.replica.is_none() && tick >= node.down_until {
-                node.replica = Some(start(ids[i], &ids, &node.disk)?);
+            if node.replica.is_none() && !node.removed && tick >= node.down_until {
+                node.replica = Some(start(i as u64 + 1, &ids, &node.disk)?);
                 report.restarts += 1;
             }
         }
@@ -344,6 +364,63 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             report.leader_changes += 1;
             last_leader = leader;
             timer_pending = false;
+        }
+        // Replacing a follower: remove it, then add a new replica.
+        if leader != 0 {
+            let li = (leader - 1) as usize;
+            let voters = nodes[li]
+                .replica
+                .as_ref()
+                .expect("the leader is up")
+                .voters();
+            if let Some(old) = removing {
+                if voters.contains(&old) {
+                    // Proposed again until applied (a lost proposal, a
+                    // new leader); refused while one is in progress.
+                    if tick % 20 == 0 && old != leader {
+                        let r = nodes[li].replica.as_mut().expect("up");
+                        let _ = r.propose_change(&super::Change::Remove(old));
+                    }
+                } else {
+                    // Gone from the membership: down for good; a new one.
+                    let o = &mut nodes[(old - 1) as usize];
+                    o.replica = None;
+                    o.removed = true;
+                    pending.retain(|_, (_, origin)| *origin != old);
+                    removing = None;
+                    let id = nodes.len() as u64 + 1;
+                    let disk = MemStorage::new();
+                    let replica = start(id, &[], &disk)?;
+                    nodes.push(Node {
+                        replica: Some(replica),
+                        disk,
+                        down_until: 0,
+                        skew: rng.below(4_000) as i64 - 2_000,
+                        removed: false,
+                    });
+                    joining = Some(id);
+                }
+            } else if let Some(new) = joining {
+                if voters.contains(&new) {
+                    joining = None;
+                    report.replaced += 1;
+                } else if tick % 20 == 0 {
+                    let r = nodes[li].replica.as_mut().expect("up");
+                    let _ = r.propose_change(&super::Change::Add {
+                        id: new,
+                        record: Vec::new(),
+                    });
+                }
+            } else if faults && rng.chance(o.replace) {
+                let followers: Vec<u64> = voters.iter().copied().filter(|v| *v != leader).collect();
+                if !followers.is_empty() {
+                    let old = followers[rng.below(followers.len() as u64) as usize];
+                    let r = nodes[li].replica.as_mut().expect("up");
+                    if r.propose_change(&super::Change::Remove(old)).is_ok() {
+                        removing = Some(old);
+                    }
+                }
+            }
         }
         // Client load, at the leader (clients find it; forwarding comes later).
         if faults && leader != 0 && rng.chance(o.load) {
@@ -420,7 +497,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 let r = nodes[ri].replica.as_mut().expect("up");
                 r.read_index(next_read);
                 reads.insert(next_read, wire::encode_batch(&[Input::Message(&msg)]));
-                pending.insert(corr, (op, ids[ri]));
+                pending.insert(corr, (op, ri as u64 + 1));
             } else {
                 let r = nodes[li].replica.as_mut().expect("the leader is up");
                 if r.propose(leader, &[Input::Message(&msg)], clock).is_ok() {
@@ -522,6 +599,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         }
     }
     // Settled: every replica up, the same index applied, the same state.
+    nodes.retain(|n| !n.removed);
     let applied: Vec<u64> = nodes
         .iter()
         .map(|n| n.replica.as_ref().map_or(0, Replica::applied))
