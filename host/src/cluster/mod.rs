@@ -26,11 +26,18 @@
 //! applied, so a new leader with a slower clock cannot make versions or
 //! expiry go backwards.
 //!
-//! Step 1 (this): replicas over raft-rs's in-memory storage, the entry
-//! format, proposing and applying, and the simulation that checks them.
-//! Still to come: the journal as the Raft log store (durability per fsync
-//! policy), snapshots for replicas that fall behind, the network transport,
-//! `serve --cluster`, forwarding, read index, `cluster status`.
+//! Membership: static at the start (the cluster files), changed while
+//! running by Raft conf changes, one voter at a time ([`Change`],
+//! `statestore cluster add` / `remove`). A conf change entry carries the
+//! added replica's address record; [`Replica::members`] keeps those
+//! records, and snapshots carry them. A replica that joins has no
+//! membership until a snapshot names it; every replica snapshots when it
+//! applies an addition, so that is how a new one always starts.
+//!
+//! The parts: `log` (the Raft log on disk), [`Replica`] (raft-rs and the
+//! guest), `node` (one replica as a server), `net` (the links between
+//! replicas), `sim` (the whole cluster under simulated faults) and `linear`
+//! (the linearizability checker the simulation uses).
 
 pub mod linear;
 pub mod log;

@@ -814,6 +814,35 @@ impl Node {
         self.submit_in_order(all);
     }
 
+    /// No leader any more: what was sent to the old one and not applied
+    /// waits for the next like a request just received (sent to it when
+    /// there is one, a 503 "retry" if none comes within [`HOLD`]), and so
+    /// do reads waiting for an index. (Left tracked, a request forwarded
+    /// to a leader that died with the majority got no answer at all.)
+    fn hold_unapplied(&mut self) {
+        let mut all: Vec<(Instant, InboundMessage)> =
+            self.unapplied.drain().map(|(_, t)| (t.at, t.message)).collect();
+        self.unapplied_bytes = 0;
+        self.unapplied_topics.clear();
+        self.reads_bytes = 0;
+        for (_, r) in self.reads.drain() {
+            all.extend(r.messages.into_iter().map(|m| (r.at, m)));
+        }
+        if all.is_empty() {
+            return;
+        }
+        info!(
+            requests = all.len(),
+            "no leader: requests not yet applied wait for the next one"
+        );
+        all.sort_by_key(|(at, _)| *at);
+        let now = Instant::now();
+        let messages: Vec<InboundMessage> = all.into_iter().map(|(_, m)| m).collect();
+        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
+            self.hold(Held::Requests(now, chunk.to_vec()));
+        }
+    }
+
     /// Submits `requests` (each with the time it was taken, already
     /// tracked) to the log again, in the order they were taken.
     fn submit_in_order(&mut self, mut requests: Vec<(Instant, InboundMessage)>) {
@@ -1007,6 +1036,13 @@ impl Node {
                 self.links.remove(peer);
             }
         }
+        if let Some(m) = &self.metrics {
+            for r in &self.replicas {
+                if !voters.contains(&r.id) {
+                    let _ = m.lag.remove_label_values(&[&r.id.to_string()]);
+                }
+            }
+        }
         for v in &voters {
             if !known.iter().any(|r| r.id == *v) {
                 warn!(
@@ -1077,6 +1113,8 @@ impl Node {
             }
             if leader != 0 {
                 self.resend();
+            } else {
+                self.hold_unapplied();
             }
         }
         // Held requests: to the leader once there is one; a 503 after HOLD.

@@ -167,6 +167,22 @@ struct Node {
     removed: bool,
 }
 
+impl Node {
+    /// Replica `id` on a new disk, with the membership `ids` (none: it
+    /// joins) and a skewed clock.
+    fn new(id: u64, ids: &[u64], rng: &mut Rng) -> Result<Node> {
+        let disk = MemStorage::new();
+        let replica = start(id, ids, &disk)?;
+        Ok(Node {
+            replica: Some(replica),
+            disk,
+            down_until: 0,
+            skew: rng.below(4_000) as i64 - 2_000,
+            removed: false,
+        })
+    }
+}
+
 fn config() -> Config {
     Config::default()
 }
@@ -242,15 +258,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let ids: Vec<u64> = (1..=o.replicas as u64).collect();
     let mut nodes: Vec<Node> = Vec::new();
     for &id in &ids {
-        let disk = MemStorage::new();
-        let replica = start(id, &ids, &disk)?;
-        nodes.push(Node {
-            replica: Some(replica),
-            disk,
-            down_until: 0,
-            skew: rng.below(4_000) as i64 - 2_000,
-            removed: false,
-        });
+        nodes.push(Node::new(id, &ids, &mut rng)?);
     }
     // A replacement under way: the replica being removed, and then the one
     // joining.
@@ -389,15 +397,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                     pending.retain(|_, (_, origin)| *origin != old);
                     removing = None;
                     let id = nodes.len() as u64 + 1;
-                    let disk = MemStorage::new();
-                    let replica = start(id, &[], &disk)?;
-                    nodes.push(Node {
-                        replica: Some(replica),
-                        disk,
-                        down_until: 0,
-                        skew: rng.below(4_000) as i64 - 2_000,
-                        removed: false,
-                    });
+                    nodes.push(Node::new(id, &[], &mut rng)?);
                     joining = Some(id);
                 }
             } else if let Some(new) = joining {
