@@ -1162,3 +1162,25 @@ async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
     assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
     client.disconnect().await;
 }
+
+/// The SDK scenarios one process passes (`statestore_tests::scenarios`:
+/// conditions, versions, fencing, notifications, leased locks, MiB values,
+/// the CLI, SCAN through `list_keys`), each against a cluster of its own,
+/// its clients on a follower (they forward to the leader and read with a
+/// read index).
+macro_rules! on_a_follower {
+    ($($name:ident),* $(,)?) => {
+        mod sdk_on_a_follower {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let c = super::Cluster::new(3);
+                    let leader = c.leader(std::time::Duration::from_secs(20));
+                    statestore_tests::scenarios::$name(c.mqtt[(leader + 1) % 3]).await;
+                }
+            )*
+        }
+    };
+}
+
+statestore_tests::sdk_scenarios!(on_a_follower);

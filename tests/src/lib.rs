@@ -9,6 +9,7 @@
 
 pub mod broker;
 pub mod process;
+pub mod scenarios;
 pub mod sdk;
 pub mod vector;
 

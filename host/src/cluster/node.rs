@@ -820,8 +820,11 @@ impl Node {
     /// do reads waiting for an index. (Left tracked, a request forwarded
     /// to a leader that died with the majority got no answer at all.)
     fn hold_unapplied(&mut self) {
-        let mut all: Vec<(Instant, InboundMessage)> =
-            self.unapplied.drain().map(|(_, t)| (t.at, t.message)).collect();
+        let mut all: Vec<(Instant, InboundMessage)> = self
+            .unapplied
+            .drain()
+            .map(|(_, t)| (t.at, t.message))
+            .collect();
         self.unapplied_bytes = 0;
         self.unapplied_topics.clear();
         self.reads_bytes = 0;
