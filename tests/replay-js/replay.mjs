@@ -11,8 +11,8 @@
 // Every vector is replayed twice, on a fresh store each time:
 //   typed  through `handle(inputs, now)`, the WIT records converted here;
 //   wire   through `handle-wire(batch, now)`, with the codec below, written
-//          from wit/WIRE.md alone (batch version 2 out, output list
-//          version 3 in, MQTT messages rebuilt as "Building the MQTT
+//          from wit/WIRE.md alone (batch version 4 out, output list
+//          version 4 in, MQTT messages rebuilt as "Building the MQTT
 //          messages" says).
 // Each step's outputs (every field, exactly; bytes as hex) and the
 // `next-deadline` after it are compared with the vector.
@@ -49,7 +49,7 @@ import { join, resolve, dirname } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const BATCH_VERSION = 3;
+const BATCH_VERSION = 4;
 const OUTPUTS_VERSION = 4;
 const SEED_WIRE = 7n;
 const SEED_TYPED = 0x9e3779b97f4a7c15n;
@@ -188,8 +188,8 @@ function parsePairs(list, what) {
 
 /** A vector's INBOUND, as plain JS values (bytes as Uint8Array, u64 as BigInt). */
 function parseInbound(m, what) {
-  // `username` and `attributes` are written only when set.
-  const optional = ['username', 'attributes'].filter((k) => k in (m ?? {}));
+  // `username`, `attributes` and `via` are written only when set.
+  const optional = ['username', 'attributes', 'via'].filter((k) => k in (m ?? {}));
   requireKeys(m, [...INBOUND_KEYS, ...optional], what);
   if (!Array.isArray(m.user_properties)) throw new VectorError(`${what}.user_properties: not a list`);
   return {
@@ -209,7 +209,14 @@ function parseInbound(m, what) {
     receivedAt: jsonOpt(m.received_at, (v) => jsonU64(v, `${what}.received_at`)),
     username: jsonOpt(m.username, (v) => jsonStr(v, `${what}.username`)),
     attributes: parsePairs(m.attributes ?? [], `${what}.attributes`),
+    via: jsonOpt(m.via, (v) => parseVia(v, `${what}.via`)),
   };
+}
+
+/** A vector's `via` (a replica and the start of its life) as a WIT `via` record. */
+function parseVia(v, what) {
+  requireKeys(v, ['replica', 'started'], what);
+  return { replica: jsonU64(v.replica, `${what}.replica`), started: jsonU64(v.started, `${what}.started`) };
 }
 
 /** A vector config's `authorization` rules as WIT `auth-rule` records. */
@@ -245,13 +252,27 @@ function parseRules(rules) {
   });
 }
 
-/** A step's input: {kind: 'publish', message} | {kind: 'disconnect', clientId} | {kind: 'timeout'} | {kind: 'restore'}. */
+/**
+ * A step's input: {kind: 'publish', message} | {kind: 'disconnect', clientId}
+ * | {kind: 'disconnect-via', clientId, via} | {kind: 'replica-started', via}
+ * | {kind: 'timeout'} | {kind: 'restore'}.
+ */
 function parseInput(input, what) {
   if (input === 'timeout') return { kind: 'timeout' };
   if (input === 'restore') return { kind: 'restore' };
   if (input !== null && typeof input === 'object' && Object.keys(input).length === 1) {
     if ('publish' in input) return { kind: 'publish', message: parseInbound(input.publish, `${what}.publish`) };
     if ('disconnect' in input) return { kind: 'disconnect', clientId: jsonStr(input.disconnect, `${what}.disconnect`) };
+    if ('disconnect_via' in input) {
+      const d = input.disconnect_via;
+      requireKeys(d, ['client_id', 'via'], `${what}.disconnect_via`);
+      return {
+        kind: 'disconnect-via',
+        clientId: jsonStr(d.client_id, `${what}.disconnect_via.client_id`),
+        via: parseVia(d.via, `${what}.disconnect_via.via`),
+      };
+    }
+    if ('replica_started' in input) return { kind: 'replica-started', via: parseVia(input.replica_started, `${what}.replica_started`) };
   }
   throw new VectorError(`${what}: unknown input ${JSON.stringify(input)}`);
 }
@@ -485,7 +506,7 @@ class Reader {
   }
 }
 
-/** The `handle-wire` input batch, version 3. */
+/** The `handle-wire` input batch, version 4. */
 function encodeBatch(inputs) {
   const w = new Writer();
   w.u8(BATCH_VERSION);
@@ -507,14 +528,28 @@ function encodeBatch(inputs) {
       w.opt(m.receivedAt, w.u64);
       w.opt(m.username, w.str);
       w.props(m.attributes ?? []);
+      w.opt(m.via, writeVia);
     } else if (input.kind === 'disconnect') {
       w.u8(1);
       w.str(input.clientId);
+    } else if (input.kind === 'disconnect-via') {
+      w.u8(2);
+      w.str(input.clientId);
+      writeVia.call(w, input.via);
+    } else if (input.kind === 'replica-started') {
+      w.u8(3);
+      writeVia.call(w, input.via);
     } else {
       throw new WireError(`no batch item for a ${input.kind}`);
     }
   }
   return w.finish();
+}
+
+/** `via = u64 replica, u64 started` (a Writer method, for `opt`). */
+function writeVia(via) {
+  this.u64(via.replica);
+  this.u64(via.started);
 }
 
 function upperHex(bytes) {
@@ -694,6 +729,8 @@ const typedDoor = {
     const typed = inputs.map((input) => {
       if (input.kind === 'publish') return { tag: 'message', val: { ...input.message } };
       if (input.kind === 'disconnect') return { tag: 'disconnected', val: input.clientId };
+      if (input.kind === 'disconnect-via') return { tag: 'disconnected-via', val: { clientId: input.clientId, via: input.via } };
+      if (input.kind === 'replica-started') return { tag: 'replica-started', val: input.via };
       throw new Error(`no typed input for a ${input.kind}`);
     });
     const outputs = store.handle(typed, now);
@@ -950,6 +987,7 @@ function request(n, ...args) {
       receivedAt: undefined,
       username: undefined,
       attributes: [],
+      via: undefined,
     },
   };
 }

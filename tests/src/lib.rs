@@ -21,6 +21,7 @@ use statestore::{
     Backend, Config, InboundMessage, NativeStore, OutboundMessage, Output, PublishKind,
 };
 use statestore_guest::rpc::{CONTENT_TYPE, REQUEST_TOPIC};
+pub use statestore_guest::types::Via;
 pub use vector::{Input, Step, Vector};
 
 /// Simulated wall clock at the start of every scenario (2023-11-14T22:13:20Z).
@@ -129,6 +130,12 @@ fn apply(
     let outputs = match input {
         Input::Publish(m) => backend.handle_messages(std::slice::from_ref(m), now)?,
         Input::Disconnect(c) => backend.client_disconnected(c, now)?,
+        Input::DisconnectVia(c, via) => {
+            backend.handle(&[statestore::Input::DisconnectedVia(c, *via)], now)?
+        }
+        Input::ReplicaStarted(via) => {
+            backend.handle(&[statestore::Input::ReplicaStarted(*via)], now)?
+        }
         Input::Timeout => backend.timeout(now)?,
         Input::Restore => {
             let snapshot = backend.snapshot()?;
@@ -305,6 +312,16 @@ impl Sim {
     /// Client `c` disconnected.
     pub fn disconnect(&mut self, c: &str) -> Vec<Output> {
         self.run(Input::Disconnect(c.into()))
+    }
+
+    /// Client `c` disconnected from the replica (and life) `via` names.
+    pub fn disconnect_via(&mut self, c: &str, via: Via) -> Vec<Output> {
+        self.run(Input::DisconnectVia(c.into(), via))
+    }
+
+    /// The replica `via` names started this life.
+    pub fn replica_started(&mut self, via: Via) -> Vec<Output> {
+        self.run(Input::ReplicaStarted(via))
     }
 
     /// Snapshot, then continue on a new instance restored from it.

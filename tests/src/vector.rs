@@ -6,7 +6,7 @@ use serde_json::{Map, Value, json};
 use statestore::{
     Config, InboundMessage, KeyMatch, OutboundMessage, Output, Persist, PublishKind, ScanPage,
 };
-use statestore_guest::types::{AuthRule, KeyGrant, KeyMethod, KeySpec, Principals, Quota};
+use statestore_guest::types::{AuthRule, KeyGrant, KeyMethod, KeySpec, Principals, Quota, Via};
 
 /// One input.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +16,11 @@ pub enum Input {
     Publish(InboundMessage),
     /// A client disconnected.
     Disconnect(String),
+    /// A client disconnected from a replica (in a life): WIT
+    /// `disconnected-via`.
+    DisconnectVia(String, Via),
+    /// A replica started a new life: WIT `replica-started`.
+    ReplicaStarted(Via),
     /// The timer fired.
     Timeout,
     /// Snapshot the store and carry on with a new instance restored from it.
@@ -119,7 +124,26 @@ fn message_to_json(m: &InboundMessage) -> Value {
     if !m.attributes.is_empty() {
         v["attributes"] = props_to_json(&m.attributes);
     }
+    if let Some(via) = m.via {
+        v["via"] = via_to_json(via);
+    }
     v
+}
+
+fn via_to_json(v: Via) -> Value {
+    json!({ "replica": v.replica, "started": v.started })
+}
+
+fn via_from_json(v: &Value) -> Result<Via> {
+    let o = obj(v)?;
+    Ok(Via {
+        replica: field(o, "replica")?
+            .as_u64()
+            .context("via.replica must be a u64")?,
+        started: field(o, "started")?
+            .as_u64()
+            .context("via.started must be a u64")?,
+    })
 }
 
 fn rules_to_json(rules: &[AuthRule]) -> Value {
@@ -275,6 +299,10 @@ impl Vector {
                 let input = match &s.input {
                     Input::Publish(m) => json!({ "publish": message_to_json(m) }),
                     Input::Disconnect(c) => json!({ "disconnect": c }),
+                    Input::DisconnectVia(c, via) => json!({
+                        "disconnect_via": { "client_id": c, "via": via_to_json(*via) }
+                    }),
+                    Input::ReplicaStarted(via) => json!({ "replica_started": via_to_json(*via) }),
                     Input::Timeout => json!("timeout"),
                     Input::Restore => json!("restore"),
                 };
@@ -530,7 +558,10 @@ fn message_from_json(v: &Value) -> Result<InboundMessage> {
             None | Some(Value::Null) => Vec::new(),
             Some(a) => pairs_from_json(a, "attributes")?,
         },
-        via: None,
+        via: match o.get("via") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(via_from_json(v)?),
+        },
     })
 }
 
@@ -593,6 +624,13 @@ fn step_from_json(v: &Value) -> Result<Step> {
         }
         Value::Object(i) if i.contains_key("disconnect") => {
             Input::Disconnect(str_field(i, "disconnect")?)
+        }
+        Value::Object(i) if i.contains_key("disconnect_via") => {
+            let d = obj(field(i, "disconnect_via")?)?;
+            Input::DisconnectVia(str_field(d, "client_id")?, via_from_json(field(d, "via")?)?)
+        }
+        Value::Object(i) if i.contains_key("replica_started") => {
+            Input::ReplicaStarted(via_from_json(field(i, "replica_started")?)?)
         }
         other => bail!("unknown input {other}"),
     };

@@ -1512,3 +1512,77 @@ fn authorization_rules() {
     assert_eq!(reply(&out).payload, &b"*1\r\n*0\r\n"[..]);
     sim.finish();
 }
+
+/// WIT 0.6.0 (a replicated store): a KEYNOTIFY registration remembers the
+/// replica (and life) its request came through, the newest one when made
+/// again; a disconnect reported by a replica drops only what was
+/// registered through it, and a replica's new life drops what its earlier
+/// lives' clients registered.
+#[test]
+fn keynotify_registrations_follow_their_replica() {
+    let mut sim = Sim::new(
+        "keynotify_via",
+        "WIT 0.6.0 via: disconnected-via drops only what came through that replica (and life); replica-started drops earlier lives' registrations",
+    );
+    let r1 = Via {
+        replica: 1,
+        started: T0 - 10_000,
+    };
+    let r2 = Via {
+        replica: 2,
+        started: T0 - 5_000,
+    };
+    let r3 = Via {
+        replica: 3,
+        started: T0 - 1_000,
+    };
+    let through = |sim: &mut Sim, client: &str, via: Via, parts: &[&[u8]]| {
+        let mut m = sim.request_from(client, parts);
+        m.via = Some(via);
+        let out = sim.send(&m);
+        (m, out)
+    };
+    // c1 observes k through replica 1, then again through replica 2 (it
+    // moved): the registration is replica 2's now.
+    let (m, out) = through(&mut sim, "c1", r1, &[b"KEYNOTIFY", b"k"]);
+    assert_reply(&out, &m, b"+OK\r\n", None);
+    let (m, out) = through(&mut sim, "c1", r2, &[b"KEYNOTIFY", b"k"]);
+    assert_reply(&out, &m, b"+OK\r\n", None);
+    // c2 observes j through replica 3.
+    let (m, out) = through(&mut sim, "c2", r3, &[b"KEYNOTIFY", b"j"]);
+    assert_reply(&out, &m, b"+OK\r\n", None);
+    // Replica 1's late report of c1's disconnect: nothing of c1's came
+    // through replica 1 any more.
+    assert!(sim.disconnect_via("c1", r1).is_empty());
+    let (_, out) = through(&mut sim, "c3", r1, &[b"SET", b"k", b"v"]);
+    assert_eq!(
+        notifications(&out).len(),
+        1,
+        "c1 still observes k: {out:#?}"
+    );
+    // Replica 3 starts again: c2's registration died with its old life.
+    assert!(
+        sim.replica_started(Via {
+            replica: 3,
+            started: T0 + 1,
+        })
+        .is_empty()
+    );
+    let (_, out) = through(&mut sim, "c3", r1, &[b"SET", b"j", b"v"]);
+    assert!(notifications(&out).is_empty(), "{out:#?}");
+    // Replica 2 reports c1 gone: its registration goes.
+    assert!(sim.disconnect_via("c1", r2).is_empty());
+    let (_, out) = through(&mut sim, "c3", r1, &[b"SET", b"k", b"w"]);
+    assert!(notifications(&out).is_empty(), "{out:#?}");
+    // A snapshot keeps each registration's via.
+    let (m, out) = through(&mut sim, "c1", r2, &[b"KEYNOTIFY", b"k"]);
+    assert_reply(&out, &m, b"+OK\r\n", None);
+    sim.restore();
+    assert!(sim.disconnect_via("c1", r1).is_empty());
+    let (_, out) = through(&mut sim, "c3", r1, &[b"SET", b"k", b"x"]);
+    assert_eq!(notifications(&out).len(), 1, "{out:#?}");
+    assert!(sim.disconnect_via("c1", r2).is_empty());
+    let (_, out) = through(&mut sim, "c3", r1, &[b"SET", b"k", b"y"]);
+    assert!(notifications(&out).is_empty(), "{out:#?}");
+    sim.finish();
+}
