@@ -5,6 +5,7 @@
 //! ```text
 //!   raft-snapshot      the last guest snapshot, as a Raft snapshot (written atomically)
 //!   raft-conf          the membership the log started with (a ConfState, written once)
+//!   raft-life          when the replica's current life started (`node`: its `via`)
 //!   raft-log.current   which generation of the log is current (written atomically)
 //!   raft-log.<gen>     records: u32 len | u32 crc32 | u8 kind | protobuf
 //!                        kind 1: an Entry   kind 2: the HardState

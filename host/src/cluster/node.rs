@@ -319,7 +319,9 @@ impl Node {
         } else {
             file.replicas.iter().map(|r| r.id).collect()
         };
-        let log = LogStore::open(Arc::new(disk), &voters)?;
+        let disk: Arc<dyn crate::storage::Storage> = Arc::new(disk);
+        let log = LogStore::open(disk.clone(), &voters)?;
+        let life = new_life(&*disk, clock.now_ms())?;
         let make_config = config.clone();
         let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
             None => runtime.instantiate(&make_config),
@@ -385,7 +387,7 @@ impl Node {
             store_metrics: None,
             via: (notify == Notify::Everywhere).then(|| statestore_guest::Via {
                 replica: file.id,
-                started: clock.now_ms(),
+                started: life,
             }),
             clock,
         })
@@ -1291,6 +1293,26 @@ fn split_reads(
     (reads, rest, by_log)
 }
 
+/// The start of this replica's new life (its `via.started`): now, or just
+/// after the last one if the clock went back since (a life must start
+/// after the ones before it, or `replica-started` would not drop their
+/// registrations). Kept in `raft-life` in its data directory.
+fn new_life(disk: &dyn crate::storage::Storage, now: u64) -> Result<u64> {
+    const LIFE: &str = "raft-life";
+    let last = match disk.read(LIFE) {
+        Ok(bytes) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .context("raft-life is not a number")?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e).context("reading raft-life"),
+    };
+    let started = now.max(last.saturating_add(1));
+    disk.write_atomic(LIFE, started.to_string().as_bytes())
+        .context("writing raft-life")?;
+    Ok(started)
+}
+
 /// A replica's address record: `raft=<addr> [mqtt=<addr>]`.
 fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
     let text = std::str::from_utf8(record).context("an address record that is not UTF-8")?;
@@ -1338,6 +1360,17 @@ mod tests {
             .iter()
             .map(|m| m.correlation_data.as_ref().expect("set")[0])
             .collect()
+    }
+
+    /// A life starts after the ones before it, even when the clock went
+    /// back.
+    #[test]
+    fn a_new_life_starts_after_the_last_one() {
+        let disk = crate::storage::MemStorage::new();
+        assert_eq!(new_life(&disk, 1_000).expect("life"), 1_000);
+        assert_eq!(new_life(&disk, 5_000).expect("life"), 5_000);
+        assert_eq!(new_life(&disk, 4_000).expect("clock went back"), 5_001);
+        assert_eq!(new_life(&disk, 5_001).expect("same ms"), 5_002);
     }
 
     /// Reads of other clients take the index; a client's read after its
