@@ -385,7 +385,7 @@ impl Node {
             next_read: random_u64(),
             metrics: None,
             store_metrics: None,
-            via: (notify == Notify::Everywhere).then(|| statestore_guest::Via {
+            via: (notify == Notify::Everywhere).then_some(statestore_guest::Via {
                 replica: file.id,
                 started: life,
             }),
