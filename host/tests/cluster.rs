@@ -944,7 +944,19 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
             .expect("set");
         versions.push(set.version.expect("a version").to_string());
     }
+    // A client of the replica that will die observes a key.
+    let registrations = |i: usize| sample(c.metrics[i], "statestore_keynotify_registrations", "");
+    let mut observer = RawClient::connect(c.mqtt[dead], "membership-observer").await;
+    observer.subscribe(&observer.response_topic()).await;
+    let reply = observer.call(&[b"KEYNOTIFY", b"before-0"]).await;
+    assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registrations(leader) != Some(1.0) {
+        assert!(Instant::now() < deadline, "the registration shows");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     c.servers[dead].take().expect("running").kill9();
+    observer.kill();
     // Remove the dead replica (through any replica's file).
     let (ok, out) = cluster_command(&c.file(other), &["remove", "--id", &(dead + 1).to_string()]);
     assert!(ok, "cluster remove:\n{out}");
@@ -952,6 +964,16 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         out.contains(&format!("replica {} removed", dead + 1)),
         "{out}"
     );
+    // What its client registered through it goes with it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registrations(leader) != Some(0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "registrations through a removed replica: {:?}",
+            registrations(leader)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Its successor: replica 4, new ports, an empty data directory.
     let (raft4, mqtt4) = (free_port(), free_port());
     let mut f =
@@ -1184,3 +1206,41 @@ macro_rules! on_a_follower {
 }
 
 statestore_tests::sdk_scenarios!(on_a_follower);
+
+/// A client's disconnect that its replica reported to a leader which then
+/// died (stopped here, so the report sits unread in its socket) is
+/// reported again to the next leader: the registrations it made through
+/// that replica go (`statestore_keynotify_registrations` back to 0), not
+/// only when the replica restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_reported_to_a_leader_that_dies_reaches_the_next_one() {
+    let mut c = Cluster::new(3);
+    let leader = c.leader(Duration::from_secs(20));
+    let follower = (leader + 1) % 3;
+    let registrations = |i: usize| sample(c.metrics[i], "statestore_keynotify_registrations", "");
+    let mut observer = RawClient::connect(c.mqtt[follower], "gone-observer").await;
+    observer.subscribe(&observer.response_topic()).await;
+    let reply = observer.call(&[b"KEYNOTIFY", b"k"]).await;
+    assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while registrations(follower) != Some(1.0) {
+        assert!(Instant::now() < deadline, "the registration shows");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The leader stops; the observer leaves at once, before its replica
+    // notices: the report goes to the stopped leader.
+    let pid = c.servers[leader].as_ref().expect("running").pid();
+    signal(pid, "STOP");
+    observer.disconnect().await;
+    // A new leader among the other two, then the report again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while registrations(follower) != Some(0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the registration of a client gone stays: {:?}",
+            registrations(follower)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    c.servers[leader].take().expect("stopped").kill9();
+}

@@ -62,6 +62,9 @@ const RESEND_BYTES: usize = 64 << 20;
 /// refused by a leader about to step down): until [`RESEND_WITHIN`].
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
+/// The most client disconnects kept to be reported again to a new leader.
+const GONE_KEPT: usize = 100_000;
+
 /// How long reads wait for their read index before they go through the
 /// log instead (the leader changed, or has not committed in its term yet).
 const READ_WAIT: Duration = Duration::from_millis(500);
@@ -262,6 +265,13 @@ pub struct Node {
     /// answers one applied twice with its first reply.
     unapplied: HashMap<(String, Vec<u8>), Tracked>,
     unapplied_bytes: usize,
+    /// Clients whose disconnect this replica reported (proposed or
+    /// forwarded) in the last [`RESEND_WITHIN`], and that have sent nothing
+    /// through it since: reported again to a new leader (a leader that
+    /// dies loses what it had not committed). Safe to apply twice: it drops
+    /// only what the client registered through this replica, and it has
+    /// registered nothing here since.
+    gone: HashMap<String, Instant>,
     /// How many of `unapplied` each response topic has: a read on a topic
     /// with a write in flight goes through the log behind it, so that a
     /// client reads its own writes even when it does not wait for them.
@@ -378,6 +388,7 @@ impl Node {
             unapplied: HashMap::new(),
             unapplied_bytes: 0,
             unapplied_topics: HashMap::new(),
+            gone: HashMap::new(),
             read_path: file.reads,
             reads: HashMap::new(),
             reads_bytes: 0,
@@ -493,6 +504,15 @@ impl Node {
                             }
                             if let Some(metrics) = &self.store_metrics {
                                 metrics.requests(m.iter().map(|m| m.payload.as_slice()));
+                            }
+                            if !self.gone.is_empty() {
+                                // Back through this replica: its disconnect
+                                // is not to be reported again.
+                                for m in &m {
+                                    if let Some(c) = &m.client_id {
+                                        self.gone.remove(c);
+                                    }
+                                }
                             }
                             self.submit(Held::Requests(Instant::now(), m))
                         }
@@ -674,7 +694,12 @@ impl Node {
                 wire::encode_batch(&inputs)
             }
             Held::Gone(_, id) => match self.via {
-                Some(via) => wire::encode_batch(&[Input::DisconnectedVia(id, via)]),
+                Some(via) => {
+                    if self.gone.len() < GONE_KEPT {
+                        self.gone.insert(id.clone(), Instant::now());
+                    }
+                    wire::encode_batch(&[Input::DisconnectedVia(id, via)])
+                }
                 None => wire::encode_batch(&[Input::Disconnected(id)]),
             },
             Held::Started(_) => match self.via {
@@ -782,6 +807,17 @@ impl Node {
     /// any number of times: it drops only what earlier lives registered).
     fn resend(&mut self) {
         self.submit_log(Held::Started(Instant::now()));
+        self.gone.retain(|_, at| at.elapsed() < RESEND_WITHIN);
+        let gone: Vec<String> = self.gone.keys().cloned().collect();
+        if !gone.is_empty() {
+            info!(
+                clients = gone.len(),
+                "a new leader: client disconnects reported lately are reported to it again"
+            );
+        }
+        for id in gone {
+            self.submit_log(Held::Gone(Instant::now(), id));
+        }
         self.forget_unapplied();
         // They stay tracked, with the time they were taken.
         let now = Instant::now();
@@ -1032,6 +1068,35 @@ impl Node {
             }
         }
         known.retain(|r| voters.contains(&r.id));
+        // What the clients of a replica that left registered through it goes
+        // with it: a life of it later than any (proposed by the leader that
+        // applied the removal; `replica-started` drops every registration
+        // of an earlier life).
+        if self.replica.is_leader() && self.via.is_some() {
+            let removed: Vec<u64> = self
+                .replicas
+                .iter()
+                .map(|r| r.id)
+                .filter(|id| !voters.contains(id))
+                .collect();
+            for id in removed {
+                let batch = wire::encode_batch(&[Input::ReplicaStarted(statestore_guest::Via {
+                    replica: id,
+                    started: u64::MAX,
+                })]);
+                let now = self.now();
+                match self.replica.propose_wire(me, &batch, now) {
+                    Ok(_) => info!(
+                        replica = me,
+                        removed = id,
+                        "the registrations made through a removed replica go"
+                    ),
+                    Err(e) => {
+                        warn!(removed = id, error = %format!("{e:#}"), "the registrations made through a removed replica stay (proposal refused)")
+                    }
+                }
+            }
+        }
         for r in &known {
             self.links.add(r.id, r.raft);
         }
