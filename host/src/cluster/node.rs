@@ -1200,6 +1200,7 @@ impl Node {
             // Requests never answered (expired, refused) age out; those
             // waiting too long go to the leader again.
             self.forget_unapplied();
+            self.gone.retain(|_, at| at.elapsed() < RESEND_WITHIN);
             self.forgot = Instant::now();
             // A leader loses none of its own proposals without a new term.
             if leader != 0 && leader != self.replica.id() {
