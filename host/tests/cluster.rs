@@ -345,6 +345,31 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     }
 }
 
+/// A client of the replica on `mqtt` that observes `key`, once replica
+/// `metrics` (a metrics port) counts 1 KEYNOTIFY registration.
+async fn observer_of(mqtt: u16, id: &str, key: &[u8], metrics: u16) -> RawClient {
+    let mut observer = RawClient::connect(mqtt, id).await;
+    observer.subscribe(&observer.response_topic()).await;
+    let reply = observer.call(&[b"KEYNOTIFY", key]).await;
+    assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
+    registrations_become(metrics, 1.0, "the registration shows").await;
+    observer
+}
+
+/// Waits (up to 20 s) until replica `metrics` (a metrics port) counts
+/// `count` KEYNOTIFY registrations.
+async fn registrations_become(metrics: u16, count: f64, why: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = sample(metrics, "statestore_keynotify_registrations", "");
+        if now == Some(count) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{why}: {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The value of replica `port`'s sample of `name` whose labels contain
 /// `labels` (and the tenant `default`).
 fn sample(port: u16, name: &str, labels: &str) -> Option<f64> {
@@ -945,16 +970,13 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         versions.push(set.version.expect("a version").to_string());
     }
     // A client of the replica that will die observes a key.
-    let registrations = |i: usize| sample(c.metrics[i], "statestore_keynotify_registrations", "");
-    let mut observer = RawClient::connect(c.mqtt[dead], "membership-observer").await;
-    observer.subscribe(&observer.response_topic()).await;
-    let reply = observer.call(&[b"KEYNOTIFY", b"before-0"]).await;
-    assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while registrations(leader) != Some(1.0) {
-        assert!(Instant::now() < deadline, "the registration shows");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let observer = observer_of(
+        c.mqtt[dead],
+        "membership-observer",
+        b"before-0",
+        c.metrics[leader],
+    )
+    .await;
     c.servers[dead].take().expect("running").kill9();
     observer.kill();
     // Remove the dead replica (through any replica's file).
@@ -965,15 +987,12 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         "{out}"
     );
     // What its client registered through it goes with it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while registrations(leader) != Some(0.0) {
-        assert!(
-            Instant::now() < deadline,
-            "registrations through a removed replica: {:?}",
-            registrations(leader)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    registrations_become(
+        c.metrics[leader],
+        0.0,
+        "registrations through a removed replica",
+    )
+    .await;
     // Its successor: replica 4, new ports, an empty data directory.
     let (raft4, mqtt4) = (free_port(), free_port());
     let mut f =
@@ -1217,30 +1236,18 @@ async fn a_disconnect_reported_to_a_leader_that_dies_reaches_the_next_one() {
     let mut c = Cluster::new(3);
     let leader = c.leader(Duration::from_secs(20));
     let follower = (leader + 1) % 3;
-    let registrations = |i: usize| sample(c.metrics[i], "statestore_keynotify_registrations", "");
-    let mut observer = RawClient::connect(c.mqtt[follower], "gone-observer").await;
-    observer.subscribe(&observer.response_topic()).await;
-    let reply = observer.call(&[b"KEYNOTIFY", b"k"]).await;
-    assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while registrations(follower) != Some(1.0) {
-        assert!(Instant::now() < deadline, "the registration shows");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let observer = observer_of(c.mqtt[follower], "gone-observer", b"k", c.metrics[follower]).await;
     // The leader stops; the observer leaves at once, before its replica
     // notices: the report goes to the stopped leader.
     let pid = c.servers[leader].as_ref().expect("running").pid();
     signal(pid, "STOP");
     observer.disconnect().await;
     // A new leader among the other two, then the report again.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while registrations(follower) != Some(0.0) {
-        assert!(
-            Instant::now() < deadline,
-            "the registration of a client gone stays: {:?}",
-            registrations(follower)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    registrations_become(
+        c.metrics[follower],
+        0.0,
+        "the registration of a client gone stays",
+    )
+    .await;
     c.servers[leader].take().expect("stopped").kill9();
 }

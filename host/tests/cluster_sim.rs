@@ -13,7 +13,7 @@ fn budget() -> Duration {
     let secs = std::env::var("STATESTORE_SIM_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(90);
+        .unwrap_or(150);
     Duration::from_secs(secs)
 }
 
@@ -31,7 +31,7 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     let start = Instant::now();
     let mut total = Report::default();
     let mut runs = 0u64;
-    while runs < 2_000 && start.elapsed() < budget() {
+    while runs < 3_000 && start.elapsed() < budget() {
         let seed = 0x5157_0000 + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
         total.acknowledged += r.acknowledged;
