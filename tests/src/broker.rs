@@ -22,8 +22,25 @@ use statestore::store::StoreOptions;
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::{mpsc, oneshot};
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, below Linux's ephemeral range (32768 and
+/// up): a port the kernel handed out for `:0` could be taken, before the
+/// test's server binds it, as the local port of some client's connection
+/// (tests run in parallel, each with servers and clients); ports below the
+/// range never are. Each call in this process takes the next one (from a
+/// start that depends on the process id) that can be bound now.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(LOW + (start + n) % SPAN).expect("below 32000");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
 }
