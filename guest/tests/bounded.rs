@@ -2,26 +2,12 @@
 //! inputs once its outputs hold `OUTPUT_BUDGET` bytes, and it expires at
 //! most `EXPIRY_BUDGET` keys, in simulated time, with exact outputs.
 
-use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_guest::wire::{self, InputRef};
 use statestore_guest::{Config, InboundMessage, Input, Output, Persist, PublishKind, StateMachine};
 use statestore_guest::{EXPIRY_BUDGET, OUTPUT_BUDGET, REQUEST_EXPIRY_BUDGET};
 
-const T0: u64 = 1_700_000_000_000;
-
-fn request(n: u64, parts: &[&[u8]], client: &str) -> InboundMessage {
-    InboundMessage {
-        topic: REQUEST_TOPIC.into(),
-        payload: statestore_guest::resp3::request(parts),
-        qos: 1,
-        response_topic: Some(format!("clients/{client}/resp")),
-        correlation_data: Some(n.to_be_bytes().to_vec()),
-        message_expiry_interval: Some(10),
-        user_properties: vec![("__ts".into(), format!("{T0}:0:{client}"))],
-        client_id: Some(client.into()),
-        ..Default::default()
-    }
-}
+mod common;
+use common::{T0, request};
 
 fn durable() -> StateMachine {
     StateMachine::new(Config {

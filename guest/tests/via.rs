@@ -4,12 +4,12 @@
 //! new life drops what its earlier lives registered, and a snapshot keeps
 //! the `via`s. Simulated time, the notifications' exact targets.
 
-use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_guest::{
     Config, InboundMessage, Input, Output, PublishKind, SnapshotScope, StateMachine, Via,
 };
 
-const T0: u64 = 1_700_000_000_000;
+mod common;
+use common::T0;
 const A1: Via = Via {
     replica: 1,
     started: 100,
@@ -25,16 +25,8 @@ const B: Via = Via {
 
 fn request(client: &str, n: u64, parts: &[&[u8]], via: Option<Via>) -> InboundMessage {
     InboundMessage {
-        topic: REQUEST_TOPIC.into(),
-        payload: statestore_guest::resp3::request(parts),
-        qos: 1,
-        response_topic: Some(format!("clients/{client}/resp")),
-        correlation_data: Some(n.to_be_bytes().to_vec()),
-        message_expiry_interval: Some(10),
-        user_properties: vec![("__ts".into(), format!("{T0}:0:{client}"))],
-        client_id: Some(client.into()),
         via,
-        ..Default::default()
+        ..common::request(n, parts, client)
     }
 }
 
