@@ -27,7 +27,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::num::{NonZeroU16, NonZeroU32};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use rmqtt::codec::types::QoS;
@@ -76,6 +77,10 @@ pub struct BrokerLimits {
     /// request would go past it waits (its connection stops being read)
     /// until the store catches up.
     pub inbound_bytes: usize,
+    /// Most topics holding a retained message.
+    pub max_retained: usize,
+    /// Most bytes of retained messages (topics, payloads, properties).
+    pub max_retained_bytes: usize,
 }
 
 impl Default for BrokerLimits {
@@ -88,6 +93,8 @@ impl Default for BrokerLimits {
             max_connections: 10_000,
             max_connections_per_address: 256,
             inbound_bytes: 64 << 20,
+            max_retained: 10_000,
+            max_retained_bytes: 64 << 20,
         }
     }
 }
@@ -123,6 +130,11 @@ pub struct BrokerOptions {
     pub policy: Option<std::sync::Arc<crate::policy::PolicyCell>>,
     /// A TLS listener too.
     pub tls: Option<TlsListener>,
+    /// Whether `clients/<id>/...` is its client's alone
+    /// (`--strict-client-topics`), or only the store's streams in it.
+    pub client_topics: crate::isolation::ClientTopics,
+    /// Where retained messages are kept across restarts; none: in memory.
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 /// Everything the embedded mode needs to know (one tenant).
@@ -203,6 +215,12 @@ struct Router {
     /// a password or its certificate), and its connection: the principal
     /// authorization rules see. A user name given without proof is not one.
     principals: std::sync::Mutex<HashMap<String, (Verified, Option<SocketAddr>)>>,
+    /// How private `clients/<id>/...` is.
+    client_topics: crate::isolation::ClientTopics,
+    /// The retained messages.
+    retained: Arc<crate::retained::Retained>,
+    /// The counts `$SYS` publishes.
+    counters: Arc<crate::sys_topics::Counters>,
 }
 
 /// A client's verified identity.
@@ -382,6 +400,7 @@ impl Router {
 /// The broker hooks: hand requests and disconnects to the tenants' drivers.
 struct Hooks {
     router: std::sync::Arc<Router>,
+    scx: ServerContext,
 }
 
 fn username(id: &Id) -> Option<&str> {
@@ -389,6 +408,43 @@ fn username(id: &Id) -> Option<&str> {
 }
 
 impl Hooks {
+    /// A client that disconnects with a session expiry of zero and connects
+    /// again at once must find no session (MQTT 5, 3.1.2.11.2): rmqtt ends
+    /// the old session a moment after the connection closes, so a quick
+    /// reconnection could see it as present. Waits (at most a second) for
+    /// such a session to end before the new connection looks.
+    async fn wait_for_an_ending_session(&self, client_id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            let entry = {
+                let shared = self.scx.extends.shared().await;
+                if !shared.exist(client_id) {
+                    return;
+                }
+                shared.entry(Id::from(self.scx.node.id(), ClientId::from(client_id)))
+            };
+            let Some(session) = entry.session() else {
+                return;
+            };
+            let disconnect = session.disconnect().await.unwrap_or(None);
+            if disconnect.is_none() && entry.is_connected().await {
+                return; // a takeover of a live connection: rmqtt's to handle
+            }
+            let ends = match session.connect_info().await.as_deref() {
+                Ok(rmqtt::types::ConnectInfo::V3(_, c)) => c.clean_session,
+                Ok(_) => session
+                    .fitter
+                    .session_expiry_interval(disconnect.as_ref())
+                    .is_zero(),
+                Err(_) => false,
+            };
+            if !ends {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Who the client is: its password, its tenant's, or anonymous; with
     /// the user name it proved, if it proved one.
     async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> (AuthResult, Option<String>) {
@@ -435,9 +491,29 @@ impl Hooks {
 #[async_trait::async_trait]
 impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        let counters = &self.router.counters;
+        match param {
+            Parameter::MessagePublish(_, from, _) if from.is_custom() => {
+                counters.received.fetch_add(1, Ordering::Relaxed);
+            }
+            Parameter::MessageDelivered(..) => {
+                counters.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Parameter::ClientConnected(_) => {
+                counters.connected.fetch_add(1, Ordering::Relaxed);
+            }
+            Parameter::ClientDisconnected(..) => {
+                counters.connected.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
         match param {
             Parameter::ClientAuthenticate(info) => {
                 let (verdict, username) = self.authenticate(info).await;
+                if matches!(verdict, AuthResult::Allow(..)) {
+                    self.wait_for_an_ending_session(info.id().client_id.as_ref())
+                        .await;
+                }
                 let client_id: &str = info.id().client_id.as_ref();
                 let certificate = info.cert().and_then(|c| c.common_name.clone());
                 let verified = Verified {
@@ -479,7 +555,7 @@ impl Handler for Hooks {
                     // topic must be one the client could publish to itself.
                     AuthResult::Allow(..)
                         if will_topic.as_deref().is_some_and(|t| {
-                            !crate::isolation::may_publish(client_id, t)
+                            !crate::isolation::may_publish(client_id, t, self.router.client_topics)
                                 || !self.router.authorized_as(client_id, &verified, |p, who| {
                                     p.may_publish(who, t)
                                 })
@@ -520,7 +596,7 @@ impl Handler for Hooks {
             Parameter::ClientSubscribeCheckAcl(session, sub) => {
                 let client: &str = session.id.client_id.as_ref();
                 let filter: &str = sub.topic_filter.as_ref();
-                if crate::isolation::may_subscribe(client, filter)
+                if crate::isolation::may_subscribe(client, filter, self.router.client_topics)
                     && self
                         .router
                         .authorized(client, |p, who| p.may_subscribe(who, filter))
@@ -541,7 +617,21 @@ impl Handler for Hooks {
             Parameter::MessagePublishCheckAcl(session, publish) => {
                 let client: &str = session.id.client_id.as_ref();
                 let topic: &str = publish.topic.as_ref();
-                if crate::isolation::may_publish(client, topic)
+                if publish.retain && !self.router.retained.has_room(topic, publish) {
+                    warn!(
+                        client_id = client,
+                        topic,
+                        "retained publish refused: the broker holds its limit of retained messages (--max-retained, --max-retained-mib)"
+                    );
+                    let refused =
+                        rmqtt::types::PublishAclResult(rmqtt::types::PublishResult::reason_code(
+                            rmqtt::codec::v5::PublishAckReason::QuotaExceeded,
+                            Some("the broker holds its limit of retained messages".into()),
+                            false,
+                        ));
+                    return (false, Some(HookResult::PublishAclResult(refused)));
+                }
+                if crate::isolation::may_publish(client, topic, self.router.client_topics)
                     && self
                         .router
                         .authorized(client, |p, who| p.may_publish(who, topic))
@@ -588,7 +678,11 @@ impl Handler for Hooks {
                     .router
                     .authorized(client_id, |p, who| p.may_publish(who, REQUEST_TOPIC));
                 let own_topic = in_own_space
-                    || (crate::isolation::may_publish(client_id, response_topic)
+                    || (crate::isolation::may_publish(
+                        client_id,
+                        response_topic,
+                        self.router.client_topics,
+                    )
                         && self
                             .router
                             .authorized(client_id, |p, who| p.may_publish(who, response_topic)))
@@ -756,6 +850,8 @@ pub struct EmbeddedServer {
     reply_config: Config,
     local_addr: SocketAddr,
     tls: Option<TlsReload>,
+    retained: Arc<crate::retained::Retained>,
+    counters: Arc<crate::sys_topics::Counters>,
 }
 
 /// What serves a tenant's clients (one per tenant, moved once: its size
@@ -786,6 +882,83 @@ struct BrokerTransport {
     pending: Option<BrokerEvent>,
     /// The inbound budget of the requests being handled.
     permits: Vec<OwnedSemaphorePermit>,
+    /// Who sent the requests not answered yet: their replies go to them
+    /// alone.
+    requesters: Requesters,
+}
+
+/// A reply's response topic and correlation data.
+type ReplyKey = (String, Option<Vec<u8>>);
+
+/// The client each request came from, by its response topic and
+/// correlation data, until its reply goes out: a reply is delivered to its
+/// requester alone, whoever else subscribes to its topic. Bounded in count
+/// and age (a request that is never answered, say an expired one, is
+/// forgotten after [`Requesters::MAX_AGE`]); a reply whose requester is not
+/// known goes to the client its topic names, if it is an SDK's reply
+/// topic, and otherwise to nobody.
+#[derive(Default)]
+struct Requesters {
+    waiting: HashMap<ReplyKey, std::collections::VecDeque<(ClientId, Instant)>>,
+    count: usize,
+    swept: Option<Instant>,
+}
+
+impl Requesters {
+    /// Most requests remembered at once.
+    const MAX: usize = 100_000;
+    /// How long an unanswered request is remembered.
+    const MAX_AGE: Duration = Duration::from_secs(120);
+
+    fn add(&mut self, m: &InboundMessage) {
+        let (Some(topic), Some(client)) = (&m.response_topic, &m.client_id) else {
+            return;
+        };
+        self.sweep();
+        if self.count >= Self::MAX {
+            return;
+        }
+        self.count += 1;
+        self.waiting
+            .entry((topic.clone(), m.correlation_data.clone()))
+            .or_default()
+            .push_back((ClientId::from(client.as_str()), Instant::now()));
+    }
+
+    /// The requester of the reply `m`, forgotten.
+    fn take(&mut self, m: &OutboundMessage) -> Option<ClientId> {
+        let key = (
+            m.topic.to_string(),
+            m.correlation_data.as_ref().map(|c| c.to_vec()),
+        );
+        let queue = self.waiting.get_mut(&key)?;
+        let (client, _) = queue.pop_front()?;
+        self.count -= 1;
+        if queue.is_empty() {
+            self.waiting.remove(&key);
+        }
+        Some(client)
+    }
+
+    /// Forgets requests older than [`Requesters::MAX_AGE`] (every few
+    /// seconds at most).
+    fn sweep(&mut self) {
+        let now = Instant::now();
+        if self
+            .swept
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(5))
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let mut count = 0;
+        self.waiting.retain(|_, queue| {
+            queue.retain(|(_, at)| now.duration_since(*at) < Self::MAX_AGE);
+            count += queue.len();
+            !queue.is_empty()
+        });
+        self.count = count;
+    }
 }
 
 impl EmbeddedServer {
@@ -862,9 +1035,25 @@ impl EmbeddedServer {
             queue_dropped,
             policy,
             tls,
+            client_topics,
+            data_dir,
         } = opts;
         let limits = &limits;
         let scx = ServerContext::new().busy_check_enable(false).build().await;
+        let retained = Arc::new(crate::retained::Retained::open(
+            data_dir.as_deref(),
+            limits.max_retained,
+            limits.max_retained_bytes,
+        ));
+        let loaded = retained.load(system_from(&scx, None)).await?;
+        if loaded > 0 {
+            info!(messages = loaded, "retained messages restored");
+        }
+        *scx.extends.retain_mut().await = Box::new(crate::retained::Storage(retained.clone()));
+        let counters = Arc::new(crate::sys_topics::Counters::default());
+        *scx.extends.fitter_mgr_mut().await = Box::new(crate::keep_alive::Manager);
+        *scx.extends.shared_subscription_mut().await =
+            Box::new(crate::shared_groups::RoundRobin::default());
         let (strangers_tx, strangers) = mpsc::channel(STRANGERS_WAITING);
         let mut senders = Vec::new();
         let mut routes = Vec::new();
@@ -890,6 +1079,7 @@ impl EmbeddedServer {
                 events,
                 pending: None,
                 permits: Vec::new(),
+                requesters: Requesters::default(),
             };
             running.push((tenant, transport, control_rx));
         }
@@ -905,6 +1095,9 @@ impl EmbeddedServer {
             connections,
             policy,
             principals: std::sync::Mutex::new(HashMap::new()),
+            client_topics,
+            retained: retained.clone(),
+            counters: counters.clone(),
         });
         let queue_bytes =
             crate::queue_bytes::QueueBytes::new(limits.max_queued_bytes, queue_dropped);
@@ -930,6 +1123,7 @@ impl EmbeddedServer {
             Type::MessagePublishCheckAcl,
             Type::MessagePublish,
             Type::MessageExpiryCheck,
+            Type::MessageDelivered,
             Type::ClientDisconnected,
             Type::SessionTerminated,
         ] {
@@ -938,6 +1132,7 @@ impl EmbeddedServer {
                     t,
                     Box::new(Hooks {
                         router: router.clone(),
+                        scx: scx.clone(),
                     }),
                 )
                 .await;
@@ -981,6 +1176,8 @@ impl EmbeddedServer {
             },
             local_addr,
             tls: tls_reload,
+            retained,
+            counters,
         })
     }
 
@@ -1012,8 +1209,26 @@ impl EmbeddedServer {
             mut strangers,
             reply_config,
             tls,
+            retained,
+            counters,
             ..
         } = self;
+        // Housekeeping: expired retained messages go, the retained file is
+        // written, and $SYS is published.
+        let scx_house = scx.clone();
+        let retained_house = retained.clone();
+        let house = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut last_sys: Option<std::time::Instant> = None;
+            loop {
+                retained_house.tick().await;
+                if last_sys.is_none_or(|t| t.elapsed() >= crate::sys_topics::INTERVAL) {
+                    crate::sys_topics::publish(&scx_house, &counters, started).await;
+                    last_sys = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
         let runs: Vec<_> = tenants
             .into_iter()
             .map(|(served, mut transport, mut control)| {
@@ -1049,11 +1264,15 @@ impl EmbeddedServer {
                 );
                 let reply =
                     StateMachine::host_reply(&reply_config, &m, now_ms(), HostReply::NotAuthorized);
-                if let Some(reply) = reply
+                let Some(reply) = reply else { continue };
+                let mut publish = outbound(reply);
+                // To its requester alone.
+                publish.target_clientid = m.client_id.as_deref().map(ClientId::from);
+                if publish.target_clientid.is_some()
                     && let Err(e) = SessionState::forwards(
                         &scx_strangers,
                         system_from(&scx_strangers, None),
-                        outbound(reply),
+                        publish,
                         false,
                         None,
                     )
@@ -1064,6 +1283,9 @@ impl EmbeddedServer {
             }
         });
         let result = crate::driver::supervise(runs, shutdown).await;
+        house.abort();
+        let _ = house.await;
+        retained.tick().await;
         refuse.abort();
         accept.abort();
         let _ = (&mut accept).await;
@@ -1097,6 +1319,8 @@ fn listener_builder(name: &str, at: SocketAddr, limits: &BrokerLimits) -> Builde
         .reuseaddr(Some(true))
         .max_packet_size(limits.max_packet)
         .max_inflight(NonZeroU16::new(256).unwrap_or(NonZeroU16::MIN))
+        // Topic aliases both ways (mosquitto allows 10).
+        .max_topic_aliases(64)
         .max_mqueue_len(limits.max_queued)
         .max_session_expiry_interval(limits.max_session_expiry)
         .max_connections(limits.max_connections)
@@ -1306,6 +1530,7 @@ impl Transport for BrokerTransport {
         Ok(Some(match event {
             BrokerEvent::Request(first, permit) => {
                 let mut bytes = message_bytes(&first);
+                self.requesters.add(&first);
                 let mut batch = vec![first];
                 // Their budget is given back once the batch is handled.
                 self.permits.extend(permit);
@@ -1316,6 +1541,7 @@ impl Transport for BrokerTransport {
                     match e {
                         BrokerEvent::Request(m, permit) => {
                             bytes += message_bytes(&m);
+                            self.requesters.add(&m);
                             batch.push(m);
                             self.permits.extend(permit);
                         }
@@ -1341,7 +1567,21 @@ impl Transport for BrokerTransport {
                     }
                 }
                 Output::Publish(m) => {
-                    SessionState::forwards(&self.scx, self.from(), outbound(m), false, None)
+                    let requester = match self.requesters.take(&m) {
+                        Some(r) => Some(r),
+                        None => {
+                            let shared = self.scx.extends.shared().await;
+                            crate::isolation::reply_owner(&m.topic, |id| shared.exist(id))
+                                .map(|id| ClientId::from(id.as_str()))
+                        }
+                    };
+                    let Some(requester) = requester else {
+                        debug!(topic = %m.topic, "a reply whose requester is not known is not delivered");
+                        continue;
+                    };
+                    let mut publish = outbound(m);
+                    publish.target_clientid = Some(requester);
+                    SessionState::forwards(&self.scx, self.from(), publish, false, None)
                         .await
                         .map_err(|e| anyhow!("publish a reply: {e}"))?;
                 }

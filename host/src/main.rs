@@ -591,6 +591,17 @@ struct ServeArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4095))]
     inbound_mib: u64,
 
+    /// Embedded broker: most topics holding a retained message; a retained
+    /// PUBLISH on one more topic gets PUBACK "quota exceeded" (0x97).
+    /// With --data-dir they are kept across restarts (retained.json).
+    #[arg(long, default_value_t = 10_000)]
+    max_retained: u64,
+
+    /// Embedded broker: most MiB of retained messages (topics, payloads and
+    /// properties); past it, as --max-retained.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=4095))]
+    max_retained_mib: u64,
+
     /// Embedded broker: every client must give the user name and password
     /// of a user in this file, in the format `mosquitto_passwd` writes
     /// (`$7$` PBKDF2-SHA512 or `$6$` SHA-512). A client id held by an
@@ -632,6 +643,15 @@ struct ServeArgs {
     /// --users-file nor --client-ca, is refused (Redis' protected mode).
     #[arg(long)]
     allow_insecure: bool,
+
+    /// Embedded broker: keep `clients/<id>/...` to client `<id>` alone (as
+    /// is, or in upper-case hex): nobody else may publish there or subscribe
+    /// to a filter that can reach it (`#`, `clients/+/...`). Without it only
+    /// the store's own streams there are protected (its replies and
+    /// notifications reach only their client, and nobody can forge them),
+    /// and clients may answer each other on `clients/<id>/...` (RPC).
+    #[arg(long)]
+    strict_client_topics: bool,
 
     /// Longest time one call into the guest may run, in ms, before the
     /// call is stopped and the store restarted (without --config).
@@ -1126,6 +1146,15 @@ fn tls_listener(args: &ServeArgs) -> Option<statestore::embedded::TlsListener> {
 }
 
 /// The embedded broker's limits from the flags.
+/// `--strict-client-topics`.
+fn client_topics(args: &ServeArgs) -> statestore::isolation::ClientTopics {
+    if args.strict_client_topics {
+        statestore::isolation::ClientTopics::Strict
+    } else {
+        statestore::isolation::ClientTopics::Open
+    }
+}
+
 fn broker_limits(args: &ServeArgs) -> BrokerLimits {
     let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     BrokerLimits {
@@ -1136,6 +1165,8 @@ fn broker_limits(args: &ServeArgs) -> BrokerLimits {
         max_connections: usize_of(args.max_connections),
         max_connections_per_address: usize_of(args.max_connections_per_address),
         inbound_bytes: usize_of(args.inbound_mib << 20),
+        max_retained: usize_of(args.max_retained),
+        max_retained_bytes: usize_of(args.max_retained_mib << 20),
     }
 }
 
@@ -1341,6 +1372,8 @@ fn serve(args: ServeArgs) -> Result<()> {
                     queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
                     policy: Some(policy_cell.clone()),
                     tls: tls_listener(&args),
+                    client_topics: client_topics(&args),
+                    data_dir: args.data_dir.clone(),
                 },
             )
             .await?;
@@ -1521,6 +1554,9 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
                 queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
                 policy: Some(policy_cell),
                 tls: tls_listener(&args),
+                client_topics: client_topics(&args),
+                // A replica's broker keeps its retained messages in memory.
+                data_dir: None,
             },
         )
         .await?;

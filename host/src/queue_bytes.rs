@@ -23,12 +23,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType};
+use rmqtt::router::Router;
 use rmqtt::session::Session;
 use rmqtt::shared::{Entry, Shared};
 use rmqtt::types::{
     ClientId, ForwardedCount, ForwardedRecipients, From, HealthInfo, Id, MsgID, NodeHealthStatus,
-    NodeId, Publish, QoS, Reason, SessionStatus, SubRelations, SubsSearchParams, SubsSearchResult,
-    SubscriptionOptions, To,
+    NodeId, Publish, QoS, Reason, SessionStatus, SubRelation, SubRelations, SubsSearchParams,
+    SubsSearchResult, SubscriptionOptions, To,
 };
 
 /// The reason given for a message dropped here (the `message_dropped` hook
@@ -144,6 +145,60 @@ impl BoundedShared {
 
 type Dropped = Vec<(To, From, Publish, Reason)>;
 
+/// A relation that puts `publish` straight into `target`'s session, at the
+/// message's own QoS.
+fn direct(target: &ClientId, publish: &Publish) -> SubRelation {
+    let mut opts = SubscriptionOptions::default();
+    opts.set_qos(publish.qos);
+    (publish.topic.clone(), target.clone(), opts, None, None)
+}
+
+/// The subscriptions on this node that `publish` reaches, one relation per
+/// client; each at the highest QoS of that client's matching (non-shared)
+/// subscriptions, as MQTT 5 asks (MQTT-3.3.4-2): rmqtt keeps the first
+/// match's.
+async fn matches(
+    router: &dyn Router,
+    scx: &ServerContext,
+    from: &From,
+    publish: &Publish,
+) -> SubRelations {
+    let mut relations = match router.matches(from.id.clone(), &publish.topic).await {
+        Ok(mut map) => map.remove(&scx.node.id()).unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(topic = %publish.topic, error = %e, "cannot route a message");
+            return SubRelations::default();
+        }
+    };
+    if relations.is_empty() {
+        return relations;
+    }
+    // Only a topic that more than one filter matches can overlap.
+    let filters = router.get(&publish.topic).await.unwrap_or_default();
+    if filters.len() < 2 {
+        return relations;
+    }
+    let all = router.relations();
+    for (_, client, opts, _, group) in relations.iter_mut() {
+        if group.is_some() || opts.is_v3() {
+            continue;
+        }
+        let mut qos = opts.qos();
+        for route in &filters {
+            if let Some(subscribers) = all.get(&route.topic)
+                && let Some((id, other)) = subscribers.get(client)
+                && other.shared_group().is_none()
+                && !(other.no_local() == Some(true) && *id == from.id)
+                && other.qos() > qos
+            {
+                qos = other.qos();
+            }
+        }
+        opts.set_qos(qos);
+    }
+    relations
+}
+
 #[async_trait::async_trait]
 impl Shared for BoundedShared {
     fn entry(&self, id: Id) -> Box<dyn Entry> {
@@ -162,23 +217,27 @@ impl Shared for BoundedShared {
         from: From,
         publish: Publish,
     ) -> Result<ForwardedCount, (ForwardedCount, Dropped)> {
+        let router = self.scx.extends.router().await;
         let relations: SubRelations = match &publish.target_clientid {
-            Some(target) => {
-                let mut opts = SubscriptionOptions::default();
-                opts.set_qos(publish.qos);
-                vec![(publish.topic.clone(), target.clone(), opts, None, None)]
-            }
-            None => {
-                let router = self.scx.extends.router().await;
-                match router.matches(from.id.clone(), &publish.topic).await {
-                    Ok(mut map) => map.remove(&self.scx.node.id()).unwrap_or_default(),
-                    Err(e) => {
-                        tracing::warn!(topic = %publish.topic, error = %e, "cannot route a message");
-                        SubRelations::default()
-                    }
+            // What the store publishes for one client (a reply): routed as
+            // any message, by that client's subscriptions alone, whoever
+            // else's match (privacy by delivery); put straight into its
+            // session if none of them matches (its reply is never lost).
+            Some(target) if from.is_system() => {
+                let mut mine: SubRelations = matches(&**router, &self.scx, &from, &publish)
+                    .await
+                    .into_iter()
+                    .filter(|r| r.1 == *target)
+                    .collect();
+                if mine.is_empty() {
+                    mine.push(direct(target, &publish));
                 }
+                mine
             }
+            Some(target) => vec![direct(target, &publish)],
+            None => matches(&**router, &self.scx, &from, &publish).await,
         };
+        drop(router);
         if relations.is_empty() {
             return Ok(0);
         }
@@ -237,6 +296,14 @@ impl Shared for BoundedShared {
                 Err((recipients, dropped))
             }
         }
+    }
+
+    async fn retain_load_with(
+        &self,
+        topic_filter: &rmqtt::types::TopicFilter,
+        cb: Arc<dyn rmqtt::shared::RetainLoadCallback>,
+    ) -> rmqtt::Result<Vec<(NodeId, MsgID)>> {
+        self.inner.retain_load_with(topic_filter, cb).await
     }
 
     fn iter(&self) -> Box<dyn Iterator<Item = Box<dyn Entry>> + Sync + Send + '_> {

@@ -304,13 +304,30 @@ pub struct Embedded {
 impl Embedded {
     /// Starts it on 127.0.0.1 with an OS-chosen port.
     pub async fn start() -> Embedded {
+        Embedded::start_with(statestore::embedded::BrokerOptions::default()).await
+    }
+
+    /// [`Embedded::start`] with these broker options.
+    pub async fn start_with(broker: statestore::embedded::BrokerOptions) -> Embedded {
         let opts = EmbeddedOptions {
             listen: "127.0.0.1:0".parse().expect("address"),
             store: StoreOptions::volatile("StateStore", "statestore-under-test"),
         };
-        let server = EmbeddedServer::start(crate::wasm_runtime(), opts)
-            .await
-            .expect("the embedded broker starts");
+        let tenant =
+            statestore::tenant::Tenant::open("default", crate::wasm_runtime().clone(), &opts.store)
+                .expect("the store opens");
+        let route = statestore::embedded::Route {
+            matcher: Default::default(),
+            default: true,
+        };
+        let server = EmbeddedServer::start_tenants_with(
+            opts.listen,
+            &opts.store.server_client_id,
+            vec![(tenant, route)],
+            broker,
+        )
+        .await
+        .expect("the embedded broker starts");
         let port = server.local_addr().port();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async {

@@ -216,10 +216,11 @@ async fn requests_are_consumed_by_the_store() {
     store.stop().await;
 }
 
-/// The store's traffic is private with no rules file (issue 16, item 5):
-/// another client can neither subscribe to a client's replies or
-/// notifications (`#` included), nor forge them, nor have the store reply
-/// into another client's topics; ordinary topics still work.
+/// The store's traffic is private with no rules file, by delivery: a
+/// snoop may subscribe to anything (`#`, `clients/+/...`, the victim's own
+/// topics, a shared subscription), and still gets none of another client's
+/// replies or notifications; it cannot forge them, nor have the store reply
+/// into another client's reply stream; ordinary topics work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_and_notifications_are_private() {
     let store = Embedded::start().await;
@@ -233,14 +234,12 @@ async fn replies_and_notifications_are_private() {
         "clients/#",
         "clients/+/services/#",
         "clients/victim/#",
+        "$share/spies/clients/#",
         &format!("clients/statestore/v1/{STORE_ID}/+/command/notify/+"),
         victim_notes.as_str(),
     ] {
-        assert!(!snoop.try_subscribe(filter).await, "{filter} was granted");
+        assert!(snoop.try_subscribe(filter).await, "{filter} was refused");
     }
-    // Its own spaces, and ordinary topics, are granted.
-    assert!(snoop.try_subscribe("clients/snoop/#").await);
-    assert!(snoop.try_subscribe("sensors/#").await);
     assert!(victim.try_subscribe(&victim_notes).await);
     assert_eq!(text(&victim.call(&[b"KEYNOTIFY", b"k"]).await), "+OK\r\n");
     assert_eq!(
@@ -252,17 +251,33 @@ async fn replies_and_notifications_are_private() {
         "$6\r\nsecret\r\n"
     );
     // (The victim's calls read past its notification.) The snoop saw nothing.
-    assert!(snoop.recv(Duration::from_millis(500)).await.is_none());
-    // Forged replies and notifications are refused by the broker.
+    if let Some(m) = snoop.recv(Duration::from_millis(500)).await {
+        panic!("the snoop got {:?} ({})", m.topic, text(&m));
+    }
+    // Forged replies and notifications are refused by the broker (PUBACK
+    // 0x87), in every SDK's naming of the victim's reply stream.
     let mut mallory = RawClient::connect(store.port, "mallory").await;
     let forged = rumqttc::v5::mqttbytes::v5::PublishProperties {
         correlation_data: Some(bytes::Bytes::from_static(b"x")),
         ..Default::default()
     };
-    for topic in [victim.response_topic(), notify::topic("victim", b"k")] {
+    let go_style = format!(
+        "clients/{}/statestore/v1/{STORE_ID}/command/invoke/response",
+        hex("victim")
+    );
+    for topic in [
+        victim.response_topic(),
+        go_style,
+        notify::topic("victim", b"k"),
+    ] {
         mallory
             .publish_to(&topic, b"$6\r\nforged\r\n".to_vec(), forged.clone())
             .await;
+        assert_eq!(
+            mallory.refused_puback(Duration::from_secs(5)).await,
+            Some(rumqttc::v5::mqttbytes::v5::PubAckReason::NotAuthorized),
+            "a forgery on {topic}"
+        );
     }
     assert!(
         victim.recv(Duration::from_millis(500)).await.is_none(),
@@ -273,19 +288,113 @@ async fn replies_and_notifications_are_private() {
     props.response_topic = Some(victim.response_topic());
     mallory.publish_request(resp(&[b"GET", b"k"]), props).await;
     assert!(victim.recv(Duration::from_millis(500)).await.is_none());
-    // Ordinary MQTT between clients still works.
+    // Ordinary MQTT between clients still works, `#` included.
+    let mut sensors = RawClient::connect(store.port, "sensors").await;
+    sensors.subscribe("sensors/#").await;
     mallory
         .publish_to("sensors/1", b"21.5".to_vec(), Default::default())
         .await;
-    let m = snoop.recv(Duration::from_secs(5)).await.expect("sensors/1");
+    let m = sensors
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("sensors/1");
+    assert_eq!(&m.payload[..], b"21.5");
+    let m = snoop
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("# gets sensors/1");
     assert_eq!(&m.payload[..], b"21.5");
     store.stop().await;
 }
 
+fn hex(id: &str) -> String {
+    id.bytes().map(|b| format!("{b:02X}")).collect()
+}
+
+/// The Go SDK names its reply topic with its id in upper-case hex: the
+/// subscription is granted and the replies come, to it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_style_client_gets_its_replies_on_its_hex_topic() {
+    let store = Embedded::start().await;
+    let mut go = RawClient::connect(store.port, "gosdk-client").await;
+    let topic = format!(
+        "clients/{}/statestore/v1/{STORE_ID}/command/invoke/response",
+        hex("gosdk-client")
+    );
+    go.subscribe(&topic).await;
+    let mut snoop = RawClient::connect(store.port, "snoop").await;
+    snoop.subscribe("clients/+/statestore/#").await;
+    let mut props = go.request_properties();
+    props.response_topic = Some(topic.clone());
+    go.publish_request(resp(&[b"SET", b"k", b"v"]), props).await;
+    let reply = go.recv(Duration::from_secs(5)).await.expect("the reply");
+    assert_eq!(reply.topic, Bytes::from(topic));
+    assert_eq!(text(&reply), "+OK\r\n");
+    assert!(snoop.recv(Duration::from_millis(500)).await.is_none());
+    store.stop().await;
+}
+
+/// RPC between clients as Azure IoT Operations does it: an executor answers
+/// an invoker on the invoker's `clients/<invoker>/...` topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_may_answer_an_invoker_on_its_clients_topic() {
+    let store = Embedded::start().await;
+    let mut invoker = RawClient::connect(store.port, "invoker").await;
+    let response = "clients/invoker/rpc/increment/response";
+    invoker.subscribe(response).await;
+    let executor = RawClient::connect(store.port, "executor").await;
+    executor
+        .publish_to(response, b"42".to_vec(), Default::default())
+        .await;
+    let m = invoker
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("the answer");
+    assert_eq!(&m.payload[..], b"42");
+    store.stop().await;
+}
+
+/// `--strict-client-topics` keeps `clients/<id>/...` to its client: another
+/// client may neither subscribe to a filter that reaches it nor publish
+/// there; its own spaces (raw and hex) are granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_client_topics_keep_clients_spaces_to_their_owners() {
+    let store = Embedded::start_with(statestore::embedded::BrokerOptions {
+        client_topics: statestore::isolation::ClientTopics::Strict,
+        ..Default::default()
+    })
+    .await;
+    let mut victim = client(store.port, "victim").await;
+    let mut snoop = RawClient::connect(store.port, "snoop").await;
+    for filter in ["#", "+/#", "clients/#", "clients/victim/#", "$share/g/#"] {
+        assert!(!snoop.try_subscribe(filter).await, "{filter} was granted");
+    }
+    assert!(snoop.try_subscribe("clients/snoop/#").await);
+    assert!(
+        snoop
+            .try_subscribe(&format!("clients/{}/#", hex("snoop")))
+            .await
+    );
+    assert!(snoop.try_subscribe("sensors/#").await);
+    snoop
+        .publish_to(
+            "clients/victim/rpc/response",
+            b"x".to_vec(),
+            Default::default(),
+        )
+        .await;
+    assert_eq!(
+        snoop.refused_puback(Duration::from_secs(5)).await,
+        Some(rumqttc::v5::mqttbytes::v5::PubAckReason::NotAuthorized)
+    );
+    assert_eq!(text(&victim.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    store.stop().await;
+}
+
 /// A will message is published without the publish checks, so its topic
-/// is checked at CONNECT (issue 16, item 5): one that forges a reply or a
-/// notification is refused. A client id with '/', '+' or '#' is refused:
-/// `a` would own `a/b`'s replies under `clients/a/#`.
+/// is checked at CONNECT: one that forges a reply or a notification is
+/// refused. A client id with '/', '+' or '#' is refused: `a` would own
+/// `a/b`'s reply stream under `clients/a/...`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wills_and_client_ids_cannot_reach_another_clients_topics() {
     use rumqttc::v5::mqttbytes::QoS;
@@ -316,4 +425,79 @@ async fn wills_and_client_ids_cannot_reach_another_clients_topics() {
         );
     }
     store.stop().await;
+}
+
+/// Retained messages: delivered to a later subscriber with the retain flag,
+/// bounded (a new topic past the bound gets PUBACK 0x97, a replacement does
+/// not), and kept across a restart in the data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_messages_are_bounded_and_survive_a_restart() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::PubAckReason;
+    let dir = std::env::temp_dir().join(format!("statestore-retained-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let options = || statestore::embedded::BrokerOptions {
+        limits: statestore::embedded::BrokerLimits {
+            max_retained: 2,
+            ..Default::default()
+        },
+        data_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let store = Embedded::start_with(options()).await;
+    let mut sensor = RawClient::connect(store.port, "sensor").await;
+    for (topic, value) in [
+        ("sensors/1", "21.5"),
+        ("sensors/2", "19"),
+        ("sensors/1", "22"),
+    ] {
+        sensor
+            .client
+            .publish(topic, QoS::AtLeastOnce, true, value.as_bytes().to_vec())
+            .await
+            .expect("publish");
+    }
+    sensor
+        .client
+        .publish(
+            "sensors/3",
+            QoS::AtLeastOnce,
+            true,
+            b"past the bound".to_vec(),
+        )
+        .await
+        .expect("publish");
+    assert_eq!(
+        sensor.refused_puback(Duration::from_secs(5)).await,
+        Some(PubAckReason::QuotaExceeded),
+        "a third retained topic past --max-retained 2"
+    );
+    let mut reader = RawClient::connect(store.port, "reader").await;
+    reader.subscribe("sensors/#").await;
+    let mut got = Vec::new();
+    while let Some(m) = reader.recv(Duration::from_secs(2)).await {
+        assert!(m.retain, "delivered as retained");
+        got.push((String::from_utf8_lossy(&m.topic).to_string(), text(&m)));
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("sensors/1".into(), "22".into()),
+            ("sensors/2".into(), "19".into())
+        ]
+    );
+    store.stop().await;
+
+    let again = Embedded::start_with(options()).await;
+    let mut reader = RawClient::connect(again.port, "reader").await;
+    reader.subscribe("sensors/1").await;
+    let m = reader
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("the retained message after a restart");
+    assert!(m.retain);
+    assert_eq!(text(&m), "22");
+    again.stop().await;
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package gosdk
+
+import "os/exec"
+
+func killWithParent(*exec.Cmd) {}
