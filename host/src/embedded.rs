@@ -496,9 +496,6 @@ impl Handler for Hooks {
             Parameter::MessagePublish(_, from, _) if from.is_custom() => {
                 counters.received.fetch_add(1, Ordering::Relaxed);
             }
-            Parameter::MessageDelivered(..) => {
-                counters.sent.fetch_add(1, Ordering::Relaxed);
-            }
             Parameter::ClientConnected(_) => {
                 counters.connected.fetch_add(1, Ordering::Relaxed);
             }
@@ -887,21 +884,27 @@ struct BrokerTransport {
     requesters: Requesters,
 }
 
-/// A reply's response topic and correlation data.
-type ReplyKey = (String, Option<Vec<u8>>);
-
-/// The client each request came from, by its response topic and
-/// correlation data, until its reply goes out: a reply is delivered to its
-/// requester alone, whoever else subscribes to its topic. Bounded in count
-/// and age (a request that is never answered, say an expired one, is
-/// forgotten after [`Requesters::MAX_AGE`]); a reply whose requester is not
-/// known goes to the client its topic names, if it is an SDK's reply
-/// topic, and otherwise to nobody.
+/// The client each request came from, until its reply goes out: a reply is
+/// delivered to its requester alone, whoever else subscribes to its topic.
+/// Found by the reply's correlation data, then its response topic (kept as
+/// a keyed hash: no copy of it per request). Bounded in count and age (a
+/// request that is never answered, say an expired one, is forgotten after
+/// [`Requesters::MAX_AGE`]); a reply whose requester is not known goes to
+/// the client its topic names, if it is an SDK's reply topic, and otherwise
+/// to nobody.
 #[derive(Default)]
 struct Requesters {
-    waiting: HashMap<ReplyKey, std::collections::VecDeque<(ClientId, Instant)>>,
+    waiting: HashMap<Vec<u8>, Vec<Requester>>,
+    topics: std::hash::RandomState,
     count: usize,
     swept: Option<Instant>,
+}
+
+/// One request waiting for its reply.
+struct Requester {
+    topic: u64,
+    client: ClientId,
+    at: Instant,
 }
 
 impl Requesters {
@@ -911,6 +914,7 @@ impl Requesters {
     const MAX_AGE: Duration = Duration::from_secs(120);
 
     fn add(&mut self, m: &InboundMessage) {
+        use std::hash::BuildHasher;
         let (Some(topic), Some(client)) = (&m.response_topic, &m.client_id) else {
             return;
         };
@@ -919,23 +923,26 @@ impl Requesters {
             return;
         }
         self.count += 1;
-        self.waiting
-            .entry((topic.clone(), m.correlation_data.clone()))
-            .or_default()
-            .push_back((ClientId::from(client.as_str()), Instant::now()));
+        let key = m.correlation_data.clone().unwrap_or_default();
+        self.waiting.entry(key).or_default().push(Requester {
+            topic: self.topics.hash_one(topic.as_str()),
+            client: ClientId::from(client.as_str()),
+            at: Instant::now(),
+        });
     }
 
-    /// The requester of the reply `m`, forgotten.
+    /// The requester of the reply `m` (the earliest, if several requests
+    /// share its correlation data and topic), forgotten.
     fn take(&mut self, m: &OutboundMessage) -> Option<ClientId> {
-        let key = (
-            m.topic.to_string(),
-            m.correlation_data.as_ref().map(|c| c.to_vec()),
-        );
-        let queue = self.waiting.get_mut(&key)?;
-        let (client, _) = queue.pop_front()?;
+        use std::hash::BuildHasher;
+        let key: &[u8] = m.correlation_data.as_deref().unwrap_or_default();
+        let topic = self.topics.hash_one(&*m.topic);
+        let waiting = self.waiting.get_mut(key)?;
+        let at = waiting.iter().position(|r| r.topic == topic)?;
+        let client = waiting.remove(at).client;
         self.count -= 1;
-        if queue.is_empty() {
-            self.waiting.remove(&key);
+        if waiting.is_empty() {
+            self.waiting.remove(key);
         }
         Some(client)
     }
@@ -952,10 +959,10 @@ impl Requesters {
         }
         self.swept = Some(now);
         let mut count = 0;
-        self.waiting.retain(|_, queue| {
-            queue.retain(|(_, at)| now.duration_since(*at) < Self::MAX_AGE);
-            count += queue.len();
-            !queue.is_empty()
+        self.waiting.retain(|_, waiting| {
+            waiting.retain(|r| now.duration_since(r.at) < Self::MAX_AGE);
+            count += waiting.len();
+            !waiting.is_empty()
         });
         self.count = count;
     }
@@ -1112,7 +1119,10 @@ impl EmbeddedServer {
             register
                 .add(
                     t,
-                    Box::new(crate::queue_bytes::QueueHooks(queue_bytes.clone())),
+                    Box::new(crate::queue_bytes::QueueHooks(
+                        queue_bytes.clone(),
+                        counters.clone(),
+                    )),
                 )
                 .await;
         }
@@ -1123,7 +1133,6 @@ impl EmbeddedServer {
             Type::MessagePublishCheckAcl,
             Type::MessagePublish,
             Type::MessageExpiryCheck,
-            Type::MessageDelivered,
             Type::ClientDisconnected,
             Type::SessionTerminated,
         ] {
@@ -1606,4 +1615,61 @@ impl Transport for BrokerTransport {
 
     /// The server closes the broker once every tenant has stopped.
     async fn close(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(client: &str, topic: &str, corr: &[u8]) -> InboundMessage {
+        let mut m = inbound(
+            client,
+            &Publish::from(CodecPublish {
+                dup: false,
+                retain: false,
+                qos: QoS::AtLeastOnce,
+                topic: REQUEST_TOPIC.into(),
+                packet_id: None,
+                payload: bytes::Bytes::new(),
+                properties: Some(PublishProperties {
+                    response_topic: Some(topic.into()),
+                    correlation_data: Some(bytes::Bytes::copy_from_slice(corr)),
+                    ..Default::default()
+                }),
+            }),
+        );
+        m.client_id = Some(client.to_string());
+        m
+    }
+
+    fn reply(topic: &str, corr: &[u8]) -> OutboundMessage {
+        statestore_guest::rpc::reply_message(
+            topic.into(),
+            Some(bytes::Bytes::copy_from_slice(corr)),
+            None,
+            statestore_guest::rpc::Status::Ok,
+            bytes::Bytes::from_static(b"+OK\r\n"),
+            None,
+            std::iter::empty(),
+            None,
+        )
+    }
+
+    #[test]
+    fn a_reply_finds_its_requester_by_correlation_data_and_topic() {
+        let mut r = Requesters::default();
+        r.add(&request("a", "clients/a/x", b"1"));
+        r.add(&request("b", "clients/b/x", b"1"));
+        r.add(&request("c", "shared/replies", b"2"));
+        r.add(&request("d", "shared/replies", b"2"));
+        assert_eq!(r.take(&reply("clients/b/x", b"1")).as_deref(), Some("b"));
+        assert_eq!(r.take(&reply("clients/a/x", b"1")).as_deref(), Some("a"));
+        assert_eq!(r.take(&reply("clients/a/x", b"1")), None, "answered once");
+        // The same topic and correlation data: in the order asked.
+        assert_eq!(r.take(&reply("shared/replies", b"2")).as_deref(), Some("c"));
+        assert_eq!(r.take(&reply("shared/replies", b"2")).as_deref(), Some("d"));
+        assert_eq!(r.take(&reply("elsewhere", b"3")), None);
+        assert_eq!(r.count, 0);
+        assert!(r.waiting.is_empty());
+    }
 }

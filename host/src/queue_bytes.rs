@@ -170,17 +170,21 @@ async fn matches(
             return SubRelations::default();
         }
     };
-    if relations.is_empty() {
+    // Only a relation below the message's QoS can gain from another
+    // subscription, and only where more than one filter matches.
+    if !relations
+        .iter()
+        .any(|(_, _, opts, _, group)| group.is_none() && opts.qos() < publish.qos)
+    {
         return relations;
     }
-    // Only a topic that more than one filter matches can overlap.
     let filters = router.get(&publish.topic).await.unwrap_or_default();
     if filters.len() < 2 {
         return relations;
     }
     let all = router.relations();
     for (_, client, opts, _, group) in relations.iter_mut() {
-        if group.is_some() || opts.is_v3() {
+        if group.is_some() || opts.is_v3() || opts.qos() >= publish.qos {
             continue;
         }
         let mut qos = opts.qos();
@@ -358,11 +362,16 @@ impl Shared for BoundedShared {
 /// Weighs messages out of their sessions: the hooks for
 /// `MessageDelivered`, `MessageAcked`, `MessageDropped` and
 /// `SessionTerminated`.
-pub struct QueueHooks(pub Arc<QueueBytes>);
+/// Also counts the messages delivered, for `$SYS` (one hook per delivery,
+/// not two).
+pub struct QueueHooks(pub Arc<QueueBytes>, pub Arc<crate::sys_topics::Counters>);
 
 #[async_trait::async_trait]
 impl Handler for QueueHooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        if let Parameter::MessageDelivered(..) = param {
+            self.1.sent.fetch_add(1, Ordering::Relaxed);
+        }
         match param {
             // Written to the client: a QoS 0 message is gone; a QoS 1 or 2
             // one stays in flight until it is acknowledged.
