@@ -392,24 +392,13 @@ func freePort() (uint16, error) {
 }
 
 func waitPort(p *server, addr string) error {
-	deadline := time.Now().Add(startTimeout)
-	for {
+	return waitUntil(p, "listening on "+addr, func() error {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
-			return nil
 		}
-		select {
-		case <-p.exited:
-			return fmt.Errorf("%s exited before listening on %s (%v); output:\n%s",
-				strings.Join(p.args, " "), addr, p.waitErr, tail(p.out.String(), 60))
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not listen on %s within %v; output:\n%s",
-				strings.Join(p.args, " "), addr, startTimeout, tail(p.out.String(), 60))
-		}
-	}
+		return err
+	})
 }
 
 // waitTLS waits for a TLS handshake (trusting only the test CA) to succeed
@@ -423,23 +412,34 @@ func waitTLS(p *server, addr, caFile string) error {
 	if !roots.AppendCertsFromPEM(pem) {
 		return fmt.Errorf("no certificate in %s", caFile)
 	}
-	deadline := time.Now().Add(startTimeout)
-	for {
+	return waitUntil(p, "a TLS handshake on "+addr, func() error {
 		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
 		conn, err := d.DialContext(context.Background(), "tcp", addr)
 		if err == nil {
 			conn.Close()
+		}
+		return err
+	})
+}
+
+// waitUntil calls try every 100 ms until it succeeds, p exits, or
+// startTimeout passes.
+func waitUntil(p *server, what string, try func() error) error {
+	deadline := time.Now().Add(startTimeout)
+	for {
+		err := try()
+		if err == nil {
 			return nil
 		}
 		select {
 		case <-p.exited:
-			return fmt.Errorf("%s exited before a TLS handshake on %s succeeded (%v); output:\n%s",
-				strings.Join(p.args, " "), addr, p.waitErr, tail(p.out.String(), 60))
+			return fmt.Errorf("%s exited before %s (%v); output:\n%s",
+				strings.Join(p.args, " "), what, p.waitErr, tail(p.out.String(), 60))
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no TLS handshake on %s within %v (last error %v); output:\n%s",
-				addr, startTimeout, err, tail(p.out.String(), 60))
+			return fmt.Errorf("%s: no %s within %v (last error %v); output:\n%s",
+				strings.Join(p.args, " "), what, startTimeout, err, tail(p.out.String(), 60))
 		}
 	}
 }
