@@ -54,7 +54,7 @@ use statestore_guest::{HostReply, StateMachine};
 /// `$` ids are refused): routing a request copy to it drops the copy.
 const CONSUMED: &str = "$statestore/consumed";
 
-/// What the embedded broker lets clients make it hold (issue 15, finding 7):
+/// What the embedded broker lets clients make it hold:
 /// every default is a bound, and every one is a `serve` option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BrokerLimits {
@@ -367,6 +367,8 @@ impl Router {
         if let Some(g) = &self.connections {
             if opened { g.inc() } else { g.dec() }
         }
+        let change = if opened { 1 } else { -1 };
+        self.counters.connected.fetch_add(change, Ordering::Relaxed);
         let mut counts = self.per_address.lock().unwrap_or_else(|e| e.into_inner());
         let n = counts.entry(addr.ip()).or_insert(0);
         if opened {
@@ -491,18 +493,13 @@ impl Hooks {
 #[async_trait::async_trait]
 impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
-        let counters = &self.router.counters;
-        match param {
-            Parameter::MessagePublish(_, from, _) if from.is_custom() => {
-                counters.received.fetch_add(1, Ordering::Relaxed);
-            }
-            Parameter::ClientConnected(_) => {
-                counters.connected.fetch_add(1, Ordering::Relaxed);
-            }
-            Parameter::ClientDisconnected(..) => {
-                counters.connected.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => {}
+        if let Parameter::MessagePublish(_, from, _) = param
+            && from.is_custom()
+        {
+            self.router
+                .counters
+                .received
+                .fetch_add(1, Ordering::Relaxed);
         }
         match param {
             Parameter::ClientAuthenticate(info) => {
@@ -717,7 +714,7 @@ impl Handler for Hooks {
             }
             // Called for each session a message is about to be delivered
             // to: a message from another tenant's client is dropped for
-            // that session (tenants share no topics, issue 16, item 5).
+            // that session (tenants share no topics).
             Parameter::MessageExpiryCheck(session, from, _) => {
                 let same = if from.is_system() {
                     self.router.store_may_deliver(&from.id, &session.id)
@@ -1341,7 +1338,7 @@ fn listener_builder(name: &str, at: SocketAddr, limits: &BrokerLimits) -> Builde
 }
 
 /// The TLS listener, whose certificate, key and client CA files SIGHUP can
-/// read again (issue 16, item 1).
+/// read again.
 ///
 /// rmqtt builds a listener's TLS acceptor once, from the files, and runs
 /// its own accept loop, so a reload binds a second listener on the same

@@ -513,7 +513,7 @@ struct ServeArgs {
     #[arg(long)]
     component: Option<PathBuf>,
 
-    /// Serve as one replica of a cluster (issue 20): this TOML file names
+    /// Serve as one replica of a cluster: this TOML file names
     /// this replica (`id`), its `data_dir`, the shared `secret_file` and
     /// every `[[replica]]` (`id`, `raft` address for the other replicas,
     /// `mqtt` address of its embedded broker, where it listens). Writes are

@@ -1,5 +1,4 @@
-//! Bytes queued per MQTT session in the embedded broker (issue 15,
-//! finding 7).
+//! Bytes queued per MQTT session in the embedded broker.
 //!
 //! rmqtt bounds a session's queue by message count only (`--max-queued`):
 //! with 32 MiB packets, 1,000 queued messages could pin 32 GiB for one
