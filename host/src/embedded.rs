@@ -32,13 +32,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use rmqtt::codec::types::QoS;
-use rmqtt::codec::v5::PublishProperties;
+use rmqtt::codec::v3::ConnectAckReason as ConnectAckReasonV3;
+use rmqtt::codec::v5::{ConnectAckReason as ConnectAckReasonV5, PublishProperties};
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
 use rmqtt::net::Builder;
 use rmqtt::server::MqttServer;
 use rmqtt::session::SessionState;
-use rmqtt::types::{AuthResult, ClientId, CodecPublish, From as MsgFrom, Id, Publish};
+use rmqtt::types::{
+    AuthResult, ClientId, CodecPublish, ConnectAckReason, From as MsgFrom, Id, Publish,
+};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{debug, info, warn};
@@ -402,7 +405,6 @@ impl Router {
 /// The broker hooks: hand requests and disconnects to the tenants' drivers.
 struct Hooks {
     router: std::sync::Arc<Router>,
-    scx: ServerContext,
 }
 
 fn username(id: &Id) -> Option<&str> {
@@ -410,51 +412,10 @@ fn username(id: &Id) -> Option<&str> {
 }
 
 impl Hooks {
-    /// A client that disconnects with a session expiry of zero and connects
-    /// again at once must find no session (MQTT 5, 3.1.2.11.2): rmqtt ends
-    /// the old session a moment after the connection closes, so a quick
-    /// reconnection could see it as present. Waits (at most a second) for
-    /// such a session to end before the new connection looks.
-    async fn wait_for_an_ending_session(&self, client_id: &str) {
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while Instant::now() < deadline {
-            let entry = {
-                let shared = self.scx.extends.shared().await;
-                if !shared.exist(client_id) {
-                    return;
-                }
-                shared.entry(Id::from(self.scx.node.id(), ClientId::from(client_id)))
-            };
-            let Some(session) = entry.session() else {
-                return;
-            };
-            let disconnect = session.disconnect().await.unwrap_or(None);
-            if disconnect.is_none() && entry.is_connected().await {
-                return; // a takeover of a live connection: rmqtt's to handle
-            }
-            let ends = match session.connect_info().await.as_deref() {
-                Ok(rmqtt::types::ConnectInfo::V3(_, c)) => c.clean_session,
-                Ok(_) => session
-                    .fitter
-                    .session_expiry_interval(disconnect.as_ref())
-                    .is_zero(),
-                Err(_) => false,
-            };
-            if !ends {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
     /// Who the client is: its password, its tenant's, or anonymous; with
     /// the user name it proved, if it proved one.
     async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> (AuthResult, Option<String>) {
         let addr = info.id().remote_addr;
-        if !self.router.address_has_room(addr) {
-            warn!(client_id = %info.id().client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
-            return (AuthResult::NotAuthorized, None);
-        }
         if let Some(users) = &self.router.users {
             let client_id: &str = info.id().client_id.as_ref();
             let user = info.username().map(|u| u.to_string());
@@ -490,6 +451,21 @@ impl Hooks {
     }
 }
 
+/// Refuses a connection with a CONNACK reason code of MQTT's own (an
+/// `AuthResult` only says 0x86 or 0x87).
+fn refuse(
+    info: &rmqtt::types::ConnectInfo,
+    v5: ConnectAckReasonV5,
+    v3: ConnectAckReasonV3,
+) -> ReturnType {
+    let reason = if info.proto_ver() == rmqtt::codec::types::MQTT_LEVEL_5 {
+        ConnectAckReason::V5(v5)
+    } else {
+        ConnectAckReason::V3(v3)
+    };
+    (false, Some(HookResult::ConnectAckReason(reason)))
+}
+
 #[async_trait::async_trait]
 impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
@@ -503,12 +479,31 @@ impl Handler for Hooks {
         }
         match param {
             Parameter::ClientAuthenticate(info) => {
-                let (verdict, username) = self.authenticate(info).await;
-                if matches!(verdict, AuthResult::Allow(..)) {
-                    self.wait_for_an_ending_session(info.id().client_id.as_ref())
-                        .await;
-                }
                 let client_id: &str = info.id().client_id.as_ref();
+                let addr = info.id().remote_addr;
+                if !self.router.address_has_room(addr) {
+                    warn!(client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
+                    return refuse(
+                        info,
+                        ConnectAckReasonV5::QuotaExceeded,
+                        ConnectAckReasonV3::ServiceUnavailable,
+                    );
+                }
+                // A topic level of its own in clients/<id>/...: an id with
+                // '/' would put another's space inside its own (a/b's
+                // replies under clients/a/#).
+                if client_id.contains(['/', '+', '#']) {
+                    warn!(
+                        client_id,
+                        "connection refused: a client id may not hold '/', '+' or '#' (it names the client's topics clients/<id>/...)"
+                    );
+                    return refuse(
+                        info,
+                        ConnectAckReasonV5::ClientIdentifierNotValid,
+                        ConnectAckReasonV3::IdentifierRejected,
+                    );
+                }
+                let (verdict, username) = self.authenticate(info).await;
                 let certificate = info.cert().and_then(|c| c.common_name.clone());
                 let verified = Verified {
                     // A client certificate names its holder when nothing else does.
@@ -521,16 +516,6 @@ impl Handler for Hooks {
                     rmqtt::types::LastWill::V5(w) => w.topic.to_string(),
                 });
                 let verdict = match verdict {
-                    // A topic level of its own in clients/<id>/...: an id
-                    // with '/' would put another's space inside its own
-                    // (a/b's replies under clients/a/#).
-                    AuthResult::Allow(..) if client_id.contains(['/', '+', '#']) => {
-                        warn!(
-                            client_id,
-                            "connection refused: a client id may not hold '/', '+' or '#' (it names the client's topics clients/<id>/...)"
-                        );
-                        AuthResult::NotAuthorized
-                    }
                     // A client id held by a verified principal is theirs
                     // until their session ends.
                     AuthResult::Allow(..)
@@ -1138,7 +1123,6 @@ impl EmbeddedServer {
                     t,
                     Box::new(Hooks {
                         router: router.clone(),
-                        scx: scx.clone(),
                     }),
                 )
                 .await;

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -666,6 +665,20 @@ func (r *rawClient) subscribe(packetID uint16, subID int, subs ...packets.SubOpt
 	return sa.Reasons
 }
 
+// expectDisconnect reads to the DISCONNECT the server sends before closing
+// the connection (skipping nothing else), and returns its reason code.
+func (r *rawClient) expectDisconnect(what string) byte {
+	r.t.Helper()
+	p, err := r.read(confTimeout)
+	if err != nil {
+		r.t.Fatalf("%s: no DISCONNECT before the connection ended (%v)", what, err)
+	}
+	if p.typ != packets.DISCONNECT {
+		r.t.Fatalf("%s: got %s, want DISCONNECT", what, p)
+	}
+	return p.cp.Content.(*packets.Disconnect).ReasonCode
+}
+
 func (r *rawClient) puback(id uint16) {
 	r.t.Helper()
 	r.send(&packets.Puback{PacketID: id, Properties: &packets.Properties{}})
@@ -718,16 +731,4 @@ func maxRetainedServer(t *testing.T) *target {
 	}
 	maxRetainedTarget.alive(t)
 	return maxRetainedTarget
-}
-
-// knownDefect skips a check that the embedded broker is known to fail
-// (each is named in the repository README, with its cause inside rmqtt),
-// so that CI stays a gate for everything else; CONFORMANCE_ALL=1 runs it
-// anyway. In external mode (mosquitto) every check runs.
-func knownDefect(t *testing.T, why string) {
-	t.Helper()
-	if externalMode() || os.Getenv("CONFORMANCE_ALL") == "1" {
-		return
-	}
-	t.Skip("known defect of the embedded broker: " + why + " (CONFORMANCE_ALL=1 runs it)")
 }

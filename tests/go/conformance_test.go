@@ -65,7 +65,6 @@ func TestConformanceRetained(t *testing.T) {
 	})
 
 	t.Run("PublishedAfterSubackOnce", func(t *testing.T) {
-		knownDefect(t, "a retained publish racing a new subscription can be delivered twice (live and as retained)")
 		// A retained PUBLISH made after the SUBACK of a new subscription is
 		// a live message for it: delivered once (retain 0, RAP=0), not once
 		// live and again as "the retained message at subscribe time". At
@@ -467,7 +466,6 @@ func TestConformanceSessionExpiry(t *testing.T) {
 	})
 
 	t.Run("ImmediateReconnectKeepsSession", func(t *testing.T) {
-		knownDefect(t, "a message published while a session is being taken over by an immediate reconnect can be lost")
 		// Disconnect, publish at once, reconnect at once (paho sends a
 		// PINGREQ right after the CONNACK): the QoS 1 message, acknowledged
 		// to its publisher, must reach the session.
@@ -500,7 +498,6 @@ func TestConformanceSessionExpiry(t *testing.T) {
 	})
 
 	t.Run("RedeliveryInOrder", func(t *testing.T) {
-		knownDefect(t, "rmqtt resends a resumed session's unacknowledged messages newest first")
 		// Unacknowledged QoS 1 messages are sent again on reconnect, with
 		// their original packet identifiers (MQTT-4.4.0-1), DUP set
 		// (MQTT-3.3.1-1), in their original order (MQTT-4.6.0-1 and -6).
@@ -567,7 +564,6 @@ func TestConformanceSessionExpiry(t *testing.T) {
 	})
 
 	t.Run("AckedNotRedelivered", func(t *testing.T) {
-		knownDefect(t, "a PUBACK sent just before DISCONNECT can be ignored, and the message resent")
 		// A message the client acknowledged (PUBACK written before its
 		// DISCONNECT, on the same connection) is no longer part of the
 		// session: it must not come again on reconnect (4.1, MQTT-4.4.0-1
@@ -619,7 +615,6 @@ func TestConformanceSessionExpiry(t *testing.T) {
 	})
 
 	t.Run("ExpiryZero", func(t *testing.T) {
-		knownDefect(t, "rmqtt ends a session of expiry 0 a moment after its connection closes, so an immediate reconnect may find it present")
 		topic := confTopic("session") + "/zero"
 		id := clientID("sess-zero")
 		for i := 0; i < 5; i++ {
@@ -900,7 +895,6 @@ func TestConformanceReceiveMaximum(t *testing.T) {
 // 9. Reason codes.
 func TestConformanceReasonCodes(t *testing.T) {
 	t.Run("InvalidTopicFilter", func(t *testing.T) {
-		knownDefect(t, "rmqtt answers an invalid topic filter with SUBACK 0x80, not 0x8F")
 		tg := confServer(t)
 		for _, filter := range []string{"a/#/b", "a/b#", "a/+b"} {
 			r := rawDial(t, tg)
@@ -962,9 +956,69 @@ func TestConformanceReasonCodes(t *testing.T) {
 		if ca.ReasonCode < 0x80 {
 			t.Fatalf("CONNECT with client id %q: %v with CONNACK %s", id, err, connackString(ca))
 		}
-		t.Logf("CONNECT with client id %q refused: CONNACK %s (MQTT 5's code for this is 0x85 Client Identifier not valid)", id, connackString(ca))
 		if ca.ReasonCode != 0x85 {
-			t.Logf("NOTE: CONNACK reason 0x%02X, not 0x85", ca.ReasonCode)
+			t.Fatalf("CONNECT with client id %q refused with CONNACK %s, want 0x85 Client Identifier not valid", id, connackString(ca))
+		}
+	})
+
+	// A server that ends a connection because of the client says why first
+	// (MQTT 5, 4.13.2): a DISCONNECT with the reason, then the close.
+	t.Run("ProtocolErrorDisconnect", func(t *testing.T) {
+		tg := confServer(t)
+		r := rawDial(t, tg)
+		r.connect(&packets.Connect{ClientID: clientID("alias0"), CleanStart: true, KeepAlive: 30})
+		r.send(&packets.Publish{Topic: confTopic("alias0"), QoS: 1, PacketID: 1,
+			Properties: &packets.Properties{TopicAlias: u16(0)}, Payload: []byte("x")})
+		rc := r.expectDisconnect("PUBLISH with Topic Alias 0 (MQTT-3.3.2-8)")
+		if rc != 0x81 && rc != 0x82 && rc != 0x94 {
+			t.Errorf("PUBLISH with Topic Alias 0: DISCONNECT 0x%02X, want 0x94 Topic Alias invalid, 0x81 or 0x82", rc)
+		}
+	})
+
+	t.Run("SessionTakenOverDisconnect", func(t *testing.T) {
+		tg := confServer(t)
+		id := clientID("takeover")
+		old := rawDial(t, tg)
+		old.connect(&packets.Connect{ClientID: id, CleanStart: true, KeepAlive: 30})
+		c := connectConf(t, tg, confOpts{id: id})
+		defer c.disconnect()
+		if rc := old.expectDisconnect("a new connection with the same client id (MQTT-3.1.4-3)"); rc != 0x8E {
+			t.Errorf("taken over: DISCONNECT 0x%02X, want 0x8E Session taken over", rc)
+		}
+	})
+
+	t.Run("ReceiveMaximumExceeded", func(t *testing.T) {
+		tg := confServer(t)
+		r := rawDial(t, tg)
+		ca := r.connect(&packets.Connect{ClientID: clientID("recvmax"), CleanStart: true, KeepAlive: 30})
+		max := uint16(65535)
+		if ca.Properties != nil && ca.Properties.ReceiveMaximum != nil {
+			max = *ca.Properties.ReceiveMaximum
+		}
+		if max > 1024 {
+			t.Skipf("the broker's Receive Maximum is %d", max)
+		}
+		// QoS 2 PUBLISHes never released: each stays unacknowledged.
+		topic := confTopic("recvmax")
+		for i := 1; i <= int(max)+1; i++ {
+			r.send(&packets.Publish{Topic: topic, QoS: 2, PacketID: uint16(i),
+				Properties: &packets.Properties{}, Payload: []byte("x")})
+		}
+		for {
+			p, err := r.read(confTimeout)
+			if err != nil {
+				t.Fatalf("%d QoS 2 PUBLISHes unreleased (Receive Maximum %d): no DISCONNECT before the connection ended (%v)", max+1, max, err)
+			}
+			if p.typ == packets.PUBREC {
+				continue
+			}
+			if p.typ != packets.DISCONNECT {
+				t.Fatalf("unexpected %s", p)
+			}
+			if rc := p.cp.Content.(*packets.Disconnect).ReasonCode; rc != 0x93 {
+				t.Errorf("over the Receive Maximum: DISCONNECT 0x%02X, want 0x93 Receive Maximum exceeded (MQTT-3.3.4-8)", rc)
+			}
+			return
 		}
 	})
 

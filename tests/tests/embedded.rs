@@ -419,11 +419,53 @@ async fn wills_and_client_ids_cannot_reach_another_clients_topics() {
         RawClient::try_connect_with(store.port, "willy", None, will("sensors/last".into())).await;
     assert!(fine.is_ok(), "an ordinary will was refused");
     for id in ["victim/x", "a+b", "a#"] {
+        let refused = RawClient::try_connect(store.port, id, None).await;
+        let why = refused
+            .err()
+            .unwrap_or_else(|| panic!("client id {id:?} was accepted"));
         assert!(
-            RawClient::try_connect(store.port, id, None).await.is_err(),
-            "client id {id:?} was accepted"
+            why.contains("ClientIdentifierNotValid"),
+            "client id {id:?}: refused with {why}, want CONNACK 0x85"
         );
     }
+    store.stop().await;
+}
+
+/// One connection more than `--max-connections-per-address` from one
+/// address gets CONNACK 0x97 "quota exceeded"; closing one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_per_address_are_bounded_with_quota_exceeded() {
+    let store = Embedded::start_with(statestore::embedded::BrokerOptions {
+        limits: statestore::embedded::BrokerLimits {
+            max_connections_per_address: 2,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let first = RawClient::connect(store.port, "first").await;
+    let _second = RawClient::connect(store.port, "second").await;
+    let refused = RawClient::try_connect(store.port, "third", None).await;
+    let why = refused
+        .err()
+        .expect("a third connection from 127.0.0.1 was accepted");
+    assert!(
+        why.contains("QuotaExceeded"),
+        "refused with {why}, want CONNACK 0x97"
+    );
+    first.disconnect().await;
+    let mut room = false;
+    for _ in 0..50 {
+        if RawClient::try_connect(store.port, "third", None)
+            .await
+            .is_ok()
+        {
+            room = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(room, "no room after a connection closed");
     store.stop().await;
 }
 
