@@ -1,6 +1,6 @@
-//! Hostile and oversized requests mixed with a well-behaved client's
-//! (issue 15): a poisoned clock, huge correlation data and response topics,
-//! values past the quota, KEYNOTIFY floods, garbage, expired and retried
+//! Hostile and oversized requests mixed with a well-behaved client's:
+//! a poisoned clock, huge correlation data and response topics, values
+//! past the quota, KEYNOTIFY floods, garbage, expired and retried
 //! requests, spoofed disconnects, time jumps, and crashes (recovery from a
 //! snapshot and the journal written since). Whatever the hostile clients
 //! do, every write the good client got `+OK` for is read back by it, and

@@ -1,6 +1,6 @@
-//! SCAN against the `glob` crate itself (issue 17): random keys (some not
-//! UTF-8, some expiring), a random pattern, a random page size. Paging
-//! through every page must list exactly the live UTF-8 keys the crate's
+//! SCAN against the `glob` crate itself: random keys (some not UTF-8, some
+//! expiring), a random pattern, a random page size. Paging through every
+//! page must list exactly the live UTF-8 keys the crate's
 //! `Pattern::matches` accepts, in key order, once each; a pattern the
 //! crate refuses must get `-ERR the pattern is not valid: ...`.
 #![no_main]

@@ -1,6 +1,6 @@
-//! Per-key authorization (issue 16, item 4): the state store resources of
-//! the broker's authorization policies, checked in the guest so that every
-//! host enforces the same rules.
+//! Per-key authorization: the state store resources of the broker's
+//! authorization policies, checked in the guest so that every host
+//! enforces the same rules.
 //!
 //! A rule names principals (client ids, user names, attribute sets) and
 //! grants them `Read` (GET, KEYNOTIFY, SCAN), `Write` (SET, DEL, VDEL) or

@@ -683,10 +683,10 @@ mod tests {
             c.receive(&hlc(5, MAX_COUNTER - 1, "C"), 5),
             Ok(hlc(5, MAX_COUNTER, "N"))
         );
-        // The poisoning of issue 15: a timestamp 59 s ahead with a counter
-        // at the limit. Every later receive and tick still succeeds, each
-        // later than the last, and the clock stays within a millisecond or
-        // so of the highest timestamp it was given.
+        // A poisoned clock: a timestamp 59 s ahead with a counter at the
+        // limit. Every later receive and tick still succeeds, each later
+        // than the last, and the clock stays within a millisecond or so of
+        // the highest timestamp it was given.
         let now = 1_700_000_000_000;
         let mut c = Clock::new("N".into());
         let mut last = c

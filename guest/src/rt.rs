@@ -7,7 +7,7 @@
 //! Handling a request allocates a handful of small blocks (a reply's
 //! payload, property list and timestamp) and frees them when its outputs
 //! are encoded; in dlmalloc each such pair costs about as much as the
-//! request's own logic (measured: issue 7, BENCHMARKS.md). Here a block of
+//! request's own logic (measured in BENCHMARKS.md). Here a block of
 //! up to 256 bytes comes from the free list of its size class (multiples of
 //! 8 bytes) in a few instructions, and goes back to it on free; an empty
 //! list is refilled from 64 KiB regions taken from dlmalloc. Blocks carry no

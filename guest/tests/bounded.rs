@@ -1,6 +1,6 @@
-//! Every call is bounded (issue 15, findings 1 and 8): it stops taking
-//! inputs once its outputs hold `OUTPUT_BUDGET` bytes, and it expires at
-//! most `EXPIRY_BUDGET` keys, in simulated time, with exact outputs.
+//! Every call is bounded: it stops taking inputs once its outputs hold
+//! `OUTPUT_BUDGET` bytes, and it expires at most `EXPIRY_BUDGET` keys,
+//! in simulated time, with exact outputs.
 
 use statestore_guest::wire::{self, InputRef};
 use statestore_guest::{Config, InboundMessage, Input, Output, Persist, PublishKind, StateMachine};
@@ -179,10 +179,9 @@ fn batches_decode() {
 }
 
 /// A large value is not copied twice into an output list, and the list is
-/// not twice its size (issue 15, finding 7: the guest's memory keeps its
-/// high-water mark): the SET's list (its journal record, written in place)
-/// and the GET's (its reply) each hold the value once, with little room
-/// to spare.
+/// not twice its size (the guest's memory keeps its high-water mark): the
+/// SET's list (its journal record, written in place) and the GET's (its
+/// reply) each hold the value once, with little room to spare.
 #[test]
 fn a_large_value_costs_one_copy_in_an_output_list() {
     let mut sm = durable();
@@ -210,9 +209,9 @@ fn a_large_value_costs_one_copy_in_an_output_list() {
     );
 }
 
-/// A store's quota bounds what its clients can make it hold besides keys
-/// (issue 15, finding 3): KEYNOTIFY registrations and cached replies each
-/// get a quarter of `max_bytes` (here 8 MiB: 2 MiB each).
+/// A store's quota bounds what its clients can make it hold besides keys:
+/// KEYNOTIFY registrations and cached replies each get a quarter of
+/// `max_bytes` (here 8 MiB: 2 MiB each).
 #[test]
 fn registrations_and_cached_replies_count_in_the_quota() {
     let mut sm = StateMachine::new(Config {
@@ -278,10 +277,10 @@ fn a_snapshot_is_written_into_a_buffer_of_its_size() {
     }
 }
 
-/// A snapshot in parts (issue 15, finding 5): the parts are the one-piece
-/// snapshot's bytes, each about the size asked, for both scopes and a
-/// filtered durable scope; a restore from pieces of any size rebuilds the
-/// same state, and a damaged, truncated or overlong snapshot is refused.
+/// A snapshot in parts: the parts are the one-piece snapshot's bytes,
+/// each about the size asked, for both scopes and a filtered durable
+/// scope; a restore from pieces of any size rebuilds the same state, and
+/// a damaged, truncated or overlong snapshot is refused.
 #[test]
 fn snapshots_go_across_in_parts_both_ways() {
     use statestore_guest::{Restoring, SnapshotCursor, SnapshotScope};

@@ -1,9 +1,9 @@
-//! Who a request is from when no broker vouches for it (external mode,
-//! issue 16, item 6), in simulated time with exact replies: its `__srcId`
-//! counts only when its response topic names it (`clients/<id>/...`). An
-//! unverified `__srcId` names nobody to the authorization rules and may not
-//! register for KEYNOTIFY, so a spoofed one can neither read another
-//! client's keys nor cancel its notifications.
+//! Who a request is from when no broker vouches for it (external mode), in
+//! simulated time with exact replies: its `__srcId` counts only when its
+//! response topic names it (`clients/<id>/...`). An unverified `__srcId`
+//! names nobody to the authorization rules and may not register for
+//! KEYNOTIFY, so a spoofed one can neither read another client's keys nor
+//! cancel its notifications.
 
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_guest::types::{AuthRule, KeyGrant, KeyMethod, KeySpec, Principals};

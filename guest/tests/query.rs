@@ -1,5 +1,5 @@
-//! The read-only door (`reads`, `query-wire`; issue 20, read index): reads
-//! get exactly the replies `handle-wire` gives them, and the store does not
+//! The read-only door (`reads`, `query-wire`; the read index): reads get
+//! exactly the replies `handle-wire` gives them, and the store does not
 //! change at all (same snapshot, same deadline, nothing cached, the clock
 //! untouched), in simulated time with exact bytes.
 

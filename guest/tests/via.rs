@@ -1,8 +1,8 @@
-//! KEYNOTIFY registrations in a replicated store (issue 20): each remembers
-//! the `via` (replica and life) of the request that made it, a disconnect a
-//! replica reports drops only what was registered through it, a replica's
-//! new life drops what its earlier lives registered, and a snapshot keeps
-//! the `via`s. Simulated time, the notifications' exact targets.
+//! KEYNOTIFY registrations in a replicated store: each remembers the `via`
+//! (replica and life) of the request that made it, a disconnect a replica
+//! reports drops only what was registered through it, a replica's new life
+//! drops what its earlier lives registered, and a snapshot keeps the
+//! `via`s. Simulated time, the notifications' exact targets.
 
 use statestore_guest::{
     Config, InboundMessage, Input, Output, PublishKind, SnapshotScope, StateMachine, Via,

@@ -1,6 +1,6 @@
-//! A durable store holding a large state (issue 15, finding 6): the time of
-//! a small SET, of a snapshot and of a restart from disk, each as a ratio
-//! against a baseline measured in the same run.
+//! A durable store holding a large state: the time of a small SET, of a
+//! snapshot and of a restart from disk, each as a ratio against a
+//! baseline measured in the same run.
 //!
 //! ```sh
 //! cargo bench -p statestore --bench big_state            # 200 MiB of state

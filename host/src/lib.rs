@@ -30,6 +30,7 @@ pub mod keep_alive;
 pub mod metrics;
 pub mod mqtt;
 pub mod policy;
+pub mod process;
 pub mod queue_bytes;
 pub mod retained;
 pub mod serve;

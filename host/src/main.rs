@@ -1294,6 +1294,7 @@ fn serve(args: ServeArgs) -> Result<()> {
              (client certificates), or pass --allow-insecure to do it anyway"
         );
     }
+    statestore::process::raise_open_files_limit();
     if let Some(path) = args.cluster.clone() {
         return serve_cluster(args, &path);
     }

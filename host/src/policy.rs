@@ -1,6 +1,6 @@
-//! The authorization file (`serve --authorization FILE`, issue 16, item 4):
-//! the Azure IoT Operations broker's `BrokerAuthorization` policy rules, in
-//! YAML (the resource as it is, or just its rules) or TOML.
+//! The authorization file (`serve --authorization FILE`): the Azure IoT
+//! Operations broker's `BrokerAuthorization` policy rules, in YAML (the
+//! resource as it is, or just its rules) or TOML.
 //!
 //! ```yaml
 //! authorizationPolicies:

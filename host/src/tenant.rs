@@ -260,7 +260,7 @@ impl Tenant {
     /// the guest's budget, [`statestore_guest::OUTPUT_BUDGET`]) and returns
     /// their committed outputs and how many it handled (at least one); the
     /// caller publishes them and calls again with the rest, so a batch of
-    /// large replies is never held whole (issue 15, finding 1).
+    /// large replies is never held whole.
     pub fn handle_some(
         &mut self,
         messages: &[InboundMessage],

@@ -781,9 +781,9 @@ mod tests {
         Ok(())
     }
 
-    /// A state of more than half the memory cap (issue 15, finding 5): its
-    /// snapshot and its restore go across in parts, so that neither
-    /// instance needs room for the state twice (in one piece both failed).
+    /// A state of more than half the memory cap: its snapshot and its
+    /// restore go across in parts, so that neither instance needs room for
+    /// the state twice (in one piece both failed).
     #[test]
     fn a_state_over_half_the_memory_cap_snapshots_restores_and_moves() -> Result<()> {
         let cap = 64 << 20;

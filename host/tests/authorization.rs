@@ -1,9 +1,9 @@
-//! The authorization file (issue 16, item 4) end to end: `statestore serve
-//! --users-file --authorization` with real MQTT5 clients on loopback. The
-//! broker resources (Connect, Publish, Subscribe) are checked by the
-//! embedded broker, the state store resources by the guest; substitutions,
-//! each key type, attributes of password-file users, and a reload on SIGHUP
-//! while a client writes.
+//! The authorization file end to end: `statestore serve --users-file
+//! --authorization` with real MQTT5 clients on loopback. The broker
+//! resources (Connect, Publish, Subscribe) are checked by the embedded
+//! broker, the state store resources by the guest; substitutions, each key
+//! type, attributes of password-file users, and a reload on SIGHUP while a
+//! client writes.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -492,9 +492,9 @@ fn the_component_can_be_taken_away() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A graceful shutdown flushes the journal and says so (issue 18, item 6):
-/// with `--fsync no` the write is only in the page cache until then; after
-/// SIGTERM the log reports the flushed log, and a restart has the write.
+/// A graceful shutdown flushes the journal and says so: with `--fsync no`
+/// the write is only in the page cache until then; after SIGTERM the log
+/// reports the flushed log, and a restart has the write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_shutdown_reports_what_it_flushed() {
     let dir = std::env::temp_dir().join(format!("statestore-cli-flush-{}", std::process::id()));
@@ -542,10 +542,10 @@ async fn a_graceful_shutdown_reports_what_it_flushed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The example systemd unit (issue 18, item 6) is valid and its ExecStart
-/// serves: run as written, with the binary, data directory and port put
-/// in for this machine; `systemd-analyze verify` checks the unit where
-/// systemd is installed.
+/// The example systemd unit is valid and its ExecStart serves: run as
+/// written, with the binary, data directory and port put in for this
+/// machine; `systemd-analyze verify` checks the unit where systemd is
+/// installed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_systemd_unit_serves() {
     let unit = std::fs::read_to_string(concat!(
@@ -627,9 +627,9 @@ async fn the_example_systemd_unit_serves() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// One config file for everything (issue 18, item 4): `serve --config FILE`
-/// takes every `serve` flag from its `[serve]` table, flags on the command
-/// line override it, `config check` prints the effective settings, and an
+/// One config file for everything: `serve --config FILE` takes every
+/// `serve` flag from its `[serve]` table, flags on the command line
+/// override it, `config check` prints the effective settings, and an
 /// unknown key is an error with its line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_config_file_for_every_serve_flag() {
@@ -716,8 +716,8 @@ async fn one_config_file_for_every_serve_flag() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Secure by default (issue 16, item 3, until TLS and authentication land):
-/// the embedded broker refuses to listen beyond loopback unless told
+/// Secure by default (until TLS and authentication land): the
+/// embedded broker refuses to listen beyond loopback unless told
 /// `--allow-insecure`, with a message that says what to do.
 #[test]
 fn listening_beyond_loopback_needs_allow_insecure() {
@@ -800,9 +800,9 @@ fn listening_beyond_loopback_needs_allow_insecure() {
     );
 }
 
-/// Authentication (issue 16, item 2): `--users-file` in the format
-/// `mosquitto_passwd` writes; every client must be a user, failures wait,
-/// and a client id held by a user cannot be taken by another.
+/// Authentication: `--users-file` in the format `mosquitto_passwd`
+/// writes; every client must be a user, failures wait, and a client id
+/// held by a user cannot be taken by another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_file_authenticates_every_client() {
     // Written by mosquitto_passwd 2.0: alice/secret ($7$), bob/hunter2 ($6$).
@@ -859,4 +859,47 @@ async fn users_file_authenticates_every_client() {
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(&file);
+}
+
+/// `serve` raises its soft limit on open files to the hard limit (each
+/// connection is a file), whatever soft limit it was started with.
+#[test]
+fn serve_raises_its_open_files_limit() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    // Started by a shell that lowers its soft limit first.
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", "ulimit -Sn 256 && exec \"$0\" serve --listen \"$1\""])
+        .arg(env!("CARGO_BIN_EXE_statestore"))
+        .arg(&listen)
+        .env(
+            "STATESTORE_CACHE_DIR",
+            std::env::temp_dir().join("statestore-cli-test-cache"),
+        )
+        .stderr(Stdio::piped());
+    let mut child = Reaped(command.spawn().expect("start statestore"));
+    let log = capture_stderr(&mut child);
+    wait_for(
+        &log,
+        "embedded MQTT broker listening",
+        Duration::from_secs(30),
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.0.id()))
+        .expect("/proc/PID/limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a line on open files");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_ne!(fields[3], "256", "the soft limit was not raised: {line}");
+    assert_eq!(
+        fields[3], fields[4],
+        "soft and hard limits on open files after start: {line}"
+    );
+    assert!(
+        log.lock()
+            .expect("log lock")
+            .contains("raised the soft limit on open files"),
+        "the raise is logged"
+    );
 }

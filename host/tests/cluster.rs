@@ -1,5 +1,5 @@
-//! Three `statestore serve --cluster` processes on loopback (issue 20),
-//! with the unmodified Azure IoT Operations SDK as their clients:
+//! Three `statestore serve --cluster` processes on loopback, with
+//! the unmodified Azure IoT Operations SDK as their clients:
 //! - every replica serves the SDK (writes and reads on followers are
 //!   forwarded to the leader), and a notification reaches an observer
 //!   connected to another replica than the writer;

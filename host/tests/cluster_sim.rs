@@ -1,9 +1,9 @@
-//! Replication under a simulated network, clock and disk (issue 20): many
-//! seeded runs of a 3-replica cluster with message loss, delay and
-//! reordering, partitions, crashes and restarts, clock jumps, and
-//! followers replaced by new replicas (membership changes), bounded
-//! by time. A failure names its seed: `STATESTORE_SIM_SEED=<seed> cargo test
-//! -p statestore --test cluster_sim` replays exactly that run.
+//! Replication under a simulated network, clock and disk: many seeded runs
+//! of a 3-replica cluster with message loss, delay and reordering,
+//! partitions, crashes and restarts, clock jumps, and followers replaced by
+//! new replicas (membership changes), bounded by time. A failure names its
+//! seed: `STATESTORE_SIM_SEED=<seed> cargo test -p statestore --test
+//! cluster_sim` replays exactly that run.
 
 use std::time::{Duration, Instant};
 

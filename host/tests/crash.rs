@@ -181,8 +181,8 @@ async fn a_full_disk_gets_error_replies_and_nothing_half_applied() {
     // A real 160 KiB tmpfs as the data dir, in a private mount namespace
     // (unshare maps us to root in it, so this also works unprivileged). The
     // shell fills the filesystem to the last byte once the first server
-    // stops and runs a second one on it (finding 10): it must start,
-    // recover exactly what was acknowledged and serve reads, and refuse
+    // stops and runs a second one on it: it must start, recover exactly
+    // what was acknowledged and serve reads, and refuse
     // writes until the test says to free space (a file in `free`, which
     // the namespace does not cover), when the shell deletes its filler.
     let dir = std::env::temp_dir().join(format!("statestore-full-{}", std::process::id()));

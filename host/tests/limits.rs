@@ -1,7 +1,7 @@
-//! Robustness against large and hostile input (issue 15), against the real
-//! binary with its default limits, on loopback, with real MQTT5 clients:
-//! large replies, the largest allowed value, values past the limit, and the
-//! resident memory they cost.
+//! Robustness against large and hostile input, against the real binary with
+//! its default limits, on loopback, with real MQTT5 clients: large replies,
+//! the largest allowed value, values past the limit, and the resident
+//! memory they cost.
 
 use std::process::Command;
 use std::time::Duration;

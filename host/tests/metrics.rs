@@ -1,7 +1,7 @@
-//! `serve --metrics ADDR` (issue 18, item 3), through the real binary: a
-//! bounded load of known shape, then a scrape whose counters, histogram
-//! counts and gauges must say exactly what the load did; `/readyz` and
-//! `/healthz`. Both modes.
+//! `serve --metrics ADDR`, through the real binary: a bounded load of
+//! known shape, then a scrape whose counters, histogram counts and
+//! gauges must say exactly what the load did; `/readyz` and `/healthz`.
+//! Both modes.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

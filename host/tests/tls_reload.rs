@@ -1,8 +1,8 @@
-//! SIGHUP reloads the TLS listener's certificate (issue 16, item 1), end to
-//! end: `statestore serve --tls-listen` with files that are replaced, a
-//! real `kill -HUP`, and real clients: `mosquitto_pub` handshakes that
-//! trust the old or the new CA, and our client library, connected before
-//! the reload, which keeps its connection. Files that do not load change
+//! SIGHUP reloads the TLS listener's certificate, end to end:
+//! `statestore serve --tls-listen` with files that are replaced, a real
+//! `kill -HUP`, and real clients: `mosquitto_pub` handshakes that trust
+//! the old or the new CA, and our client library, connected before the
+//! reload, which keeps its connection. Files that do not load change
 //! nothing.
 
 use std::path::{Path, PathBuf};

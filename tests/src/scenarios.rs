@@ -573,8 +573,7 @@ pub async fn binary_long_keys_and_mib_values(port: u16) {
 }
 
 /// The client commands (`statestore get`, `set`, `del`; the library code the
-/// binary runs) and the SDK read each other's writes, binary ones included
-/// (issue 18, item 2).
+/// binary runs) and the SDK read each other's writes, binary ones included.
 pub async fn cli_and_sdk_read_each_other(port: u16) {
     use statestore::client::{self, Client, ClientOptions, Encoding, OK};
     let sdk = Sdk::connect(port, "sdk-and-cli").await;

@@ -664,15 +664,15 @@ fn envelope_400s() {
     sim.finish();
 }
 
-/// What a request can make the dedup cache hold is bounded (issue 15,
-/// finding 4): correlation data and response topics have a length limit, a
-/// reply is kept at most 5 minutes (plus the 60 s buffer) whatever expiry the
-/// request asks for, and a payload that is not a command is not cached.
+/// What a request can make the dedup cache hold is bounded: correlation data
+/// and response topics have a length limit, a reply is kept at most 5 minutes
+/// (plus the 60 s buffer) whatever expiry the request asks for, and a payload
+/// that is not a command is not cached.
 #[test]
 fn dedup_bounds() {
     let mut sim = Sim::new(
         "dedup_bounds",
-        "issue 15: correlation data over 256 bytes and response topics over 4096 bytes get 400; a dedup entry lives at most 5 min + 60 s; garbage payloads are not cached",
+        "correlation data over 256 bytes and response topics over 4096 bytes get 400; a dedup entry lives at most 5 min + 60 s; garbage payloads are not cached",
     );
     let mut m = sim.request(&[b"SET", b"k", b"v"]);
     m.correlation_data = Some(vec![7; 257]);
@@ -709,10 +709,10 @@ fn dedup_bounds() {
     sim.finish();
 }
 
-/// KEYNOTIFY registrations are bounded per client (issue 15, finding 3):
-/// past its share a client gets the quota error, other clients and the
-/// owner's keys are untouched, and a disconnect frees the share. Run in
-/// the component too; not recorded as a vector (a thousand steps).
+/// KEYNOTIFY registrations are bounded per client: past its share a
+/// client gets the quota error, other clients and the owner's keys are
+/// untouched, and a disconnect frees the share. Run in the component
+/// too; not recorded as a vector (a thousand steps).
 #[test]
 fn keynotify_registrations_are_bounded() {
     for kind in [Kind::Native, Kind::Wasm] {
@@ -890,7 +890,7 @@ fn large_keys_and_values_both_runtimes() {
 fn counter_overflow_moves_to_the_next_millisecond() {
     let mut sim = Sim::new(
         "counter_overflow",
-        "§8.4 / issue 15: an HLC counter that would pass 2^31-2 moves the clock to the next ms (counter 0) instead of failing; a client's __ts 59 s ahead with a counter at the limit cannot make other clients' requests fail",
+        "§8.4: an HLC counter that would pass 2^31-2 moves the clock to the next ms (counter 0) instead of failing; a client's __ts 59 s ahead with a counter at the limit cannot make other clients' requests fail",
     );
     // The poisoning request: 59 s ahead (inside the skew limit), counter
     // one below the limit. It is served.
@@ -1269,7 +1269,7 @@ fn journal_persist_custom() {
 fn response_topic_must_name_its_requester() {
     let mut sim = Sim::new(
         "response_topic_claims",
-        "issue 16, item 6: without a broker-supplied client id, a request whose response topic has the SDKs' shape clients/<id>/... must name its own requester (__srcId, or $partition / __invId) there, as is or in upper-case hex (Go); otherwise -ERR not authorized. Topics of another shape make no claim; a broker-supplied id is trusted",
+        "without a broker-supplied client id, a request whose response topic has the SDKs' shape clients/<id>/... must name its own requester (__srcId, or $partition / __invId) there, as is or in upper-case hex (Go); otherwise -ERR not authorized. Topics of another shape make no claim; a broker-supplied id is trusted",
     );
     const DENIED: &[u8] = b"-ERR not authorized\r\n";
     // The victim observes a key.
@@ -1345,11 +1345,11 @@ fn sdk_response_topics_only() {
     sim.finish();
 }
 
-/// Per-key authorization (issue 16, item 4): a rule's principals (client
-/// ids, user names, attribute sets) get Read, Write or ReadWrite on keys by
-/// pattern, exact text or binary, with `{principal.*}` substitutions; a
-/// request no rule allows gets `-ERR not authorized`, and SCAN lists only
-/// what its requester may read.
+/// Per-key authorization: a rule's principals (client ids, user names,
+/// attribute sets) get Read, Write or ReadWrite on keys by pattern, exact
+/// text or binary, with `{principal.*}` substitutions; a request no rule
+/// allows gets `-ERR not authorized`, and SCAN lists only what its
+/// requester may read.
 #[test]
 fn authorization_rules() {
     use statestore_guest::types::{AuthRule, KeyGrant, KeyMethod, KeySpec, Principals};

@@ -216,9 +216,9 @@ fn one_journal_per_storage() {
     assert!(open_journal(&storage, &clock).is_err());
 }
 
-/// A full disk does not stop a restart (issue 15, finding 10): the store
-/// starts, serves reads, answers writes with 500 until there is room, and
-/// then takes writes again, durably.
+/// A full disk does not stop a restart: the store starts, serves reads,
+/// answers writes with 500 until there is room, and then takes writes
+/// again, durably.
 #[test]
 fn a_full_disk_does_not_stop_a_restart() {
     let clock = ManualClock::at(T0);
@@ -306,10 +306,10 @@ impl Storage for NoSnapshots {
     }
 }
 
-/// A failed snapshot backs off (issue 15, finding 6): while snapshots
-/// fail, the journal does not try again on every batch (it used to, and a
-/// small SET took 725 ms); after the pause it tries again, and once one
-/// succeeds the log is truncated. No acknowledged write is lost meanwhile.
+/// A failed snapshot backs off: while snapshots fail, the journal does not
+/// try again on every batch (it used to, and a small SET took 725 ms);
+/// after the pause it tries again, and once one succeeds the log is
+/// truncated. No acknowledged write is lost meanwhile.
 #[test]
 fn a_failed_snapshot_backs_off() {
     use std::sync::atomic::Ordering::SeqCst;

@@ -269,9 +269,9 @@ async fn serves_through_a_tls_listener() {
     host.stop().await;
 }
 
-/// Issue 16, item 6: our own connection proves who it is with a client
-/// certificate (`--client-cert`, `--client-key`) to a broker that requires
-/// one: mosquitto with `require_certificate true`.
+/// Our own connection proves who it is with a client certificate
+/// (`--client-cert`, `--client-key`) to a broker that requires one:
+/// mosquitto with `require_certificate true`.
 #[tokio::test]
 async fn serves_through_a_broker_that_requires_a_client_certificate() {
     let pki = TestPki::new("mtls-broker");
@@ -300,9 +300,9 @@ async fn serves_through_a_broker_that_requires_a_client_certificate() {
     host.stop().await;
 }
 
-/// Issue 16, item 6: through a real broker (which vouches for nothing), a
-/// client that names another as `__srcId` while its response topic is its
-/// own `clients/<id>/...` is refused, and cannot cancel the other's
+/// Through a real broker (which vouches for nothing), a client that names
+/// another as `__srcId` while its response topic is its own
+/// `clients/<id>/...` is refused, and cannot cancel the other's
 /// KEYNOTIFY; the other's own requests go on.
 #[tokio::test]
 async fn a_spoofed_source_id_is_refused() {

@@ -45,7 +45,7 @@ async fn run<F: std::future::Future<Output = ()>>(mode: Mode, scenario: impl FnO
 /// An operator's `BrokerAuthorization` policy (`examples/authorization.yaml`)
 /// in the embedded broker, with `--users-file` users: the unmodified SDK
 /// connects as a user, sets, gets, observes and lists the keys the policy
-/// gives it, and is refused the others (issue 16, item 4).
+/// gives it, and is refused the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_under_an_authorization_policy() {
     use statestore::embedded::{BrokerOptions, EmbeddedServer, Route};

@@ -293,11 +293,11 @@ fn request(client: &str, corr: u32, parts: &[&[u8]]) -> InboundMessage {
     }
 }
 
-/// Issue 15, finding 1: a server hands a batch to its tenant a call into
-/// the guest at a time (`Tenant::handle_some`), and publishes each call's
-/// outputs before the next, so a batch of large replies is never held
-/// whole: each call's replies stay within the guest's output budget plus
-/// one reply, and every request is answered once, in order.
+/// A server hands a batch to its tenant a call into the guest at a time
+/// (`Tenant::handle_some`), and publishes each call's outputs before the
+/// next, so a batch of large replies is never held whole: each call's
+/// replies stay within the guest's output budget plus one reply, and
+/// every request is answered once, in order.
 #[test]
 fn a_batch_of_large_replies_is_handed_over_a_call_at_a_time() {
     let mut tenant = Tenant::open(
@@ -530,8 +530,8 @@ async fn tenants_are_separate_quotas_hold_and_strangers_are_refused() {
     let refused = RawClient::try_connect(port, "mallory", Some(("bob", "guess"))).await;
     assert!(refused.is_err(), "a wrong password is refused");
 
-    // Topics (issue 16, item 5): clients of one tenant talk to each other;
-    // another tenant's, and a client of none, hear nothing of it.
+    // Topics: clients of one tenant talk to each other; another
+    // tenant's, and a client of none, hear nothing of it.
     let mut a2 = client(port, "a-2").await;
     for c in [&mut a, &mut a2, &mut b, &mut x] {
         c.subscribe("chat/#").await;
@@ -714,9 +714,9 @@ fn a_component_with_unknown_formats_is_refused_at_load() {
     assert_eq!(f.outputs_version, statestore_guest::wire::OUTPUTS_VERSION);
 }
 
-/// A volatile tenant keeps a journal in memory (issue 15, finding 8): a
-/// guest fault restarts it with everything it acknowledged; without the
-/// memory journal it restarts empty, as before.
+/// A volatile tenant keeps a journal in memory: a guest fault restarts
+/// it with everything it acknowledged; without the memory journal it
+/// restarts empty, as before.
 #[test]
 fn a_volatile_tenant_keeps_what_it_acknowledged_across_a_fault() {
     let mut fleet = Fleet::new(2, 64 << 20, None).expect("engine");
@@ -756,8 +756,7 @@ fn a_volatile_tenant_keeps_what_it_acknowledged_across_a_fault() {
 }
 
 /// A tenant that cannot go on (its restart from the journal failed) stops,
-/// but its clients get 503 replies, never silence (issue 15, finding 5);
-/// the other tenant goes on.
+/// but its clients get 503 replies, never silence; the other tenant goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_tenant_answers_503() {
     let dir = temp_dir("stopped");

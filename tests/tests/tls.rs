@@ -1,8 +1,8 @@
-//! The embedded broker's TLS listener (issue 16, item 1), beside its plain
-//! one, with real clients: our client library (rumqttc), the unmodified
-//! Azure IoT Operations SDK with a CA file (and a client certificate), and
-//! Debian's `mosquitto_pub` / `mosquitto_sub`. With `client_ca`, a client
-//! without a certificate signed by it is refused at the handshake.
+//! The embedded broker's TLS listener, beside its plain one, with real
+//! clients: our client library (rumqttc), the unmodified Azure IoT
+//! Operations SDK with a CA file (and a client certificate), and Debian's
+//! `mosquitto_pub` / `mosquitto_sub`. With `client_ca`, a client without a
+//! certificate signed by it is refused at the handshake.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -268,10 +268,9 @@ async fn a_client_ca_requires_client_certificates() {
     server.stop().await;
 }
 
-/// A client certificate is a principal (issue 16, item 1): its common name
-/// is the user name rules name, and `certificateAttributes` gives it
-/// attributes; the unmodified SDK with that certificate gets exactly what
-/// the rules give it.
+/// A client certificate is a principal: its common name is the user name
+/// rules name, and `certificateAttributes` gives it attributes; the
+/// unmodified SDK with that certificate gets exactly what the rules give it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_a_principal() {
     let pki = TestPki::new("cert-principal");
@@ -330,7 +329,7 @@ certificateAttributes:
 
 /// A spy over TLS (Debian's `mosquitto_sub`) on `#` and on the victim's
 /// `clients/<victim>/#` receives nothing of a victim that is the unmodified
-/// SDK over TLS (issue 16: isolation holds on the TLS listener too).
+/// SDK over TLS (isolation holds on the TLS listener too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spy_over_tls_receives_nothing_of_the_victim() {
     let pki = TestPki::new("tls-spy");

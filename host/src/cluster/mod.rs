@@ -1,6 +1,5 @@
-//! Replication (issue 20, `../shared/design/HA.md`): the guest as a
-//! replicated state machine, on TiKV's `raft` crate (raft-rs). This module
-//! is the only one that knows Raft.
+//! Replication: the guest as a replicated state machine, on TiKV's `raft`
+//! crate (raft-rs). This module is the only one that knows Raft.
 //!
 //! Why raft-rs rather than openraft: it is sans-IO, as the guest is. The
 //! host drives it (`tick`, `step`, `propose`, then a `Ready` to persist,
@@ -39,6 +38,7 @@
 //! replicas), `sim` (the whole cluster under simulated faults) and `linear`
 //! (the linearizability checker the simulation uses).
 
+pub mod file;
 pub mod linear;
 pub mod log;
 pub mod net;

@@ -16,7 +16,8 @@
 //! (Raft sends again), and the replica is told the peer is unreachable.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -39,11 +40,24 @@ const CHANGE: u8 = 6;
 pub const MAX_FRAME: usize = 1 << 30;
 
 /// How long a link may stay silent before its hello (then it is closed).
+/// A replica and the operator's tools send it as soon as they connect.
 const HELLO_WAIT: Duration = if cfg!(test) {
     Duration::from_millis(200)
 } else {
-    Duration::from_secs(5)
+    Duration::from_secs(2)
 };
+
+/// Links that have not yet said their hello, at most: in all, and from
+/// one address. One more is closed at once, so that idle connections to
+/// the raft port cannot use up the process's file descriptors.
+const PENDING_MAX: usize = if cfg!(test) { 16 } else { 128 };
+const PENDING_PER_ADDRESS: usize = if cfg!(test) { 4 } else { 16 };
+
+/// The largest hello frame: its kind, the sender id and the secret.
+const HELLO_MAX: usize = 4096;
+
+/// The longest secret a hello can carry.
+pub const MAX_SECRET: usize = HELLO_MAX - 9;
 
 /// Frames waiting for one peer, at most.
 const QUEUE: usize = 4096;
@@ -272,6 +286,8 @@ async fn outbound(
 /// Accepts the links of the other replicas (and status requests) on
 /// `listener`.
 pub async fn accept(listener: TcpListener, secret: Vec<u8>, events: mpsc::Sender<PeerEvent>) {
+    let pending = Arc::new(Mutex::new(Pending::default()));
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         let (stream, from) = match listener.accept().await {
             Ok(c) => c,
@@ -281,14 +297,64 @@ pub async fn accept(listener: TcpListener, secret: Vec<u8>, events: mpsc::Sender
                 continue;
             }
         };
+        let Some(admitted) = Pending::admit(&pending, from.ip()) else {
+            // Closed at once; said at most every 10 s.
+            if warned.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                warned = Some(std::time::Instant::now());
+                warn!(%from, in_all = PENDING_MAX, per_address = PENDING_PER_ADDRESS, "raft port: too many links waiting for their hello; closing new ones");
+            }
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let secret = secret.clone();
         let events = events.clone();
         tokio::spawn(async move {
-            if let Err(e) = inbound(stream, &secret, events).await {
+            if let Err(e) = inbound(stream, &secret, events, admitted).await {
                 debug!(%from, error = %format!("{e:#}"), "replica link closed");
             }
         });
+    }
+}
+
+/// The links waiting for their hello, by address.
+#[derive(Default)]
+struct Pending {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+/// One link counted in [`Pending`] until it is dropped.
+struct Admitted {
+    pending: Arc<Mutex<Pending>>,
+    ip: IpAddr,
+}
+
+impl Pending {
+    fn admit(pending: &Arc<Mutex<Pending>>, ip: IpAddr) -> Option<Admitted> {
+        let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+        let from_ip = p.by_address.get(&ip).copied().unwrap_or(0);
+        if p.total >= PENDING_MAX || from_ip >= PENDING_PER_ADDRESS {
+            return None;
+        }
+        p.total += 1;
+        p.by_address.insert(ip, from_ip + 1);
+        Some(Admitted {
+            pending: pending.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.total -= 1;
+        if let Some(n) = p.by_address.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                p.by_address.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -296,13 +362,14 @@ async fn inbound(
     mut stream: TcpStream,
     secret: &[u8],
     events: mpsc::Sender<PeerEvent>,
+    admitted: Admitted,
 ) -> Result<()> {
     // The first frame is the hello, small, and soon.
     let first = tokio::time::timeout(HELLO_WAIT, async {
         let mut len = [0u8; 4];
         stream.read_exact(&mut len).await?;
         let len = u32::from_le_bytes(len) as usize;
-        if !(9..=4096).contains(&len) {
+        if !(9..=HELLO_MAX).contains(&len) {
             bail!("not a hello");
         }
         let mut body = vec![0u8; len];
@@ -323,6 +390,7 @@ async fn inbound(
         );
         bail!("wrong secret");
     }
+    drop(admitted);
     let (mut r, mut w) = stream.into_split();
     while let Some((kind, body)) = read_frame(&mut r).await? {
         let event = match kind {
@@ -374,9 +442,20 @@ pub async fn change(addr: SocketAddr, secret: &[u8], request: &str) -> Result<St
 
 /// An operator's question to the replica at `addr`, and its answer.
 async fn ask(addr: SocketAddr, secret: &[u8], kind: u8, body: &[u8], answer: u8) -> Result<String> {
-    let mut s = TcpStream::connect(addr)
+    let s = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
+    ask_on(s, addr, secret, kind, body, answer).await
+}
+
+async fn ask_on(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    secret: &[u8],
+    kind: u8,
+    body: &[u8],
+    answer: u8,
+) -> Result<String> {
     s.write_all(&hello(0, secret)).await?;
     s.write_all(&frame(kind, body)).await?;
     s.flush().await?;
@@ -456,6 +535,88 @@ mod tests {
         }
         links.remove(2);
         assert!(links.peers().is_empty());
+    }
+
+    /// Connects to `addr` from the loopback address `from`.
+    async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from((from, 0)))
+            .expect("bind a loopback address");
+        socket.connect(addr).await.expect("connect")
+    }
+
+    /// A status request from `from`, answered by the test as the replica.
+    async fn status_from(
+        from: [u8; 4],
+        addr: SocketAddr,
+        rx: &mut mpsc::Receiver<PeerEvent>,
+    ) -> Result<String> {
+        let s = connect_from(from, addr).await;
+        let asked = tokio::spawn(async move {
+            ask_on(s, addr, b"the-right-secret-16", STATUS_REQUEST, b"", STATUS).await
+        });
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+            Ok(Some(PeerEvent::Status(reply))) => reply.send("id=1\n".into()).expect("reply"),
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => {} // never asked: the link was closed
+        }
+        asked.await.expect("join")
+    }
+
+    #[tokio::test]
+    async fn links_waiting_for_their_hello_are_bounded() {
+        let (addr, mut rx) = listening().await;
+        // PENDING_PER_ADDRESS idle links from one address: one more from it
+        // is closed unread, one from elsewhere is served.
+        let mut idle = Vec::new();
+        for _ in 0..PENDING_PER_ADDRESS {
+            idle.push(connect_from([127, 0, 0, 1], addr).await);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let refused = tokio::time::timeout(
+            HELLO_WAIT / 2,
+            ask_on(
+                connect_from([127, 0, 0, 1], addr).await,
+                addr,
+                b"the-right-secret-16",
+                STATUS_REQUEST,
+                b"",
+                STATUS,
+            ),
+        )
+        .await
+        .expect("closed at once, not after the hello wait");
+        assert!(
+            refused.is_err(),
+            "a link past the per-address bound was served"
+        );
+        assert!(rx.try_recv().is_err());
+        let served = status_from([127, 0, 0, 2], addr, &mut rx).await;
+        assert_eq!(served.expect("another address is served"), "id=1\n");
+
+        // In all: fill the bound from other addresses.
+        for host in 3..(3 + (PENDING_MAX / PENDING_PER_ADDRESS) as u8) {
+            for _ in 0..PENDING_PER_ADDRESS {
+                idle.push(connect_from([127, 0, 0, host], addr).await);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let refused = ask_on(
+            connect_from([127, 0, 0, 100], addr).await,
+            addr,
+            b"the-right-secret-16",
+            STATUS_REQUEST,
+            b"",
+            STATUS,
+        )
+        .await;
+        assert!(refused.is_err(), "a link past the bound in all was served");
+        // The silent ones are closed after HELLO_WAIT: room again.
+        drop(idle);
+        tokio::time::sleep(HELLO_WAIT).await;
+        let served = status_from([127, 0, 0, 100], addr, &mut rx).await;
+        assert_eq!(served.expect("served once the idle links went"), "id=1\n");
     }
 
     #[tokio::test]

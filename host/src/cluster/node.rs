@@ -15,17 +15,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use serde::Deserialize;
 use statestore_guest::wire;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+pub use super::file::{ClusterFile, ReadPath, ReplicaEntry};
 use super::net::{Links, PeerEvent};
 use super::{Compaction, Durability, LogStore, Replica, Timing};
 use crate::clock::Clock;
@@ -71,130 +70,6 @@ const READ_WAIT: Duration = Duration::from_millis(500);
 
 /// The most bytes of reads waiting for a read index (more go through the log).
 const READ_BYTES: usize = 64 << 20;
-
-/// How a replica serves reads (GET, SCAN).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReadPath {
-    /// With a read index: the leader confirms with a heartbeat round that
-    /// it still leads and names its commit index; the replica that got the
-    /// read answers it once it has applied that index. No log entry.
-    #[default]
-    Index,
-    /// As a log entry, like a write (for comparison, or to rule it out).
-    Log,
-}
-
-/// `--cluster FILE`: this replica and its peers.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterFile {
-    /// This replica's id (one of `replica`).
-    pub id: u64,
-    /// Where this replica keeps its Raft log and snapshots.
-    pub data_dir: PathBuf,
-    /// A file holding the secret every replica shares (at least 16 bytes):
-    /// a peer link without it is refused.
-    pub secret_file: PathBuf,
-    /// How reads are served: `index` (the default) or `log`.
-    #[serde(default)]
-    pub reads: ReadPath,
-    /// This replica joins a running cluster (`statestore cluster add`):
-    /// it starts with no membership and waits for the leader's snapshot.
-    /// Only read when its data directory is new.
-    #[serde(default)]
-    pub join: bool,
-    /// Every replica of the cluster, this one included.
-    #[serde(rename = "replica")]
-    pub replicas: Vec<ReplicaEntry>,
-}
-
-/// One replica in a [`ClusterFile`].
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplicaEntry {
-    /// Its id (1, 2, ...; never 0).
-    pub id: u64,
-    /// Where it listens for the other replicas.
-    pub raft: SocketAddr,
-    /// Where its clients connect (its embedded broker), for `cluster
-    /// status` and clients' lists.
-    pub mqtt: Option<SocketAddr>,
-}
-
-impl ClusterFile {
-    /// Reads and checks `path` (relative paths in it are relative to it).
-    pub fn load(path: &Path) -> Result<ClusterFile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the cluster file {}", path.display()))?;
-        let mut f: ClusterFile = toml::from_str(&text)
-            .with_context(|| format!("the cluster file {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        if f.data_dir.is_relative() {
-            f.data_dir = base.join(&f.data_dir);
-        }
-        if f.secret_file.is_relative() {
-            f.secret_file = base.join(&f.secret_file);
-        }
-        f.check()
-            .with_context(|| format!("the cluster file {}", path.display()))?;
-        Ok(f)
-    }
-
-    fn check(&self) -> Result<()> {
-        let n = self.replicas.len();
-        if !(1..=7).contains(&n) {
-            bail!("{n} replicas: a cluster has 1 to 7 (3 or 5 to survive failures)");
-        }
-        if n.is_multiple_of(2) {
-            warn!(
-                replicas = n,
-                "an even number of replicas survives no more failures than one fewer"
-            );
-        }
-        let mut ids: Vec<u64> = self.replicas.iter().map(|r| r.id).collect();
-        ids.sort_unstable();
-        if ids.contains(&0) {
-            bail!("replica id 0 is reserved");
-        }
-        if ids.windows(2).any(|w| w[0] == w[1]) {
-            bail!("replica ids must differ: {ids:?}");
-        }
-        if !ids.contains(&self.id) {
-            bail!("id {} is not among the replicas {ids:?}", self.id);
-        }
-        Ok(())
-    }
-
-    /// This replica's entry.
-    pub fn me(&self) -> &ReplicaEntry {
-        self.replicas
-            .iter()
-            .find(|r| r.id == self.id)
-            .expect("checked at load")
-    }
-
-    /// The shared secret.
-    pub fn secret(&self) -> Result<Vec<u8>> {
-        let s = crate::config::read_secret(&self.secret_file)?;
-        if s.len() < 16 {
-            bail!(
-                "the cluster secret in {} is {} bytes: use at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
-                self.secret_file.display(),
-                s.len()
-            );
-        }
-        Ok(s.into_bytes())
-    }
-
-    /// The guest's hash seed: the same on every replica (they must apply
-    /// alike), and secret (derived from the shared secret).
-    pub fn hash_seed(secret: &[u8]) -> u64 {
-        use sha2::Digest as _;
-        let d = sha2::Sha256::digest([b"statestore hash seed ".as_slice(), secret].concat());
-        u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
-    }
-}
 
 /// Who publishes notifications.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,218 @@
+//! `--cluster FILE`: the cluster file each replica is started with, and
+//! the checks it must pass before anything listens.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Deserialize;
+use tracing::warn;
+
+use super::net::MAX_SECRET;
+
+/// How a replica serves reads (GET, SCAN).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadPath {
+    /// With a read index: the leader confirms with a heartbeat round that
+    /// it still leads and names its commit index; the replica that got the
+    /// read answers it once it has applied that index. No log entry.
+    #[default]
+    Index,
+    /// As a log entry, like a write (for comparison, or to rule it out).
+    Log,
+}
+
+/// `--cluster FILE`: this replica and its peers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// This replica's id (one of `replica`).
+    pub id: u64,
+    /// Where this replica keeps its Raft log and snapshots.
+    pub data_dir: PathBuf,
+    /// A file holding the secret every replica shares (at least 16 bytes):
+    /// a peer link without it is refused.
+    pub secret_file: PathBuf,
+    /// How reads are served: `index` (the default) or `log`.
+    #[serde(default)]
+    pub reads: ReadPath,
+    /// This replica joins a running cluster (`statestore cluster add`):
+    /// it starts with no membership and waits for the leader's snapshot.
+    /// Only read when its data directory is new.
+    #[serde(default)]
+    pub join: bool,
+    /// Every replica of the cluster, this one included.
+    #[serde(rename = "replica")]
+    pub replicas: Vec<ReplicaEntry>,
+}
+
+/// One replica in a [`ClusterFile`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaEntry {
+    /// Its id (1, 2, ...; never 0).
+    pub id: u64,
+    /// Where it listens for the other replicas.
+    pub raft: SocketAddr,
+    /// Where its clients connect (its embedded broker), for `cluster
+    /// status` and clients' lists.
+    pub mqtt: Option<SocketAddr>,
+}
+
+impl ClusterFile {
+    /// Reads and checks `path` (relative paths in it are relative to it).
+    pub fn load(path: &Path) -> Result<ClusterFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the cluster file {}", path.display()))?;
+        let mut f: ClusterFile = toml::from_str(&text)
+            .with_context(|| format!("the cluster file {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        if f.data_dir.is_relative() {
+            f.data_dir = base.join(&f.data_dir);
+        }
+        if f.secret_file.is_relative() {
+            f.secret_file = base.join(&f.secret_file);
+        }
+        f.check()
+            .with_context(|| format!("the cluster file {}", path.display()))?;
+        Ok(f)
+    }
+
+    fn check(&self) -> Result<()> {
+        let n = self.replicas.len();
+        if !(1..=7).contains(&n) {
+            bail!("{n} replicas: a cluster has 1 to 7 (3 or 5 to survive failures)");
+        }
+        if n.is_multiple_of(2) {
+            warn!(
+                replicas = n,
+                "an even number of replicas survives no more failures than one fewer"
+            );
+        }
+        let mut ids: Vec<u64> = self.replicas.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        if ids.contains(&0) {
+            bail!("replica id 0 is reserved");
+        }
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            bail!("replica ids must differ: {ids:?}");
+        }
+        if !ids.contains(&self.id) {
+            bail!("id {} is not among the replicas {ids:?}", self.id);
+        }
+        // Two replicas at one address: one of them could never be reached
+        // (and a message for it would reach the other).
+        let addresses = self.replicas.iter().map(|r| ("raft", r.id, r.raft)).chain(
+            self.replicas
+                .iter()
+                .filter_map(|r| r.mqtt.map(|m| ("mqtt", r.id, m))),
+        );
+        let mut seen: HashMap<SocketAddr, (&str, u64)> = HashMap::new();
+        for (what, id, addr) in addresses {
+            if let Some((first, other)) = seen.insert(addr, (what, id)) {
+                bail!(
+                    "replica {id}'s {what} address {addr} is also replica {other}'s {first} address: each replica needs addresses of its own"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// This replica's entry.
+    pub fn me(&self) -> &ReplicaEntry {
+        self.replicas
+            .iter()
+            .find(|r| r.id == self.id)
+            .expect("checked at load")
+    }
+
+    /// The shared secret.
+    pub fn secret(&self) -> Result<Vec<u8>> {
+        let s = crate::config::read_secret(&self.secret_file)?;
+        if s.len() < 16 {
+            bail!(
+                "the cluster secret in {} is {} bytes: use at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
+                self.secret_file.display(),
+                s.len()
+            );
+        }
+        if s.len() > MAX_SECRET {
+            bail!(
+                "the cluster secret in {} is {} bytes: a replica link carries at most {MAX_SECRET} (32 random bytes, e.g. `head -c 32 /dev/urandom | base64`, are plenty)",
+                self.secret_file.display(),
+                s.len()
+            );
+        }
+        Ok(s.into_bytes())
+    }
+
+    /// The guest's hash seed: the same on every replica (they must apply
+    /// alike), and secret (derived from the shared secret).
+    pub fn hash_seed(secret: &[u8]) -> u64 {
+        use sha2::Digest as _;
+        let d = sha2::Sha256::digest([b"statestore hash seed ".as_slice(), secret].concat());
+        u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(replicas: &str) -> Result<ClusterFile> {
+        let text = format!("id = 1\ndata_dir = \"d\"\nsecret_file = \"s\"\n{replicas}");
+        let f: ClusterFile = toml::from_str(&text)?;
+        f.check()?;
+        Ok(f)
+    }
+
+    #[test]
+    fn replicas_need_addresses_of_their_own() {
+        let ok = "[[replica]]\nid = 1\nraft = \"127.0.0.1:7001\"\nmqtt = \"127.0.0.1:1883\"\n\
+                  [[replica]]\nid = 2\nraft = \"127.0.0.1:7002\"\nmqtt = \"127.0.0.1:1884\"\n\
+                  [[replica]]\nid = 3\nraft = \"127.0.0.1:7003\"\n";
+        file(ok).expect("distinct addresses");
+        let same_raft = ok.replace("7002", "7001");
+        let e = format!(
+            "{:#}",
+            file(&same_raft).expect_err("two replicas on one raft address")
+        );
+        assert!(
+            e.contains("replica 2's raft address 127.0.0.1:7001 is also replica 1's raft address"),
+            "{e}"
+        );
+        let same_mqtt = ok.replace("1884", "1883");
+        let e = format!(
+            "{:#}",
+            file(&same_mqtt).expect_err("two replicas on one mqtt address")
+        );
+        assert!(e.contains("mqtt address 127.0.0.1:1883"), "{e}");
+        let crossed = ok.replace("127.0.0.1:1884", "127.0.0.1:7003");
+        assert!(
+            file(&crossed).is_err(),
+            "one replica's mqtt on another's raft address"
+        );
+    }
+
+    #[test]
+    fn the_secret_fits_a_link() {
+        let dir = std::env::temp_dir().join(format!("statestore-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut f = file("[[replica]]\nid = 1\nraft = \"127.0.0.1:7001\"\n").expect("file");
+        f.secret_file = dir.join("secret");
+        for (len, ok) in [
+            (15, false),
+            (16, true),
+            (MAX_SECRET, true),
+            (MAX_SECRET + 1, false),
+        ] {
+            std::fs::write(&f.secret_file, "s".repeat(len)).expect("write");
+            assert_eq!(f.secret().is_ok(), ok, "a secret of {len} bytes");
+        }
+        let e = format!("{:#}", f.secret().expect_err("too long"));
+        assert!(e.contains(&format!("at most {MAX_SECRET}")), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
