@@ -1,4 +1,4 @@
-//! Tenants (issue: a sandboxed multi-tenant store in one process): isolation
+//! Tenants (a sandboxed multi-tenant store in one process): isolation
 //! of faults, limits and quotas, routing of clients, and hot upgrades under
 //! load, with the embedded broker and real MQTT5 clients.
 //!
