@@ -1245,3 +1245,41 @@ async fn a_disconnect_reported_to_a_leader_that_dies_reaches_the_next_one() {
     .await;
     c.servers[leader].take().expect("stopped").kill9();
 }
+
+/// A replica removed while it was down, started again, learns from the
+/// leader that it is no member and stops, saying so: the others send it
+/// nothing, so its own log never tells it, and it would otherwise wait as a
+/// candidate for ever while its clients get 503s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_removed_while_down_stops_when_it_comes_back() {
+    let mut c = Cluster::new(3);
+    let leader = c.leader(Duration::from_secs(20));
+    let gone = (leader + 1) % 3;
+    c.servers[gone].take().expect("running").kill9();
+    let (ok, out) = cluster_command(
+        &c.file(leader),
+        &["remove", "--id", &(gone + 1).to_string()],
+    );
+    assert!(ok, "cluster remove:\n{out}");
+    let mut back = c.spawn(gone);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !back.exited() {
+        assert!(
+            Instant::now() < deadline,
+            "the removed replica still runs:\n{}",
+            back.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = back.log();
+    assert!(
+        log.contains(&format!(
+            "replica {} is not a member of the cluster",
+            gone + 1
+        )),
+        "{log}"
+    );
+    // The two members go on.
+    let (ok, text) = c.status();
+    assert!(ok, "the two members after the removed one stopped:\n{text}");
+}

@@ -43,6 +43,7 @@ pub mod linear;
 pub mod log;
 pub mod net;
 pub mod node;
+pub mod probe;
 pub mod sim;
 
 use anyhow::{Context, Result, bail};

@@ -172,6 +172,8 @@ pub struct Node {
     /// was registered through it (embedded mode; `None` through an
     /// external broker, whose client events are nobody's in particular).
     via: Option<statestore_guest::Via>,
+    /// Asks the others who the members are while no leader is known.
+    probe: super::probe::Probe,
 }
 
 impl std::fmt::Debug for Node {
@@ -276,6 +278,7 @@ impl Node {
                 started: life,
             }),
             clock,
+            probe: super::probe::Probe::new(secret),
         })
     }
 
@@ -406,6 +409,12 @@ impl Node {
                     Err(e) => Err(e),
                 },
                 _ = sync.tick(), if self.fsync == Fsync::Everysec => self.replica.sync(),
+                answers = self.probe.answers() => {
+                    match super::probe::removed(self.replica.id(), self.replica.applied(), &answers) {
+                        Some(why) => Err(anyhow::anyhow!(why)),
+                        None => Ok(()),
+                    }
+                }
             };
             if let Err(e) = step {
                 break Err(e);
@@ -1040,6 +1049,18 @@ impl Node {
 
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         self.replica.tick();
+        let me = self.replica.id();
+        let peers = self
+            .replicas
+            .iter()
+            .filter(|r| r.id != me)
+            .map(|r| (r.id, r.raft))
+            .collect();
+        self.probe.tick(
+            self.replica.leader(),
+            self.replica.voters().contains(&me),
+            peers,
+        );
         if self.replica.is_leader()
             && !self.replica.voters().contains(&self.replica.id())
             && let Some(to) = self.successor()
