@@ -208,13 +208,20 @@ impl SessionState {
                 log::debug!("{} Reason: {}", self.id, reason);
                 //MQTT 5 (4.13): a server that ends a connection for a reason of
                 //its own says so first, with a DISCONNECT carrying the reason.
-                if let (Sink::V5(s), true) = (&mut sink, ended_by_server(&reason)) {
+                let owed = ended_by_server(&reason) && !flags.contains(StateFlags::DisconnectReceived);
+                if let (Sink::V5(s), true) = (&mut sink, owed) {
                     let d = v5::Disconnect {
                         reason_code: reason.to_reason_code(),
                         reason_string: Some(reason.to_string().into()),
                         ..Default::default()
                     };
-                    let _ = s.send_disconnect(d).await;
+                    //Sent and flushed, briefly (`send_disconnect` would then
+                    //sleep 500 ms, holding up the session's end).
+                    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                        s.send(v5::Packet::Disconnect(d)).await?;
+                        s.flush().await
+                    })
+                    .await;
                 }
                 let _ = self.disconnected_reason_add(reason).await;
             }
@@ -407,9 +414,10 @@ impl SessionState {
         }
     }
 
-    /// Processes the PUBACK, PUBREC, PUBCOMP and DISCONNECT packets that have
-    /// arrived on the connection (waiting at most 20 ms in all), up to the
-    /// first packet of another kind or the DISCONNECT.
+    /// Takes in the PUBACK, PUBREC, PUBCOMP and DISCONNECT packets that have
+    /// arrived on the connection (waiting at most 20 ms in all, at most 1,024
+    /// packets), up to the first packet of another kind or the DISCONNECT.
+    /// Nothing is written: what is owed (a PUBREL) goes with the session.
     async fn read_arrived_acks<Io>(&mut self, sink: &mut Sink<Io>, flags: &mut StateFlags)
     where
         Io: AsyncRead + AsyncWrite + Unpin,
@@ -417,31 +425,40 @@ impl SessionState {
         //What has reached the socket may not yet be known to the runtime's
         //reactor: wait a moment for it, never longer in all.
         let deadline = Instant::now() + Duration::from_millis(20);
-        loop {
+        for _ in 0..1024 {
+            if Instant::now() >= deadline {
+                return;
+            }
             let pkt = match tokio::time::timeout_at(deadline, sink.recv()).await {
                 Ok(Ok(Some(pkt))) => pkt,
                 _ => return,
             };
-            let disconnect = matches!(pkt, Packet::V3(v3::Packet::Disconnect) | Packet::V5(v5::Packet::Disconnect(_)));
-            let ack = disconnect
-                || matches!(
-                pkt,
-                Packet::V3(v3::Packet::PublishAck { .. })
-                    | Packet::V3(v3::Packet::PublishReceived { .. })
-                    | Packet::V3(v3::Packet::PublishComplete { .. })
-                    | Packet::V5(v5::Packet::PublishAck(_))
-                    | Packet::V5(v5::Packet::PublishReceived(_))
-                    | Packet::V5(v5::Packet::PublishComplete(_))
-            );
-            if !ack {
-                return;
+            let (acked, received) = match &pkt {
+                Packet::V3(v3::Packet::PublishAck { packet_id })
+                | Packet::V3(v3::Packet::PublishComplete { packet_id }) => (Some(packet_id.get()), None),
+                Packet::V5(v5::Packet::PublishAck(ack)) => (Some(ack.packet_id.get()), None),
+                Packet::V5(v5::Packet::PublishComplete(ack2)) => (Some(ack2.packet_id.get()), None),
+                Packet::V3(v3::Packet::PublishReceived { packet_id }) => (None, Some(packet_id.get())),
+                Packet::V5(v5::Packet::PublishReceived(ack)) => (None, Some(ack.packet_id.get())),
+                Packet::V3(v3::Packet::Disconnect) => {
+                    flags.insert(StateFlags::DisconnectReceived);
+                    let _ = self.disconnected_set(Some(Disconnect::V3), None).await;
+                    return;
+                }
+                Packet::V5(v5::Packet::Disconnect(d)) => {
+                    flags.insert(StateFlags::DisconnectReceived);
+                    let _ = self.disconnected_set(Some(Disconnect::V5(d.clone())), None).await;
+                    return;
+                }
+                _ => return,
+            };
+            if let Some(id) = acked {
+                if let Some(iflt_msg) = self.out_inflight().write().await.remove(&id) {
+                    self.hook.message_acked(iflt_msg.from, &iflt_msg.publish).await;
+                }
             }
-            if let Err(e) = self.process_mqtt_message(sink, pkt, flags).await {
-                log::debug!("{:?} reading the acknowledgements before a takeover: {}", self.id, e);
-                return;
-            }
-            if disconnect {
-                return;
+            if let Some(id) = received {
+                self.out_inflight().write().await.update_status(&id, MomentStatus::UnComplete);
             }
         }
     }
@@ -669,7 +686,9 @@ impl SessionState {
                     //Acknowledgements the client sent on this connection before
                     //it opened the new one belong to the session being handed
                     //over: read those that have already arrived first.
-                    self.read_arrived_acks(sink, flags).await;
+                    if !is_admin {
+                        self.read_arrived_acks(sink, flags).await;
+                    }
                     if sender.send(()).is_err() {
                         log::warn!("{:?} Message::Kick, send response error, sender is closed", self.id);
                     }
@@ -1648,20 +1667,14 @@ impl SessionState {
             .publish(publish.clone(), expiry_check_res.message_expiry_interval(), self.server_topic_aliases.as_ref())
             .await;
         if let Err(e) = sent {
-            if !too_large_for_client(&e) {
-                return Err(e);
+            //A message larger than the client's Maximum Packet Size can never
+            //be sent: it leaves the session (the connection ends, as before).
+            if too_large_for_client(&e) {
+                if let Some(packet_id) = publish.packet_id {
+                    self.out_inflight().write().await.remove(&packet_id.get());
+                }
             }
-            //[MQTT-3.1.2-25] A message larger than the client's Maximum Packet
-            //Size is discarded, as if it had been sent.
-            if let Some(packet_id) = publish.packet_id {
-                self.out_inflight().write().await.remove(&packet_id.get());
-            }
-            log::info!("{:?} message discarded, larger than the client's maximum packet size: {e}", self.id);
-            self.scx
-                .extends
-                .hook_mgr()
-                .message_dropped(Some(self.id.clone()), from, publish, Reason::Error(e.to_string().into()))
-                .await;
+            return Err(e);
         }
         Ok(())
     }
@@ -2769,12 +2782,23 @@ fn valid_topic_filter(filter: &str) -> bool {
 /// Whether the server, not the client or the network, ended the connection:
 /// then the client is owed a DISCONNECT with the reason.
 fn ended_by_server(reason: &Reason) -> bool {
+    use crate::codec::error::{DecodeError, EncodeError};
     !matches!(
         reason,
         Reason::ConnectDisconnect(_)
             | Reason::ConnectRemoteClose
             | Reason::ConnectReadWriteError
             | Reason::ConnectReadWriteTimeout
+            //The connection failed: nothing more can be told on it.
+            | Reason::MqttError(
+                MqttError::ReadTimeout
+                    | MqttError::WriteTimeout
+                    | MqttError::FlushTimeout
+                    | MqttError::CloseTimeout
+                    | MqttError::SendPacket(_)
+                    | MqttError::Decode(DecodeError::Io(_))
+                    | MqttError::Encode(EncodeError::Io(_))
+            )
     )
 }
 

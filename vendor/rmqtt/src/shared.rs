@@ -477,6 +477,9 @@ impl Entry for LockEntry {
             is_admin
         );
 
+        //The session this kick is for: one installed meanwhile by another
+        //connection (a kick not under the entry's lock) is not touched.
+        let kicked = self.session().map(|s| s.id.clone());
         if let Some(peer_tx) = self.tx().filter(|tx| !tx.is_closed()) {
             let (tx, rx) = oneshot::channel();
             if let Ok(()) = peer_tx.unbounded_send(Message::Kick(tx, self.id.clone(), clean_start, is_admin))
@@ -508,11 +511,14 @@ impl Entry for LockEntry {
 
         //[MQTT 3.1.2.11.2] A session whose connection has ended with a Session
         //Expiry of 0 is over, however soon the client connects again.
-        let ended = match self.session() {
-            Some(s) => session_ended(&s).await,
-            None => false,
+        let Some(kicked) = kicked else {
+            return Ok(OfflineSession::NotExist);
         };
-        if let Some((s, _)) = self._remove(clear_subscriptions || ended).await {
+        let ended = match self.session() {
+            Some(s) if s.id == kicked => session_ended(&s).await,
+            _ => false,
+        };
+        if let Some((s, _)) = self._remove_with(clear_subscriptions || ended, &kicked).await {
             if ended {
                 log::debug!("{:?} the previous session had ended (session expiry 0)", self.id);
                 Ok(OfflineSession::NotExist)
