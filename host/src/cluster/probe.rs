@@ -39,9 +39,8 @@ impl Probe {
         }
     }
 
-    /// Called on every tick: once a member has known no leader for
-    /// [`LEADERLESS`], asks `peers` for their status (again every
-    /// [`LEADERLESS`] while it lasts).
+    /// Called on every tick: once a member has known no leader for 5 s,
+    /// asks `peers` for their status (again every 5 s while it lasts).
     pub fn tick(&mut self, leader: u64, member: bool, peers: Vec<(u64, SocketAddr)>) {
         if leader != 0 || !member {
             self.leaderless_since = None;
