@@ -311,7 +311,7 @@ exec "{bin}" serve --listen 127.0.0.1:{port2} --data-dir "$1""#
     let _ = std::fs::remove_dir_all(&free);
 }
 
-/// Finding 9 through the real binary: a byte flipped in the middle of the
+/// Through the real binary: a byte flipped in the middle of the
 /// log (valid records after it) refuses the start with the file and the
 /// byte, leaving the files as they were; `--recover-damaged-log` then
 /// starts with what precedes the damage and keeps the damaged segment

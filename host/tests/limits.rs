@@ -57,7 +57,7 @@ fn bulk(value: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Finding 1: 60 pipelined GETs of an 8 MiB value, and one GET of the
+/// 60 pipelined GETs of an 8 MiB value, and one GET of the
 /// largest value the defaults allow (16 MiB), all return the value; no
 /// key is lost and the guest never fails (a volatile store, which used to
 /// restart empty). A value past the limit gets the quota error.
@@ -128,7 +128,7 @@ async fn large_replies_are_delivered_and_nothing_is_lost() {
     assert!(!log.contains("guest failed"), "{log}");
 }
 
-/// Finding 7: a packet past --max-packet-mib is refused by the broker
+/// A packet past --max-packet-mib is refused by the broker
 /// (the client is disconnected), and the store goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_packet_past_the_limit_is_refused() {
@@ -148,7 +148,7 @@ async fn a_packet_past_the_limit_is_refused() {
     assert_eq!(text(&other.call(&[b"GET", b"k"]).await), "$1\r\n1\r\n");
 }
 
-/// Finding 7: connections from one address past the limit are refused.
+/// Connections from one address past the limit are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_per_address_are_limited() {
     let port = free_port();
@@ -165,7 +165,7 @@ async fn connections_per_address_are_limited() {
     assert_eq!(text(&again.call(&[b"SET", b"k", b"1"]).await), "+OK\r\n");
 }
 
-/// Finding 6: a snapshot of more than 128 MiB of state succeeds (wasmtime
+/// A snapshot of more than 128 MiB of state succeeds (wasmtime
 /// refused to move more than 128 MiB out of the guest in one call), the log
 /// is cut, and a restart recovers from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +233,7 @@ async fn snapshots_of_more_than_128_mib_succeed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Findings 3 and 4: a flood of KEYNOTIFY registrations (20,000 of 8 KiB
+/// A flood of KEYNOTIFY registrations (20,000 of 8 KiB
 /// keys from one client) and of requests whose replies the dedup cache
 /// would keep (10,000 with 256-byte correlation data, 4,000-byte response
 /// topics and the longest message expiry) is answered with the quota error
@@ -346,7 +346,7 @@ async fn flood(extra: &[&str], bound_mib: u64) {
     assert!(!log.contains("guest failed"), "{log}");
 }
 
-/// Finding 7: a stalled subscriber (connected, its socket no longer read)
+/// A stalled subscriber (connected, its socket no longer read)
 /// holds at most `--max-queued-mib` of messages in the broker, counted in
 /// bytes (queued and unacknowledged), not 1,000 messages of any size: 100
 /// messages of 1 MiB for it leave about 8 MiB held, the rest are dropped
@@ -415,7 +415,7 @@ async fn a_stalled_subscriber_holds_at_most_its_queue_bytes() {
     assert_eq!(&next.payload[..], b"small");
 }
 
-/// Finding 5, its reproduction end to end: 24 overwrites of a 1 MB value
+/// End to end: 24 overwrites of a 1 MB value
 /// under a 16 MiB memory cap once left a durable store unable to start
 /// again (replay lowered up to 1,024 records into the guest at once). It
 /// restarts after SIGKILL with the last value and serves; a byte quota that
@@ -465,7 +465,7 @@ async fn a_memory_capped_durable_store_restarts_after_large_overwrites() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Finding 7: a client cannot make the broker keep its session longer than
+/// A client cannot make the broker keep its session longer than
 /// `--max-session-expiry`: a client asking for an hour, gone for longer
 /// than the cap, finds no session when it comes back (and one when it
 /// comes back within the cap, so sessions are kept at all).
@@ -515,7 +515,7 @@ async fn session_expiry_is_cut_to_the_maximum() {
     );
 }
 
-/// Finding 7: the broker no longer takes requests faster than the store
+/// The broker no longer takes requests faster than the store
 /// handles them. 48 SETs of 4 MiB (192 MiB) published at once, under
 /// `--inbound-mib 4`: the publisher's connection is not read while 4 MiB
 /// wait for the store, so the server's peak resident memory grows by far

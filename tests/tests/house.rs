@@ -131,16 +131,18 @@ fn the_layout_reader_follows_folders() {
     );
 }
 
-/// "issue 15", "Issue #16", "issues 15 and 16": a reader of the repository
-/// cannot follow them.
+/// "issue 15", "Issue #16", "issues 15 and 16", "Finding 7": a reader of
+/// the repository cannot follow them.
 fn issue_reference(line: &str) -> bool {
     let lower = line.to_ascii_lowercase();
-    lower.match_indices("issue").any(|(at, _)| {
-        let word_start = !lower[..at].ends_with(|c: char| c.is_ascii_alphanumeric());
-        let after = lower[at + 5..]
-            .trim_start_matches('s')
-            .trim_start_matches([' ', '#']);
-        word_start && after.starts_with(|c: char| c.is_ascii_digit())
+    ["issue", "finding"].iter().any(|word| {
+        lower.match_indices(word).any(|(at, _)| {
+            let word_start = !lower[..at].ends_with(|c: char| c.is_ascii_alphanumeric());
+            let after = lower[at + word.len()..]
+                .trim_start_matches('s')
+                .trim_start_matches([' ', '#']);
+            word_start && after.starts_with(|c: char| c.is_ascii_digit())
+        })
     })
 }
 
@@ -196,10 +198,21 @@ fn no_source_or_document_names_an_issue_number() {
 
 #[test]
 fn issue_references_are_recognised() {
-    for yes in ["(issue 15)", "Issue #16", "issues 15 and 16", "see issue15"] {
+    for yes in [
+        "(issue 15)",
+        "Issue #16",
+        "issues 15 and 16",
+        "see issue15",
+        "Finding 7: x",
+    ] {
         assert!(issue_reference(yes), "{yes}");
     }
-    for no in ["an issue with it", "issues remain", "tissue 4 x"] {
+    for no in [
+        "an issue with it",
+        "issues remain",
+        "tissue 4 x",
+        "findings remain",
+    ] {
         assert!(!issue_reference(no), "{no}");
     }
 }
