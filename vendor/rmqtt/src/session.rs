@@ -2763,6 +2763,8 @@ impl SessionLike for DefaultSession {
 
 /// MQTT 4.7.1: a filter is not empty, `#` is alone in the last level, and
 /// `+` is alone in its level (`a/#/b`, `a/b#` and `a/+b` are invalid).
+/// Not `Topic::is_valid`: that one also refuses a `$` level anywhere but
+/// first (`a/$b`), which MQTT allows.
 fn valid_topic_filter(filter: &str) -> bool {
     if filter.is_empty() {
         return false;
