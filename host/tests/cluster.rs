@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use azure_iot_operations_services::state_store::{Operation, SetOptions};
 use statestore_tests::broker::{RawClient, free_port, prop, text};
+use statestore_tests::links::Proxy;
 use statestore_tests::process::Server;
 use statestore_tests::sdk::Sdk;
 
@@ -43,6 +44,9 @@ struct Cluster {
     servers: Vec<Option<Server>>,
     /// The port of the external broker the replicas serve through, if any.
     broker: Option<u16>,
+    /// `links[i][j]`: the proxy replica `i` reaches replica `j` through
+    /// (`None` for `i == j`), if the links can be cut.
+    links: Vec<Vec<Option<Proxy>>>,
 }
 
 impl Cluster {
@@ -51,6 +55,71 @@ impl Cluster {
     }
 
     fn with_broker(replicas: usize, broker: Option<u16>) -> Cluster {
+        Cluster::build(replicas, broker, Vec::new(), |_, _, raft| raft)
+    }
+
+    /// Replicas whose links to each other go through proxies the test can
+    /// cut ([`Cluster::cut`]): replica `i`'s file names replica `j` at the
+    /// proxy `links[i][j]`.
+    async fn with_links(replicas: usize) -> Cluster {
+        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        let mut links = Vec::new();
+        for i in 0..replicas {
+            let mut row = Vec::new();
+            for (j, &port) in raft.iter().enumerate() {
+                row.push(if i == j {
+                    None
+                } else {
+                    Some(Proxy::start(([127, 0, 0, 1], port).into()).await)
+                });
+            }
+            links.push(row);
+        }
+        let ports: Vec<Vec<u16>> = links
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|p| p.as_ref().map_or(0, |p| p.addr.port()))
+                    .collect()
+            })
+            .collect();
+        Cluster::build_with_raft(replicas, None, raft, links, move |i, j, raft| {
+            if i == j { raft } else { ports[i][j] }
+        })
+    }
+
+    /// Cuts what replica `from` sends to replica `to`.
+    fn cut(&self, from: usize, to: usize) {
+        self.links[from][to].as_ref().expect("a proxied link").cut();
+    }
+
+    /// Heals every link.
+    fn heal(&self) {
+        for p in self.links.iter().flatten().flatten() {
+            p.heal();
+        }
+    }
+
+    fn build(
+        replicas: usize,
+        broker: Option<u16>,
+        links: Vec<Vec<Option<Proxy>>>,
+        peer: impl Fn(usize, usize, u16) -> u16,
+    ) -> Cluster {
+        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        Cluster::build_with_raft(replicas, broker, raft, links, peer)
+    }
+
+    /// The files (replica `i` names replica `j`'s raft port `peer(i, j,
+    /// its port)`, and `direct.toml` names every one's own, for the
+    /// operator's commands), then the replicas.
+    fn build_with_raft(
+        replicas: usize,
+        broker: Option<u16>,
+        raft: Vec<u16>,
+        links: Vec<Vec<Option<Proxy>>>,
+        peer: impl Fn(usize, usize, u16) -> u16,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
             "statestore-cluster-{}-{}",
             std::process::id(),
@@ -60,23 +129,27 @@ impl Cluster {
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("secret"), "a-test-secret-of-enough-bytes\n").expect("secret");
         let mqtt: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
-        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
-        for i in 0..replicas {
+        let file = |i: usize, peer: &dyn Fn(usize, usize, u16) -> u16| {
             let mut f = format!(
                 "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\n",
                 i + 1,
                 i + 1
             );
-            for j in 0..replicas {
+            for (j, &port) in raft.iter().enumerate() {
                 f.push_str(&format!(
                     "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
                     j + 1,
-                    raft[j],
+                    peer(i, j, port),
                     mqtt[j]
                 ));
             }
-            std::fs::write(dir.join(format!("replica-{}.toml", i + 1)), f).expect("file");
+            f
+        };
+        for i in 0..replicas {
+            std::fs::write(dir.join(format!("replica-{}.toml", i + 1)), file(i, &peer))
+                .expect("file");
         }
+        std::fs::write(dir.join("direct.toml"), file(0, &|_, _, raft| raft)).expect("file");
         let mut c = Cluster {
             dir,
             mqtt,
@@ -84,6 +157,7 @@ impl Cluster {
             metrics: (0..replicas).map(|_| free_port()).collect(),
             servers: Vec::new(),
             broker,
+            links,
         };
         for i in 0..replicas {
             let s = c.spawn(i);
@@ -115,7 +189,7 @@ impl Cluster {
     fn status(&self) -> (bool, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
             .args(["cluster", "status", "--cluster"])
-            .arg(self.file(0))
+            .arg(self.dir.join("direct.toml"))
             .output()
             .expect("cluster status");
         (
@@ -1128,10 +1202,11 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
 }
 
 /// A replica that has lost its majority holds its clients' requests for a
-/// leader, within its bound (64 MiB): 80 requests of 1 MiB all get the
-/// protocol's 503 "retry" (the oldest at once, past the bound; the rest
-/// after 5 s without a leader), none is lost without an answer, and the
-/// replica goes on serving once its peers are back.
+/// leader, within its bound (64 MiB): 80 requests of 1 MiB, sent to no
+/// leader, all get the protocol's 503 "not applied, retry" (the oldest at
+/// once, past the bound; the rest after 5 s without a leader), none is
+/// lost without an answer, and the replica goes on serving once its peers
+/// are back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
     let mut c = Cluster::new(3);
@@ -1141,6 +1216,10 @@ async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
     for &i in &others {
         c.servers[i].take().expect("running").kill9();
     }
+    // Past an election timeout: it knows it has no leader, so what it takes
+    // now is sent nowhere (a request forwarded to the dead leader would be
+    // "outcome unknown", a 408).
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let mut client = RawClient::connect(c.mqtt[lone], "held-requests").await;
     client.subscribe(&client.response_topic()).await;
     // A small one first: held, then refused.
@@ -1196,6 +1275,85 @@ async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
     let reply = client.call(&[b"SET", b"after", b"v"]).await;
     assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
     client.disconnect().await;
+}
+
+/// Every message on `client` with correlation data `corr` that comes
+/// within `wait`.
+async fn answers_to(
+    client: &mut RawClient,
+    corr: &[u8],
+    wait: Duration,
+) -> Vec<rumqttc::v5::mqttbytes::v5::Publish> {
+    let deadline = Instant::now() + wait;
+    let mut found = Vec::new();
+    while let Some(p) = client
+        .recv(deadline.saturating_duration_since(Instant::now()))
+        .await
+    {
+        if p.properties
+            .as_ref()
+            .and_then(|x| x.correlation_data.as_deref())
+            == Some(corr)
+        {
+            found.push(p);
+        }
+    }
+    found
+}
+
+/// Nothing reaches the leader any more, but it still sends (a one-way
+/// cut): a `SET lock mine NX` it took reaches the followers, which elect a
+/// new leader and apply it. The old leader, hearing no leader, cannot know
+/// that: its client gets a 408 "outcome unknown" (the SDKs' timeout), not
+/// a 503 "not applied, retry", which would be a lie (the lock is taken,
+/// and a retry would find it held by "someone else"); and once the cut
+/// heals and the old leader applies the entry, no second answer follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_outcome_a_one_way_cut_hides_is_answered_408_once() {
+    let c = Cluster::with_links(3).await;
+    let leader = c.leader(Duration::from_secs(20));
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let mut client = RawClient::connect(c.mqtt[leader], "one-way-cut").await;
+    client.subscribe(&client.response_topic()).await;
+    let warm = client.call(&[b"SET", b"warm", b"v"]).await;
+    assert_eq!(prop(&warm, "__stat"), Some("200"), "{}", text(&warm));
+    for &j in &others {
+        c.cut(j, leader);
+    }
+    let mut props = client.request_properties();
+    props.message_expiry_interval = Some(60);
+    let corr = props.correlation_data.clone().expect("set").to_vec();
+    let request = statestore_tests::resp(&[b"SET", b"lock", b"mine", b"NX"]);
+    client.publish_request(request.clone(), props.clone()).await;
+    let first = answers_to(&mut client, &corr, Duration::from_secs(20)).await;
+    assert_eq!(first.len(), 1, "one answer while cut off: {first:?}");
+    let answer = &first[0];
+    assert_eq!(prop(answer, "__stat"), Some("408"), "{answer:?}");
+    assert_eq!(prop(answer, "__propName"), Some("ExecutionTimeout"));
+    assert_eq!(prop(answer, "__propVal"), Some("PT5S"));
+    assert!(answer.payload.is_empty());
+    // It was applied: the new leader committed it.
+    let mut reader = RawClient::connect(c.mqtt[others[0]], "one-way-reader").await;
+    reader.subscribe(&reader.response_topic()).await;
+    let got = reader.call(&[b"GET", b"lock"]).await;
+    assert_eq!(text(&got), "$4\r\nmine\r\n", "{got:?}");
+    // Healed: the old leader catches up and applies it too, and says
+    // nothing more about it.
+    c.heal();
+    c.settled(Duration::from_secs(30));
+    let later = answers_to(&mut client, &corr, Duration::from_secs(3)).await;
+    assert!(later.is_empty(), "a second answer: {later:?}");
+    let got = client.call(&[b"GET", b"lock"]).await;
+    assert_eq!(text(&got), "$4\r\nmine\r\n", "{got:?}");
+    // Asking again with the same correlation data gets the outcome (the
+    // replicated dedup cache's first reply).
+    client.publish_request(request, props).await;
+    let again = answers_to(&mut client, &corr, Duration::from_secs(10)).await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(prop(&again[0], "__stat"), Some("200"), "{:?}", again[0]);
+    assert_eq!(text(&again[0]), "+OK\r\n");
+    client.disconnect().await;
+    reader.disconnect().await;
 }
 
 /// The SDK scenarios one process passes (`statestore_tests::scenarios`:

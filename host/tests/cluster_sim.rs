@@ -1,7 +1,9 @@
 //! Replication under a simulated network, clock and disk: many seeded runs
 //! of a 3-replica cluster with message loss, delay and reordering,
-//! partitions, crashes and restarts, clock jumps, and followers replaced by
-//! new replicas (membership changes), bounded by time. A failure names its
+//! partitions (one-way ones too), crashes and restarts, clock jumps, and
+//! followers replaced by new replicas (membership changes), bounded by
+//! time; clients on every replica, through the server's own routing, and
+//! no request answered twice differently. A failure names its
 //! seed: `STATESTORE_SIM_SEED=<seed> cargo test -p statestore --test
 //! cluster_sim` replays exactly that run.
 
@@ -46,6 +48,8 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.unknown += r.unknown;
         total.index_reads += r.index_reads;
         total.replaced += r.replaced;
+        total.refused += r.refused;
+        total.outcome_unknown += r.outcome_unknown;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -69,6 +73,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.restarts > 0 && total.snapshots_sent > 0,
         "replicas restarted from their disks and caught up from snapshots: {total:?}"
+    );
+    assert!(
+        total.refused > 0 && total.outcome_unknown > 0,
+        "requests were answered 503 (never sent, checked never applied) and 408 (sent, outcome unknown; no other answer after): {total:?}"
     );
     assert!(
         total.replaced * 4 >= runs as usize,

@@ -8,6 +8,7 @@
 //! `tests/vectors.rs` replays every vector file against both runtimes.
 
 pub mod broker;
+pub mod links;
 pub mod process;
 pub mod scenarios;
 pub mod sdk;

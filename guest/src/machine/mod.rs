@@ -839,6 +839,17 @@ impl StateMachine {
             HostReply::InternalError(message) => Reply::status(Status::InternalError, message, &[]),
             HostReply::NotAuthorized => Reply::error(ServiceError::NotAuthorized),
             HostReply::Unavailable(message) => Reply::status(Status::Unavailable, message, &[]),
+            HostReply::OutcomeUnknown {
+                message,
+                waited_secs,
+            } => Reply::status(
+                Status::RequestTimeout,
+                message,
+                &[
+                    (rpc::prop::PROPERTY_NAME, "ExecutionTimeout".into()),
+                    (rpc::prop::PROPERTY_VALUE, format!("PT{waited_secs}S")),
+                ],
+            ),
         };
         Some(reply.message(
             topic.into(),
@@ -858,8 +869,19 @@ pub enum HostReply {
     /// 200 with `-ERR not authorized`.
     NotAuthorized,
     /// 503 ("server not ready", spec §4.3) with this `__stMsg`: the
-    /// tenant has stopped.
+    /// tenant has stopped, or no cluster replica leads: the request was
+    /// not applied and will not be.
     Unavailable(String),
+    /// 408 (`__propName: ExecutionTimeout`, `__propVal: PT<waited_secs>S`)
+    /// with this `__stMsg`: the request was not applied within
+    /// `waited_secs` and may still be (a cluster replica sent it to a
+    /// leader it then lost). The SDKs report a timeout.
+    OutcomeUnknown {
+        /// `__stMsg`.
+        message: String,
+        /// How long it waited.
+        waited_secs: u64,
+    },
 }
 
 /// Whether `m` is a request [`StateMachine::query_wire`] answers: a GET or

@@ -52,8 +52,10 @@ pub mod prop {
     pub const PARTITION: &str = "$partition";
     /// Legacy .NET invoker id.
     pub const INVOKER_ID: &str = "__invId";
-    /// Name of the property a 400 / 503 is about.
+    /// Name of the property a 400 / 503 is about (of the timeout, on a 408).
     pub const PROPERTY_NAME: &str = "__propName";
+    /// Its value (the timeout as an ISO 8601 duration, on a 408).
+    pub const PROPERTY_VALUE: &str = "__propVal";
     /// Supported protocol major versions, on a 505.
     pub const SUPPORTED_MAJOR: &str = "__supProtMajVer";
     /// The version the request asked for, on a 505.
@@ -69,6 +71,10 @@ pub enum Status {
     Ok = 200,
     /// A required MQTT property is missing.
     BadRequest = 400,
+    /// The request was not applied in time and may still be (a cluster
+    /// replica's reply; never in a guest's output list). The SDKs report a
+    /// timeout.
+    RequestTimeout = 408,
     /// Internal failure (HLC counter overflow).
     InternalError = 500,
     /// The store cannot serve (a host's reply for a stopped tenant; never
@@ -84,6 +90,7 @@ impl Status {
         match self {
             Status::Ok => "200",
             Status::BadRequest => "400",
+            Status::RequestTimeout => "408",
             Status::InternalError => "500",
             Status::Unavailable => "503",
             Status::VersionNotSupported => "505",

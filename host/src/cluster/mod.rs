@@ -44,6 +44,7 @@ pub mod log;
 pub mod net;
 pub mod node;
 pub mod probe;
+pub mod router;
 pub mod sim;
 
 use anyhow::{Context, Result, bail};

@@ -13,7 +13,6 @@
 //! (the entry's origin), and in the embedded mode every notification (the
 //! broker delivers it only if the observer's session is here).
 
-use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,11 +25,12 @@ use tracing::{info, warn};
 
 pub use super::file::{ClusterFile, ReadPath, ReplicaEntry};
 use super::net::{Links, PeerEvent};
+use super::router::{Effects, Limits, Now, Router};
 use super::{Compaction, Durability, LogStore, Replica, Timing};
 use crate::clock::Clock;
 use crate::driver::{Input as TransportInput, Transport};
 use crate::journal::Fsync;
-use crate::{Backend as _, Config, InboundMessage, Input, Output, PublishKind, Runtime, WasmStore};
+use crate::{Config, Input, Output, Runtime, WasmStore};
 
 /// A tick of a replica's Raft clock.
 pub const TICK: Duration = Duration::from_millis(50);
@@ -43,71 +43,7 @@ pub const TIMING: Timing = Timing {
     election_max: 20,
 };
 
-/// How long requests wait for a leader before they get a 503.
-pub const HOLD: Duration = Duration::from_secs(5);
-
-/// The most bytes of requests held while there is no leader.
-const HOLD_BYTES: usize = 64 << 20;
-
-/// How long a request sent to the leader is kept to be sent again if the
-/// leader changes before it is applied.
-const RESEND_WITHIN: Duration = Duration::from_secs(10);
-
-/// The most bytes of requests kept for that.
-const RESEND_BYTES: usize = 64 << 20;
-
-/// How long a request sent to the leader waits to be applied before it is
-/// sent again to the same leader (a forward lost with a broken link, or
-/// refused by a leader about to step down): until [`RESEND_WITHIN`].
-const RETRY_AFTER: Duration = Duration::from_secs(2);
-
-/// The most client disconnects kept to be reported again to a new leader.
-const GONE_KEPT: usize = 100_000;
-
-/// How long reads wait for their read index before they go through the
-/// log instead (the leader changed, or has not committed in its term yet).
-const READ_WAIT: Duration = Duration::from_millis(500);
-
-/// The most bytes of reads waiting for a read index (more go through the log).
-const READ_BYTES: usize = 64 << 20;
-
-/// Who publishes notifications.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Notify {
-    /// Every replica hands every notification to its embedded broker,
-    /// which delivers it if the observer's session is there.
-    Everywhere,
-    /// The replica that received the request publishes them (through an
-    /// external broker, which routes them).
-    Origin,
-}
-
-/// Requests waiting for a leader.
-enum Held {
-    Requests(Instant, Vec<InboundMessage>),
-    Gone(Instant, String),
-    /// This replica's new life: the registrations its earlier lives'
-    /// connections made go (the guest's `replica-started`).
-    Started(Instant),
-}
-
-/// A request sent to the leader, until it is applied.
-struct Tracked {
-    /// When it was first sent.
-    at: Instant,
-    /// When it was last sent.
-    sent: Instant,
-    message: InboundMessage,
-}
-
-/// Reads waiting for their read index.
-struct PendingRead {
-    at: Instant,
-    messages: Vec<InboundMessage>,
-    /// `messages` in the guest's encoding.
-    batch: Vec<u8>,
-    bytes: usize,
-}
+pub use super::router::Notify;
 
 /// One replica, ready to serve.
 pub struct Node {
@@ -115,14 +51,11 @@ pub struct Node {
     links: Links,
     events: mpsc::Receiver<PeerEvent>,
     clock: Arc<dyn Clock>,
-    config: Config,
     fsync: Fsync,
-    notify: Notify,
-    held: VecDeque<Held>,
-    held_bytes: usize,
-    last_timer: Option<Instant>,
-    /// The members, with their addresses (from the cluster file, or the
-    /// record they were added with).
+    /// What to do with the clients' traffic.
+    router: Router,
+    /// The replicas that are members, with their addresses (from the cluster
+    /// file, or the record they were added with).
     replicas: Vec<ReplicaEntry>,
     /// The replicas of the cluster file.
     file_replicas: Vec<ReplicaEntry>,
@@ -130,48 +63,7 @@ pub struct Node {
     /// and the links.
     changes_seen: Option<u64>,
     accept: tokio::task::JoinHandle<()>,
-    /// The leader and term last seen: a new one (the same replica elected
-    /// again in a new term included) gets the requests not yet applied.
-    leader_seen: (u64, u64),
-    /// Requests proposed or forwarded and not yet applied, by response
-    /// topic and correlation data: sent again to a new leader (a leader
-    /// that dies or steps down loses what it had not committed), and to
-    /// the same one after [`RETRY_AFTER`]. The replicated dedup cache
-    /// answers one applied twice with its first reply.
-    unapplied: HashMap<(String, Vec<u8>), Tracked>,
-    unapplied_bytes: usize,
-    /// Clients whose disconnect this replica reported (proposed or
-    /// forwarded) in the last [`RESEND_WITHIN`], and that have sent nothing
-    /// through it since: reported again to a new leader (a leader that
-    /// dies loses what it had not committed). Safe to apply twice: it drops
-    /// only what the client registered through this replica, and it has
-    /// registered nothing here since.
-    gone: HashMap<String, Instant>,
-    /// How many of `unapplied` each response topic has: a read on a topic
-    /// with a write in flight goes through the log behind it, so that a
-    /// client reads its own writes even when it does not wait for them.
-    unapplied_topics: HashMap<String, usize>,
-    read_path: ReadPath,
-    /// Reads waiting for their read index, by context.
-    reads: HashMap<u64, PendingRead>,
-    reads_bytes: usize,
-    /// When `unapplied` was last rid of what is too old.
-    forgot: Instant,
-    /// The next read context: a random start, so that one from before a
-    /// restart, still queued at the leader, is never taken for a new one.
-    next_read: u64,
     metrics: Option<crate::metrics::ReplicaMetrics>,
-    /// The store's own metrics, as one process keeps them for its tenant
-    /// (`default`): requests taken here, replies and notifications
-    /// published here, the latency of this replica's requests, the guest's
-    /// sizes, the Raft log as its journal.
-    store_metrics: Option<crate::metrics::TenantMetrics>,
-    /// Where this replica's clients are connected, in its guest's terms:
-    /// each request carries it, so that a KEYNOTIFY registration
-    /// remembers it, and a disconnect this replica reports drops only what
-    /// was registered through it (embedded mode; `None` through an
-    /// external broker, whose client events are nobody's in particular).
-    via: Option<statestore_guest::Via>,
     /// Asks the others who the members are while no leader is known.
     probe: super::probe::Probe,
 }
@@ -247,36 +139,31 @@ impl Node {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "replica started"
         );
+        let via = (notify == Notify::Everywhere).then_some(statestore_guest::Via {
+            replica: file.id,
+            started: life,
+        });
+        let router = Router::new(
+            file.id,
+            config,
+            via,
+            file.reads,
+            notify,
+            Limits::default(),
+            random_u64(),
+            Instant::now(),
+        );
         Ok(Node {
             replica,
             links,
             events,
-            config,
             fsync,
-            notify,
-            held: VecDeque::new(),
-            held_bytes: 0,
-            last_timer: None,
+            router,
             replicas: file.replicas.clone(),
             file_replicas: file.replicas.clone(),
             changes_seen: None,
             accept,
-            leader_seen: (0, 0),
-            unapplied: HashMap::new(),
-            unapplied_bytes: 0,
-            unapplied_topics: HashMap::new(),
-            gone: HashMap::new(),
-            read_path: file.reads,
-            reads: HashMap::new(),
-            reads_bytes: 0,
-            forgot: Instant::now(),
-            next_read: random_u64(),
             metrics: None,
-            store_metrics: None,
-            via: (notify == Notify::Everywhere).then_some(statestore_guest::Via {
-                replica: file.id,
-                started: life,
-            }),
             clock,
             probe: super::probe::Probe::new(secret),
         })
@@ -290,14 +177,15 @@ impl Node {
         store: crate::metrics::TenantMetrics,
     ) {
         self.replica.set_log_metrics(store.journal());
-        self.metrics = Some(metrics);
-        self.store_metrics = Some(store);
+        self.metrics = Some(metrics.clone());
+        self.router.metrics = Some(metrics);
+        self.router.store_metrics = Some(store);
         self.refresh_store_metrics(true);
     }
 
     /// The guest's sizes and counters, if `force` or they are due.
     fn refresh_store_metrics(&mut self, force: bool) {
-        let Some(m) = &mut self.store_metrics else {
+        let Some(m) = &mut self.router.store_metrics else {
             return;
         };
         if !force && !m.refresh_due() {
@@ -312,7 +200,7 @@ impl Node {
     /// Counts the replies and notifications of `outputs`, about to be
     /// published.
     fn published(&self, outputs: &[Output]) {
-        if let Some(m) = &self.store_metrics {
+        if let Some(m) = &self.router.store_metrics {
             m.published(outputs);
         }
     }
@@ -339,8 +227,24 @@ impl Node {
         }
     }
 
-    fn now(&self) -> u64 {
-        self.clock.now_ms()
+    fn now(&self) -> Now {
+        Now {
+            at: Instant::now(),
+            ms: self.clock.now_ms(),
+        }
+    }
+
+    /// Forwards and publishes what the router asks for.
+    async fn carry_out<T: Transport>(&mut self, transport: &mut T, fx: Effects) -> Result<()> {
+        let id = self.replica.id();
+        for (leader, batch) in fx.forwards {
+            self.links.forward(leader, id, batch);
+        }
+        if !fx.replies.is_empty() {
+            self.published(&fx.replies);
+            transport.emit(fx.replies).await?;
+        }
+        Ok(())
     }
 
     /// Serves clients over `transport` until `shutdown` completes.
@@ -375,28 +279,18 @@ impl Node {
                     let Some(event) = event else {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
+                    let now = self.now();
+                    let mut fx = Effects::default();
                     let mut r = match transport.on_event(event).await? {
-                        Some(TransportInput::Messages(mut m)) => {
-                            for m in &mut m {
-                                m.via = self.via;
-                            }
-                            if let Some(metrics) = &self.store_metrics {
-                                metrics.requests(m.iter().map(|m| m.payload.as_slice()));
-                            }
-                            if !self.gone.is_empty() {
-                                // Back through this replica: its disconnect
-                                // is not to be reported again.
-                                for m in &m {
-                                    if let Some(c) = &m.client_id {
-                                        self.gone.remove(c);
-                                    }
-                                }
-                            }
-                            self.submit(Held::Requests(Instant::now(), m))
+                        Some(TransportInput::Messages(m)) => {
+                            self.router.requests(now, m, &mut self.replica, &mut fx)
                         }
-                        Some(TransportInput::ClientGone(id)) => self.submit(Held::Gone(Instant::now(), id)),
+                        Some(TransportInput::ClientGone(id)) => {
+                            self.router.client_gone(now, id, &mut self.replica, &mut fx)
+                        }
                         None => Ok(()),
                     };
+                    self.carry_out(transport, fx).await?;
                     transport.settle().await?;
                     // And what the peers sent meanwhile: one ready for both.
                     while r.is_ok() && let Ok(e) = self.events.try_recv() {
@@ -434,391 +328,6 @@ impl Node {
         result
     }
 
-    /// Serves what a client sent: its reads with a read index (see
-    /// [`ReadPath`]), the rest through the log ([`Node::submit_log`]).
-    fn submit(&mut self, held: Held) -> Result<()> {
-        let Held::Requests(at, messages) = held else {
-            self.submit_log(held);
-            return Ok(());
-        };
-        if self.replica.leader() == 0 {
-            self.hold(Held::Requests(at, messages));
-            return Ok(());
-        }
-        let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
-        let positions = match self.replica.store_mut().reads(&wire::encode_batch(&inputs)) {
-            Ok(p) => p,
-            Err(crate::GuestError::Refused(_)) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
-        if positions.is_empty() {
-            self.submit_log(Held::Requests(at, messages));
-            return Ok(());
-        }
-        let index = self.read_path == ReadPath::Index && self.replica.may_read_index();
-        let (reads, rest, by_log) =
-            split_reads(messages, &positions, index, &self.unapplied_topics);
-        if let Some(metrics) = &self.metrics {
-            metrics.reads.with_label_values(&["log"]).inc_by(by_log);
-        }
-        if !reads.is_empty() {
-            self.read(reads);
-        }
-        if !rest.is_empty() {
-            self.submit_log(Held::Requests(at, rest));
-        }
-        Ok(())
-    }
-
-    /// Asks for a read index for `messages` (reads): answered once this
-    /// replica has applied it, or through the log after [`READ_WAIT`].
-    fn read(&mut self, messages: Vec<InboundMessage>) {
-        let bytes: usize = messages.iter().map(crate::driver::message_bytes).sum();
-        if self.reads_bytes + bytes > READ_BYTES {
-            self.submit_log(Held::Requests(Instant::now(), messages));
-            return;
-        }
-        let inputs: Vec<Input<'_>> = messages.iter().map(Input::Message).collect();
-        let batch = wire::encode_batch(&inputs);
-        let ctx = self.next_read;
-        self.next_read = self.next_read.wrapping_add(1);
-        self.replica.read_index(ctx);
-        self.reads_bytes += bytes;
-        self.reads.insert(
-            ctx,
-            PendingRead {
-                at: Instant::now(),
-                messages,
-                batch,
-                bytes,
-            },
-        );
-    }
-
-    /// Reads that waited [`READ_WAIT`] go through the log.
-    fn reads_to_log(&mut self) {
-        let late: Vec<u64> = self
-            .reads
-            .iter()
-            .filter(|(_, r)| r.at.elapsed() >= READ_WAIT)
-            .map(|(ctx, _)| *ctx)
-            .collect();
-        let mut messages = Vec::new();
-        for ctx in late {
-            if let Some(r) = self.reads.remove(&ctx) {
-                self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
-                // Tracked from when they were taken.
-                self.track(r.at, &r.messages);
-                messages.extend(r.messages.into_iter().map(|m| (r.at, m)));
-            }
-        }
-        if messages.is_empty() {
-            return;
-        }
-        tracing::debug!(
-            reads = messages.len(),
-            "reads without a read index in time: through the log"
-        );
-        if let Some(metrics) = &self.metrics {
-            metrics
-                .reads
-                .with_label_values(&["log"])
-                .inc_by(messages.len() as u64);
-        }
-        self.submit_in_order(messages);
-    }
-
-    /// The answers to the reads whose read index has been applied.
-    fn answer_reads(&mut self, out: &mut Vec<Output>) -> Result<()> {
-        for ctx in self.replica.take_reads() {
-            let Some(r) = self.reads.remove(&ctx) else {
-                continue; // gone through the log meanwhile
-            };
-            self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
-            if let Some(metrics) = &self.metrics {
-                metrics
-                    .reads
-                    .with_label_values(&["index"])
-                    .inc_by(r.messages.len() as u64);
-            }
-            if let Some(metrics) = &self.store_metrics {
-                metrics.answered(r.at, r.messages.len());
-            }
-            let outputs = match self.replica.query(&r.batch) {
-                Ok(outputs) => outputs,
-                Err(e) if matches!(e.downcast_ref(), Some(crate::GuestError::Refused(_))) => {
-                    // Not ours to stop on (the batch is our own encoding):
-                    // its clients retry.
-                    warn!(error = %format!("{e:#}"), "reads the guest refused: not answered");
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            out.extend(
-                outputs
-                    .into_iter()
-                    .filter(|o| matches!(o, Output::Publish(_) | Output::Violation { .. })),
-            );
-        }
-        Ok(())
-    }
-
-    /// Proposes (as leader), forwards (to the leader) or holds (no leader
-    /// yet) what a client sent.
-    fn submit_log(&mut self, held: Held) {
-        let leader = self.replica.leader();
-        if leader == 0 {
-            self.hold(held);
-            return;
-        }
-        let batch = match &held {
-            Held::Requests(at, m) => {
-                self.track(*at, m);
-                let inputs: Vec<Input<'_>> = m.iter().map(Input::Message).collect();
-                wire::encode_batch(&inputs)
-            }
-            Held::Gone(_, id) => match self.via {
-                Some(via) => {
-                    if self.gone.len() < GONE_KEPT {
-                        self.gone.insert(id.clone(), Instant::now());
-                    }
-                    wire::encode_batch(&[Input::DisconnectedVia(id, via)])
-                }
-                None => wire::encode_batch(&[Input::Disconnected(id)]),
-            },
-            Held::Started(_) => match self.via {
-                Some(via) => wire::encode_batch(&[Input::ReplicaStarted(via)]),
-                None => return,
-            },
-        };
-        let id = self.replica.id();
-        if leader == id {
-            let now = self.now();
-            if let Err(e) = self.replica.propose_wire(id, &batch, now) {
-                tracing::debug!(error = %format!("{e:#}"), "proposal refused; held");
-                self.hold(held);
-            }
-        } else {
-            self.links.forward(leader, id, batch);
-        }
-    }
-
-    /// Keeps requests (taken at `at`) until they are applied (see
-    /// `unapplied`); one already kept keeps its time.
-    fn track(&mut self, at: Instant, messages: &[InboundMessage]) {
-        for m in messages {
-            let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
-                continue;
-            };
-            if m.qos != 1
-                || m.topic != statestore_guest::rpc::REQUEST_TOPIC
-                || statestore_guest::rpc::check_response_topic(topic)
-                    != statestore_guest::rpc::TopicCheck::Valid
-            {
-                continue; // never answered
-            }
-            let key = (topic.clone(), corr.clone());
-            if self.unapplied.contains_key(&key) {
-                continue;
-            }
-            let bytes = crate::driver::message_bytes(m);
-            if self.unapplied_bytes + bytes > RESEND_BYTES {
-                // Past the bound: forget what is too old to send again.
-                self.forget_unapplied();
-                if self.unapplied_bytes + bytes > RESEND_BYTES {
-                    return;
-                }
-            }
-            self.unapplied_bytes += bytes;
-            *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
-            let now = Instant::now();
-            self.unapplied.insert(
-                key,
-                Tracked {
-                    at,
-                    sent: now,
-                    message: m.clone(),
-                },
-            );
-        }
-    }
-
-    /// Forgets requests too old to send again ([`RESEND_WITHIN`]).
-    fn forget_unapplied(&mut self) {
-        self.unapplied.retain(|_, t| t.at.elapsed() < RESEND_WITHIN);
-        self.unapplied_bytes = 0;
-        self.unapplied_topics.clear();
-        for ((topic, _), Tracked { message: m, .. }) in &self.unapplied {
-            self.unapplied_bytes += crate::driver::message_bytes(m);
-            *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
-        }
-    }
-
-    /// Applied: no longer to be sent again.
-    fn untrack(&mut self, outputs: &[Output]) {
-        if self.unapplied.is_empty() {
-            return;
-        }
-        for o in outputs {
-            if let Output::Publish(p) = o
-                && p.kind != PublishKind::Notification
-                && let Some(corr) = &p.correlation_data
-                && let Some(Tracked { at, message: m, .. }) =
-                    self.unapplied.remove(&(p.topic.to_string(), corr.to_vec()))
-            {
-                if let Some(metrics) = &self.metrics {
-                    metrics.commit.observe(at.elapsed().as_secs_f64());
-                }
-                if let Some(metrics) = &self.store_metrics {
-                    metrics.answered(at, 1);
-                }
-                self.unapplied_bytes = self
-                    .unapplied_bytes
-                    .saturating_sub(crate::driver::message_bytes(&m));
-                let topic: &str = &p.topic;
-                if let Some(n) = self.unapplied_topics.get_mut(topic) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.unapplied_topics.remove(topic);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A new leader: what the old one may have lost goes to it again, and
-    /// this replica's start (`replica-started`, which the guest may apply
-    /// any number of times: it drops only what earlier lives registered).
-    fn resend(&mut self) {
-        self.submit_log(Held::Started(Instant::now()));
-        self.gone.retain(|_, at| at.elapsed() < RESEND_WITHIN);
-        let gone: Vec<String> = self.gone.keys().cloned().collect();
-        if !gone.is_empty() {
-            info!(
-                clients = gone.len(),
-                "a new leader: client disconnects reported lately are reported to it again"
-            );
-        }
-        for id in gone {
-            self.submit_log(Held::Gone(Instant::now(), id));
-        }
-        self.forget_unapplied();
-        // They stay tracked, with the time they were taken.
-        let now = Instant::now();
-        let mut all: Vec<(Instant, InboundMessage)> = self
-            .unapplied
-            .values_mut()
-            .map(|t| {
-                t.sent = now;
-                (t.at, t.message.clone())
-            })
-            .collect();
-        // Reads waiting for an index from the old leader will not get one:
-        // they go through the log too.
-        let reads: Vec<PendingRead> = self.reads.drain().map(|(_, r)| r).collect();
-        self.reads_bytes = 0;
-        if let Some(metrics) = &self.metrics {
-            let n: usize = reads.iter().map(|r| r.messages.len()).sum();
-            metrics.reads.with_label_values(&["log"]).inc_by(n as u64);
-        }
-        for r in reads {
-            self.track(r.at, &r.messages);
-            all.extend(r.messages.into_iter().map(|m| (r.at, m)));
-        }
-        if all.is_empty() {
-            return;
-        }
-        info!(
-            requests = all.len(),
-            leader = self.replica.leader(),
-            "a new leader: requests not yet applied are sent to it again"
-        );
-        self.submit_in_order(all);
-    }
-
-    /// No leader any more: what was sent to the old one and not applied
-    /// waits for the next like a request just received (sent to it when
-    /// there is one, a 503 "retry" if none comes within [`HOLD`]), and so
-    /// do reads waiting for an index. (Left tracked, a request forwarded
-    /// to a leader that died with the majority got no answer at all.)
-    fn hold_unapplied(&mut self) {
-        let mut all: Vec<(Instant, InboundMessage)> = self
-            .unapplied
-            .drain()
-            .map(|(_, t)| (t.at, t.message))
-            .collect();
-        self.unapplied_bytes = 0;
-        self.unapplied_topics.clear();
-        self.reads_bytes = 0;
-        for (_, r) in self.reads.drain() {
-            all.extend(r.messages.into_iter().map(|m| (r.at, m)));
-        }
-        if all.is_empty() {
-            return;
-        }
-        info!(
-            requests = all.len(),
-            "no leader: requests not yet applied wait for the next one"
-        );
-        all.sort_by_key(|(at, _)| *at);
-        let now = Instant::now();
-        let messages: Vec<InboundMessage> = all.into_iter().map(|(_, m)| m).collect();
-        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
-            self.hold(Held::Requests(now, chunk.to_vec()));
-        }
-    }
-
-    /// Submits `requests` (each with the time it was taken, already
-    /// tracked) to the log again, in the order they were taken.
-    fn submit_in_order(&mut self, mut requests: Vec<(Instant, InboundMessage)>) {
-        requests.sort_by_key(|(at, _)| *at);
-        let messages: Vec<InboundMessage> = requests.into_iter().map(|(_, m)| m).collect();
-        for chunk in messages.chunks(crate::driver::MAX_BATCH) {
-            self.submit_log(Held::Requests(Instant::now(), chunk.to_vec()));
-        }
-    }
-
-    /// Sends again (to the same leader) what waited [`RETRY_AFTER`] since
-    /// it was last sent: a forward can be lost on a link that broke, or
-    /// reach a leader just as it steps down (and is elected again in a new
-    /// term, which sends everything again too).
-    fn retry(&mut self) {
-        let mut late: Vec<(Instant, InboundMessage)> = Vec::new();
-        for t in self.unapplied.values_mut() {
-            // One its client no longer waits for is not sent again.
-            let expired = t
-                .message
-                .message_expiry_interval
-                .is_some_and(|s| t.at.elapsed() >= Duration::from_secs(u64::from(s)));
-            if t.sent.elapsed() >= RETRY_AFTER && !expired {
-                t.sent = Instant::now();
-                late.push((t.at, t.message.clone()));
-            }
-        }
-        if late.is_empty() {
-            return;
-        }
-        tracing::debug!(
-            requests = late.len(),
-            "requests not applied in time: sent again"
-        );
-        self.submit_in_order(late);
-    }
-
-    fn hold(&mut self, held: Held) {
-        let bytes = match &held {
-            Held::Requests(_, m) => m.iter().map(crate::driver::message_bytes).sum(),
-            Held::Gone(_, id) => id.len(),
-            Held::Started(_) => 16,
-        };
-        if self.held_bytes + bytes > HOLD_BYTES {
-            // Past the bound: these get their 503 at the next tick.
-            warn!("requests waiting for a leader past {HOLD_BYTES} bytes: refused");
-        }
-        self.held_bytes += bytes;
-        self.held.push_back(held);
-    }
-
     fn on_peer(&mut self, event: PeerEvent) -> Result<()> {
         match event {
             PeerEvent::Raft(m) => {
@@ -832,18 +341,10 @@ impl Node {
                         origin,
                         "forwarded requests from a replica not in the cluster file"
                     );
-                } else if wire::decode_batch(&batch).is_err() {
-                    warn!(origin, "forwarded requests that do not decode: dropped");
-                } else if self.replica.is_leader() {
-                    let now = self.now();
-                    if let Err(e) = self.replica.propose_wire(origin, &batch, now) {
-                        tracing::debug!(error = %format!("{e:#}"), "a forwarded proposal refused (its client retries)");
-                    }
                 } else {
-                    tracing::debug!(
-                        origin,
-                        "forwarded requests reached a replica that no longer leads (their clients retry)"
-                    );
+                    let now = self.now();
+                    self.router
+                        .forwarded(now, origin, &batch, &mut self.replica);
                 }
             }
             PeerEvent::Unreachable(peer) => self.replica.unreachable(peer),
@@ -956,7 +457,7 @@ impl Node {
         // with it: a life of it later than any (proposed by the leader that
         // applied the removal; `replica-started` drops every registration
         // of an earlier life).
-        if self.replica.is_leader() && self.via.is_some() {
+        if self.replica.is_leader() && self.router.via().is_some() {
             let removed: Vec<u64> = self
                 .replicas
                 .iter()
@@ -968,7 +469,7 @@ impl Node {
                     replica: id,
                     started: u64::MAX,
                 })]);
-                let now = self.now();
+                let now = self.clock.now_ms();
                 match self.replica.propose_wire(me, &batch, now) {
                     Ok(_) => info!(
                         replica = me,
@@ -1069,100 +570,11 @@ impl Node {
             self.replica.transfer_leader(to);
         }
         self.refresh_metrics();
-        let leader = self.replica.leader();
-        let term = self.replica.term();
-        if leader != self.leader_seen.0 || (leader != 0 && term != self.leader_seen.1) {
-            info!(replica = self.replica.id(), leader, term, "leader changed");
-            self.leader_seen = (leader, term);
-            if let Some(m) = &self.metrics {
-                m.leader_changes.inc();
-            }
-            if leader != 0 {
-                self.resend();
-            } else {
-                self.hold_unapplied();
-            }
-        }
-        // Held requests: to the leader once there is one; a 503 after HOLD.
-        if leader != 0 {
-            let held = std::mem::take(&mut self.held);
-            self.held_bytes = 0;
-            for h in held {
-                self.submit(h)?;
-            }
-        }
-        self.reads_to_log();
-        if self.forgot.elapsed() >= Duration::from_secs(1) {
-            // Requests never answered (expired, refused) age out; those
-            // waiting too long go to the leader again.
-            self.forget_unapplied();
-            self.gone.retain(|_, at| at.elapsed() < RESEND_WITHIN);
-            self.forgot = Instant::now();
-            // A leader loses none of its own proposals without a new term.
-            if leader != 0 && leader != self.replica.id() {
-                self.retry();
-            }
-        }
-        let mut refused = Vec::new();
-        while let Some(h) = self.held.front() {
-            let since = match h {
-                Held::Requests(at, _) | Held::Gone(at, _) | Held::Started(at) => *at,
-            };
-            if since.elapsed() < HOLD && self.held_bytes <= HOLD_BYTES {
-                break;
-            }
-            match self.held.pop_front() {
-                Some(Held::Requests(_, m)) => {
-                    self.held_bytes = self
-                        .held_bytes
-                        .saturating_sub(m.iter().map(crate::driver::message_bytes).sum());
-                    refused.extend(m);
-                }
-                Some(Held::Gone(_, id)) => {
-                    self.held_bytes = self.held_bytes.saturating_sub(id.len());
-                }
-                Some(Held::Started(_)) => {
-                    self.held_bytes = self.held_bytes.saturating_sub(16);
-                }
-                None => break,
-            }
-        }
-        if !refused.is_empty() {
-            let now = self.now();
-            let replies: Vec<Output> = refused
-                .iter()
-                .filter_map(|m| {
-                    statestore_guest::StateMachine::host_reply(
-                        &self.config,
-                        m,
-                        now,
-                        statestore_guest::HostReply::Unavailable(
-                            "no leader among the state store replicas; retry".into(),
-                        ),
-                    )
-                })
-                .map(Output::Publish)
-                .collect();
-            self.published(&replies);
-            transport.emit(replies).await?;
-        }
-        // Expiry: the leader proposes a timer entry when the guest is due.
-        if self.replica.is_leader()
-            && self
-                .last_timer
-                .is_none_or(|t| t.elapsed() >= Duration::from_millis(200))
-        {
-            let clock = self.now().max(self.replica.log_now());
-            if let Some(due) = self.replica.store_mut().next_deadline()?
-                && due <= clock
-            {
-                let id = self.replica.id();
-                if self.replica.propose(id, &[], clock).is_ok() {
-                    self.last_timer = Some(Instant::now());
-                }
-            }
-        }
-        Ok(())
+        let now = self.now();
+        let mut fx = Effects::default();
+        let r = self.router.tick(now, &mut self.replica, &mut fx);
+        self.carry_out(transport, fx).await?;
+        r
     }
 
     /// Persists, sends, applies; publishes what is this replica's.
@@ -1189,70 +601,14 @@ impl Node {
         transport: &mut T,
         applied: Vec<super::Applied>,
     ) -> Result<()> {
-        let id = self.replica.id();
-        let mut out = Vec::new();
-        for a in applied {
-            if a.replayed {
-                continue;
-            }
-            let ours = a.origin == id;
-            if ours {
-                self.untrack(&a.outputs);
-            }
-            for o in a.outputs {
-                let publish = match &o {
-                    Output::Publish(m) if m.kind == PublishKind::Notification => {
-                        ours || self.notify == Notify::Everywhere
-                    }
-                    Output::Publish(_) | Output::Violation { .. } => ours,
-                    Output::Journal(_) | Output::More(_) => false,
-                };
-                if publish {
-                    out.push(o);
-                }
-            }
-        }
-        self.answer_reads(&mut out)?;
-        if !out.is_empty() {
-            self.published(&out);
-            transport.emit(out).await?;
-        }
-        Ok(())
+        let now = self.now();
+        let mut fx = Effects::default();
+        let r = self
+            .router
+            .applied(now, applied, &mut self.replica, &mut fx);
+        self.carry_out(transport, fx).await?;
+        r
     }
-}
-
-/// Splits a batch into the reads to serve with a read index (`index`:
-/// allowed now) and the rest, for the log, in order; and how many reads
-/// are in the rest. `positions` are the reads (the guest's `reads`). A read
-/// whose response topic has a write in flight (`unapplied`) or earlier in
-/// the batch goes through the log behind it: a client reads its own writes
-/// even when it does not wait for them.
-fn split_reads(
-    messages: Vec<InboundMessage>,
-    positions: &[u32],
-    index: bool,
-    unapplied: &HashMap<String, usize>,
-) -> (Vec<InboundMessage>, Vec<InboundMessage>, u64) {
-    let mut reads = Vec::new();
-    let mut rest = Vec::new();
-    let mut by_log = 0;
-    let mut writing: std::collections::HashSet<String> = Default::default();
-    for (i, m) in messages.into_iter().enumerate() {
-        let topic = m.response_topic.as_deref();
-        if !positions.contains(&u32::try_from(i).unwrap_or(u32::MAX)) {
-            if let Some(t) = topic {
-                writing.insert(t.to_string());
-            }
-            rest.push(m);
-        } else if index && !topic.is_some_and(|t| writing.contains(t) || unapplied.contains_key(t))
-        {
-            reads.push(m);
-        } else {
-            by_log += 1;
-            rest.push(m);
-        }
-    }
-    (reads, rest, by_log)
 }
 
 /// The start of this replica's new life (its `via.started`): now, or just
@@ -1307,23 +663,6 @@ fn random_u64() -> u64 {
 mod tests {
     use super::*;
 
-    fn message(topic: &str, corr: u8) -> InboundMessage {
-        InboundMessage {
-            topic: statestore_guest::rpc::REQUEST_TOPIC.into(),
-            qos: 1,
-            response_topic: Some(topic.into()),
-            correlation_data: Some(vec![corr]),
-            ..Default::default()
-        }
-    }
-
-    fn corrs(messages: &[InboundMessage]) -> Vec<u8> {
-        messages
-            .iter()
-            .map(|m| m.correlation_data.as_ref().expect("set")[0])
-            .collect()
-    }
-
     /// A life starts after the ones before it, even when the clock went
     /// back.
     #[test]
@@ -1333,33 +672,5 @@ mod tests {
         assert_eq!(new_life(&disk, 5_000).expect("life"), 5_000);
         assert_eq!(new_life(&disk, 4_000).expect("clock went back"), 5_001);
         assert_eq!(new_life(&disk, 5_001).expect("same ms"), 5_002);
-    }
-
-    /// Reads of other clients take the index; a client's read after its
-    /// own write (earlier in the batch, or still in flight) stays behind
-    /// it in the log, in order.
-    #[test]
-    fn a_read_behind_its_clients_write_goes_through_the_log() {
-        // 0: a's write, 1: a's read, 2: b's read, 3: c's read (c has a
-        // write in flight), 4: b's write, 5: b's read.
-        let batch = vec![
-            message("a", 0),
-            message("a", 1),
-            message("b", 2),
-            message("c", 3),
-            message("b", 4),
-            message("b", 5),
-        ];
-        let in_flight = HashMap::from([("c".to_string(), 1)]);
-        let (reads, rest, by_log) = split_reads(batch.clone(), &[1, 2, 3, 5], true, &in_flight);
-        assert_eq!(corrs(&reads), [2]);
-        assert_eq!(corrs(&rest), [0, 1, 3, 4, 5]);
-        assert_eq!(by_log, 3);
-        // Without the index (off, or a leader new to its term): all in
-        // the log, in order.
-        let (reads, rest, by_log) = split_reads(batch, &[1, 2, 3, 5], false, &HashMap::new());
-        assert!(reads.is_empty());
-        assert_eq!(corrs(&rest), [0, 1, 2, 3, 4, 5]);
-        assert_eq!(by_log, 4);
     }
 }

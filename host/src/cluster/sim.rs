@@ -1,10 +1,14 @@
 //! The whole cluster in one thread, under a simulated clock and network,
 //! replayable from a seed (the FoundationDB / TigerBeetle way): replicas
-//! with the native build of the guest, a network that loses, delays and
-//! reorders messages and cuts one replica off for a while, replicas that
+//! with the native build of the guest, each with the server's own
+//! [`Router`] (clients on every replica; followers forward to the leader),
+//! a network that loses, delays and reorders messages and cuts one replica
+//! off for a while (both ways, or only what is sent to it), replicas that
 //! crash and restart from their log, clocks that are skewed and jump.
 //!
 //! Checked in every run:
+//! - **One meaning for every answer**: no request is answered twice
+//!   differently, and none answered 503 ("not applied") is ever applied.
 //! - **Determinism**: every replica that applies log entry `i` makes
 //!   exactly the outputs every other replica made of it (and itself, after
 //!   a restart).
@@ -22,17 +26,19 @@
 //! comes from the seed).
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use std::sync::Arc;
 
 use raft::prelude::{Message, MessageType};
 use statestore_guest::rpc::REQUEST_TOPIC;
-use statestore_guest::wire;
 
+use super::file::ReadPath;
+use super::router::{Effects, Limits, Notify, Now, Router};
 use super::{Applied, Compaction, Durability, LogStore, Replica, Timing, linear};
 use crate::storage::MemStorage;
-use crate::{Backend, Config, InboundMessage, Input, NativeStore, Output};
+use crate::{Backend, Config, InboundMessage, NativeStore, Output};
 
 /// A tick of simulated time, ms.
 const TICK_MS: u64 = 10;
@@ -104,6 +110,10 @@ pub struct Report {
     pub index_reads: usize,
     /// Replicas replaced by a new one (removed, then a new id added).
     pub replaced: usize,
+    /// Requests answered 503: never sent to a leader, never applied.
+    pub refused: usize,
+    /// Requests answered 408: sent, not applied in time, outcome unknown.
+    pub outcome_unknown: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -157,6 +167,8 @@ const HOT_KEYS: usize = 3;
 
 struct Node {
     replica: Option<Replica<NativeStore>>,
+    /// What it does with its clients' requests (the server's own).
+    router: Option<Router>,
     /// Its disk: what was synced survives a crash, with a torn tail.
     disk: MemStorage,
     /// Down until this tick.
@@ -170,17 +182,316 @@ struct Node {
 impl Node {
     /// Replica `id` on a new disk, with the membership `ids` (none: it
     /// joins) and a skewed clock.
-    fn new(id: u64, ids: &[u64], rng: &mut Rng) -> Result<Node> {
+    fn new(id: u64, ids: &[u64], rng: &mut Rng, base: Instant) -> Result<Node> {
         let disk = MemStorage::new();
         let replica = start(id, ids, &disk)?;
         Ok(Node {
             replica: Some(replica),
+            router: Some(router(id, base, 0)),
             disk,
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
             removed: false,
         })
     }
+
+    /// Its time at `tick`.
+    fn now(&self, base: Instant, tick: u64) -> Now {
+        Now {
+            at: base + Duration::from_millis(tick * TICK_MS),
+            ms: (T0 + tick * TICK_MS).saturating_add_signed(self.skew),
+        }
+    }
+}
+
+/// The routers' timeouts, shorter than a server's so that cuts outlast them.
+const LIMITS: Limits = Limits {
+    hold: Duration::from_millis(1_000),
+    resend_within: Duration::from_millis(3_000),
+    retry_after: Duration::from_millis(400),
+    read_wait: Duration::from_millis(100),
+    timer_every: Duration::from_millis(200),
+};
+
+/// Replica `id`'s router (at `tick`): odd replicas answer reads with a
+/// read index, even ones through the log.
+fn router(id: u64, base: Instant, tick: u64) -> Router {
+    let path = if id % 2 == 1 {
+        ReadPath::Index
+    } else {
+        ReadPath::Log
+    };
+    let at = base + Duration::from_millis(tick * TICK_MS);
+    // Read contexts of a new life never meet an earlier life's.
+    let next_read = (id << 48) | (tick << 16);
+    Router::new(
+        id,
+        config(),
+        None,
+        path,
+        Notify::Origin,
+        LIMITS,
+        next_read,
+        at,
+    )
+}
+
+/// What travels between replicas.
+#[derive(Debug, Clone)]
+enum Wire {
+    Raft(Message),
+    /// Requests `from` forwards to the leader `to`.
+    Forward {
+        from: u64,
+        to: u64,
+        batch: Vec<u8>,
+    },
+}
+
+impl Wire {
+    fn from(&self) -> u64 {
+        match self {
+            Wire::Raft(m) => m.from,
+            Wire::Forward { from, .. } => *from,
+        }
+    }
+    fn to(&self) -> u64 {
+        match self {
+            Wire::Raft(m) => m.to,
+            Wire::Forward { to, .. } => *to,
+        }
+    }
+}
+
+/// A replica cut off: from everyone, or only from what is sent to it.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    replica: u64,
+    /// Only what is sent to it is lost (it still sends): a leader that
+    /// cannot hear its followers steps down, but its entries reach them.
+    inbound_only: bool,
+    until: u64,
+}
+
+impl Cut {
+    fn blocks(&self, w: &Wire) -> bool {
+        w.to() == self.replica || (!self.inbound_only && w.from() == self.replica)
+    }
+}
+
+/// What a request's client knows: the requests waiting for their answer,
+/// and every answer given, checked.
+#[derive(Default)]
+struct Clients {
+    /// correlation -> (op, the replica it was sent through).
+    pending: BTreeMap<u64, (Op, u64)>,
+    /// correlation -> (the replica, `__stat` and payload of its first answer).
+    answered: HashMap<u64, (u64, String, Vec<u8>)>,
+    /// Answered 503 ("not applied"): must never be applied.
+    refused: std::collections::HashSet<u64>,
+    /// Applied from the log on some replica.
+    applied: std::collections::HashSet<u64>,
+    acknowledged: Vec<u64>,
+    hot: Vec<Vec<linear::Event>>,
+    /// Hot operations answered 503: never happened.
+    void: std::collections::HashSet<(usize, usize)>,
+}
+
+impl Clients {
+    /// Replica `id` crashed: its clients' connections went with it, and
+    /// what they waited for is lost to them (they would retry).
+    fn crashed(&mut self, id: u64) {
+        self.pending.retain(|_, (_, origin)| *origin != id);
+        self.answered.retain(|_, (origin, _, _)| *origin != id);
+    }
+
+    /// An answer replica `origin` published.
+    fn answer(
+        &mut self,
+        seed: u64,
+        tick: u64,
+        origin: u64,
+        out: &Output,
+        report: &mut Report,
+    ) -> Result<()> {
+        let Output::Publish(p) = out else {
+            return Ok(());
+        };
+        let Some(corr) = p
+            .correlation_data
+            .as_deref()
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            .map(u64::from_be_bytes)
+        else {
+            return Ok(()); // a notification
+        };
+        let status = p.user_property("__stat").unwrap_or("").to_string();
+        if let Some((_, first, payload)) = self.answered.get(&corr) {
+            if *first != status || payload[..] != p.payload[..] {
+                bail!(
+                    "seed {seed}: request {corr} answered {first} {:?}, then {status} {:?}",
+                    String::from_utf8_lossy(payload),
+                    String::from_utf8_lossy(&p.payload)
+                );
+            }
+            return Ok(());
+        }
+        let Some((op, _)) = self.pending.remove(&corr) else {
+            return Ok(()); // its client is gone
+        };
+        self.answered
+            .insert(corr, (origin, status.clone(), p.payload.to_vec()));
+        match status.as_str() {
+            "200" => self.settle(seed, tick, op, &p.payload, report),
+            "503" => {
+                if self.applied.contains(&corr) {
+                    bail!(
+                        "seed {seed}: request {corr} was applied, then answered 503 (not applied)"
+                    );
+                }
+                self.refused.insert(corr);
+                report.refused += 1;
+                if let Op::Hot(k, i) = op {
+                    self.void.insert((k, i));
+                }
+                Ok(())
+            }
+            "408" => {
+                report.outcome_unknown += 1;
+                Ok(())
+            }
+            other => bail!("seed {seed}: request {corr} answered {other}"),
+        }
+    }
+
+    /// Request replies of an entry replica `id` applied.
+    fn applied(&mut self, seed: u64, id: u64, a: &Applied) -> Result<()> {
+        for o in &a.outputs {
+            if let Output::Publish(p) = o
+                && p.kind != crate::PublishKind::Notification
+                && let Some(corr) = p
+                    .correlation_data
+                    .as_deref()
+                    .and_then(|c| <[u8; 8]>::try_from(c).ok())
+                    .map(u64::from_be_bytes)
+            {
+                if self.refused.contains(&corr) {
+                    bail!(
+                        "seed {seed}: request {corr} was answered 503 (not applied), then applied at index {} on replica {id}",
+                        a.index
+                    );
+                }
+                self.applied.insert(corr);
+            }
+        }
+        Ok(())
+    }
+
+    /// A 200 answer to `op`.
+    fn settle(
+        &mut self,
+        seed: u64,
+        tick: u64,
+        op: Op,
+        payload: &[u8],
+        report: &mut Report,
+    ) -> Result<()> {
+        match op {
+            Op::Set(n) => {
+                if payload != b"+OK\r\n" {
+                    bail!(
+                        "seed {seed}: SET of {} got {:?}",
+                        key(n),
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                self.acknowledged.push(n);
+            }
+            Op::Get(n) => {
+                let v = format!("value-{n}");
+                let want = format!("${}\r\n{v}\r\n", v.len());
+                if payload != want.as_bytes() {
+                    bail!(
+                        "seed {seed}: an acknowledged write was lost: GET {} got {:?}",
+                        key(n),
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                report.reads += 1;
+            }
+            Op::Ttl => {}
+            Op::Hot(k, i) => {
+                let e = &mut self.hot[k][i];
+                e.ret = Some(tick);
+                match &mut e.op {
+                    linear::Op::Set(_) => {
+                        if payload != b"+OK\r\n" {
+                            bail!(
+                                "seed {seed}: SET hot-{k} got {:?}",
+                                String::from_utf8_lossy(payload)
+                            );
+                        }
+                    }
+                    linear::Op::Get(seen) => *seen = parse_bulk(payload),
+                    linear::Op::Del(said) => {
+                        *said = Some(match payload {
+                            b":1\r\n" => true,
+                            b":0\r\n" => false,
+                            other => bail!(
+                                "seed {seed}: DEL hot-{k} got {:?}",
+                                String::from_utf8_lossy(other)
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Carries out what replica `origin`'s router asked for: forwards go on
+/// the network, replies to their clients.
+#[allow(clippy::too_many_arguments)]
+fn carry_out(
+    seed: u64,
+    tick: u64,
+    origin: u64,
+    fx: Effects,
+    o: &Options,
+    faults: bool,
+    rng: &mut Rng,
+    net: &mut Vec<(u64, Wire)>,
+    clients: &mut Clients,
+    report: &mut Report,
+) -> Result<()> {
+    for (to, batch) in fx.forwards {
+        send(
+            tick,
+            Wire::Forward {
+                from: origin,
+                to,
+                batch,
+            },
+            o,
+            faults,
+            rng,
+            net,
+        );
+    }
+    for out in &fx.replies {
+        clients.answer(seed, tick, origin, out, report)?;
+    }
+    Ok(())
+}
+
+/// Puts `w` on the network: lost, or delayed (which reorders).
+fn send(tick: u64, w: Wire, o: &Options, faults: bool, rng: &mut Rng, net: &mut Vec<(u64, Wire)>) {
+    if faults && rng.chance(o.loss) {
+        return;
+    }
+    let delay = 1 + if faults { rng.below(o.max_delay) } else { 0 };
+    net.push((tick + delay, w));
 }
 
 fn config() -> Config {
@@ -255,10 +566,11 @@ fn reply_to(outputs: &[Output], correlation: u64) -> Option<&[u8]> {
 /// Runs one seeded simulation; an error says which property broke.
 pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let mut rng = Rng(seed);
+    let base = Instant::now();
     let ids: Vec<u64> = (1..=o.replicas as u64).collect();
     let mut nodes: Vec<Node> = Vec::new();
     for &id in &ids {
-        nodes.push(Node::new(id, &ids, &mut rng)?);
+        nodes.push(Node::new(id, &ids, &mut rng, base)?);
     }
     // A replacement under way: the replica being removed, and then the one
     // joining.
@@ -266,22 +578,17 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let mut joining: Option<u64> = None;
     let mut report = Report::default();
     // Messages in flight: (deliver at tick, message).
-    let mut net: Vec<(u64, Message)> = Vec::new();
-    // The replica cut off, and until when.
-    let mut cut: Option<(u64, u64)> = None;
+    let mut net: Vec<(u64, Wire)> = Vec::new();
+    let mut cut: Option<Cut> = None;
     // Outputs of each applied index, as the first replica made them.
     let mut outputs_at: HashMap<u64, Vec<Output>> = HashMap::new();
-    // Requests waiting for their reply: correlation -> (op, origin).
-    let mut pending: BTreeMap<u64, (Op, u64)> = BTreeMap::new();
-    let mut acknowledged: Vec<u64> = Vec::new();
+    let mut clients = Clients {
+        hot: vec![Vec::new(); HOT_KEYS],
+        ..Clients::default()
+    };
     let mut next_corr = 0u64;
     let mut next_key = 0u64;
     let mut last_leader = 0u64;
-    let mut timer_pending = false;
-    let mut hot: Vec<Vec<linear::Event>> = vec![Vec::new(); HOT_KEYS];
-    // Reads waiting for their read index: context -> batch.
-    let mut reads: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut next_read = 0u64;
 
     let total = o.ticks + 3_000; // the tail: faults stop, the cluster settles
     for tick in 0..total {
@@ -296,21 +603,20 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             let i = rng.below(nodes.len() as u64) as usize;
             if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
                 nodes[i].replica = None;
+                nodes[i].router = None;
                 // What it had not synced is gone, but for a torn tail.
                 let torn = rng.below(64) as usize;
                 nodes[i].disk = nodes[i].disk.crash(Some(torn));
                 nodes[i].down_until = tick + 20 + rng.below(200);
                 report.crashes += 1;
-                // What it had in flight is gone; its clients' requests are
-                // lost with it (they would retry).
-                let id = i as u64 + 1;
-                pending.retain(|_, (_, origin)| *origin != id);
+                clients.crashed(i as u64 + 1);
             }
             if cut.is_none() && rng.chance(o.partition) {
-                cut = Some((
-                    rng.below(nodes.len() as u64) + 1,
-                    tick + 50 + rng.below(300),
-                ));
+                cut = Some(Cut {
+                    replica: rng.below(nodes.len() as u64) + 1,
+                    inbound_only: rng.chance(500),
+                    until: tick + 50 + rng.below(300),
+                });
             }
             if rng.chance(2) {
                 // A clock jump on one replica.
@@ -320,12 +626,14 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         } else {
             cut = None;
         }
-        if cut.is_some_and(|(_, until)| tick >= until) {
+        if cut.is_some_and(|c| tick >= c.until) {
             cut = None;
         }
         for (i, node) in nodes.iter_mut().enumerate() {
             if node.replica.is_none() && !node.removed && tick >= node.down_until {
-                node.replica = Some(start(i as u64 + 1, &ids, &node.disk)?);
+                let id = i as u64 + 1;
+                node.replica = Some(start(id, &ids, &node.disk)?);
+                node.router = Some(router(id, base, tick));
                 report.restarts += 1;
             }
         }
@@ -339,19 +647,25 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 true
             }
         });
-        for m in due {
-            let blocked = cut.is_some_and(|(c, _)| m.from == c || m.to == c);
-            let node = &mut nodes[(m.to - 1) as usize];
-            if blocked {
+        for w in due {
+            if cut.is_some_and(|c| c.blocks(&w)) {
                 continue;
             }
-            if m.get_msg_type() == MessageType::MsgSnapshot {
-                report.snapshots_sent += 1;
-            }
-            if let Some(r) = node.replica.as_mut() {
-                // A stale or unexpected message is refused by Raft; that is
-                // the network's business, not a failure.
-                let _ = r.step(m);
+            let node = &mut nodes[(w.to() - 1) as usize];
+            let now = node.now(base, tick);
+            let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
+                continue;
+            };
+            match w {
+                Wire::Raft(m) => {
+                    if m.get_msg_type() == MessageType::MsgSnapshot {
+                        report.snapshots_sent += 1;
+                    }
+                    // A stale or unexpected message is refused by Raft;
+                    // that is the network's business, not a failure.
+                    let _ = r.step(m);
+                }
+                Wire::Forward { from, batch, .. } => router.forwarded(now, from, &batch, r),
             }
         }
         // Ticks.
@@ -371,7 +685,6 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         if leader != 0 && leader != last_leader {
             report.leader_changes += 1;
             last_leader = leader;
-            timer_pending = false;
         }
         // Replacing a follower: remove it, then add a new replica.
         if leader != 0 {
@@ -391,13 +704,14 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                     }
                 } else {
                     // Gone from the membership: down for good; a new one.
-                    let o = &mut nodes[(old - 1) as usize];
-                    o.replica = None;
-                    o.removed = true;
-                    pending.retain(|_, (_, origin)| *origin != old);
+                    let gone = &mut nodes[(old - 1) as usize];
+                    gone.replica = None;
+                    gone.router = None;
+                    gone.removed = true;
+                    clients.crashed(old);
                     removing = None;
                     let id = nodes.len() as u64 + 1;
-                    nodes.push(Node::new(id, &[], &mut rng)?);
+                    nodes.push(Node::new(id, &[], &mut rng, base)?);
                     joining = Some(id);
                 }
             } else if let Some(new) = joining {
@@ -422,172 +736,92 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 }
             }
         }
-        // Client load, at the leader (clients find it; forwarding comes later).
-        if faults && leader != 0 && rng.chance(o.load) {
-            let li = (leader - 1) as usize;
-            let clock = now_ms.saturating_add_signed(nodes[li].skew);
+        // Client load, through any replica that is up (leader or not).
+        let up: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes[i].replica.is_some())
+            .collect();
+        if faults && !up.is_empty() && rng.chance(o.load) {
+            let i = up[rng.below(up.len() as u64) as usize];
+            let now = nodes[i].now(base, tick);
             next_corr += 1;
             let corr = next_corr;
-            let pick = rng.below(20);
-            let (op, msg) = match pick {
-                12.. => {
-                    let k = rng.below(HOT_KEYS as u64) as usize;
-                    let name = format!("hot-{k}");
-                    let (op, parts): (linear::Op, Vec<Vec<u8>>) = match rng.below(5) {
-                        0 | 1 => {
-                            next_key += 1;
-                            let v = format!("v{next_key}").into_bytes();
-                            (
-                                linear::Op::Set(v.clone()),
-                                vec![b"SET".to_vec(), name.clone().into_bytes(), v],
-                            )
-                        }
-                        2 | 3 => (
-                            linear::Op::Get(None),
-                            vec![b"GET".to_vec(), name.clone().into_bytes()],
-                        ),
-                        _ => (
-                            linear::Op::Del(None),
-                            vec![b"DEL".to_vec(), name.clone().into_bytes()],
-                        ),
-                    };
-                    hot[k].push(linear::Event {
-                        op,
-                        call: tick,
-                        ret: None,
-                    });
-                    let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-                    (Op::Hot(k, hot[k].len() - 1), request(&refs, corr, now_ms))
-                }
-                0..=5 => {
-                    next_key += 1;
-                    let n = next_key;
-                    let (k, v) = (key(n), format!("value-{n}"));
-                    (
-                        Op::Set(n),
-                        request(&[b"SET", k.as_bytes(), v.as_bytes()], corr, now_ms),
-                    )
-                }
-                6..=10 if !acknowledged.is_empty() => {
-                    let n = acknowledged[rng.below(acknowledged.len() as u64) as usize];
-                    (
-                        Op::Get(n),
-                        request(&[b"GET", key(n).as_bytes()], corr, now_ms),
-                    )
-                }
-                _ => (
-                    Op::Ttl,
-                    request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
-                ),
+            let (op, msg) =
+                client_request(&mut rng, corr, now_ms, tick, &mut next_key, &mut clients);
+            clients.pending.insert(corr, (op, i as u64 + 1));
+            let node = &mut nodes[i];
+            let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
+                unreachable!("up");
             };
-            let read = matches!(op, Op::Get(_))
-                || matches!(op, Op::Hot(k, i) if matches!(hot[k][i].op, linear::Op::Get(_)));
-            // Half the reads go with a read index to a replica that is up
-            // (a follower or the leader); the rest through the log.
-            let by_index = if read && rng.chance(500) {
-                let up: Vec<usize> = (0..nodes.len())
-                    .filter(|&i| nodes[i].replica.is_some())
-                    .collect();
-                Some(up[rng.below(up.len() as u64) as usize])
-            } else {
-                None
-            };
-            if let Some(ri) = by_index {
-                next_read += 1;
-                let r = nodes[ri].replica.as_mut().expect("up");
-                r.read_index(next_read);
-                reads.insert(next_read, wire::encode_batch(&[Input::Message(&msg)]));
-                pending.insert(corr, (op, ri as u64 + 1));
-            } else {
-                let r = nodes[li].replica.as_mut().expect("the leader is up");
-                if r.propose(leader, &[Input::Message(&msg)], clock).is_ok() {
-                    pending.insert(corr, (op, leader));
-                } else if let Op::Hot(k, _) = op {
-                    hot[k].pop(); // never invoked
-                }
-            }
+            let mut fx = Effects::default();
+            router.requests(now, vec![msg], r, &mut fx)?;
+            carry_out(
+                seed,
+                tick,
+                i as u64 + 1,
+                fx,
+                o,
+                faults,
+                &mut rng,
+                &mut net,
+                &mut clients,
+                &mut report,
+            )?;
         }
-        // Expiry: the leader proposes a timer entry once its guest is due.
-        if leader != 0 && !timer_pending {
-            let li = (leader - 1) as usize;
-            let clock = now_ms.saturating_add_signed(nodes[li].skew);
-            let r = nodes[li].replica.as_mut().expect("the leader is up");
-            if let Ok(Some(d)) = r.store_mut().next_deadline()
-                && d <= clock
-                && r.propose(leader, &[], clock).is_ok()
-            {
-                timer_pending = true;
-                report.timeouts += 1;
-            }
-        }
-        // Ready: persist, send, apply.
+        // The routers' ticks (what waited too long is answered; the leader
+        // proposes expiry), then ready: persist, send, apply, publish.
         for node in nodes.iter_mut() {
-            let Some(r) = node.replica.as_mut() else {
+            let now = node.now(base, tick);
+            let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
                 continue;
             };
             let id = r.id();
+            let mut fx = Effects::default();
+            router.tick(now, r, &mut fx)?;
             let (messages, applied) = r.ready()?;
             for m in messages {
-                if faults && rng.chance(o.loss) {
-                    continue;
-                }
-                let delay = 1 + if faults { rng.below(o.max_delay) } else { 0 };
-                net.push((tick + delay, m));
+                send(tick, Wire::Raft(m), o, faults, &mut rng, &mut net);
             }
-            for a in applied {
+            for a in &applied {
+                // Applied again after a restart too: checked for determinism.
+                check_deterministic(&mut outputs_at, id, a)?;
+                clients.applied(seed, id, a)?;
                 if a.replayed {
-                    // Applied again after a restart: its replies went out
-                    // before (still checked for determinism).
-                    check_deterministic(&mut outputs_at, id, &a)?;
                     continue;
                 }
-                check_deterministic(&mut outputs_at, id, &a)?;
                 report.applied = report.applied.max(a.index);
-                if a.origin == id && is_timer(&a) {
-                    timer_pending = false;
+                if a.origin == id && is_timer(a) {
+                    report.timeouts += 1;
                 }
-                if a.origin != id {
-                    continue;
-                }
-                // The origin publishes the replies.
-                replies(
-                    seed,
-                    tick,
-                    a.index,
-                    &a.outputs,
-                    &mut pending,
-                    &mut acknowledged,
-                    &mut hot,
-                    &mut report,
-                )?;
             }
-            // Reads whose read index this replica has applied.
-            for ctx in r.take_reads() {
-                let Some(batch) = reads.remove(&ctx) else {
-                    continue;
-                };
-                let outputs = r.query(&batch)?;
-                report.index_reads += 1;
-                replies(
-                    seed,
-                    tick,
-                    r.applied(),
-                    &outputs,
-                    &mut pending,
-                    &mut acknowledged,
-                    &mut hot,
-                    &mut report,
-                )?;
-            }
+            router.applied(now, applied, r, &mut fx)?;
+            report.index_reads += router.take_index_reads() as usize;
+            carry_out(
+                seed,
+                tick,
+                id,
+                fx,
+                o,
+                faults,
+                &mut rng,
+                &mut net,
+                &mut clients,
+                &mut report,
+            )?;
         }
     }
-    report.acknowledged = acknowledged.len();
+    report.acknowledged = clients.acknowledged.len();
     // Every hot key's history is linearizable.
-    for history in hot.iter_mut() {
-        // A GET never answered changed nothing and said nothing.
-        history.retain(|e| e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
+    for (k, history) in clients.hot.iter_mut().enumerate() {
+        let mut i = 0;
+        history.retain(|e| {
+            let keep = !clients.void.contains(&(k, i))
+                // A GET never answered changed nothing and said nothing.
+                && (e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
+            i += 1;
+            keep
+        });
     }
-    for (k, history) in hot.iter().enumerate() {
+    for (k, history) in clients.hot.iter().enumerate() {
         report.hot_ops += history.len();
         match linear::check(history, LINEAR_BUDGET) {
             linear::Verdict::Linearizable => {}
@@ -620,7 +854,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     }
     // Every acknowledged key is in that state, with its value.
     let mut check = nodes[0].replica.as_mut().expect("up").store_mut().clone();
-    for &n in &acknowledged {
+    for &n in &clients.acknowledged {
         let m = request(
             &[b"GET", key(n).as_bytes()],
             u64::MAX - n,
@@ -639,76 +873,70 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     Ok(report)
 }
 
-/// Settles the requests answered in `outputs` (applied at log index `at`).
-#[allow(clippy::too_many_arguments)]
-fn replies(
-    seed: u64,
+/// A client's next request (correlation `corr`), and what the client
+/// expects of it.
+fn client_request(
+    rng: &mut Rng,
+    corr: u64,
+    now_ms: u64,
     tick: u64,
-    at: u64,
-    outputs: &[Output],
-    pending: &mut BTreeMap<u64, (Op, u64)>,
-    acknowledged: &mut Vec<u64>,
-    hot: &mut [Vec<linear::Event>],
-    report: &mut Report,
-) -> Result<()> {
-    let corrs: Vec<u64> = pending.keys().copied().collect();
-    for corr in corrs {
-        let Some(payload) = reply_to(outputs, corr) else {
-            continue;
-        };
-        let (op, _) = pending.remove(&corr).expect("pending");
-        match op {
-            Op::Set(n) => {
-                if payload != b"+OK\r\n" {
-                    bail!(
-                        "seed {seed}: SET of {} got {:?}",
-                        key(n),
-                        String::from_utf8_lossy(payload)
-                    );
+    next_key: &mut u64,
+    clients: &mut Clients,
+) -> (Op, InboundMessage) {
+    match rng.below(20) {
+        12.. => {
+            let k = rng.below(HOT_KEYS as u64) as usize;
+            let name = format!("hot-{k}");
+            let (op, parts): (linear::Op, Vec<Vec<u8>>) = match rng.below(5) {
+                0 | 1 => {
+                    *next_key += 1;
+                    let v = format!("v{next_key}").into_bytes();
+                    (
+                        linear::Op::Set(v.clone()),
+                        vec![b"SET".to_vec(), name.clone().into_bytes(), v],
+                    )
                 }
-                acknowledged.push(n);
-            }
-            Op::Get(n) => {
-                let v = format!("value-{n}");
-                let want = format!("${}\r\n{v}\r\n", v.len());
-                if payload != want.as_bytes() {
-                    bail!(
-                        "seed {seed}: an acknowledged write was lost: GET {} at index {at} got {:?}",
-                        key(n),
-                        String::from_utf8_lossy(payload)
-                    );
-                }
-                report.reads += 1;
-            }
-            Op::Ttl => {}
-            Op::Hot(k, i) => {
-                let e = &mut hot[k][i];
-                e.ret = Some(tick);
-                match &mut e.op {
-                    linear::Op::Set(_) => {
-                        if payload != b"+OK\r\n" {
-                            bail!(
-                                "seed {seed}: SET hot-{k} got {:?}",
-                                String::from_utf8_lossy(payload)
-                            );
-                        }
-                    }
-                    linear::Op::Get(seen) => *seen = parse_bulk(payload),
-                    linear::Op::Del(said) => {
-                        *said = Some(match payload {
-                            b":1\r\n" => true,
-                            b":0\r\n" => false,
-                            other => bail!(
-                                "seed {seed}: DEL hot-{k} got {:?}",
-                                String::from_utf8_lossy(other)
-                            ),
-                        });
-                    }
-                }
-            }
+                2 | 3 => (
+                    linear::Op::Get(None),
+                    vec![b"GET".to_vec(), name.clone().into_bytes()],
+                ),
+                _ => (
+                    linear::Op::Del(None),
+                    vec![b"DEL".to_vec(), name.clone().into_bytes()],
+                ),
+            };
+            clients.hot[k].push(linear::Event {
+                op,
+                call: tick,
+                ret: None,
+            });
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            (
+                Op::Hot(k, clients.hot[k].len() - 1),
+                request(&refs, corr, now_ms),
+            )
         }
+        0..=5 => {
+            *next_key += 1;
+            let n = *next_key;
+            let (k, v) = (key(n), format!("value-{n}"));
+            (
+                Op::Set(n),
+                request(&[b"SET", k.as_bytes(), v.as_bytes()], corr, now_ms),
+            )
+        }
+        6..=10 if !clients.acknowledged.is_empty() => {
+            let n = clients.acknowledged[rng.below(clients.acknowledged.len() as u64) as usize];
+            (
+                Op::Get(n),
+                request(&[b"GET", key(n).as_bytes()], corr, now_ms),
+            )
+        }
+        _ => (
+            Op::Ttl,
+            request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
+        ),
     }
-    Ok(())
 }
 
 /// Whether an applied entry is a timer entry (no request in it).
