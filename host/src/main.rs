@@ -332,6 +332,20 @@ enum ClusterCommand {
     /// leader hands the leadership over first). The removed replica stops.
     /// To replace a dead machine: remove it, then add its successor.
     Remove(ClusterRemoveArgs),
+    /// Bring back a replica whose Raft log was lost or damaged (it refuses
+    /// to start, saying so), while the others serve: with the replica
+    /// stopped, its log and snapshot are moved aside (`discarded-*`), its
+    /// term and vote kept, and the leader removes it and adds it back.
+    /// Then start it as before: it catches up from the leader's snapshot.
+    Rejoin(ClusterRejoinArgs),
+}
+
+#[derive(clap::Args)]
+struct ClusterRejoinArgs {
+    /// The cluster file of the replica to bring back (its data directory
+    /// is reset; the others are asked to remove it and add it back).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -640,7 +654,9 @@ struct ServeArgs {
     /// authentication for every client: anyone who can reach the port can
     /// read and write every key. Without it, a plain --listen beyond
     /// loopback, or a --tls-listen beyond loopback with neither
-    /// --users-file nor --client-ca, is refused (Redis' protected mode).
+    /// --users-file nor --client-ca, is refused (Redis' protected mode),
+    /// and so is a cluster replica's raft address beyond loopback (the
+    /// links between replicas are not encrypted).
     #[arg(long)]
     allow_insecure: bool,
 
@@ -763,6 +779,7 @@ fn main() -> ExitCode {
             args.id,
             false,
         ),
+        Command::Cluster(ClusterCommand::Rejoin(args)) => cluster_rejoin(&args.cluster),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
         Command::Component(args) => component(args),
@@ -1452,6 +1469,12 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
     let file = ClusterFile::load(path)?;
     let secret = file.secret()?;
     let listen = file.me().mqtt.unwrap_or(args.listen);
+    let raft = file.me().raft;
+    if !raft.ip().is_loopback() && !args.allow_insecure {
+        anyhow::bail!(
+            "refusing to listen for replicas on {raft}: the links between replicas are not encrypted and their hello carries the secret in clear, so anyone on the path could read every key and value, and replay a hello to change the membership; keep raft addresses on loopback, or add --allow-insecure on a network only the replicas can reach"
+        );
+    }
     if args.broker.is_none()
         && !listen.ip().is_loopback()
         && !args.allow_insecure
@@ -1761,6 +1784,37 @@ fn cluster_change(path: &std::path::Path, request: &str, id: u64, add: bool) -> 
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     })
+}
+
+/// `cluster rejoin`: the replica's data directory joins again (keeping its
+/// term and vote), then the leader removes it and adds it back.
+fn cluster_rejoin(path: &std::path::Path) -> Result<()> {
+    use statestore::cluster::node::ClusterFile;
+    let file = ClusterFile::load(path)?;
+    if file.replicas.len() < 2 {
+        anyhow::bail!(
+            "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
+        );
+    }
+    let disk = statestore::storage::DirStorage::open(&file.data_dir)
+        .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
+    let said = statestore::cluster::log::rejoin(&disk, statestore::serve::now_ms())?;
+    println!("{said}");
+    let me = file.me();
+    cluster_change(path, &format!("remove {}", file.id), file.id, false)
+        .context("the data directory is ready; the leader did not remove it (run `statestore cluster remove`, then `cluster add`, yourself)")?;
+    let mut add = format!("add {} raft={}", file.id, me.raft);
+    if let Some(m) = me.mqtt {
+        add.push_str(&format!(" mqtt={m}"));
+    }
+    cluster_change(path, &add, file.id, true)
+        .context("removed, but not added back (run `statestore cluster add` yourself)")?;
+    println!(
+        "replica {} rejoins: start it as before; it catches up from the leader's snapshot. Remove the discarded-* files in {} once it serves.",
+        file.id,
+        file.data_dir.display()
+    );
+    Ok(())
 }
 
 /// On SIGHUP: load the TLS listener's certificate files again, read the

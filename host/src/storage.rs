@@ -399,10 +399,20 @@ struct MemLogFile {
 }
 
 impl MemLogFile {
-    fn with<T>(&self, f: impl FnOnce(&mut MemState, &str) -> io::Result<T>) -> io::Result<T> {
+    /// Runs `f` on the file this handle opened, under the name it has now
+    /// (a rename keeps the file, as on a real file system).
+    fn with<T>(&mut self, f: impl FnOnce(&mut MemState, &str) -> io::Result<T>) -> io::Result<T> {
         let mut st = lock(&self.storage.0);
         if st.ids.get(&self.name) != Some(&self.id) {
-            return Err(io::Error::other("the file was replaced or removed"));
+            let Some(name) = st
+                .ids
+                .iter()
+                .find(|(_, id)| **id == self.id)
+                .map(|(n, _)| n.clone())
+            else {
+                return Err(io::Error::other("the file was replaced or removed"));
+            };
+            self.name = name;
         }
         f(&mut st, &self.name)
     }

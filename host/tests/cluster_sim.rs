@@ -2,8 +2,10 @@
 //! of a 3-replica cluster with message loss, delay and reordering,
 //! partitions (one-way ones too), crashes and restarts, clock jumps, and
 //! followers replaced by new replicas (membership changes), bounded by
-//! time; clients on every replica, through the server's own routing, and
-//! no request answered twice differently. A failure names its
+//! time; logs damaged in crashes (deleted, emptied, cut, a generation or
+//! the snapshot missing), refused and rejoined; clients on every replica,
+//! through the server's own routing, and no request answered twice
+//! differently. A failure names its
 //! seed: `STATESTORE_SIM_SEED=<seed> cargo test -p statestore --test
 //! cluster_sim` replays exactly that run.
 
@@ -50,6 +52,8 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.replaced += r.replaced;
         total.refused += r.refused;
         total.outcome_unknown += r.outcome_unknown;
+        total.damaged += r.damaged;
+        total.rejoined += r.rejoined;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -77,6 +81,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.refused > 0 && total.outcome_unknown > 0,
         "requests were answered 503 (never sent, checked never applied) and 408 (sent, outcome unknown; no other answer after): {total:?}"
+    );
+    assert!(
+        total.damaged > 0 && total.rejoined > 0,
+        "crashes damaged logs, replicas refused to start on them and rejoined: {total:?}"
     );
     assert!(
         total.replaced * 4 >= runs as usize,

@@ -9,20 +9,36 @@
 //!   raft-log.current   which generation of the log is current (written atomically)
 //!   raft-log.<gen>     records: u32 len | u32 crc32 | u8 kind | protobuf
 //!                        kind 1: an Entry   kind 2: the HardState
+//!   raft-state         records (same framing), kind 3: what the log must hold
 //! ```
 //!
 //! Records are appended as Raft hands them over; [`LogStore::sync`] makes
 //! them durable, and a replica sends what depends on them (its votes, its
-//! acknowledgements of entries) only after that under `--fsync always`.
+//! acknowledgements of entries) only after that under `--fsync always` (a
+//! new term or vote is synced under every policy).
 //! Compaction (after a snapshot) and installing a leader's snapshot write a
 //! new generation holding what is left, then switch `raft-log.current` to
 //! it: a crash leaves the old generation or the new one.
+//!
+//! `raft-state` is the log's anchor, kept apart so that losing the log does
+//! not lose it: each record (the last good one counts) holds the term and
+//! vote, the commit index, the last index the log held when it was last
+//! synced, the snapshot's index and the current generation. It is appended
+//! and synced after every sync of the log that changed them, and before
+//! anything shrinks the log (a new leader's entries replacing a tail, a
+//! leader's snapshot), so the log never legitimately ends before what it
+//! records. Term and vote are taken from it when the log's are older: a
+//! replica never votes twice in one term.
 //!
 //! Recovery reads the snapshot, then the current generation's records in
 //! order. A record cut short or failing its checksum at the end of the file
 //! is a torn tail (written, never synced, so never acknowledged): it is cut
 //! off. One followed by good records is damage, and the replica refuses to
-//! start (replace it: README, "Replacing a replica").
+//! start. So it does when the log holds less than `raft-state` records (a
+//! deleted, emptied or truncated log file, a missing generation or
+//! snapshot): the message says what is missing; `statestore cluster
+//! rejoin` discards the log, keeps the term and vote, and the replica
+//! catches up from the others ([`rejoin`]).
 
 use std::sync::Arc;
 
@@ -37,8 +53,91 @@ use crate::storage::{LogFile, Storage};
 const SNAPSHOT: &str = "raft-snapshot";
 const CURRENT: &str = "raft-log.current";
 const CONF: &str = "raft-conf";
+const STATE: &str = "raft-state";
+const STATE_NEW: &str = "raft-state.new";
 const KIND_ENTRY: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
+const KIND_STATE: u8 = 3;
+
+/// `raft-state` is rewritten with one record once it grows past this.
+const STATE_MAX_BYTES: u64 = 64 << 10;
+
+/// What the log must hold, kept apart from it (`raft-state`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Anchor {
+    /// The term and vote (Raft's hard state).
+    pub term: u64,
+    /// See `term`.
+    pub vote: u64,
+    /// The commit index.
+    pub commit: u64,
+    /// The last index the log held when it was last synced.
+    pub last: u64,
+    /// The snapshot's index (0: none).
+    pub snapshot: u64,
+    /// The current generation of the log.
+    pub generation: u64,
+}
+
+impl Anchor {
+    const VERSION: u8 = 1;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![Self::VERSION];
+        for v in [
+            self.term,
+            self.vote,
+            self.commit,
+            self.last,
+            self.snapshot,
+            self.generation,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn decode(body: &[u8]) -> Result<Anchor> {
+        if body.len() != 49 || body[0] != Self::VERSION {
+            bail!(
+                "a raft-state record of {} bytes, version {:?}",
+                body.len(),
+                body.first()
+            );
+        }
+        let v = |i: usize| u64::from_le_bytes(body[1 + 8 * i..9 + 8 * i].try_into().expect("8"));
+        Ok(Anchor {
+            term: v(0),
+            vote: v(1),
+            commit: v(2),
+            last: v(3),
+            snapshot: v(4),
+            generation: v(5),
+        })
+    }
+}
+
+/// How to recover a replica whose log lost what it had: words for the
+/// messages that refuse to start.
+const RECOVER: &str = "to recover while the others serve, run `statestore cluster rejoin --cluster <this replica's file>` (it keeps the term and vote, moves the damaged log aside, has the leader remove this replica and add it back), then start it again: it catches up from the leader's snapshot; a cluster of one cannot rejoin (restore its data directory from a backup)";
+
+/// Reads `raft-state`: its last good record, if any (a torn tail was never
+/// synced, so nothing depended on it).
+fn read_anchor(disk: &dyn Storage, names: &[String]) -> Result<Option<Anchor>> {
+    if !names.iter().any(|n| n == STATE) {
+        return Ok(None);
+    }
+    let data = disk.read(STATE).context("reading raft-state")?;
+    let parsed = parse(&data, STATE)?;
+    let mut anchor = None;
+    for (kind, body) in parsed.records {
+        if kind != KIND_STATE {
+            bail!("raft-state: a record of kind {kind}");
+        }
+        anchor = Some(Anchor::decode(&body).context("raft-state")?);
+    }
+    Ok(anchor)
+}
 
 /// A replica's log: raft-rs's [`MemStorage`] in front, the disk behind.
 pub struct LogStore {
@@ -54,6 +153,10 @@ pub struct LogStore {
     snapshot: Snapshot,
     /// Appends, bytes, fsync and snapshot durations (`--metrics`).
     metrics: Option<crate::metrics::JournalMetrics>,
+    /// `raft-state`, and what it says now.
+    state: Box<dyn LogFile>,
+    state_bytes: u64,
+    anchor: Anchor,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -122,7 +225,7 @@ fn next_good(data: &[u8], from: usize) -> bool {
         let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
         len > 1
             && data.len() - p - 8 >= len
-            && matches!(data[p + 8], KIND_ENTRY | KIND_HARD_STATE)
+            && matches!(data[p + 8], KIND_ENTRY | KIND_HARD_STATE | KIND_STATE)
             && crc32fast::hash(&data[p + 8..p + 8 + len]) == crc
     })
 }
@@ -140,7 +243,17 @@ impl LogStore {
     pub fn open(disk: Arc<dyn Storage>, voters: &[u64]) -> Result<LogStore> {
         disk.lock()
             .with_context(|| format!("{} is in use by another process", disk.describe()))?;
+        let opened = LogStore::open_locked(disk.clone(), voters);
+        if opened.is_err() {
+            disk.unlock();
+        }
+        opened
+    }
+
+    fn open_locked(disk: Arc<dyn Storage>, voters: &[u64]) -> Result<LogStore> {
         let names = disk.list().context("listing the Raft log")?;
+        let where_ = disk.describe();
+        let anchor = read_anchor(&*disk, &names)?;
         let mem;
         let mut snapshot = Snapshot::default();
         if names.iter().any(|n| n == SNAPSHOT) {
@@ -150,6 +263,13 @@ impl LogStore {
             mem.wl()
                 .apply_snapshot(snapshot.clone())
                 .context("loading the Raft snapshot")?;
+        } else if let Some(a) = anchor
+            && a.snapshot > 0
+        {
+            bail!(
+                "{where_}: raft-snapshot is missing, and raft-state says the log starts from a snapshot at index {}: refusing to start with an empty state; {RECOVER}",
+                a.snapshot
+            );
         } else if names.iter().any(|n| n == CONF) {
             let bytes = disk.read(CONF).context("reading raft-conf")?;
             let conf = ConfState::parse_from_bytes(&bytes).context("raft-conf")?;
@@ -160,24 +280,47 @@ impl LogStore {
                 .context("writing raft-conf")?;
             mem = MemStorage::new_with_conf_state(conf);
         }
+        let snap_index = snapshot.get_metadata().index;
+        if let Some(a) = anchor
+            && snap_index < a.snapshot
+        {
+            bail!(
+                "{where_}: raft-snapshot is at index {snap_index}, older than the one at index {} that raft-state records (an old copy?): refusing to start; {RECOVER}",
+                a.snapshot
+            );
+        }
         let mut generation = 0;
-        if names.iter().any(|n| n == CURRENT) {
+        let has_current = names.iter().any(|n| n == CURRENT);
+        if has_current {
             let bytes = disk.read(CURRENT).context("reading raft-log.current")?;
             generation = std::str::from_utf8(&bytes)
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .context("raft-log.current is not a generation number")?;
         }
+        if let Some(a) = anchor
+            && a.generation > generation
+        {
+            bail!(
+                "{where_}: {}, and raft-state records generation {} of the Raft log: refusing to start; {RECOVER}",
+                if has_current {
+                    format!("raft-log.current names generation {generation}")
+                } else {
+                    "raft-log.current is missing".to_string()
+                },
+                a.generation
+            );
+        }
         let name = log_name(generation);
+        let mut torn = None;
         if names.contains(&name) {
             let data = disk
                 .read(&name)
                 .with_context(|| format!("reading {name}"))?;
             let parsed = parse(&data, &name)?;
             if parsed.good < data.len() {
-                tracing::warn!(file = %name, at = parsed.good, cut = data.len() - parsed.good, "a torn tail of the Raft log (never synced, so never acknowledged): cut off");
+                torn = Some((parsed.good, data.len()));
             }
-            let snap_index = snapshot.get_metadata().index;
             let mut last = mem.last_index()?;
             let mut core = mem.wl();
             for (kind, body) in parsed.records {
@@ -206,14 +349,45 @@ impl LogStore {
                     k => bail!("{name}: a record of unknown kind {k}"),
                 }
             }
+        } else if has_current {
+            bail!(
+                "{where_}: {name} is missing (raft-log.current names it): refusing to start with an empty log; {RECOVER}"
+            );
         }
-        // A commit index past the log (never the case when written in order)
-        // would stop raft-rs: clamp it.
+        let last = mem.last_index()?;
+        if let Some(a) = anchor
+            && last < a.last
         {
-            let last = mem.last_index()?;
+            let what = match torn {
+                Some((at, len)) => format!(
+                    "{name} is cut inside a record at byte {at} of {len} (not a write the crash tore: the log had been synced past it)"
+                ),
+                None if last <= snap_index => format!("{name} holds no entries"),
+                None => format!("{name} was cut short"),
+            };
+            bail!(
+                "{where_}: the Raft log ends at index {last}, but it held index {} when it was last synced (raft-state): {what}; committed entries may be lost: refusing to start; {RECOVER}",
+                a.last
+            );
+        }
+        if let Some((at, len)) = torn {
+            tracing::warn!(file = %name, at, cut = len - at, "a torn tail of the Raft log (never synced, so never acknowledged): cut off");
+        }
+        {
             let mut core = mem.wl();
-            if core.hard_state().commit > last {
-                core.mut_hard_state().commit = last;
+            let hs = core.mut_hard_state();
+            if let Some(a) = anchor {
+                // A vote the log lost is still a vote.
+                if a.term > hs.term || (a.term == hs.term && hs.vote == 0) {
+                    hs.term = a.term;
+                    hs.vote = a.vote;
+                }
+                hs.commit = hs.commit.max(a.commit.min(last));
+            }
+            // A commit index past the log (never the case when written in
+            // order) would stop raft-rs: clamp it.
+            if hs.commit > last {
+                hs.commit = last;
             }
         }
         // What was read becomes a new generation (the torn tail left out).
@@ -223,6 +397,19 @@ impl LogStore {
         {
             tracing::warn!(file = %name, error = %e, "could not remove an old Raft log");
         }
+        if names.iter().any(|n| n == STATE_NEW) {
+            let _ = disk.remove(STATE_NEW); // an interrupted rewrite
+        }
+        let hs = mem.rl().hard_state().clone();
+        let anchor = Anchor {
+            term: hs.term,
+            vote: hs.vote,
+            commit: hs.commit,
+            last,
+            snapshot: snap_index,
+            generation: generation + 1,
+        };
+        let (state, state_bytes) = new_state_file(&*disk, &anchor)?;
         Ok(LogStore {
             mem,
             disk,
@@ -232,7 +419,61 @@ impl LogStore {
             dirty: false,
             snapshot,
             metrics: None,
+            state,
+            state_bytes,
+            anchor,
         })
+    }
+
+    /// What `raft-state` should say now (of what is synced).
+    fn current_anchor(&self) -> Result<Anchor> {
+        let hs = self.mem.rl().hard_state().clone();
+        Ok(Anchor {
+            term: hs.term,
+            vote: hs.vote,
+            commit: hs.commit,
+            last: self.mem.last_index()?,
+            snapshot: self.snapshot.get_metadata().index,
+            generation: self.generation,
+        })
+    }
+
+    /// Appends `anchor` to `raft-state` and syncs it (rewritten whole once
+    /// it has grown).
+    fn record(&mut self, anchor: Anchor) -> Result<()> {
+        if anchor == self.anchor {
+            return Ok(());
+        }
+        if self.state_bytes > STATE_MAX_BYTES {
+            let (file, bytes) = new_state_file(&*self.disk, &anchor)?;
+            self.state = file;
+            self.state_bytes = bytes;
+        } else {
+            let mut buf = Vec::new();
+            frame(KIND_STATE, &anchor.encode(), &mut buf);
+            self.state
+                .append(&buf)
+                .and_then(|()| self.state.sync())
+                .with_context(|| format!("writing raft-state in {}", self.disk.describe()))?;
+            self.state_bytes += buf.len() as u64;
+        }
+        self.anchor = anchor;
+        Ok(())
+    }
+
+    /// Before the log shrinks to `last` (a conflicting tail replaced, a
+    /// leader's snapshot installed): `raft-state` says so first, so that a
+    /// crash in between does not look like a lost log.
+    fn shrinking_to(&mut self, last: u64) -> Result<()> {
+        if last < self.anchor.last {
+            let anchor = Anchor {
+                last,
+                commit: self.anchor.commit.min(last),
+                ..self.anchor
+            };
+            self.record(anchor)?;
+        }
+        Ok(())
     }
 
     /// The membership is now `conf` (a change was applied): the next
@@ -257,6 +498,7 @@ impl LogStore {
         if entries.is_empty() {
             return Ok(());
         }
+        self.shrinking_to(entries[0].index.saturating_sub(1))?;
         self.mem
             .wl()
             .append(entries)
@@ -268,12 +510,19 @@ impl LogStore {
         self.write(&buf, entries.len())
     }
 
-    /// Records the hard state (term, vote, commit).
+    /// Records the hard state (term, vote, commit). A new term or vote is
+    /// synced at once, whatever the policy: a replica must not forget it
+    /// voted.
     pub fn set_hardstate(&mut self, hs: HardState) -> Result<()> {
         let mut buf = Vec::new();
         frame(KIND_HARD_STATE, &hs.write_to_bytes()?, &mut buf);
+        let voted = hs.term != self.anchor.term || hs.vote != self.anchor.vote;
         self.mem.wl().set_hardstate(hs);
-        self.write(&buf, 1)
+        self.write(&buf, 1)?;
+        if voted {
+            self.sync()?;
+        }
+        Ok(())
     }
 
     /// Records a new commit index.
@@ -297,7 +546,8 @@ impl LogStore {
         Ok(())
     }
 
-    /// Makes everything written so far durable.
+    /// Makes everything written so far durable, then records in
+    /// `raft-state` what the log now holds.
     pub fn sync(&mut self) -> Result<()> {
         if self.dirty {
             let started = std::time::Instant::now();
@@ -309,7 +559,13 @@ impl LogStore {
                 m.fsync.observe(started.elapsed().as_secs_f64());
             }
         }
-        Ok(())
+        let anchor = self.current_anchor()?;
+        self.record(anchor)
+    }
+
+    /// What `raft-state` says.
+    pub fn anchor(&self) -> Anchor {
+        self.anchor
     }
 
     /// Bytes in the current generation of the log.
@@ -350,6 +606,7 @@ impl LogStore {
 
     /// Installs a leader's snapshot (the log before it is dropped).
     pub fn install(&mut self, snap: Snapshot) -> Result<()> {
+        self.shrinking_to(snap.get_metadata().index)?;
         self.disk
             .write_atomic(SNAPSHOT, &snap.write_to_bytes()?)
             .context("writing the Raft snapshot")?;
@@ -373,8 +630,123 @@ impl LogStore {
         if let Err(e) = self.disk.remove(&old) {
             tracing::warn!(file = %old, error = %e, "could not remove an old Raft log");
         }
-        Ok(())
+        let anchor = self.current_anchor()?;
+        self.record(anchor)
     }
+}
+
+/// Writes `raft-state` anew with one record, `anchor` (through
+/// `raft-state.new`, renamed over it: a crash leaves the old or the new).
+fn new_state_file(disk: &dyn Storage, anchor: &Anchor) -> Result<(Box<dyn LogFile>, u64)> {
+    let mut buf = Vec::new();
+    frame(KIND_STATE, &anchor.encode(), &mut buf);
+    let mut file = disk.create(STATE_NEW).context("a new raft-state")?;
+    file.append(&buf).context("writing raft-state")?;
+    file.sync().context("syncing raft-state")?;
+    disk.rename(STATE_NEW, STATE)
+        .context("switching to the new raft-state")?;
+    disk.sync_dir().context("syncing the data directory")?;
+    Ok((file, buf.len() as u64))
+}
+
+/// The data directory's part of `statestore cluster rejoin`: the replica
+/// whose data directory is `disk` starts again as one joining the cluster
+/// (no membership until the leader's snapshot brings it), with an empty
+/// log, keeping its term and vote: it must never vote twice in one term.
+/// Its log, snapshot and membership are moved aside (renamed
+/// `discarded-<now_ms>.<name>`), never deleted. The cluster's part is to
+/// remove the replica and add it back (the leader keeps what each replica
+/// acknowledged; only a new member starts from nothing). Returns what it
+/// did, for the operator.
+pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
+    disk.lock().with_context(|| {
+        format!(
+            "{} is in use by another process (stop the replica first)",
+            disk.describe()
+        )
+    })?;
+    let names = disk.list().context("listing the data directory")?;
+    let ours = |n: &String| {
+        n == SNAPSHOT
+            || n == CURRENT
+            || n == CONF
+            || n == STATE
+            || n == STATE_NEW
+            || n.starts_with("raft-log.")
+    };
+    if !names.iter().any(ours) {
+        bail!(
+            "{}: no Raft log here: nothing to rejoin (a new replica starts with `join = true` and an empty data directory)",
+            disk.describe()
+        );
+    }
+    // Term and vote: raft-state's, or else the newest any log file still has.
+    let mut hs = HardState::default();
+    match read_anchor(disk, &names) {
+        Ok(Some(a)) => {
+            hs.term = a.term;
+            hs.vote = a.vote;
+        }
+        _ => {
+            let mut found = false;
+            for n in names
+                .iter()
+                .filter(|n| n.starts_with("raft-log.") && *n != CURRENT)
+            {
+                let Ok(data) = disk.read(n) else { continue };
+                let mut p = 0;
+                while p + 9 <= data.len() {
+                    let len = u32::from_le_bytes(data[p..p + 4].try_into().expect("4")) as usize;
+                    let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
+                    if len == 0
+                        || data.len() - p - 8 < len
+                        || crc32fast::hash(&data[p + 8..p + 8 + len]) != crc
+                    {
+                        break;
+                    }
+                    if data[p + 8] == KIND_HARD_STATE
+                        && let Ok(h) = HardState::parse_from_bytes(&data[p + 9..p + 8 + len])
+                        && h.term >= hs.term
+                    {
+                        hs.term = h.term;
+                        hs.vote = h.vote;
+                        found = true;
+                    }
+                    p += 8 + len;
+                }
+            }
+            if !found {
+                bail!(
+                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (README, \"Replacing a replica\")",
+                    disk.describe()
+                );
+            }
+        }
+    }
+    let mut moved = Vec::new();
+    for n in names.iter().filter(|n| ours(n)) {
+        let to = format!("discarded-{now_ms}.{n}");
+        disk.rename(n, &to)
+            .with_context(|| format!("moving {n} aside"))?;
+        moved.push(to);
+    }
+    disk.write_atomic(CONF, &ConfState::default().write_to_bytes()?)
+        .context("writing raft-conf")?;
+    let anchor = Anchor {
+        term: hs.term,
+        vote: hs.vote,
+        ..Anchor::default()
+    };
+    new_state_file(disk, &anchor)?;
+    disk.sync_dir().context("syncing the data directory")?;
+    disk.unlock();
+    Ok(format!(
+        "{}: the replica will join again (term {}, vote {} kept); moved aside: {}",
+        disk.describe(),
+        hs.term,
+        hs.vote,
+        moved.join(", ")
+    ))
 }
 
 /// Writes the entries and hard state of `mem` as generation `generation`,
@@ -639,5 +1011,183 @@ mod tests {
         assert_eq!(again.snapshot_index(), 20);
         assert_eq!(again.mem.last_index().expect("last"), 20);
         assert_eq!(again.hard_state().commit, 20);
+    }
+
+    /// A log on real files that synced entries 1 to 20 (term 2, voted for
+    /// 3, committed 20), with the snapshot at 8 when `snapshot`.
+    fn synced_log(dir: &std::path::Path, snapshot: bool) {
+        let _ = std::fs::remove_dir_all(dir);
+        let disk = crate::storage::DirStorage::open(dir).expect("dir");
+        let mut log = LogStore::open(Arc::new(disk), &[1, 2, 3]).expect("open");
+        let entries: Vec<Entry> = (1..=20).map(|i| entry(i, 2)).collect();
+        log.append(&entries).expect("append");
+        log.set_hardstate(hs(2, 3, 20)).expect("hs");
+        log.sync().expect("sync");
+        if snapshot {
+            log.compact(8, b"state at 8".to_vec()).expect("compact");
+        }
+        assert_eq!(log.anchor().last, 20);
+        assert_eq!(log.anchor().term, 2);
+    }
+
+    fn open_dir(dir: &std::path::Path) -> Result<LogStore> {
+        let disk = crate::storage::DirStorage::open(dir).expect("dir");
+        LogStore::open(Arc::new(disk), &[1, 2, 3])
+    }
+
+    fn current_log(dir: &std::path::Path) -> std::path::PathBuf {
+        let g = std::fs::read_to_string(dir.join(CURRENT)).expect("current");
+        dir.join(log_name(g.trim().parse().expect("a number")))
+    }
+
+    /// On real files: a log that lost what `raft-state` says it held
+    /// refuses to start, saying what is missing and how to recover, for
+    /// each way it can be lost; `cluster rejoin` then keeps the term and
+    /// vote and starts it as a joining replica with an empty log.
+    #[test]
+    fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
+        let dir = std::env::temp_dir().join(format!("statestore-anchor-{}", std::process::id()));
+        type Damage = fn(&std::path::Path);
+        let cases: [(&str, bool, Damage, &str); 7] = [
+            (
+                "deleted",
+                false,
+                |d| std::fs::remove_file(current_log(d)).expect("rm"),
+                "is missing",
+            ),
+            (
+                "emptied",
+                false,
+                |d| std::fs::write(current_log(d), b"").expect("empty"),
+                "holds no entries",
+            ),
+            (
+                "cut at a record",
+                false,
+                |d| {
+                    // The last record (the hard state) and the last entry go.
+                    let p = current_log(d);
+                    let data = std::fs::read(&p).expect("read");
+                    let parsed = parse(&data, "log").expect("parse");
+                    let tail: usize = parsed.records[parsed.records.len() - 2..]
+                        .iter()
+                        .map(|(_, b)| 9 + b.len())
+                        .sum();
+                    std::fs::write(&p, &data[..data.len() - tail]).expect("cut");
+                },
+                "was cut short",
+            ),
+            (
+                "cut inside a record",
+                false,
+                |d| {
+                    let p = current_log(d);
+                    let data = std::fs::read(&p).expect("read");
+                    std::fs::write(&p, &data[..data.len() / 2 + 3]).expect("cut");
+                },
+                "cut inside a record",
+            ),
+            (
+                "a missing generation",
+                false,
+                |d| std::fs::write(d.join(CURRENT), b"99").expect("current"),
+                "raft-log.99 is missing",
+            ),
+            (
+                "raft-log.current deleted",
+                false,
+                |d| std::fs::remove_file(d.join(CURRENT)).expect("rm"),
+                "raft-log.current is missing",
+            ),
+            (
+                "the snapshot deleted",
+                true,
+                |d| std::fs::remove_file(d.join(SNAPSHOT)).expect("rm"),
+                "raft-snapshot is missing",
+            ),
+        ];
+        for (what, snapshot, damage, says) in cases {
+            synced_log(&dir, snapshot);
+            // Intact: it opens with all of it.
+            let back = open_dir(&dir).expect("intact");
+            assert_eq!(back.mem.last_index().expect("last"), 20, "{what}");
+            drop(back);
+            damage(&dir);
+            let e = format!(
+                "{:#}",
+                open_dir(&dir)
+                    .err()
+                    .unwrap_or_else(|| panic!("{what}: opened"))
+            );
+            assert!(e.contains(says), "{what}: {e}");
+            assert!(
+                e.contains("refusing to start") && e.contains("cluster rejoin"),
+                "{what}: {e}"
+            );
+            // And again: refusing did not change anything.
+            assert!(open_dir(&dir).is_err(), "{what}");
+            let disk = crate::storage::DirStorage::open(&dir).expect("dir");
+            let said = rejoin(&disk, 1_000).expect("rejoin");
+            assert!(said.contains("term 2, vote 3 kept"), "{said}");
+            drop(disk);
+            let back = open_dir(&dir).expect("rejoined");
+            assert_eq!(back.mem.last_index().expect("last"), 0, "{what}");
+            assert_eq!(back.hard_state().term, 2);
+            assert_eq!(back.hard_state().vote, 3);
+            assert!(voters(&back).is_empty(), "joining");
+            drop(back);
+            let kept = std::fs::read_dir(&dir)
+                .expect("dir")
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("discarded-1000."))
+                .count();
+            assert!(kept >= 2, "{what}: moved aside, not deleted");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A vote recorded in `raft-state` survives a log that lost it: the
+    /// replica never votes twice in one term.
+    #[test]
+    fn the_term_and_vote_come_from_raft_state_when_the_log_lost_them() {
+        let disk = Disk::new();
+        let mut log = open(&disk).expect("open");
+        log.set_hardstate(hs(5, 2, 0)).expect("a vote");
+        // Synced at once (a vote), whatever the policy: no sync() here.
+        drop(log);
+        let after = disk.crash(None);
+        let back = open(&after).expect("reopen");
+        assert_eq!((back.hard_state().term, back.hard_state().vote), (5, 2));
+        // The log file gone, an empty one in its place: raft-state says 5/2.
+        drop(back);
+        let g: u64 = String::from_utf8(after.read(CURRENT).expect("current"))
+            .expect("utf8")
+            .trim()
+            .parse()
+            .expect("n");
+        after.truncate(&log_name(g), 0).expect("empty");
+        let back = open(&after.crash(None)).expect("nothing it held is lost (no entries)");
+        assert_eq!((back.hard_state().term, back.hard_state().vote), (5, 2));
+    }
+
+    /// A new leader's entries replacing a longer tail shrink the log:
+    /// `raft-state` says so first, so a crash after does not look like a
+    /// lost log.
+    #[test]
+    fn a_replaced_tail_is_not_taken_for_a_lost_one() {
+        let disk = Disk::new();
+        let mut log = open(&disk).expect("open");
+        log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)])
+            .expect("append");
+        log.sync().expect("sync");
+        assert_eq!(log.anchor().last, 3);
+        log.append(&[entry(2, 2)]).expect("a new leader's entry 2");
+        assert_eq!(log.anchor().last, 1, "recorded before the write");
+        // Crash before the new entry is synced: what is on disk is 1..3,
+        // or 1 and the torn start of the new record; both open.
+        for torn in [0, 10, usize::MAX] {
+            let back = open(&disk.crash(Some(torn))).expect("opens");
+            assert!(back.mem.last_index().expect("last") >= 1);
+        }
     }
 }

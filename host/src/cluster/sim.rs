@@ -9,6 +9,11 @@
 //! Checked in every run:
 //! - **One meaning for every answer**: no request is answered twice
 //!   differently, and none answered 503 ("not applied") is ever applied.
+//! - **A log never silently shrinks**: a crash may also delete, empty or
+//!   cut a replica's log file, point `raft-log.current` at a missing
+//!   generation or delete its snapshot; the replica either finds all it
+//!   had synced or refuses to start, and then rejoins (keeping its term
+//!   and vote). The checks below catch any write that got lost instead.
 //! - **Determinism**: every replica that applies log entry `i` makes
 //!   exactly the outputs every other replica made of it (and itself, after
 //!   a restart).
@@ -66,6 +71,12 @@ pub struct Options {
     /// cluster runs: removed from the membership, then a new replica (a
     /// new id, an empty disk) joins and catches up from a snapshot.
     pub replace: u64,
+    /// Per mille chance that a crash also damages the disk: its log file
+    /// deleted, emptied or truncated anywhere, `raft-log.current` naming a
+    /// missing generation, or its snapshot deleted. A replica that finds
+    /// its log holds less than `raft-state` records refuses to start, and
+    /// rejoins (`statestore cluster rejoin`).
+    pub damage: u64,
 }
 
 impl Default for Options {
@@ -79,6 +90,7 @@ impl Default for Options {
             partition: 4,
             load: 500,
             replace: 1,
+            damage: 300,
         }
     }
 }
@@ -114,6 +126,10 @@ pub struct Report {
     pub refused: usize,
     /// Requests answered 408: sent, not applied in time, outcome unknown.
     pub outcome_unknown: usize,
+    /// Crashes that damaged the disk too.
+    pub damaged: usize,
+    /// Replicas that refused to start on a damaged log and rejoined.
+    pub rejoined: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -177,6 +193,11 @@ struct Node {
     skew: i64,
     /// Removed from the membership: down for good.
     removed: bool,
+    /// Its disk was damaged in its last crash: it may have to rejoin.
+    damaged: bool,
+    /// Refused to start and rejoined: down until the leader has removed
+    /// it and is adding it back.
+    rejoining: bool,
 }
 
 impl Node {
@@ -192,6 +213,8 @@ impl Node {
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
             removed: false,
+            damaged: false,
+            rejoining: false,
         })
     }
 
@@ -576,6 +599,8 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     // joining.
     let mut removing: Option<u64> = None;
     let mut joining: Option<u64> = None;
+    // The one joining is a replica that rejoins (removed, added back).
+    let mut readding = false;
     let mut report = Report::default();
     // Messages in flight: (deliver at tick, message).
     let mut net: Vec<(u64, Wire)> = Vec::new();
@@ -607,6 +632,17 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 // What it had not synced is gone, but for a torn tail.
                 let torn = rng.below(64) as usize;
                 nodes[i].disk = nodes[i].disk.crash(Some(torn));
+                // Not while the membership changes: a cluster of two
+                // waiting for a replica that waits to be removed is stuck
+                // (as it would be for an operator).
+                if removing.is_none()
+                    && joining.is_none()
+                    && rng.chance(o.damage)
+                    && damage(&nodes[i].disk, &mut rng).is_some()
+                {
+                    report.damaged += 1;
+                    nodes[i].damaged = true;
+                }
                 nodes[i].down_until = tick + 20 + rng.below(200);
                 report.crashes += 1;
                 clients.crashed(i as u64 + 1);
@@ -632,7 +668,27 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         for (i, node) in nodes.iter_mut().enumerate() {
             if node.replica.is_none() && !node.removed && tick >= node.down_until {
                 let id = i as u64 + 1;
-                node.replica = Some(start(id, &ids, &node.disk)?);
+                let replica = match start(id, &ids, &node.disk) {
+                    Ok(r) => r,
+                    Err(e) if node.damaged && format!("{e:#}").contains("refusing to start") => {
+                        // The operator's recovery (`cluster rejoin`): its
+                        // data directory joins again, keeping the term and
+                        // vote; the leader removes it and adds it back.
+                        super::log::rejoin(&node.disk, now_ms)?;
+                        node.damaged = false;
+                        node.rejoining = true;
+                        node.down_until = u64::MAX;
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(e.context(format!("seed {seed}: restarting replica {id}")));
+                    }
+                };
+                node.damaged = false;
+                node.replica = Some(replica);
+                // What was in flight to its last life died with its
+                // connections.
+                net.retain(|(_, w)| w.to() != id);
                 node.router = Some(router(id, base, tick));
                 report.restarts += 1;
             }
@@ -702,6 +758,14 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                         let r = nodes[li].replica.as_mut().expect("up");
                         let _ = r.propose_change(&super::Change::Remove(old));
                     }
+                } else if nodes[(old - 1) as usize].rejoining {
+                    // Removed: it starts (joining), and is added back.
+                    let back = &mut nodes[(old - 1) as usize];
+                    back.rejoining = false;
+                    back.down_until = tick + 1;
+                    removing = None;
+                    joining = Some(old);
+                    readding = true;
                 } else {
                     // Gone from the membership: down for good; a new one.
                     let gone = &mut nodes[(old - 1) as usize];
@@ -717,7 +781,12 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             } else if let Some(new) = joining {
                 if voters.contains(&new) {
                     joining = None;
-                    report.replaced += 1;
+                    if readding {
+                        readding = false;
+                        report.rejoined += 1;
+                    } else {
+                        report.replaced += 1;
+                    }
                 } else if tick % 20 == 0 {
                     let r = nodes[li].replica.as_mut().expect("up");
                     let _ = r.propose_change(&super::Change::Add {
@@ -725,7 +794,13 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                         record: Vec::new(),
                     });
                 }
-            } else if faults && rng.chance(o.replace) {
+            } else if let Some(i) = nodes.iter().position(|n| n.rejoining) {
+                let id = i as u64 + 1;
+                let r = nodes[li].replica.as_mut().expect("up");
+                if r.propose_change(&super::Change::Remove(id)).is_ok() {
+                    removing = Some(id);
+                }
+            } else if faults && !nodes.iter().any(|n| n.damaged) && rng.chance(o.replace) {
                 let followers: Vec<u64> = voters.iter().copied().filter(|v| *v != leader).collect();
                 if !followers.is_empty() {
                     let old = followers[rng.below(followers.len() as u64) as usize];
@@ -871,6 +946,37 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// Damages a crashed replica's disk as an operator or a failing disk
+/// might: its current log file deleted, emptied or cut at any byte,
+/// `raft-log.current` naming a generation that is not there, or its
+/// snapshot deleted. What it did, if anything.
+fn damage(disk: &MemStorage, rng: &mut Rng) -> Option<&'static str> {
+    use crate::storage::Storage as _;
+    let current = disk.read("raft-log.current").ok()?;
+    let generation: u64 = std::str::from_utf8(&current).ok()?.trim().parse().ok()?;
+    let name = format!("raft-log.{generation}");
+    let len = disk.read(&name).ok()?.len() as u64;
+    match rng.below(5) {
+        0 => disk.remove(&name).ok().map(|()| "log deleted"),
+        1 => disk.truncate(&name, 0).ok().map(|()| "log emptied"),
+        2 => disk
+            .truncate(&name, rng.below(len + 1))
+            .ok()
+            .map(|()| "log cut"),
+        3 => disk
+            .write_atomic(
+                "raft-log.current",
+                (generation + 1 + rng.below(3)).to_string().as_bytes(),
+            )
+            .ok()
+            .map(|()| "a missing generation"),
+        _ => disk
+            .remove("raft-snapshot")
+            .ok()
+            .map(|()| "snapshot deleted"),
+    }
 }
 
 /// A client's next request (correlation `corr`), and what the client
