@@ -1423,6 +1423,261 @@ fn a_raft_address_beyond_loopback_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The value of a GET reply (`None`: no key).
+fn bulk(payload: &[u8]) -> Option<Vec<u8>> {
+    let rest = payload.strip_prefix(b"$")?;
+    let nl = rest.iter().position(|&b| b == b'\r')?;
+    let len: usize = std::str::from_utf8(&rest[..nl]).ok()?.parse().ok()?;
+    rest.get(nl + 2..nl + 2 + len).map(<[u8]>::to_vec)
+}
+
+/// What one client saw: each key's operations, and the answers it got.
+#[derive(Default)]
+struct Seen {
+    /// Per key: every operation, with its invocation and answer times (µs).
+    histories: Vec<Vec<statestore::cluster::linear::Event>>,
+    /// (status, payload) of each answered correlation.
+    answers: HashMap<Vec<u8>, (String, Vec<u8>)>,
+    ok: usize,
+    unavailable: usize,
+    unknown: usize,
+}
+
+/// Client `name` on `port`: SETs, GETs and DELs of `keys` keys until
+/// `until`, each waiting up to 12 s for its answer, recorded in `seen`.
+async fn history_client(
+    port: u16,
+    name: String,
+    keys: usize,
+    start: Instant,
+    until: Instant,
+    seen: Arc<Mutex<Seen>>,
+) {
+    use statestore::cluster::linear::{Event, Op};
+    let mut client = RawClient::connect(port, &name).await;
+    client.subscribe(&client.response_topic()).await;
+    let mut rng = name.bytes().fold(0x9E37_79B9_7F4A_7C15u64, |h, b| {
+        h.rotate_left(5) ^ u64::from(b)
+    });
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut n = 0u64;
+    let us = |start: Instant| start.elapsed().as_micros() as u64;
+    while Instant::now() < until {
+        let k = (next() % keys as u64) as usize;
+        let key = format!("hot-{k}");
+        n += 1;
+        let (op, payload) = match next() % 5 {
+            0 | 1 => {
+                let v = format!("{name}-{n}").into_bytes();
+                (
+                    Op::Set(v.clone()),
+                    statestore_tests::resp(&[b"SET", key.as_bytes(), &v]),
+                )
+            }
+            2 | 3 => (
+                Op::Get(None),
+                statestore_tests::resp(&[b"GET", key.as_bytes()]),
+            ),
+            _ => (
+                Op::Del(None),
+                statestore_tests::resp(&[b"DEL", key.as_bytes()]),
+            ),
+        };
+        let props = client.request_properties();
+        let corr = props.correlation_data.clone().expect("set").to_vec();
+        let call = us(start);
+        client.publish_request(payload, props).await;
+        let deadline = Instant::now() + Duration::from_secs(12);
+        let mut answer = None;
+        while let Some(p) = client
+            .recv(deadline.saturating_duration_since(Instant::now()))
+            .await
+        {
+            let c = p
+                .properties
+                .as_ref()
+                .and_then(|x| x.correlation_data.clone())
+                .map(|c| c.to_vec())
+                .unwrap_or_default();
+            let got = (
+                prop(&p, "__stat").unwrap_or("").to_string(),
+                p.payload.to_vec(),
+            );
+            let mut seen = seen.lock().expect("seen");
+            if let Some(first) = seen.answers.get(&c) {
+                assert_eq!(*first, got, "request {c:?} answered twice differently");
+                continue;
+            }
+            seen.answers.insert(c.clone(), got.clone());
+            if c == corr {
+                answer = Some(got);
+                break;
+            }
+        }
+        let ret = us(start);
+        let mut seen = seen.lock().expect("seen");
+        if seen.histories.len() < keys {
+            seen.histories.resize(keys, Vec::new());
+        }
+        let event = match answer {
+            Some((status, payload)) if status == "200" => {
+                seen.ok += 1;
+                let op = match op {
+                    Op::Set(v) => {
+                        assert_eq!(payload, b"+OK\r\n", "SET {key}");
+                        Op::Set(v)
+                    }
+                    Op::Get(_) => Op::Get(bulk(&payload)),
+                    Op::Del(_) => Op::Del(Some(match &payload[..] {
+                        b":1\r\n" => true,
+                        b":0\r\n" => false,
+                        other => panic!("DEL {key}: {:?}", String::from_utf8_lossy(other)),
+                    })),
+                };
+                Some(Event {
+                    op,
+                    call,
+                    ret: Some(ret),
+                })
+            }
+            // Never sent to a leader: never applied.
+            Some((status, _)) if status == "503" => {
+                seen.unavailable += 1;
+                None
+            }
+            // Outcome unknown (408, or no answer): it may take effect at
+            // any time after its call, or never.
+            Some((status, _)) if status == "408" => {
+                seen.unknown += 1;
+                Some(Event {
+                    op,
+                    call,
+                    ret: None,
+                })
+            }
+            None => {
+                seen.unknown += 1;
+                Some(Event {
+                    op,
+                    call,
+                    ret: None,
+                })
+            }
+            Some((status, payload)) => panic!("{status} {:?}", String::from_utf8_lossy(&payload)),
+        };
+        if let Some(e) = event {
+            seen.histories[k].push(e);
+        }
+    }
+    client.disconnect().await;
+}
+
+/// Clients on all three replicas SET, GET and DEL three keys while the
+/// links between the replicas are cut and healed again and again (a
+/// replica cut off both ways, every link into the leader cut while it
+/// still sends, one link one way): every key's history is linearizable
+/// (200 answers with what they returned; 408s and unanswered requests as
+/// unknown, which may have taken effect; 503s as never applied), and no
+/// request is answered twice differently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histories_stay_linearizable_while_links_are_cut_and_healed() {
+    const KEYS: usize = 3;
+    let c = Cluster::with_links(3).await;
+    c.leader(Duration::from_secs(20));
+    let start = Instant::now();
+    let until = start + Duration::from_secs(35);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(history_client(
+                c.mqtt[i],
+                format!("history-{i}"),
+                KEYS,
+                start,
+                until,
+                seen.clone(),
+            ))
+        })
+        .collect();
+    let clients = async {
+        for h in clients {
+            h.await.expect("a client failed");
+        }
+    };
+    let chaos = async {
+        let mut cuts = 0;
+        let mut round = 0u64;
+        while Instant::now() < until {
+            c.heal();
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            round += 1;
+            let leader = tokio::task::block_in_place(|| c.leader(Duration::from_secs(20)));
+            match round % 4 {
+                0 => {
+                    // A replica cut off both ways.
+                    let lone = (round as usize / 4) % 3;
+                    for j in (0..3).filter(|j| *j != lone) {
+                        c.cut(lone, j);
+                        c.cut(j, lone);
+                    }
+                }
+                1 => {
+                    // Nothing reaches the leader; it still sends.
+                    for j in (0..3).filter(|j| *j != leader) {
+                        c.cut(j, leader);
+                    }
+                }
+                2 => c.cut(leader, (leader + 1) % 3),
+                _ => {
+                    // The leader cut off both ways.
+                    for j in (0..3).filter(|j| *j != leader) {
+                        c.cut(leader, j);
+                        c.cut(j, leader);
+                    }
+                }
+            }
+            cuts += 1;
+            // Most cuts are over before a request waits out its 5 s for
+            // a leader; every third one is not.
+            let ms = if round % 3 == 0 { 8_000 } else { 2_500 };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        c.heal();
+        cuts
+    };
+    let ((), cuts) = tokio::join!(clients, chaos);
+    c.settled(Duration::from_secs(30));
+    let seen = seen.lock().expect("seen");
+    eprintln!(
+        "{cuts} cuts; {} answered 200, {} 503, {} unknown",
+        seen.ok, seen.unavailable, seen.unknown
+    );
+    assert!(
+        cuts >= 5 && seen.ok > 50 && seen.unavailable + seen.unknown > 0,
+        "the run did what it is for: requests answered, and some cut off from a leader"
+    );
+    for (k, history) in seen.histories.iter().enumerate() {
+        // A GET with no answer said nothing and changed nothing.
+        let history: Vec<_> = history
+            .iter()
+            .filter(|e| e.ret.is_some() || !matches!(e.op, statestore::cluster::linear::Op::Get(_)))
+            .cloned()
+            .collect();
+        let verdict = statestore::cluster::linear::check(&history, 50_000_000);
+        assert_ne!(
+            verdict,
+            statestore::cluster::linear::Verdict::Not,
+            "hot-{k} is not linearizable ({} operations):\n{history:?}",
+            history.len()
+        );
+    }
+}
+
 /// The current Raft log file in a replica's data directory.
 fn current_log(data: &Path) -> PathBuf {
     let g = std::fs::read_to_string(data.join("raft-log.current")).expect("raft-log.current");
@@ -1457,7 +1712,8 @@ fn copy_files(from: &Path, to: &Path) {
 /// record, or `raft-log.current` naming a generation that is not there:
 /// each time it refuses to start, saying what is missing and how to
 /// recover (it started with 0, 0, 15, 16 and 0 of the 20 keys, without a
-/// word or with a false "torn tail"). Intact, it starts with all 20.
+/// word or with a false "torn tail"). Intact, it starts with all 20 (and
+/// says that a `join = true` left in its file is ignored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
     let mut c = Cluster::new(1);
@@ -1531,8 +1787,14 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
         "{out}"
     );
     copy_files(&pristine, &data);
+    // A founding replica's file that says `join = true` by mistake: it
+    // starts from its log all the same, and says what to fix.
+    let text_of_file = std::fs::read_to_string(c.file(0)).expect("file");
+    std::fs::write(c.file(0), format!("join = true\n{text_of_file}")).expect("file");
     c.servers[0] = Some(c.spawn(0));
     c.leader(Duration::from_secs(20));
+    let log = c.servers[0].as_ref().expect("running").log();
+    assert!(log.contains("`join = true` is ignored"), "{log}");
     let mut client = RawClient::connect(c.mqtt[0], "twenty-back").await;
     client.subscribe(&client.response_topic()).await;
     for i in 0..20 {

@@ -100,6 +100,18 @@ impl Node {
         };
         let disk: Arc<dyn crate::storage::Storage> = Arc::new(disk);
         let log = LogStore::open(disk.clone(), &voters)?;
+        if file.join {
+            let members = raft::Storage::initial_state(&log)
+                .map(|s| s.conf_state.voters)
+                .unwrap_or_default();
+            if !members.is_empty() {
+                warn!(
+                    replica = file.id,
+                    ?members,
+                    "`join = true` is ignored: this data directory already holds the log of a cluster member; remove it from the cluster file (it is read only while the data directory is new; `statestore cluster rejoin` starts a replica over)"
+                );
+            }
+        }
         let life = new_life(&*disk, clock.now_ms())?;
         let make_config = config.clone();
         let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
