@@ -1644,7 +1644,11 @@ async fn histories_stay_linearizable_while_links_are_cut_and_healed() {
             cuts += 1;
             // Most cuts are over before a request waits out its 5 s for
             // a leader; every third one is not.
-            let ms = if round.is_multiple_of(3) { 8_000 } else { 2_500 };
+            let ms = if round.is_multiple_of(3) {
+                8_000
+            } else {
+                2_500
+            };
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         c.heal();

@@ -33,10 +33,14 @@
 //! membership until a snapshot names it; every replica snapshots when it
 //! applies an addition, so that is how a new one always starts.
 //!
-//! The parts: `log` (the Raft log on disk), [`Replica`] (raft-rs and the
-//! guest), `node` (one replica as a server), `net` (the links between
-//! replicas), `sim` (the whole cluster under simulated faults) and `linear`
-//! (the linearizability checker the simulation uses).
+//! The parts: `log` (the Raft log on disk, anchored by `raft-state`),
+//! [`Replica`] (raft-rs and the guest), `router` (what a replica does with
+//! its clients' requests, without I/O), `node` (one replica as a server:
+//! the router and the replica over real links and a real transport), `net`
+//! (the links between replicas), `probe` (asking the others who the
+//! members are), `file` (the cluster file), `sim` (the whole cluster, the
+//! same routers included, under simulated faults) and `linear` (the
+//! linearizability checker the simulation and the tests use).
 
 pub mod file;
 pub mod linear;

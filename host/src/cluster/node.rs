@@ -3,15 +3,18 @@
 //! use (the embedded broker or an external one), driven by one loop:
 //!
 //! ```text
-//!   transport (requests, client gone) ──> leader? propose : forward to the leader
-//!   peer links (Raft messages, forwarded requests, status) ──> step / propose
-//!   tick (50 ms) ──> Raft tick; the leader proposes expiry when the guest is due
-//!   after each: ready() ──> persist, send to peers, apply; publish what is ours
+//!   transport (requests, client gone) ──> router: propose, forward to the leader, or hold
+//!   peer links (Raft messages, forwarded requests, status) ──> step / router: propose
+//!   tick (50 ms) ──> Raft tick; router: resend, answer what waited too long, expiry
+//!   after each: ready() ──> persist, send to peers, apply; router: what to publish
 //! ```
 //!
-//! What is ours to publish: the replies to requests this replica received
-//! (the entry's origin), and in the embedded mode every notification (the
-//! broker delivers it only if the observer's session is here).
+//! The decisions are the [`Router`]'s (sans-IO, shared with the
+//! simulation); this loop carries out its effects. What is ours to
+//! publish: the replies to requests this replica received (the entry's
+//! origin), at most one per request, and in the embedded mode every
+//! notification (the broker delivers it only if the observer's session is
+//! here).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
