@@ -53,6 +53,11 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.refused += r.refused;
         total.outcome_unknown += r.outcome_unknown;
         total.damaged += r.damaged;
+        total.forwarded += r.forwarded;
+        total.held += r.held;
+        total.resent += r.resent;
+        total.retried += r.retried;
+        total.reads_to_log += r.reads_to_log;
         total.rejoined += r.rejoined;
         runs += 1;
     }
@@ -81,6 +86,14 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.refused > 0 && total.outcome_unknown > 0,
         "requests were answered 503 (never sent, checked never applied) and 408 (sent, outcome unknown; no other answer after): {total:?}"
+    );
+    assert!(
+        total.forwarded > 0
+            && total.held > 0
+            && total.resent > 0
+            && total.retried > 0
+            && total.reads_to_log > 0,
+        "the server's routing ran in the simulation: forwards to the leader, holds, resends to a new leader, retries, reads without a read index in time: {total:?}"
     );
     assert!(
         total.damaged > 0 && total.rejoined > 0,

@@ -23,12 +23,20 @@
 //!
 //! A request is never answered twice differently; the simulation checks it.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use statestore_guest::wire;
 use tracing::{info, warn};
+
+mod answered;
+mod hold;
+mod reads;
+
+use answered::{Answered, Key, key_of};
+use hold::Held;
+use reads::split_reads;
 
 use super::file::ReadPath;
 use super::{Applied, Replica};
@@ -114,6 +122,27 @@ pub enum Notify {
     Origin,
 }
 
+/// What a router did: requests by what happened to them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Forwarded to the leader (each time).
+    pub forwarded: u64,
+    /// Held while no leader was known (each time).
+    pub held: u64,
+    /// Sent again to a new leader.
+    pub resent: u64,
+    /// Sent again to the same leader, not applied in time.
+    pub retried: u64,
+    /// Answered with a read index.
+    pub index_reads: u64,
+    /// Reads that got no read index in time and went through the log.
+    pub reads_to_log: u64,
+    /// Answered 503: never sent to a leader.
+    pub unavailable: u64,
+    /// Answered 408: sent, outcome unknown.
+    pub unknown: u64,
+}
+
 /// What the driver carries out after each call.
 #[derive(Debug, Default)]
 pub struct Effects {
@@ -122,38 +151,6 @@ pub struct Effects {
     pub forwards: Vec<(u64, Vec<u8>)>,
     /// Replies and notifications to publish.
     pub replies: Vec<Output>,
-}
-
-/// Requests waiting for a leader.
-enum Held {
-    Requests {
-        at: Instant,
-        messages: Vec<InboundMessage>,
-        /// Sent to a leader before: their outcome is unknown.
-        sent: bool,
-    },
-    Gone(Instant, String),
-    /// This replica's new life: the registrations its earlier lives'
-    /// connections made go (the guest's `replica-started`).
-    Started(Instant),
-}
-
-impl Held {
-    fn since(&self) -> Instant {
-        match self {
-            Held::Requests { at, .. } | Held::Gone(at, _) | Held::Started(at) => *at,
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        match self {
-            Held::Requests { messages, .. } => {
-                messages.iter().map(crate::driver::message_bytes).sum()
-            }
-            Held::Gone(_, id) => id.len(),
-            Held::Started(_) => 16,
-        }
-    }
 }
 
 /// A request sent to the leader, until it is applied.
@@ -172,67 +169,6 @@ struct PendingRead {
     /// `messages` in the guest's encoding.
     batch: Vec<u8>,
     bytes: usize,
-}
-
-/// A request's identity: its response topic and correlation data.
-type Key = (String, Vec<u8>);
-
-fn key_of(m: &InboundMessage) -> Option<Key> {
-    Some((m.response_topic.clone()?, m.correlation_data.clone()?))
-}
-
-/// Requests answered lately, whose later replies are not published: for
-/// `within`, at most `max_bytes` of them (the oldest go first).
-struct Answered {
-    keys: HashSet<Key>,
-    order: VecDeque<(Instant, Key)>,
-    bytes: usize,
-    within: Duration,
-    max_bytes: usize,
-}
-
-impl Answered {
-    fn new(within: Duration, max_bytes: usize) -> Answered {
-        Answered {
-            keys: HashSet::new(),
-            order: VecDeque::new(),
-            bytes: 0,
-            within,
-            max_bytes,
-        }
-    }
-
-    fn insert(&mut self, at: Instant, key: Key) {
-        let bytes = key.0.len() + key.1.len();
-        if self.keys.insert(key.clone()) {
-            self.bytes += bytes;
-            self.order.push_back((at, key));
-        }
-        self.age(at);
-    }
-
-    fn age(&mut self, now: Instant) {
-        while let Some((at, _)) = self.order.front() {
-            if now.saturating_duration_since(*at) < self.within && self.bytes <= self.max_bytes {
-                break;
-            }
-            if let Some((_, k)) = self.order.pop_front() {
-                self.bytes -= k.0.len() + k.1.len();
-                self.keys.remove(&k);
-            }
-        }
-    }
-
-    fn remove(&mut self, key: &Key) {
-        if self.keys.remove(key) {
-            self.order.retain(|(_, k)| k != key);
-            self.bytes -= key.0.len() + key.1.len();
-        }
-    }
-
-    fn contains(&self, key: &Key) -> bool {
-        self.keys.contains(key)
-    }
 }
 
 /// A replica's routing of its clients' requests (see the module's doc).
@@ -282,8 +218,8 @@ pub struct Router {
     resent: Answered,
     /// Those of them answered.
     answered: Answered,
-    /// Reads answered with a read index since [`Router::take_index_reads`].
-    index_reads: u64,
+    /// What it did since [`Router::take_counts`].
+    counts: Counts,
     /// The replica's metrics (`serve --cluster --metrics`).
     pub metrics: Option<crate::metrics::ReplicaMetrics>,
     /// The store's metrics, as one process keeps them for its tenant.
@@ -338,7 +274,7 @@ impl Router {
             timed_out: Answered::new(TIMED_OUT_WITHIN, TIMED_OUT_BYTES),
             resent: Answered::new(ANSWERED_WITHIN, ANSWERED_BYTES),
             answered: Answered::new(ANSWERED_WITHIN, ANSWERED_BYTES),
-            index_reads: 0,
+            counts: Counts::default(),
             metrics: None,
             store_metrics: None,
         }
@@ -349,9 +285,9 @@ impl Router {
         self.via
     }
 
-    /// How many reads were answered with a read index since the last call.
-    pub fn take_index_reads(&mut self) -> u64 {
-        std::mem::take(&mut self.index_reads)
+    /// What it did since the last call.
+    pub fn take_counts(&mut self) -> Counts {
+        std::mem::take(&mut self.counts)
     }
 
     /// Requests a client sent through this replica.
@@ -556,6 +492,7 @@ impl Router {
             reads = messages.len(),
             "reads without a read index in time: through the log"
         );
+        self.counts.reads_to_log += messages.len() as u64;
         if let Some(metrics) = &self.metrics {
             metrics
                 .reads
@@ -576,7 +513,7 @@ impl Router {
                 continue; // gone through the log meanwhile
             };
             self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
-            self.index_reads += r.messages.len() as u64;
+            self.counts.index_reads += r.messages.len() as u64;
             if let Some(metrics) = &self.metrics {
                 metrics
                     .reads
@@ -659,6 +596,10 @@ impl Router {
                 self.hold(held);
             }
         } else {
+            self.counts.forwarded += match &held {
+                Held::Requests { messages, .. } => messages.len() as u64,
+                Held::Gone(..) | Held::Started(_) => 1,
+            };
             fx.forwards.push((leader, batch));
         }
     }
@@ -811,51 +752,10 @@ impl Router {
             leader = replica.leader(),
             "a new leader: requests not yet applied are sent to it again"
         );
+        self.counts.resent += (sent.len() + reads.len()) as u64;
         sent.sort_by_key(|(at, _)| *at);
         self.submit_in_order(now, sent, true, replica, fx);
         self.submit_in_order(now, reads, false, replica, fx);
-    }
-
-    /// No leader any more: what was sent to the old one and not applied
-    /// waits for the next like a request just received (sent to it when
-    /// there is one; a 408 if none comes within [`Limits::hold`]: it may
-    /// still be applied), and so do reads waiting for an index (a 503: they
-    /// were never in the log).
-    fn hold_unapplied(&mut self, now: Now) {
-        let mut sent: Vec<(Instant, InboundMessage)> = self
-            .unapplied
-            .drain()
-            .map(|(k, t)| {
-                // A copy in some log may be applied before it is sent again.
-                self.resent.insert(now.at, k);
-                (t.at, t.message)
-            })
-            .collect();
-        self.unapplied_bytes = 0;
-        self.unapplied_topics.clear();
-        self.reads_bytes = 0;
-        let mut reads: Vec<(Instant, InboundMessage)> = Vec::new();
-        for (_, r) in self.reads.drain() {
-            reads.extend(r.messages.into_iter().map(|m| (r.at, m)));
-        }
-        if sent.is_empty() && reads.is_empty() {
-            return;
-        }
-        info!(
-            requests = sent.len() + reads.len(),
-            "no leader: requests not yet applied wait for the next one"
-        );
-        for (all, was_sent) in [(&mut sent, true), (&mut reads, false)] {
-            all.sort_by_key(|(at, _)| *at);
-            let messages: Vec<InboundMessage> = all.drain(..).map(|(_, m)| m).collect();
-            for chunk in messages.chunks(crate::driver::MAX_BATCH) {
-                self.hold(Held::Requests {
-                    at: now.at,
-                    messages: chunk.to_vec(),
-                    sent: was_sent,
-                });
-            }
-        }
     }
 
     /// Submits `requests` (each with the time it was taken) to the log
@@ -905,17 +805,8 @@ impl Router {
             requests = late.len(),
             "requests not applied in time: sent again"
         );
+        self.counts.retried += late.len() as u64;
         self.submit_in_order(now, late, true, replica, fx);
-    }
-
-    fn hold(&mut self, held: Held) {
-        let bytes = held.bytes();
-        if self.held_bytes + bytes > HOLD_BYTES {
-            // Past the bound: these get their answer at the next tick.
-            warn!("requests waiting for a leader past {HOLD_BYTES} bytes: refused");
-        }
-        self.held_bytes += bytes;
-        self.held.push_back(held);
     }
 
     /// A tick (after the replica's own): a new leader gets what waited
@@ -984,70 +875,6 @@ impl Router {
         Ok(())
     }
 
-    /// Answers what waited [`Limits::hold`] for a leader (or is past the
-    /// bytes held): 503 if it was never sent, 408 if it was.
-    fn answer_held(&mut self, now: Now, fx: &mut Effects) {
-        let mut never = Vec::new();
-        let mut unknown = Vec::new();
-        while let Some(h) = self.held.front() {
-            if now.at.saturating_duration_since(h.since()) < self.limits.hold
-                && self.held_bytes <= HOLD_BYTES
-            {
-                break;
-            }
-            let Some(h) = self.held.pop_front() else {
-                break;
-            };
-            self.held_bytes = self.held_bytes.saturating_sub(h.bytes());
-            if let Held::Requests { messages, sent, .. } = h {
-                for m in messages {
-                    let key = key_of(&m);
-                    if key.as_ref().is_some_and(|k| self.answered.contains(k)) {
-                        continue; // answered meanwhile
-                    }
-                    let tracked = key.as_ref().is_some_and(|k| self.untrack(k).is_some());
-                    if sent || tracked {
-                        if let Some(k) = key {
-                            self.timed_out.insert(now.at, k);
-                        }
-                        unknown.push(m);
-                    } else {
-                        never.push(m);
-                    }
-                }
-            }
-        }
-        let hold = self.limits.hold.as_secs().max(1);
-        for (messages, reply) in [
-            (
-                never,
-                statestore_guest::HostReply::Unavailable(
-                    "no leader among the state store replicas; not applied, retry".into(),
-                ),
-            ),
-            (
-                unknown,
-                statestore_guest::HostReply::OutcomeUnknown {
-                    message: "no leader among the state store replicas: sent, not applied yet; it may still be"
-                        .into(),
-                    waited_secs: hold,
-                },
-            ),
-        ] {
-            if messages.is_empty() {
-                continue;
-            }
-            fx.replies.extend(
-                messages
-                    .iter()
-                    .filter_map(|m| {
-                        statestore_guest::StateMachine::host_reply(&self.config, m, now.ms, reply.clone())
-                    })
-                    .map(Output::Publish),
-            );
-        }
-    }
-
     /// What this replica publishes of `applied`, and the answers to reads
     /// whose index is now applied.
     pub fn applied<B: Backend>(
@@ -1077,112 +904,5 @@ impl Router {
             }
         }
         self.answer_reads(replica, &mut fx.replies)
-    }
-}
-
-/// Splits a batch into the reads to serve with a read index (`index`:
-/// allowed now) and the rest, for the log, in order; and how many reads
-/// are in the rest. `positions` are the reads (the guest's `reads`). A read
-/// whose response topic has a write in flight (`unapplied`) or earlier in
-/// the batch goes through the log behind it: a client reads its own writes
-/// even when it does not wait for them.
-fn split_reads(
-    messages: Vec<InboundMessage>,
-    positions: &[u32],
-    index: bool,
-    unapplied: &HashMap<String, usize>,
-) -> (Vec<InboundMessage>, Vec<InboundMessage>, u64) {
-    let mut reads = Vec::new();
-    let mut rest = Vec::new();
-    let mut by_log = 0;
-    let mut writing: HashSet<String> = HashSet::new();
-    for (i, m) in messages.into_iter().enumerate() {
-        let topic = m.response_topic.as_deref();
-        if !positions.contains(&u32::try_from(i).unwrap_or(u32::MAX)) {
-            if let Some(t) = topic {
-                writing.insert(t.to_string());
-            }
-            rest.push(m);
-        } else if index && !topic.is_some_and(|t| writing.contains(t) || unapplied.contains_key(t))
-        {
-            reads.push(m);
-        } else {
-            by_log += 1;
-            rest.push(m);
-        }
-    }
-    (reads, rest, by_log)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn message(topic: &str, corr: u8) -> InboundMessage {
-        InboundMessage {
-            topic: statestore_guest::rpc::REQUEST_TOPIC.into(),
-            qos: 1,
-            response_topic: Some(topic.into()),
-            correlation_data: Some(vec![corr]),
-            ..Default::default()
-        }
-    }
-
-    fn corrs(messages: &[InboundMessage]) -> Vec<u8> {
-        messages
-            .iter()
-            .map(|m| m.correlation_data.as_ref().expect("corr")[0])
-            .collect()
-    }
-
-    /// Reads of other clients take the index; a client's read after its
-    /// own write (earlier in the batch, or still in flight) stays behind
-    /// it in the log, in order.
-    #[test]
-    fn a_read_behind_its_clients_write_goes_through_the_log() {
-        // 0: a's write, 1: a's read, 2: b's read, 3: c's read (c has a
-        // write in flight), 4: b's write, 5: b's read.
-        let batch = vec![
-            message("a", 0),
-            message("a", 1),
-            message("b", 2),
-            message("c", 3),
-            message("b", 4),
-            message("b", 5),
-        ];
-        let in_flight = HashMap::from([("c".to_string(), 1)]);
-        let (reads, rest, by_log) = split_reads(batch.clone(), &[1, 2, 3, 5], true, &in_flight);
-        assert_eq!(corrs(&reads), [2]);
-        assert_eq!(corrs(&rest), [0, 1, 3, 4, 5]);
-        assert_eq!(by_log, 3);
-        // Without the index (off, or a leader new to its term): all in
-        // the log, in order.
-        let (reads, rest, by_log) = split_reads(batch, &[1, 2, 3, 5], false, &HashMap::new());
-        assert!(reads.is_empty());
-        assert_eq!(corrs(&rest), [0, 1, 2, 3, 4, 5]);
-        assert_eq!(by_log, 4);
-    }
-
-    #[test]
-    fn answered_requests_are_forgotten_in_time_and_bytes() {
-        let t0 = Instant::now();
-        let mut t = Answered::new(TIMED_OUT_WITHIN, TIMED_OUT_BYTES);
-        t.insert(t0, ("a".into(), vec![1]));
-        t.insert(t0, ("a".into(), vec![1]));
-        assert_eq!(t.bytes, 2);
-        assert!(t.contains(&("a".into(), vec![1])));
-        t.remove(&("a".into(), vec![1]));
-        assert!(!t.contains(&("a".into(), vec![1])));
-        assert_eq!(t.bytes, 0);
-        t.insert(t0, ("b".into(), vec![2]));
-        t.age(t0 + TIMED_OUT_WITHIN);
-        assert!(!t.contains(&("b".into(), vec![2])));
-        let big = "x".repeat(1 << 20);
-        for i in 0..20u8 {
-            t.insert(t0, (big.clone(), vec![i]));
-        }
-        assert!(t.bytes <= TIMED_OUT_BYTES);
-        assert!(!t.contains(&(big.clone(), vec![0])));
-        assert!(t.contains(&(big, vec![19])));
     }
 }

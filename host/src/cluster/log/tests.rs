@@ -1,0 +1,371 @@
+//! The Raft log on disk: recovery, damage, `raft-state` and rejoin, on
+//! simulated and real files.
+
+use super::*;
+use crate::storage::MemStorage as Disk;
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry {
+        index,
+        term,
+        data: format!("entry {index}").into_bytes().into(),
+        ..Default::default()
+    }
+}
+
+fn open(disk: &Disk) -> Result<LogStore> {
+    LogStore::open(Arc::new(disk.clone()), &[1, 2, 3])
+}
+
+fn hs(term: u64, vote: u64, commit: u64) -> HardState {
+    HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    }
+}
+
+fn voters(log: &LogStore) -> Vec<u64> {
+    log.initial_state().expect("state").conf_state.voters
+}
+
+/// The membership a log starts with is its own: a cluster file that
+/// lists other replicas later does not change it (the log's changes
+/// apply to it), and a replica that joins starts with none.
+#[test]
+fn the_membership_a_log_starts_with_is_kept() {
+    let disk = Disk::new();
+    let log = open(&disk).expect("open");
+    assert_eq!(voters(&log), [1, 2, 3]);
+    drop(log);
+    let log = LogStore::open(Arc::new(disk.crash(None)), &[1, 2, 4]).expect("reopen");
+    assert_eq!(voters(&log), [1, 2, 3]);
+    let joining = Disk::new();
+    let log = LogStore::open(Arc::new(joining.clone()), &[]).expect("open");
+    assert!(voters(&log).is_empty());
+    drop(log);
+    let log = LogStore::open(Arc::new(joining.crash(None)), &[1, 2, 3]).expect("reopen");
+    assert!(voters(&log).is_empty(), "still joining");
+}
+
+#[test]
+fn what_was_synced_survives_a_crash_and_a_torn_tail_is_cut() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.append(&[entry(1, 1), entry(2, 1)]).expect("append");
+    log.set_hardstate(hs(1, 2, 1)).expect("hs");
+    log.sync().expect("sync");
+    log.append(&[entry(3, 1)]).expect("append"); // never synced
+    for torn in [0, 5, 9, 15] {
+        let after = disk.crash(Some(torn));
+        let back = open(&after).expect("reopen");
+        assert_eq!(back.mem.last_index().expect("last"), 2, "torn {torn}");
+        assert_eq!(back.hard_state(), hs(1, 2, 1));
+        assert_eq!(
+            back.mem
+                .entries(1, 3, None, GetEntriesContext::empty(false))
+                .expect("e"),
+            vec![entry(1, 1), entry(2, 1)]
+        );
+    }
+    // All of it written: all of it back.
+    let whole = disk.crash(Some(usize::MAX));
+    assert_eq!(
+        open(&whole)
+            .expect("reopen")
+            .mem
+            .last_index()
+            .expect("last"),
+        3
+    );
+}
+
+#[test]
+fn a_conflicting_tail_is_replaced_on_replay() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)])
+        .expect("append");
+    log.append(&[entry(2, 2)]).expect("a new leader's entry 2");
+    log.sync().expect("sync");
+    let back = open(&disk.crash(None)).expect("reopen");
+    assert_eq!(back.mem.last_index().expect("last"), 2);
+    assert_eq!(back.mem.term(2).expect("term"), 2);
+}
+
+#[test]
+fn damage_before_the_end_is_refused() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)])
+        .expect("append");
+    log.sync().expect("sync");
+    let name = log_name(log.generation);
+    drop(log);
+    let disk = disk.crash(None);
+    disk.flip_bit(&name, 12);
+    let e = open(&disk).expect_err("damage").to_string();
+    assert!(e.contains("damaged"), "{e}");
+}
+
+#[test]
+fn any_bytes_in_the_log_open_or_are_refused_never_panic() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    let entries: Vec<Entry> = (1..=20).map(|i| entry(i, 1 + i / 7)).collect();
+    log.append(&entries).expect("append");
+    log.set_hardstate(hs(3, 1, 15)).expect("hs");
+    log.sync().expect("sync");
+    let name = log_name(log.generation);
+    drop(log);
+    let good = disk.crash(None).read(&name).expect("read");
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..500 {
+        let mut bytes = good.clone();
+        match round % 4 {
+            0 => bytes.truncate((next() as usize) % (good.len() + 1)),
+            1 => {
+                let at = (next() as usize) % bytes.len();
+                bytes[at] ^= 1 << (next() % 8);
+            }
+            2 => bytes = (0..next() % 300).map(|_| next() as u8).collect(),
+            _ => {
+                let at = (next() as usize) % bytes.len();
+                let extra: Vec<u8> = (0..next() % 40).map(|_| next() as u8).collect();
+                bytes.splice(at..at, extra);
+            }
+        }
+        let d = Disk::new();
+        d.write_atomic(CURRENT, b"7").expect("current");
+        d.write_atomic("raft-log.7", &bytes).expect("log");
+        if let Ok(back) = open(&d.crash(None)) {
+            // What opened is a log raft-rs can start from.
+            let last = back.mem.last_index().expect("last");
+            assert!(back.hard_state().commit <= last, "round {round}");
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_compacts_the_log_and_is_what_a_restart_starts_from() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+    log.append(&entries).expect("append");
+    log.set_hardstate(hs(1, 1, 8)).expect("hs");
+    log.sync().expect("sync");
+    assert!(raft::Storage::snapshot(&log, 0, 0).is_err(), "none yet");
+    log.compact(8, b"state at 8".to_vec()).expect("compact");
+    let snap = raft::Storage::snapshot(&log, 0, 0).expect("snapshot");
+    assert_eq!(snap.get_metadata().index, 8);
+    assert_eq!(&snap.data[..], b"state at 8");
+    assert_eq!(log.mem.first_index().expect("first"), 8);
+    let disk = disk.crash(None);
+    let back = open(&disk).expect("reopen");
+    assert_eq!(back.snapshot_index(), 8);
+    assert_eq!(raft::Storage::term(&back, 8).expect("term"), 1);
+    assert_eq!(back.mem.last_index().expect("last"), 10);
+    assert_eq!(back.hard_state().commit, 8);
+    assert_eq!(
+        back.mem
+            .entries(9, 11, None, GetEntriesContext::empty(false))
+            .expect("e"),
+        vec![entry(9, 1), entry(10, 1)]
+    );
+    // A leader's snapshot past the log replaces it.
+    let mut back = back;
+    let mut leaders = snap.clone();
+    leaders.mut_metadata().index = 20;
+    leaders.mut_metadata().term = 3;
+    leaders.data = b"state at 20".to_vec().into();
+    back.install(leaders).expect("install");
+    let again = open(&disk.crash(None)).expect("reopen");
+    assert_eq!(again.snapshot_index(), 20);
+    assert_eq!(again.mem.last_index().expect("last"), 20);
+    assert_eq!(again.hard_state().commit, 20);
+}
+
+/// A log on real files that synced entries 1 to 20 (term 2, voted for
+/// 3, committed 20), with the snapshot at 8 when `snapshot`.
+fn synced_log(dir: &std::path::Path, snapshot: bool) {
+    let _ = std::fs::remove_dir_all(dir);
+    let disk = crate::storage::DirStorage::open(dir).expect("dir");
+    let mut log = LogStore::open(Arc::new(disk), &[1, 2, 3]).expect("open");
+    let entries: Vec<Entry> = (1..=20).map(|i| entry(i, 2)).collect();
+    log.append(&entries).expect("append");
+    log.set_hardstate(hs(2, 3, 20)).expect("hs");
+    log.sync().expect("sync");
+    if snapshot {
+        log.compact(8, b"state at 8".to_vec()).expect("compact");
+    }
+    assert_eq!(log.anchor().last, 20);
+    assert_eq!(log.anchor().term, 2);
+}
+
+fn open_dir(dir: &std::path::Path) -> Result<LogStore> {
+    let disk = crate::storage::DirStorage::open(dir).expect("dir");
+    LogStore::open(Arc::new(disk), &[1, 2, 3])
+}
+
+fn current_log(dir: &std::path::Path) -> std::path::PathBuf {
+    let g = std::fs::read_to_string(dir.join(CURRENT)).expect("current");
+    dir.join(log_name(g.trim().parse().expect("a number")))
+}
+
+/// On real files: a log that lost what `raft-state` says it held
+/// refuses to start, saying what is missing and how to recover, for
+/// each way it can be lost; `cluster rejoin` then keeps the term and
+/// vote and starts it as a joining replica with an empty log.
+#[test]
+fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
+    let dir = std::env::temp_dir().join(format!("statestore-anchor-{}", std::process::id()));
+    type Damage = fn(&std::path::Path);
+    let cases: [(&str, bool, Damage, &str); 7] = [
+        (
+            "deleted",
+            false,
+            |d| std::fs::remove_file(current_log(d)).expect("rm"),
+            "is missing",
+        ),
+        (
+            "emptied",
+            false,
+            |d| std::fs::write(current_log(d), b"").expect("empty"),
+            "holds no entries",
+        ),
+        (
+            "cut at a record",
+            false,
+            |d| {
+                // The last record (the hard state) and the last entry go.
+                let p = current_log(d);
+                let data = std::fs::read(&p).expect("read");
+                let parsed = parse(&data, "log").expect("parse");
+                let tail: usize = parsed.records[parsed.records.len() - 2..]
+                    .iter()
+                    .map(|(_, b)| 9 + b.len())
+                    .sum();
+                std::fs::write(&p, &data[..data.len() - tail]).expect("cut");
+            },
+            "was cut short",
+        ),
+        (
+            "cut inside a record",
+            false,
+            |d| {
+                let p = current_log(d);
+                let data = std::fs::read(&p).expect("read");
+                std::fs::write(&p, &data[..data.len() / 2 + 3]).expect("cut");
+            },
+            "cut inside a record",
+        ),
+        (
+            "a missing generation",
+            false,
+            |d| std::fs::write(d.join(CURRENT), b"99").expect("current"),
+            "raft-log.99 is missing",
+        ),
+        (
+            "raft-log.current deleted",
+            false,
+            |d| std::fs::remove_file(d.join(CURRENT)).expect("rm"),
+            "raft-log.current is missing",
+        ),
+        (
+            "the snapshot deleted",
+            true,
+            |d| std::fs::remove_file(d.join(SNAPSHOT)).expect("rm"),
+            "raft-snapshot is missing",
+        ),
+    ];
+    for (what, snapshot, damage, says) in cases {
+        synced_log(&dir, snapshot);
+        // Intact: it opens with all of it.
+        let back = open_dir(&dir).expect("intact");
+        assert_eq!(back.mem.last_index().expect("last"), 20, "{what}");
+        drop(back);
+        damage(&dir);
+        let e = format!(
+            "{:#}",
+            open_dir(&dir)
+                .err()
+                .unwrap_or_else(|| panic!("{what}: opened"))
+        );
+        assert!(e.contains(says), "{what}: {e}");
+        assert!(
+            e.contains("refusing to start") && e.contains("cluster rejoin"),
+            "{what}: {e}"
+        );
+        // And again: refusing did not change anything.
+        assert!(open_dir(&dir).is_err(), "{what}");
+        let disk = crate::storage::DirStorage::open(&dir).expect("dir");
+        let said = rejoin(&disk, 1_000).expect("rejoin");
+        assert!(said.contains("term 2, vote 3 kept"), "{said}");
+        drop(disk);
+        let back = open_dir(&dir).expect("rejoined");
+        assert_eq!(back.mem.last_index().expect("last"), 0, "{what}");
+        assert_eq!(back.hard_state().term, 2);
+        assert_eq!(back.hard_state().vote, 3);
+        assert!(voters(&back).is_empty(), "joining");
+        drop(back);
+        let kept = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("discarded-1000."))
+            .count();
+        assert!(kept >= 2, "{what}: moved aside, not deleted");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A vote recorded in `raft-state` survives a log that lost it: the
+/// replica never votes twice in one term.
+#[test]
+fn the_term_and_vote_come_from_raft_state_when_the_log_lost_them() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.set_hardstate(hs(5, 2, 0)).expect("a vote");
+    // Synced at once (a vote), whatever the policy: no sync() here.
+    drop(log);
+    let after = disk.crash(None);
+    let back = open(&after).expect("reopen");
+    assert_eq!((back.hard_state().term, back.hard_state().vote), (5, 2));
+    // The log file gone, an empty one in its place: raft-state says 5/2.
+    drop(back);
+    let g: u64 = String::from_utf8(after.read(CURRENT).expect("current"))
+        .expect("utf8")
+        .trim()
+        .parse()
+        .expect("n");
+    after.truncate(&log_name(g), 0).expect("empty");
+    let back = open(&after.crash(None)).expect("nothing it held is lost (no entries)");
+    assert_eq!((back.hard_state().term, back.hard_state().vote), (5, 2));
+}
+
+/// A new leader's entries replacing a longer tail shrink the log:
+/// `raft-state` says so first, so a crash after does not look like a
+/// lost log.
+#[test]
+fn a_replaced_tail_is_not_taken_for_a_lost_one() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)])
+        .expect("append");
+    log.sync().expect("sync");
+    assert_eq!(log.anchor().last, 3);
+    log.append(&[entry(2, 2)]).expect("a new leader's entry 2");
+    assert_eq!(log.anchor().last, 1, "recorded before the write");
+    // Crash before the new entry is synced: what is on disk is 1..3,
+    // or 1 and the torn start of the new record; both open.
+    for torn in [0, 10, usize::MAX] {
+        let back = open(&disk.crash(Some(torn))).expect("opens");
+        assert!(back.mem.last_index().expect("last") >= 1);
+    }
+}

@@ -1,0 +1,182 @@
+//! The simulation's clients: what each request waits for, and every answer
+//! given, checked (at most one answer per request, none answered 503 ever
+//! applied, `+OK` and read values as the model says).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::{Result, bail};
+
+use super::{Op, Report, key, linear, parse_bulk};
+use crate::Output;
+use crate::cluster::Applied;
+
+/// What a request's client knows: the requests waiting for their answer,
+/// and every answer given, checked.
+#[derive(Default)]
+pub(super) struct Clients {
+    /// correlation -> (op, the replica it was sent through).
+    pub(super) pending: BTreeMap<u64, (Op, u64)>,
+    /// correlation -> (the replica, `__stat` and payload of its first answer).
+    pub(super) answered: HashMap<u64, (u64, String, Vec<u8>)>,
+    /// Answered 503 ("not applied"): must never be applied.
+    pub(super) refused: HashSet<u64>,
+    /// Applied from the log on some replica.
+    pub(super) applied: HashSet<u64>,
+    pub(super) acknowledged: Vec<u64>,
+    pub(super) hot: Vec<Vec<linear::Event>>,
+    /// Hot operations answered 503: never happened.
+    pub(super) void: HashSet<(usize, usize)>,
+}
+
+impl Clients {
+    /// Replica `id` crashed: its clients' connections went with it, and
+    /// what they waited for is lost to them (they would retry).
+    pub(super) fn crashed(&mut self, id: u64) {
+        self.pending.retain(|_, (_, origin)| *origin != id);
+        self.answered.retain(|_, (origin, _, _)| *origin != id);
+    }
+
+    /// An answer replica `origin` published.
+    pub(super) fn answer(
+        &mut self,
+        seed: u64,
+        tick: u64,
+        origin: u64,
+        out: &Output,
+        report: &mut Report,
+    ) -> Result<()> {
+        let Output::Publish(p) = out else {
+            return Ok(());
+        };
+        let Some(corr) = p
+            .correlation_data
+            .as_deref()
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            .map(u64::from_be_bytes)
+        else {
+            return Ok(()); // a notification
+        };
+        let status = p.user_property("__stat").unwrap_or("").to_string();
+        if let Some((_, first, payload)) = self.answered.get(&corr) {
+            if *first != status || payload[..] != p.payload[..] {
+                bail!(
+                    "seed {seed}: request {corr} answered {first} {:?}, then {status} {:?}",
+                    String::from_utf8_lossy(payload),
+                    String::from_utf8_lossy(&p.payload)
+                );
+            }
+            return Ok(());
+        }
+        let Some((op, _)) = self.pending.remove(&corr) else {
+            return Ok(()); // its client is gone
+        };
+        self.answered
+            .insert(corr, (origin, status.clone(), p.payload.to_vec()));
+        match status.as_str() {
+            "200" => self.settle(seed, tick, op, &p.payload, report),
+            "503" => {
+                if self.applied.contains(&corr) {
+                    bail!(
+                        "seed {seed}: request {corr} was applied, then answered 503 (not applied)"
+                    );
+                }
+                self.refused.insert(corr);
+                report.refused += 1;
+                if let Op::Hot(k, i) = op {
+                    self.void.insert((k, i));
+                }
+                Ok(())
+            }
+            "408" => {
+                report.outcome_unknown += 1;
+                Ok(())
+            }
+            other => bail!("seed {seed}: request {corr} answered {other}"),
+        }
+    }
+
+    /// Request replies of an entry replica `id` applied.
+    pub(super) fn applied(&mut self, seed: u64, id: u64, a: &Applied) -> Result<()> {
+        for o in &a.outputs {
+            if let Output::Publish(p) = o
+                && p.kind != crate::PublishKind::Notification
+                && let Some(corr) = p
+                    .correlation_data
+                    .as_deref()
+                    .and_then(|c| <[u8; 8]>::try_from(c).ok())
+                    .map(u64::from_be_bytes)
+            {
+                if self.refused.contains(&corr) {
+                    bail!(
+                        "seed {seed}: request {corr} was answered 503 (not applied), then applied at index {} on replica {id}",
+                        a.index
+                    );
+                }
+                self.applied.insert(corr);
+            }
+        }
+        Ok(())
+    }
+
+    /// A 200 answer to `op`.
+    fn settle(
+        &mut self,
+        seed: u64,
+        tick: u64,
+        op: Op,
+        payload: &[u8],
+        report: &mut Report,
+    ) -> Result<()> {
+        match op {
+            Op::Set(n) => {
+                if payload != b"+OK\r\n" {
+                    bail!(
+                        "seed {seed}: SET of {} got {:?}",
+                        key(n),
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                self.acknowledged.push(n);
+            }
+            Op::Get(n) => {
+                let v = format!("value-{n}");
+                let want = format!("${}\r\n{v}\r\n", v.len());
+                if payload != want.as_bytes() {
+                    bail!(
+                        "seed {seed}: an acknowledged write was lost: GET {} got {:?}",
+                        key(n),
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                report.reads += 1;
+            }
+            Op::Ttl => {}
+            Op::Hot(k, i) => {
+                let e = &mut self.hot[k][i];
+                e.ret = Some(tick);
+                match &mut e.op {
+                    linear::Op::Set(_) => {
+                        if payload != b"+OK\r\n" {
+                            bail!(
+                                "seed {seed}: SET hot-{k} got {:?}",
+                                String::from_utf8_lossy(payload)
+                            );
+                        }
+                    }
+                    linear::Op::Get(seen) => *seen = parse_bulk(payload),
+                    linear::Op::Del(said) => {
+                        *said = Some(match payload {
+                            b":1\r\n" => true,
+                            b":0\r\n" => false,
+                            other => bail!(
+                                "seed {seed}: DEL hot-{k} got {:?}",
+                                String::from_utf8_lossy(other)
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
