@@ -195,7 +195,7 @@ fn parse(data: &[u8], name: &str) -> Result<Parsed> {
             // A bad record with a good one after it is damage, not a tear.
             if next_good(data, p + 1) {
                 bail!(
-                    "the Raft log {name} is damaged at byte {p} (good records follow): refusing to start; replace this replica (README, \"Replacing a replica\")"
+                    "the Raft log {name} is damaged at byte {p} (good records follow): refusing to start; {RECOVER}"
                 );
             }
             Ok(Parsed {
@@ -717,7 +717,7 @@ pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
             }
             if !found {
                 bail!(
-                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (README, \"Replacing a replica\")",
+                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (README, \"Recovery runbook\")",
                     disk.describe()
                 );
             }
