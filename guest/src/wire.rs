@@ -792,6 +792,31 @@ pub fn batch_after(buf: &[u8], skip: usize) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
+/// Each input of `buf` as a batch of its own (same format version): what
+/// a host hands the guest one at a time to find which input of a batch
+/// makes it fail.
+pub fn batch_singles(buf: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+    let (mut d, n) = Decoder::start(buf, BATCH_VERSIONS)?;
+    if n as usize > buf.len() / 5 + 1 {
+        return Err(bad("count larger than the batch"));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let before = d.rest;
+        d.input(buf[0])?;
+        let one = &before[..before.len() - d.rest.len()];
+        let mut single = Vec::with_capacity(5 + one.len());
+        single.push(buf[0]);
+        single.extend_from_slice(&1u32.to_le_bytes());
+        single.extend_from_slice(one);
+        out.push(single);
+    }
+    if !d.rest.is_empty() {
+        return Err(bad("bytes after the last input"));
+    }
+    Ok(out)
+}
+
 /// How many of a call's `inputs` its `outputs` say were handled: a last
 /// [`Output::More`] of a call with inputs is taken off and names them (the
 /// caller calls again with the rest); a timer call's keeps it (more due).
@@ -855,6 +880,33 @@ pub fn utf8(b: &[u8]) -> Result<&str, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_splits_into_batches_of_one_that_decode_alike() {
+        let m = |key: &str| InboundMessage {
+            topic: "t".into(),
+            payload: key.as_bytes().to_vec(),
+            qos: 1,
+            ..InboundMessage::default()
+        };
+        let (a, b) = (m("a"), m("bb"));
+        let batch = encode_batch(&[
+            Input::Message(&a),
+            Input::Disconnected("c"),
+            Input::Message(&b),
+        ]);
+        let singles = batch_singles(&batch).expect("split");
+        assert_eq!(singles.len(), 3);
+        for (one, want) in singles.iter().zip([
+            encode_batch(&[Input::Message(&a)]),
+            encode_batch(&[Input::Disconnected("c")]),
+            encode_batch(&[Input::Message(&b)]),
+        ]) {
+            assert_eq!(one, &want);
+        }
+        assert!(batch_singles(&batch[..batch.len() - 1]).is_err());
+        assert!(batch_singles(&[batch.clone(), vec![0]].concat()).is_err());
+    }
 
     #[test]
     fn the_rest_of_a_batch_decodes_as_its_tail() {

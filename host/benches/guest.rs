@@ -229,6 +229,7 @@ fn interleaved(rt: &Runtime, quick: bool) {
             max_memory: 1 << 30,
         }),
         epoch_interruption: true,
+        fuel: false,
     })
     .expect("engine");
     let served = Runtime::load(&served_engine, statestore::GUEST_COMPONENT, None)

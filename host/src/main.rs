@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use statestore::cluster::admin;
 use statestore::config::{self, Matcher, TenantBroker, TenantSpec};
 use statestore::driver::Control;
 use statestore::embedded::{BrokerLimits, EmbeddedServer, Route};
@@ -338,6 +339,23 @@ enum ClusterCommand {
     /// term and vote kept, and the leader removes it and adds it back.
     /// Then start it as before: it catches up from the leader's snapshot.
     Rejoin(ClusterRejoinArgs),
+    /// Make the cluster's certificates for mutual TLS between replicas:
+    /// in the cluster file's `tls_dir`, a CA (`ca.pem`, `ca.key`), a
+    /// certificate and key per replica (`replica-<id>.pem`, `.key`) and
+    /// one for these tools (`operator.pem`, `.key`). Only what is missing
+    /// is made; run it again with `--id` before adding a replica.
+    Certs(ClusterCertsArgs),
+}
+
+#[derive(clap::Args)]
+struct ClusterCertsArgs {
+    /// A cluster file with `tls_dir` (its replicas get certificates).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// Also a certificate for this replica id (one about to be added);
+    /// may be given more than once.
+    #[arg(long)]
+    id: Vec<u64>,
 }
 
 #[derive(clap::Args)]
@@ -758,8 +776,9 @@ fn main() -> ExitCode {
         }
         Command::Serve(args) => serve(*args),
         Command::Cluster(ClusterCommand::Status(args)) => {
-            return match cluster_status(&args) {
-                Ok(code) => code,
+            return match admin::status(&args.cluster) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
                 Err(e) => {
                     eprintln!("error: {e:#}");
                     ExitCode::from(2)
@@ -767,19 +786,11 @@ fn main() -> ExitCode {
             };
         }
         Command::Cluster(ClusterCommand::Add(args)) => {
-            let mut request = format!("add {} raft={}", args.id, args.raft);
-            if let Some(m) = args.mqtt {
-                request.push_str(&format!(" mqtt={m}"));
-            }
-            cluster_change(&args.cluster, &request, args.id, true)
+            admin::add(&args.cluster, args.id, args.raft, args.mqtt)
         }
-        Command::Cluster(ClusterCommand::Remove(args)) => cluster_change(
-            &args.cluster,
-            &format!("remove {}", args.id),
-            args.id,
-            false,
-        ),
-        Command::Cluster(ClusterCommand::Rejoin(args)) => cluster_rejoin(&args.cluster),
+        Command::Cluster(ClusterCommand::Remove(args)) => admin::remove(&args.cluster, args.id),
+        Command::Cluster(ClusterCommand::Rejoin(args)) => admin::rejoin(&args.cluster),
+        Command::Cluster(ClusterCommand::Certs(args)) => admin::certs(&args.cluster, &args.id),
         Command::Bench(args) => bench(args),
         Command::Echo(args) => echo(args),
         Command::Component(args) => component(args),
@@ -1470,9 +1481,9 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
     let secret = file.secret()?;
     let listen = file.me().mqtt.unwrap_or(args.listen);
     let raft = file.me().raft;
-    if !raft.ip().is_loopback() && !args.allow_insecure {
+    if !raft.ip().is_loopback() && file.tls_dir.is_none() && !args.allow_insecure {
         anyhow::bail!(
-            "refusing to listen for replicas on {raft}: the links between replicas are not encrypted and their hello carries the secret in clear, so anyone on the path could read every key and value, and replay a hello to change the membership; keep raft addresses on loopback, or add --allow-insecure on a network only the replicas can reach"
+            "refusing to listen for replicas on {raft} without TLS: the links between replicas would be plain TCP and their hello would carry the secret in clear, so anyone on the path could read every key and value, and replay a hello to change the membership; add `tls_dir` to the cluster files and run `statestore cluster certs` (or keep raft addresses on loopback, or add --allow-insecure on a network only the replicas can reach)"
         );
     }
     if args.broker.is_none()
@@ -1498,8 +1509,9 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
         .enable_all()
         .build()?;
     let cache_dir = cache::default_dir().filter(|_| !args.no_cache);
-    let mut fleet = Fleet::new(
-        1,
+    // Calls bounded by fuel: a request that fails the guest fails it on
+    // every replica alike (a poison entry, skipped by all).
+    let mut fleet = Fleet::for_replica(
         spec.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY),
         cache_dir,
     )?;
@@ -1586,235 +1598,6 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
         .await?;
         server.run(shutdown_signal()).await
     })
-}
-
-/// What one replica said to `status`: `key=value` lines.
-type StatusMap = std::collections::BTreeMap<String, String>;
-
-/// Asks every replica of `file`, and every member they name that the file
-/// does not, for its status.
-async fn cluster_statuses(
-    file: &statestore::cluster::node::ClusterFile,
-    secret: &[u8],
-) -> Vec<(u64, std::net::SocketAddr, Result<StatusMap>)> {
-    async fn ask(addr: std::net::SocketAddr, secret: &[u8]) -> Result<StatusMap> {
-        let text = tokio::time::timeout(
-            Duration::from_secs(3),
-            statestore::cluster::net::status(addr, secret),
-        )
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3 s")))?;
-        Ok(text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect())
-    }
-    let mut out = Vec::new();
-    for r in &file.replicas {
-        out.push((r.id, r.raft, ask(r.raft, secret).await));
-    }
-    // Members added while running that this file does not list.
-    let mut more: Vec<(u64, std::net::SocketAddr)> = Vec::new();
-    for (_, _, a) in &out {
-        let Ok(m) = a else { continue };
-        for peer in m.get("peers").map_or("", String::as_str).split(',') {
-            if let Some((id, addr)) = peer.split_once('@')
-                && let (Ok(id), Ok(addr)) = (id.parse::<u64>(), addr.parse())
-                && !out.iter().any(|(known, _, _)| *known == id)
-                && !more.iter().any(|(known, _)| *known == id)
-            {
-                more.push((id, addr));
-            }
-        }
-    }
-    for (id, addr) in more {
-        out.push((id, addr, ask(addr, secret).await));
-    }
-    out.sort_by_key(|(id, _, _)| *id);
-    out
-}
-
-/// `cluster status`.
-fn cluster_status(args: &ClusterStatusArgs) -> Result<ExitCode> {
-    use statestore::cluster::node::ClusterFile;
-    let file = ClusterFile::load(&args.cluster)?;
-    let secret = file.secret()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let answers = rt.block_on(cluster_statuses(&file, &secret));
-    let num =
-        |m: &StatusMap, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
-    let leader = answers
-        .iter()
-        .filter_map(|(_, _, a)| a.as_ref().ok())
-        .filter(|m| m.get("role").map(String::as_str) == Some("leader"))
-        .max_by_key(|m| num(m, "term"));
-    let leader_applied = leader.map(|m| num(m, "applied"));
-    // The members, as the leader has them (else as the file lists them).
-    let voters: Vec<u64> = match leader.and_then(|m| m.get("voters")) {
-        Some(v) => v.split(',').filter_map(|id| id.parse().ok()).collect(),
-        None => file.replicas.iter().map(|r| r.id).collect(),
-    };
-    println!(
-        "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  mqtt",
-        "replica", "role", "term", "leader", "commit", "applied", "lag"
-    );
-    let mut up = 0;
-    for (id, _, a) in &answers {
-        let member = voters.contains(id);
-        match a {
-            Ok(m) => {
-                up += usize::from(member);
-                let lag = leader_applied.map_or("?".to_string(), |l| {
-                    l.saturating_sub(num(m, "applied")).to_string()
-                });
-                let role = m.get("role").map_or("?", String::as_str);
-                let role = if member {
-                    role.to_string()
-                } else {
-                    format!("{role}*")
-                };
-                println!(
-                    "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  {}",
-                    id,
-                    role,
-                    num(m, "term"),
-                    num(m, "leader"),
-                    num(m, "commit"),
-                    num(m, "applied"),
-                    lag,
-                    m.get("mqtt").map_or("", String::as_str),
-                );
-            }
-            Err(_) if !member => println!("{id:<8} not a member"),
-            Err(e) => println!("{id:<8} unreachable: {e:#}"),
-        }
-    }
-    if answers
-        .iter()
-        .any(|(id, _, a)| a.is_ok() && !voters.contains(id))
-    {
-        println!("* not a member (joining, or removed)");
-    }
-    let majority = voters.len() / 2 + 1;
-    println!(
-        "members: {}",
-        voters
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(if leader_applied.is_some() && up >= majority {
-        ExitCode::SUCCESS
-    } else {
-        println!("no leader, or fewer than a majority ({majority}) answered");
-        ExitCode::from(1)
-    })
-}
-
-/// `cluster add` / `cluster remove`: sends `request` to the leader (found
-/// through the replicas' status, followed when a replica names another),
-/// then waits until the leader has applied it (replica `id` is, or is no
-/// longer, a member).
-fn cluster_change(path: &std::path::Path, request: &str, id: u64, add: bool) -> Result<()> {
-    use statestore::cluster::node::ClusterFile;
-    let file = ClusterFile::load(path)?;
-    let secret = file.secret()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        // When it was last proposed: again after 5 s (a leader that lost
-        // it, a new leader).
-        let mut proposed: Option<tokio::time::Instant> = None;
-        loop {
-            let answers = cluster_statuses(&file, &secret).await;
-            let leader = answers
-                .iter()
-                .filter_map(|(_, addr, a)| a.as_ref().ok().map(|m| (addr, m)))
-                .filter(|(_, m)| m.get("role").map(String::as_str) == Some("leader"))
-                .max_by_key(|(_, m)| m.get("term").and_then(|t| t.parse::<u64>().ok()));
-            if let Some((addr, m)) = leader {
-                let voters: Vec<u64> = m
-                    .get("voters")
-                    .map_or("", String::as_str)
-                    .split(',')
-                    .filter_map(|v| v.parse().ok())
-                    .collect();
-                if voters.contains(&id) == add && proposed.is_none() {
-                    let list = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
-                    if add {
-                        println!("replica {id} is already a member; members: {list}");
-                        return Ok(());
-                    }
-                    anyhow::bail!("replica {id} is not a member; members: {list}");
-                }
-                if voters.contains(&id) == add {
-                    println!(
-                        "replica {id} {}; members: {}",
-                        if add { "added" } else { "removed" },
-                        voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
-                    );
-                    return Ok(());
-                }
-                if proposed.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
-                    let answer = statestore::cluster::net::change(*addr, &secret, request).await?;
-                    if let Some(ok) = answer.strip_prefix("ok ") {
-                        eprintln!("{ok}");
-                        proposed = Some(tokio::time::Instant::now());
-                    } else if answer.contains("leader=") || answer.contains("in progress") {
-                        // Not (or no longer) the leader, handing over, or
-                        // busy with a change: ask again.
-                        eprintln!("{answer}");
-                    } else {
-                        anyhow::bail!("{}", answer.trim_start_matches("error: "));
-                    }
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                anyhow::bail!(
-                    "replica {id} is {} a member after 30 s (no leader, or the change was lost: see `statestore cluster status`, then run this again)",
-                    if add { "not yet" } else { "still" }
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
-}
-
-/// `cluster rejoin`: the replica's data directory joins again (keeping its
-/// term and vote), then the leader removes it and adds it back.
-fn cluster_rejoin(path: &std::path::Path) -> Result<()> {
-    use statestore::cluster::node::ClusterFile;
-    let file = ClusterFile::load(path)?;
-    if file.replicas.len() < 2 {
-        anyhow::bail!(
-            "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
-        );
-    }
-    let disk = statestore::storage::DirStorage::open(&file.data_dir)
-        .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
-    let said = statestore::cluster::log::rejoin(&disk, statestore::serve::now_ms())?;
-    println!("{said}");
-    let me = file.me();
-    cluster_change(path, &format!("remove {}", file.id), file.id, false)
-        .context("the data directory is ready; the leader did not remove it (run `statestore cluster remove`, then `cluster add`, yourself)")?;
-    let mut add = format!("add {} raft={}", file.id, me.raft);
-    if let Some(m) = me.mqtt {
-        add.push_str(&format!(" mqtt={m}"));
-    }
-    cluster_change(path, &add, file.id, true)
-        .context("removed, but not added back (run `statestore cluster add` yourself)")?;
-    println!(
-        "replica {} rejoins: start it as before; it catches up from the leader's snapshot. Remove the discarded-* files in {} once it serves.",
-        file.id,
-        file.data_dir.display()
-    );
-    Ok(())
 }
 
 /// On SIGHUP: load the TLS listener's certificate files again, read the

@@ -81,6 +81,22 @@ impl Fleet {
     /// new one for a moment) of at most `max_memory` bytes each, and epoch
     /// interruption for the CPU deadlines.
     pub fn new(tenants: usize, max_memory: usize, cache_dir: Option<PathBuf>) -> Result<Fleet> {
+        Fleet::with(tenants, max_memory, cache_dir, false)
+    }
+
+    /// A fleet for a replica of a cluster: one tenant, whose calls are
+    /// bounded by fuel, not time, so that a call that fails on one replica
+    /// fails alike on every other ([`crate::EngineOptions::fuel`]).
+    pub fn for_replica(max_memory: usize, cache_dir: Option<PathBuf>) -> Result<Fleet> {
+        Fleet::with(1, max_memory, cache_dir, true)
+    }
+
+    fn with(
+        tenants: usize,
+        max_memory: usize,
+        cache_dir: Option<PathBuf>,
+        fuel: bool,
+    ) -> Result<Fleet> {
         let instances = u32::try_from(tenants.saturating_mul(2).saturating_add(4))
             .context("too many tenants")?;
         let max_memory = max_memory.min(WASM32_MAX_MEMORY);
@@ -89,7 +105,8 @@ impl Fleet {
                 instances,
                 max_memory,
             }),
-            epoch_interruption: true,
+            epoch_interruption: !fuel,
+            fuel,
         })
         .context("cannot set up the wasm engine")?;
         Ok(Fleet {

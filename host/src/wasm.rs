@@ -36,6 +36,7 @@ pub struct Runtime {
     pre: GuestPre<Limits>,
     limits: StoreLimits,
     epoch: bool,
+    fuel: bool,
 }
 
 /// How an [`Engine`] is set up for many instances.
@@ -47,6 +48,10 @@ pub struct EngineOptions {
     /// Bound every call by an epoch deadline ([`StoreLimits::call_ms`]):
     /// a ticker thread advances the engine's epoch every [`EPOCH_TICK`].
     pub epoch_interruption: bool,
+    /// Bound every call by fuel instead ([`FUEL_PER_MS`] for each ms of
+    /// [`StoreLimits::call_ms`]): work counted, not time, so that a call
+    /// fails alike wherever it runs (the replicas of a cluster).
+    pub fuel: bool,
 }
 
 /// Sizes of the pooling allocator.
@@ -74,6 +79,18 @@ pub struct StoreLimits {
 
 /// The largest linear memory a wasm32 instance can have.
 pub const WASM32_MAX_MEMORY: usize = 4 << 30;
+
+/// Fuel a call gets for each ms of its time budget with
+/// [`EngineOptions::fuel`]: about a ms of work (a unit is about one wasm
+/// instruction).
+pub const FUEL_PER_MS: u64 = 2_000_000;
+
+/// The fuel of a call allowed `d`.
+fn fuel(d: Duration) -> u64 {
+    u64::try_from(d.as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(FUEL_PER_MS)
+}
 
 /// How often the epoch advances.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -126,6 +143,9 @@ pub fn engine(opts: &EngineOptions) -> Result<Engine> {
     }
     if opts.epoch_interruption {
         config.epoch_interruption(true);
+    }
+    if opts.fuel {
+        config.consume_fuel(true);
     }
     let engine = Engine::new(&config)?;
     if opts.epoch_interruption {
@@ -219,11 +239,13 @@ impl Runtime {
         linker.define_unknown_imports_as_traps(&component)?;
         let pre = GuestPre::new(linker.instantiate_pre(&component)?)?;
         let epoch = engine.get_epoch_interruption();
+        let fuel = engine.get_consume_fuel();
         let runtime = Runtime {
             engine,
             pre,
             limits: StoreLimits::default(),
             epoch,
+            fuel,
         };
         runtime.check_formats()?;
         Ok(runtime)
@@ -280,6 +302,7 @@ impl Runtime {
         let ticks = |d: Duration| {
             u64::try_from(d.as_millis().div_ceil(EPOCH_TICK.as_millis())).unwrap_or(u64::MAX) + 1
         };
+        let call = self.limits.call_ms.map_or(BULK_CALL, Duration::from_millis);
         WasmStore {
             store,
             guest,
@@ -287,8 +310,9 @@ impl Runtime {
             typed: false,
             scratch: Vec::new(),
             epoch: self.epoch,
-            call_ticks: ticks(self.limits.call_ms.map_or(BULK_CALL, Duration::from_millis)),
+            call_ticks: ticks(call),
             bulk_ticks: ticks(BULK_CALL),
+            fuel: self.fuel.then(|| (fuel(call), fuel(BULK_CALL))),
             calls: 0,
         }
     }
@@ -331,6 +355,9 @@ impl Runtime {
         if self.epoch {
             let bulk = BULK_CALL.as_millis().div_ceil(EPOCH_TICK.as_millis());
             store.set_epoch_deadline(u64::try_from(bulk).unwrap_or(u64::MAX) + 1);
+        }
+        if self.fuel {
+            let _ = store.set_fuel(fuel(BULK_CALL));
         }
     }
 
@@ -454,6 +481,9 @@ pub struct WasmStore {
     call_ticks: u64,
     /// Epoch ticks a snapshot, restore or replay may take.
     bulk_ticks: u64,
+    /// With an engine that counts fuel: a request call's, and a bulk
+    /// call's.
+    fuel: Option<(u64, u64)>,
     /// Calls made into the instance.
     calls: u64,
 }
@@ -656,6 +686,9 @@ impl WasmStore {
             };
             self.store.set_epoch_deadline(ticks);
         }
+        if let Some((call, bulk_fuel)) = self.fuel {
+            let _ = self.store.set_fuel(if bulk { bulk_fuel } else { call });
+        }
     }
 }
 
@@ -745,6 +778,7 @@ mod tests {
                     max_memory: 16 << 20,
                 }),
                 epoch_interruption: true,
+                fuel: false,
             })?;
             let rt =
                 Runtime::load(&engine, crate::GUEST_COMPONENT, None)?.with_limits(StoreLimits {

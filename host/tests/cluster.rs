@@ -47,9 +47,18 @@ struct Cluster {
     /// `links[i][j]`: the proxy replica `i` reaches replica `j` through
     /// (`None` for `i == j`), if the links can be cut.
     links: Vec<Vec<Option<Proxy>>>,
+    /// More arguments of every replica's `serve`.
+    args: Vec<String>,
 }
 
 impl Cluster {
+    /// Replicas started with `args` added to their `serve`.
+    fn with_args(replicas: usize, args: &[&str]) -> Cluster {
+        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        let args = args.iter().map(|a| (*a).to_string()).collect();
+        Cluster::build_with_raft(replicas, None, raft, Vec::new(), args, |_, _, raft| raft)
+    }
+
     fn new(replicas: usize) -> Cluster {
         Cluster::with_broker(replicas, None)
     }
@@ -83,9 +92,16 @@ impl Cluster {
                     .collect()
             })
             .collect();
-        Cluster::build_with_raft(replicas, None, raft, links, move |i, j, raft| {
-            if i == j { raft } else { ports[i][j] }
-        })
+        Cluster::build_with_raft(
+            replicas,
+            None,
+            raft,
+            links,
+            Vec::new(),
+            move |i, j, raft| {
+                if i == j { raft } else { ports[i][j] }
+            },
+        )
     }
 
     /// Cuts what replica `from` sends to replica `to`.
@@ -107,7 +123,7 @@ impl Cluster {
         peer: impl Fn(usize, usize, u16) -> u16,
     ) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
-        Cluster::build_with_raft(replicas, broker, raft, links, peer)
+        Cluster::build_with_raft(replicas, broker, raft, links, Vec::new(), peer)
     }
 
     /// The files (replica `i` names replica `j`'s raft port `peer(i, j,
@@ -118,6 +134,7 @@ impl Cluster {
         broker: Option<u16>,
         raft: Vec<u16>,
         links: Vec<Vec<Option<Proxy>>>,
+        args: Vec<String>,
         peer: impl Fn(usize, usize, u16) -> u16,
     ) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
@@ -131,7 +148,7 @@ impl Cluster {
         let mqtt: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
         let file = |i: usize, peer: &dyn Fn(usize, usize, u16) -> u16| {
             let mut f = format!(
-                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\n",
+                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\n",
                 i + 1,
                 i + 1
             );
@@ -150,6 +167,10 @@ impl Cluster {
                 .expect("file");
         }
         std::fs::write(dir.join("direct.toml"), file(0, &|_, _, raft| raft)).expect("file");
+        // Every link between replicas is mutual TLS, as an operator sets
+        // it up: `cluster certs` makes the cluster's CA and certificates.
+        let (ok, out) = cluster_command(&dir.join("direct.toml"), &["certs"]);
+        assert!(ok && out.contains("replica-1.key"), "cluster certs:\n{out}");
         let mut c = Cluster {
             dir,
             mqtt,
@@ -158,6 +179,7 @@ impl Cluster {
             servers: Vec::new(),
             broker,
             links,
+            args,
         };
         for i in 0..replicas {
             let s = c.spawn(i);
@@ -175,6 +197,7 @@ impl Cluster {
         cmd.args(["serve", "--no-cache", "--cluster"])
             .arg(self.file(i))
             .args(["--metrics", &format!("127.0.0.1:{}", self.metrics[i])])
+            .args(&self.args)
             .env("RUST_LOG", "info");
         match self.broker {
             Some(port) => {
@@ -1100,10 +1123,19 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         "registrations through a removed replica",
     )
     .await;
-    // Its successor: replica 4, new ports, an empty data directory.
+    // Its successor: replica 4, new ports, an empty data directory, and a
+    // certificate of the cluster's CA.
+    let (ok, out) = cluster_command(&c.file(leader), &["certs", "--id", "4"]);
+    assert!(ok, "cluster certs:\n{out}");
+    assert!(
+        out.contains("replica-4.pem")
+            && !out.contains("replica-1.pem")
+            && !out.contains("ca.pem\n"),
+        "only replica 4's are new:\n{out}"
+    );
     let (raft4, mqtt4) = (free_port(), free_port());
     let mut f =
-        "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\njoin = true\n".to_string();
+        "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\njoin = true\n".to_string();
     for i in [leader, other] {
         f.push_str(&format!(
             "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
@@ -1272,16 +1304,10 @@ async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
     }
     let mut statuses = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !asked.is_empty() && Instant::now() < deadline {
-        let Some(p) = client.recv(Duration::from_secs(1)).await else {
-            continue;
+    while !asked.is_empty() {
+        let Some((corr, p)) = next_answer(&mut client, deadline).await else {
+            break;
         };
-        let corr = p
-            .properties
-            .as_ref()
-            .and_then(|x| x.correlation_data.clone())
-            .expect("correlation data")
-            .to_vec();
         if asked.remove(&corr) {
             *statuses
                 .entry(prop(&p, "__stat").unwrap_or("none").to_string())
@@ -1308,6 +1334,27 @@ async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
     let reply = client.call(&[b"SET", b"after", b"v"]).await;
     assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
     client.disconnect().await;
+}
+
+/// The next answer `client` gets before `deadline`, and its correlation
+/// data.
+async fn next_answer(
+    client: &mut RawClient,
+    deadline: Instant,
+) -> Option<(Vec<u8>, rumqttc::v5::mqttbytes::v5::Publish)> {
+    while Instant::now() < deadline {
+        let Some(p) = client.recv(Duration::from_secs(1)).await else {
+            continue;
+        };
+        let corr = p
+            .properties
+            .as_ref()
+            .and_then(|x| x.correlation_data.clone())
+            .expect("correlation data")
+            .to_vec();
+        return Some((corr, p));
+    }
+    None
 }
 
 /// Every message on `client` with correlation data `corr` that comes
@@ -1389,37 +1436,66 @@ async fn a_request_whose_outcome_a_one_way_cut_hides_is_answered_408_once() {
     reader.disconnect().await;
 }
 
-/// A raft address beyond loopback is refused (the links between replicas
-/// are not encrypted, and their hello carries the secret in clear), as a
-/// plain MQTT listener beyond loopback is.
+/// A raft address beyond loopback is refused without the cluster's TLS
+/// (the links would be plain TCP, and their hello would carry the secret
+/// in clear), as a plain MQTT listener beyond loopback is; with it the
+/// replica starts.
 #[test]
-fn a_raft_address_beyond_loopback_is_refused() {
+fn a_raft_address_beyond_loopback_needs_the_clusters_tls() {
     let dir = std::env::temp_dir().join(format!("statestore-raft-open-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("secret"), "a-test-secret-of-enough-bytes\n").expect("secret");
     let file = dir.join("replica-1.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "id = 1\ndata_dir = \"replica-1\"\nsecret_file = \"secret\"\n\n[[replica]]\nid = 1\nraft = \"0.0.0.0:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
-            free_port(),
-            free_port()
-        ),
-    )
-    .expect("file");
-    let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
-        .args(["serve", "--no-cache", "--cluster"])
-        .arg(&file)
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let replicas = format!(
+        "\n[[replica]]\nid = 1\nraft = \"0.0.0.0:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
+        free_port(),
+        free_port()
+    );
+    let plain = format!("id = 1\ndata_dir = \"replica-1\"\nsecret_file = \"secret\"\n{replicas}");
+    std::fs::write(&file, &plain).expect("file");
+    // What `serve` says when it refuses to start.
+    let refused = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
+            .args(["serve", "--no-cache", "--cluster"])
+            .arg(&file)
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{err}");
+        err
+    };
+    let err = refused();
     assert!(
         err.contains("refusing to listen for replicas on 0.0.0.0")
+            && err.contains("statestore cluster certs")
             && err.contains("--allow-insecure"),
         "{err}"
     );
+    // With `tls_dir` but no certificates yet: told how to make them.
+    std::fs::write(
+        &file,
+        plain.replace("secret\"\n", "secret\"\ntls_dir = \"tls\"\n"),
+    )
+    .expect("file");
+    let err = refused();
+    assert!(
+        err.contains("tls/ca.pem") && err.contains("statestore cluster certs"),
+        "{err}"
+    );
+    let (ok, said) = cluster_command(&file, &["certs"]);
+    assert!(ok, "{said}");
+    let server = Server::spawn_until(
+        {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
+            cmd.args(["serve", "--no-cache", "--cluster"])
+                .arg(&file)
+                .env("RUST_LOG", "info");
+            cmd
+        },
+        "replica started",
+    );
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1944,4 +2020,112 @@ async fn a_replica_removed_while_down_stops_when_it_comes_back() {
     // The two members go on.
     let (ok, text) = c.status();
     assert!(ok, "the two members after the removed one stopped:\n{text}");
+}
+
+/// A request that makes the guest fail (a trap, a loop its fuel stops,
+/// memory past its cap) is a poison entry once committed: every replica
+/// makes its guest again from its snapshot and log, skips that request and
+/// goes on alike, where one failure used to stop them all. Its client gets
+/// 500; the requests sent with it get their answers; a replica restarted
+/// afterwards applies the log again the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_fails_the_guest_is_answered_500_and_the_cluster_goes_on() {
+    let mut c = Cluster::with_args(
+        3,
+        &[
+            "--component",
+            statestore_tests::FAULTY_WASM,
+            "--memory-mib",
+            "64",
+            "--call-ms",
+            "200",
+        ],
+    );
+    let leader = c.leader(Duration::from_secs(20));
+    let follower = (leader + 1) % 3;
+    let mut client = RawClient::connect(c.mqtt[follower], "poison").await;
+    client.subscribe(&client.response_topic()).await;
+    let build = client.call(&[b"GET", b"__fault/build"]).await;
+    assert_eq!(
+        text(&build),
+        "$15\r\nfault-injection\r\n",
+        "the faulty build"
+    );
+    for fault in ["trap", "loop", "grow"] {
+        // The fault between two innocent requests, sent together (one
+        // batch, one log entry, as far as the replica's batching goes).
+        let requests: Vec<Vec<u8>> = vec![
+            statestore_tests::resp(&[b"SET", format!("before-{fault}").as_bytes(), b"1"]),
+            statestore_tests::resp(&[b"SET", format!("__fault/{fault}").as_bytes(), b"v"]),
+            statestore_tests::resp(&[b"SET", format!("after-{fault}").as_bytes(), b"1"]),
+        ];
+        let mut asked = Vec::new();
+        for r in requests {
+            let props = client.request_properties();
+            asked.push(props.correlation_data.clone().expect("set").to_vec());
+            client.publish_request(r, props).await;
+        }
+        let mut got: HashMap<Vec<u8>, (String, String)> = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.len() < asked.len() {
+            let Some((corr, p)) = next_answer(&mut client, deadline).await else {
+                break;
+            };
+            let stat = prop(&p, "__stat").unwrap_or("none").to_string();
+            assert!(
+                got.insert(corr, (stat, text(&p))).is_none(),
+                "{fault}: one answer per request"
+            );
+        }
+        let answer = |i: usize| got.get(&asked[i]).cloned().unwrap_or_default();
+        assert_eq!(
+            answer(0),
+            ("200".into(), "+OK\r\n".into()),
+            "{fault}: before"
+        );
+        assert_eq!(answer(1).0, "500", "{fault}: the fault {:?}", answer(1));
+        assert_eq!(
+            answer(2),
+            ("200".into(), "+OK\r\n".into()),
+            "{fault}: after"
+        );
+    }
+    // Every replica went on, alike: each serves every innocent key.
+    let check = |port: u16, who: String| async move {
+        let mut reader = RawClient::connect(port, &who).await;
+        reader.subscribe(&reader.response_topic()).await;
+        for fault in ["trap", "loop", "grow"] {
+            for key in [format!("before-{fault}"), format!("after-{fault}")] {
+                let got = reader.call(&[b"GET", key.as_bytes()]).await;
+                assert_eq!(text(&got), "$1\r\n1\r\n", "{who}: {key}");
+            }
+            let got = reader
+                .call(&[b"GET", format!("__fault/{fault}").as_bytes()])
+                .await;
+            assert_eq!(
+                text(&got),
+                "$-1\r\n",
+                "{who}: the fault's key was never set"
+            );
+        }
+        reader.disconnect().await;
+    };
+    for i in 0..3 {
+        check(c.mqtt[i], format!("poison-reader-{i}")).await;
+    }
+    for i in 0..3 {
+        let log = c.servers[i].as_ref().expect("running").log();
+        assert!(
+            log.contains("the guest failed applying a log entry"),
+            "replica {}: {log}",
+            i + 1
+        );
+    }
+    // A replica started again applies its log again, poison entries
+    // skipped alike, and serves.
+    c.servers[follower].take().expect("running").kill9();
+    c.servers[follower] = Some(c.spawn(follower));
+    c.settled(Duration::from_secs(60));
+    check(c.mqtt[follower], "poison-reader-again".into()).await;
+    client.disconnect().await;
 }

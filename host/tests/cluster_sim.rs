@@ -59,6 +59,7 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
         total.retried += r.retried;
         total.reads_to_log += r.reads_to_log;
         total.rejoined += r.rejoined;
+        total.poisoned += r.poisoned;
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -69,6 +70,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.reads > 0 && total.crashes > 0 && total.leader_changes > runs as usize,
         "{total:?}"
+    );
+    assert!(
+        total.poisoned > 0,
+        "poison requests were answered 500 and skipped alike by every replica: {total:?}"
     );
     assert!(total.timeouts > 0, "expiry went through the log: {total:?}");
     assert!(

@@ -501,3 +501,7 @@ pub fn ts_of(m: &OutboundMessage) -> Option<&str> {
 pub fn version(wall: u64, counter: u64) -> String {
     format!("{wall:015}:{counter:05}:StateStore")
 }
+
+/// The guest built with its `fault-injection` feature (`guest/src/fault.rs`):
+/// `SET __fault/loop`, `__fault/grow` and `__fault/trap` make it fail.
+pub const FAULTY_WASM: &str = env!("STATESTORE_FAULTY_WASM");

@@ -9,7 +9,8 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 use tracing::warn;
 
-use super::net::MAX_SECRET;
+use super::net::{Credentials, MAX_SECRET};
+use super::pki::Tls;
 
 /// How a replica serves reads (GET, SCAN).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -35,6 +36,12 @@ pub struct ClusterFile {
     /// A file holding the secret every replica shares (at least 16 bytes):
     /// a peer link without it is refused.
     pub secret_file: PathBuf,
+    /// The directory of the cluster's certificates (`statestore cluster
+    /// certs` makes them): with it every link between replicas is mutual
+    /// TLS, and raft addresses may be beyond loopback. This replica needs
+    /// `ca.pem` and `replica-<id>.pem` / `.key` there.
+    #[serde(default)]
+    pub tls_dir: Option<PathBuf>,
     /// How reads are served: `index` (the default) or `log`.
     #[serde(default)]
     pub reads: ReadPath,
@@ -74,6 +81,11 @@ impl ClusterFile {
         }
         if f.secret_file.is_relative() {
             f.secret_file = base.join(&f.secret_file);
+        }
+        if let Some(d) = &mut f.tls_dir
+            && d.is_relative()
+        {
+            *d = base.join(&*d);
         }
         f.check()
             .with_context(|| format!("the cluster file {}", path.display()))?;
@@ -146,6 +158,26 @@ impl ClusterFile {
             );
         }
         Ok(s.into_bytes())
+    }
+
+    /// This replica's credentials on the links.
+    pub fn credentials(&self) -> Result<Credentials> {
+        let tls = match &self.tls_dir {
+            Some(dir) => Some(Tls::load(dir, self.id)?),
+            None => None,
+        };
+        Ok(Credentials::new(self.id, &self.secret()?, tls))
+    }
+
+    /// The operator's tools' credentials: with TLS, the operator's
+    /// certificate if it is in the directory, else this replica's.
+    pub fn operator_credentials(&self) -> Result<Credentials> {
+        let tls = match &self.tls_dir {
+            Some(dir) if super::pki::files(dir, 0).0.exists() => Some(Tls::load(dir, 0)?),
+            Some(dir) => Some(Tls::load(dir, self.id)?),
+            None => None,
+        };
+        Ok(Credentials::new(0, &self.secret()?, tls))
     }
 
     /// The guest's hash seed: the same on every replica (they must apply

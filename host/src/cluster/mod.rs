@@ -42,11 +42,13 @@
 //! same routers included, under simulated faults) and `linear` (the
 //! linearizability checker the simulation and the tests use).
 
+pub mod admin;
 pub mod file;
 pub mod linear;
 pub mod log;
 pub mod net;
 pub mod node;
+pub mod pki;
 pub mod probe;
 pub mod router;
 pub mod sim;
@@ -117,7 +119,13 @@ pub struct Applied {
     pub replayed: bool,
     /// Every output the guest made of it (the origin publishes them).
     pub outputs: Vec<Output>,
+    /// Its inputs the guest failed on (each a batch of one), and why: the
+    /// origin answers them 500 (see [`Replica`]'s poison entries).
+    pub failed: FailedInputs,
 }
+
+/// Inputs the guest failed on (each a batch of one), and why.
+pub type FailedInputs = Vec<(Vec<u8>, String)>;
 
 /// Election timing, in ticks.
 #[derive(Debug, Clone, Copy)]
@@ -318,6 +326,10 @@ pub struct Replica<B: Backend> {
     /// A membership change added a replica: snapshot now, so that it
     /// starts from a snapshot that names it, never from the log's start.
     compact_now: bool,
+    /// Entries after the last snapshot whose inputs the guest failed on:
+    /// their positions in the entry's batch (skipped when the guest is
+    /// made again from the log).
+    poisoned: std::collections::BTreeMap<u64, Vec<usize>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Replica<B> {
@@ -392,6 +404,7 @@ impl<B: Backend> Replica<B> {
             members,
             changes: 0,
             compact_now: false,
+            poisoned: Default::default(),
         };
         replica.log_now = replica.log_now.max(replica.newest_now_in_log());
         Ok(replica)
@@ -829,6 +842,7 @@ impl<B: Backend> Replica<B> {
         self.applied = index;
         self.applied_now = now;
         self.log_now = self.log_now.max(now);
+        self.poisoned.clear();
         tracing::info!(
             replica = self.id,
             index,
@@ -866,6 +880,8 @@ impl<B: Backend> Replica<B> {
         let applied = self.applied;
         let log = self.node.mut_store();
         log.compact(applied, data)?;
+        // What the snapshot holds is never applied again.
+        self.poisoned = self.poisoned.split_off(&(applied + 1));
         if let Some(m) = log.metrics() {
             m.snapshot.observe(started.elapsed().as_secs_f64());
         }
@@ -911,15 +927,22 @@ impl<B: Backend> Replica<B> {
                 decode_entry(&entry.data).with_context(|| format!("log entry {}", entry.index))?;
             let now = e.now.max(self.applied_now);
             self.applied_now = now;
-            let outputs = match whole(&mut self.store, e.batch, |s, b| s.handle_wire(b, now)) {
-                Ok(outputs) => outputs,
-                Err(e) => match e.downcast_ref::<crate::GuestError>() {
+            let (outputs, failed) = match whole(&mut self.store, e.batch, |s, b| {
+                s.handle_wire(b, now)
+            }) {
+                Ok(outputs) => (outputs, Vec::new()),
+                Err(err) => match err.downcast_ref::<crate::GuestError>() {
                     Some(crate::GuestError::Refused(refused)) => {
                         // The same on every replica: nothing applied.
                         tracing::warn!(index = entry.index, error = %refused, "a log entry the guest refuses: skipped");
-                        Vec::new()
+                        (Vec::new(), Vec::new())
                     }
-                    _ => return Err(e.context(format!("applying log entry {}", entry.index))),
+                    Some(crate::GuestError::Failed(_) | crate::GuestError::BadOutputs(_)) => self
+                        .recover(entry.index, e.batch, now, &err)
+                        .with_context(|| format!("applying log entry {}", entry.index))?,
+                    None => {
+                        return Err(err.context(format!("applying log entry {}", entry.index)));
+                    }
                 },
             };
             out.push(Applied {
@@ -928,9 +951,127 @@ impl<B: Backend> Replica<B> {
                 now,
                 replayed: entry.index <= self.replayed_to,
                 outputs,
+                failed,
             });
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> Replica<B> {
+    /// The guest failed applying entry `index` (it trapped, ran out of
+    /// fuel, or reached its memory cap): a poison entry, which fails alike
+    /// on every replica, since a replica's guest counts its work in fuel,
+    /// not time. The guest is made again as it was before the entry (from
+    /// the last snapshot and the log), and the entry's inputs are applied
+    /// one at a time; one that fails again is skipped (the guest made again
+    /// without it) and answered 500. Every replica does the same, so all go
+    /// on alike where one failure would otherwise stop them all.
+    fn recover(
+        &mut self,
+        index: u64,
+        batch: &[u8],
+        now: u64,
+        cause: &anyhow::Error,
+    ) -> Result<(Vec<Output>, FailedInputs)> {
+        let why = format!("{cause:#}");
+        tracing::error!(index, error = %why, "the guest failed applying a log entry: making it again from the last snapshot and the log, then applying the entry's requests one at a time");
+        let singles = wire::batch_singles(batch).context("the entry's batch")?;
+        let mut passed: Vec<&[u8]> = Vec::new();
+        let mut outputs = Vec::new();
+        let mut failed = Vec::new();
+        let mut positions = Vec::new();
+        self.store = self.remake(index, &passed, now)?;
+        for (at, one) in singles.iter().enumerate() {
+            match whole(&mut self.store, one, |s, b| s.handle_wire(b, now)) {
+                Ok(out) => {
+                    outputs.extend(out);
+                    passed.push(one);
+                }
+                Err(err) => {
+                    self.store = self.remake(index, &passed, now)?;
+                    tracing::error!(index, error = %format!("{err:#}"), "a request the guest fails on: skipped, answered 500");
+                    failed.push((one.clone(), why.clone()));
+                    positions.push(at);
+                }
+            }
+        }
+        self.poisoned.insert(index, positions);
+        Ok((outputs, failed))
+    }
+
+    /// A guest as this replica's was after the entries before `index`,
+    /// and then `more` (batches of entry `index`, at `now`): made from the
+    /// last snapshot, with the committed entries after it applied again
+    /// (their outputs went out when they were first applied).
+    fn remake(&mut self, index: u64, more: &[&[u8]], now: u64) -> Result<B> {
+        let log = self.node.store();
+        let (mut guest, from, mut at) = match raft::Storage::snapshot(log, 0, 0) {
+            Ok(s) if s.get_metadata().index > 0 => {
+                let d = decode_snapshot(&s.data)?;
+                (
+                    (self.make)(Some(d.guest))?,
+                    s.get_metadata().index,
+                    d.applied_now,
+                )
+            }
+            _ => ((self.make)(None)?, 0, 0),
+        };
+        if from >= index {
+            bail!("the snapshot (index {from}) is past the entry that failed ({index})");
+        }
+        let entries = if from + 1 < index {
+            raft::Storage::entries(
+                log,
+                from + 1,
+                index,
+                None,
+                raft::GetEntriesContext::empty(false),
+            )
+            .context("reading the log to make the guest again")?
+        } else {
+            Vec::new()
+        };
+        for entry in entries {
+            if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+                continue;
+            }
+            let e =
+                decode_entry(&entry.data).with_context(|| format!("log entry {}", entry.index))?;
+            at = e.now.max(at);
+            // As it was applied: whole, or (a poison entry) one input at a
+            // time without those that failed.
+            let batches: Vec<Vec<u8>> = match self.poisoned.get(&entry.index) {
+                None => vec![e.batch.to_vec()],
+                Some(skip) => wire::batch_singles(e.batch)?
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !skip.contains(i))
+                    .map(|(_, b)| b)
+                    .collect(),
+            };
+            for b in &batches {
+                if let Err(err) = whole(&mut guest, b, |s, b| s.handle_wire(b, at)) {
+                    let refused = matches!(
+                        err.downcast_ref::<crate::GuestError>(),
+                        Some(crate::GuestError::Refused(_))
+                    );
+                    if !refused {
+                        // It passed the first time: failing now is not
+                        // deterministic, and going on could diverge.
+                        return Err(err.context(format!(
+                            "log entry {} failed when applied again (it had not)",
+                            entry.index
+                        )));
+                    }
+                }
+            }
+        }
+        for b in more {
+            whole(&mut guest, b, |s, b| s.handle_wire(b, now))
+                .context("a request of the failed entry, applied again")?;
+        }
+        Ok(guest)
     }
 }
 

@@ -1,6 +1,17 @@
 //! The links between replicas: TCP, one outbound connection per peer, each
-//! opened with the cluster's secret (a peer without it is dropped before
-//! anything it sends is read).
+//! opened with a hello naming its sender and holding the cluster's secret
+//! (a peer without it is dropped before anything it sends is read).
+//!
+//! With the cluster's TLS (`tls_dir` in the cluster file, see [`super::pki`])
+//! every link is mutual TLS 1.3 first: the side that connects checks the
+//! other is the replica it dialled, the side that accepts checks the hello's
+//! sender is the one the certificate names; so the secret crosses no wire
+//! in clear, and nothing a listener saw can be replayed. Without it the
+//! links are plain TCP, for loopback (the replica refuses other addresses).
+//!
+//! Either way a link speaks only for its sender: a Raft message whose
+//! `from` is not the link's sender or whose `to` is not this replica, or a
+//! forward from another origin, closes the link.
 //!
 //! ```text
 //! frame = u32 length (of kind and body) | u8 kind | body
@@ -27,6 +38,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
+
+use super::pki::Tls;
 
 const HELLO: u8 = 0;
 const RAFT: u8 = 1;
@@ -83,6 +96,56 @@ pub enum PeerEvent {
     Change(String, oneshot::Sender<String>),
 }
 
+/// Who an end of a link is, and what proves it: the id its hello names
+/// (a replica's, or 0 for an operator's tool), the cluster's secret, and
+/// its TLS when the cluster has it.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    id: u64,
+    secret: Arc<[u8]>,
+    tls: Option<Arc<Tls>>,
+}
+
+impl Credentials {
+    /// The credentials of `id` (with TLS, the certificate's).
+    pub fn new(id: u64, secret: &[u8], tls: Option<Tls>) -> Credentials {
+        Credentials {
+            id: tls.as_ref().map_or(id, Tls::id),
+            secret: secret.into(),
+            tls: tls.map(Arc::new),
+        }
+    }
+
+    /// The id its hello names.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether its links are TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+}
+
+/// A link's byte stream: TCP, or TLS on TCP.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
+/// Opens a link to replica `peer` at `addr` (`peer` 0: whoever is there,
+/// for a tool that knows only an address; never with TLS).
+async fn dial(addr: SocketAddr, peer: u64, who: &Credentials) -> Result<Box<dyn Io>> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let _ = tcp.set_nodelay(true);
+    match &who.tls {
+        None => Ok(Box::new(tcp)),
+        Some(tls) => Ok(Box::new(tls.connect(tcp, peer).await.with_context(
+            || format!("{addr} (is it replica {peer}, with a certificate of this cluster's CA?)"),
+        )?)),
+    }
+}
+
 /// A frame to send.
 #[derive(Debug)]
 enum Frame {
@@ -93,8 +156,7 @@ enum Frame {
 /// The sending side: a queue per peer.
 #[derive(Debug)]
 pub struct Links {
-    id: u64,
-    secret: Vec<u8>,
+    who: Credentials,
     peers: HashMap<u64, mpsc::Sender<Frame>>,
     events: mpsc::Sender<PeerEvent>,
 }
@@ -136,17 +198,15 @@ async fn read_frame(s: &mut (impl AsyncReadExt + Unpin)) -> Result<Option<(u8, V
 }
 
 impl Links {
-    /// Starts a link to each of `peers` (id, address) from replica `id`;
+    /// Starts a link to each of `peers` (id, address) from replica `who`;
     /// what arrives is sent to `events`.
     pub fn start(
-        id: u64,
+        who: Credentials,
         peers: &[(u64, SocketAddr)],
-        secret: &[u8],
         events: mpsc::Sender<PeerEvent>,
     ) -> Links {
         let mut links = Links {
-            id,
-            secret: secret.to_vec(),
+            who,
             peers: HashMap::new(),
             events,
         };
@@ -159,16 +219,15 @@ impl Links {
     /// Starts a link to `peer` at `addr` (none to itself; a link already
     /// there stays).
     pub fn add(&mut self, peer: u64, addr: SocketAddr) {
-        if peer == self.id || self.peers.contains_key(&peer) {
+        if peer == self.who.id || self.peers.contains_key(&peer) {
             return;
         }
         let (tx, rx) = mpsc::channel(QUEUE);
         self.peers.insert(peer, tx);
         tokio::spawn(outbound(
-            self.id,
+            self.who.clone(),
             peer,
             addr,
-            self.secret.clone(),
             rx,
             self.events.clone(),
         ));
@@ -211,21 +270,26 @@ impl Links {
 
 /// Keeps a connection to `peer` and writes its frames.
 async fn outbound(
-    id: u64,
+    who: Credentials,
     peer: u64,
     addr: SocketAddr,
-    secret: Vec<u8>,
     mut rx: mpsc::Receiver<Frame>,
     events: mpsc::Sender<PeerEvent>,
 ) {
     let mut backoff = Duration::from_millis(50);
     let mut logged = false;
     loop {
-        let stream = match TcpStream::connect(addr).await {
+        let stream = match dial(addr, peer, &who).await {
             Ok(s) => s,
             Err(e) => {
                 if !logged {
-                    info!(peer, %addr, error = %e, "replica unreachable; retrying");
+                    // A TLS failure (another replica, or an impostor, at
+                    // the address) is worth an operator's eye.
+                    if who.tls() && format!("{e:#}").contains("TLS") {
+                        warn!(peer, %addr, error = %format!("{e:#}"), "replica link refused; retrying");
+                    } else {
+                        info!(peer, %addr, error = %format!("{e:#}"), "replica unreachable; retrying");
+                    }
                     logged = true;
                 }
                 if rx.is_closed() {
@@ -239,7 +303,6 @@ async fn outbound(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
         if logged {
             info!(peer, %addr, "replica reachable again");
         }
@@ -249,7 +312,7 @@ async fn outbound(
         // The hello goes at once: a peer closes a link that says nothing
         // for 5 s, and a link between two followers may carry nothing
         // until an election (whose first votes would then be lost).
-        if w.write_all(&hello(id, &secret)).await.is_err() || w.flush().await.is_err() {
+        if w.write_all(&hello(who.id, &who.secret)).await.is_err() || w.flush().await.is_err() {
             continue;
         }
         let failed = loop {
@@ -285,7 +348,7 @@ async fn outbound(
 
 /// Accepts the links of the other replicas (and status requests) on
 /// `listener`.
-pub async fn accept(listener: TcpListener, secret: Vec<u8>, events: mpsc::Sender<PeerEvent>) {
+pub async fn accept(listener: TcpListener, who: Credentials, events: mpsc::Sender<PeerEvent>) {
     let pending = Arc::new(Mutex::new(Pending::default()));
     let mut warned: Option<std::time::Instant> = None;
     loop {
@@ -306,10 +369,10 @@ pub async fn accept(listener: TcpListener, secret: Vec<u8>, events: mpsc::Sender
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let secret = secret.clone();
+        let who = who.clone();
         let events = events.clone();
         tokio::spawn(async move {
-            if let Err(e) = inbound(stream, &secret, events, admitted).await {
+            if let Err(e) = inbound(stream, &who, events, admitted).await {
                 debug!(%from, error = %format!("{e:#}"), "replica link closed");
             }
         });
@@ -359,13 +422,20 @@ impl Drop for Admitted {
 }
 
 async fn inbound(
-    mut stream: TcpStream,
-    secret: &[u8],
+    tcp: TcpStream,
+    me: &Credentials,
     events: mpsc::Sender<PeerEvent>,
     admitted: Admitted,
 ) -> Result<()> {
-    // The first frame is the hello, small, and soon.
-    let first = tokio::time::timeout(HELLO_WAIT, async {
+    // The handshake and the first frame, the hello (small), come soon.
+    let (mut stream, from) = tokio::time::timeout(HELLO_WAIT, async {
+        let (mut stream, cert): (Box<dyn Io>, _) = match &me.tls {
+            None => (Box::new(tcp), None),
+            Some(tls) => {
+                let (s, cert) = tls.accept(tcp).await?;
+                (Box::new(s), Some(cert))
+            }
+        };
         let mut len = [0u8; 4];
         stream.read_exact(&mut len).await?;
         let len = u32::from_le_bytes(len) as usize;
@@ -374,50 +444,86 @@ async fn inbound(
         }
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body).await?;
-        Ok(body)
+        if body[0] != HELLO {
+            bail!("not a hello");
+        }
+        let from = u64::from_le_bytes(body[1..9].try_into().expect("8"));
+        use subtle::ConstantTimeEq as _;
+        if !bool::from(body[9..].ct_eq(&me.secret)) {
+            warn!(
+                claimed = from,
+                "a replica link with the wrong secret: closed"
+            );
+            bail!("wrong secret");
+        }
+        if let Some(cert) = cert
+            && !super::pki::holds(&cert, from)
+        {
+            warn!(
+                claimed = from,
+                "a replica link whose certificate names someone else: closed"
+            );
+            bail!("claims to be {from}, its certificate says otherwise");
+        }
+        Ok((stream, from))
     })
     .await
     .context("no hello in time")??;
-    if first[0] != HELLO {
-        bail!("not a hello");
-    }
-    let from = u64::from_le_bytes(first[1..9].try_into().expect("8"));
-    use subtle::ConstantTimeEq as _;
-    if !bool::from(first[9..].ct_eq(secret)) {
-        warn!(
-            claimed = from,
-            "a replica link with the wrong secret: closed"
-        );
-        bail!("wrong secret");
-    }
     drop(admitted);
-    let (mut r, mut w) = stream.into_split();
-    while let Some((kind, body)) = read_frame(&mut r).await? {
+    loop {
+        let Some((kind, body)) = read_frame(&mut stream).await? else {
+            return Ok(());
+        };
         let event = match kind {
-            RAFT => PeerEvent::Raft(Message::parse_from_bytes(&body).context("a Raft message")?),
-            FORWARD if body.len() >= 8 => PeerEvent::Forward {
-                origin: u64::from_le_bytes(body[..8].try_into().expect("8")),
-                batch: body[8..].to_vec(),
-            },
-            STATUS_REQUEST => {
-                let (tx, rx) = oneshot::channel();
-                if events.send(PeerEvent::Status(tx)).await.is_err() {
-                    return Ok(());
+            RAFT => {
+                let m = Message::parse_from_bytes(&body).context("a Raft message")?;
+                if m.from != from || m.to != me.id {
+                    warn!(
+                        link = from,
+                        from = m.from,
+                        to = m.to,
+                        "a Raft message that is not from the link's replica to this one: link closed (two replicas at one address, or a forgery)"
+                    );
+                    bail!(
+                        "a message from {} to {} on the link of {from}",
+                        m.from,
+                        m.to
+                    );
                 }
-                let text = rx.await.unwrap_or_default();
-                w.write_all(&frame(STATUS, text.as_bytes())).await?;
-                w.flush().await?;
-                continue;
+                PeerEvent::Raft(m)
             }
-            CHANGE_REQUEST => {
+            FORWARD if body.len() >= 8 => {
+                let origin = u64::from_le_bytes(body[..8].try_into().expect("8"));
+                if origin != from || from == 0 {
+                    warn!(
+                        link = from,
+                        origin, "requests forwarded on another replica's behalf: link closed"
+                    );
+                    bail!("a forward from {origin} on the link of {from}");
+                }
+                PeerEvent::Forward {
+                    origin,
+                    batch: body[8..].to_vec(),
+                }
+            }
+            STATUS_REQUEST | CHANGE_REQUEST => {
                 let (tx, rx) = oneshot::channel();
-                let text = String::from_utf8_lossy(&body).into_owned();
-                if events.send(PeerEvent::Change(text, tx)).await.is_err() {
+                let asked = if kind == STATUS_REQUEST {
+                    PeerEvent::Status(tx)
+                } else {
+                    PeerEvent::Change(String::from_utf8_lossy(&body).into_owned(), tx)
+                };
+                if events.send(asked).await.is_err() {
                     return Ok(());
                 }
                 let text = rx.await.unwrap_or_default();
-                w.write_all(&frame(CHANGE, text.as_bytes())).await?;
-                w.flush().await?;
+                let answer = if kind == STATUS_REQUEST {
+                    STATUS
+                } else {
+                    CHANGE
+                };
+                stream.write_all(&frame(answer, text.as_bytes())).await?;
+                stream.flush().await?;
                 continue;
             }
             k => bail!("a frame of unknown kind {k}"),
@@ -426,37 +532,49 @@ async fn inbound(
             return Ok(());
         }
     }
-    Ok(())
 }
 
-/// Asks the replica at `addr` for its status (`cluster status`).
-pub async fn status(addr: SocketAddr, secret: &[u8]) -> Result<String> {
-    ask(addr, secret, STATUS_REQUEST, b"", STATUS).await
+/// Asks replica `peer` at `addr` for its status (`cluster status`).
+pub async fn status(addr: SocketAddr, peer: u64, who: &Credentials) -> Result<String> {
+    ask(addr, peer, who, STATUS_REQUEST, b"").await
 }
 
-/// Asks the replica at `addr` (the leader) for a membership change: its
+/// Asks replica `peer` at `addr` (the leader) for a membership change: its
 /// answer, `ok ...` or `error: ...`.
-pub async fn change(addr: SocketAddr, secret: &[u8], request: &str) -> Result<String> {
-    ask(addr, secret, CHANGE_REQUEST, request.as_bytes(), CHANGE).await
+pub async fn change(
+    addr: SocketAddr,
+    peer: u64,
+    who: &Credentials,
+    request: &str,
+) -> Result<String> {
+    ask(addr, peer, who, CHANGE_REQUEST, request.as_bytes()).await
 }
 
-/// An operator's question to the replica at `addr`, and its answer.
-async fn ask(addr: SocketAddr, secret: &[u8], kind: u8, body: &[u8], answer: u8) -> Result<String> {
-    let s = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
-    ask_on(s, addr, secret, kind, body, answer).await
+/// An operator's question to replica `peer` at `addr`, and its answer.
+async fn ask(
+    addr: SocketAddr,
+    peer: u64,
+    who: &Credentials,
+    kind: u8,
+    body: &[u8],
+) -> Result<String> {
+    let s = dial(addr, peer, who).await?;
+    ask_on(s, addr, who, kind, body).await
 }
 
 async fn ask_on(
-    mut s: TcpStream,
+    mut s: Box<dyn Io>,
     addr: SocketAddr,
-    secret: &[u8],
+    who: &Credentials,
     kind: u8,
     body: &[u8],
-    answer: u8,
 ) -> Result<String> {
-    s.write_all(&hello(0, secret)).await?;
+    let answer = if kind == STATUS_REQUEST {
+        STATUS
+    } else {
+        CHANGE
+    };
+    s.write_all(&hello(who.id, &who.secret)).await?;
     s.write_all(&frame(kind, body)).await?;
     s.flush().await?;
     match read_frame(&mut s).await? {
@@ -470,11 +588,18 @@ async fn ask_on(
 mod tests {
     use super::*;
 
+    const SECRET: &[u8] = b"the-right-secret-16";
+
+    /// Replica (or tool) `id` on plain links.
+    fn plain(id: u64) -> Credentials {
+        Credentials::new(id, SECRET, None)
+    }
+
     async fn listening() -> (SocketAddr, mpsc::Receiver<PeerEvent>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(accept(listener, b"the-right-secret-16".to_vec(), tx));
+        tokio::spawn(accept(listener, plain(1), tx));
         (addr, rx)
     }
 
@@ -521,7 +646,7 @@ mod tests {
     async fn a_link_silent_for_long_delivers_its_first_frame() {
         let (addr, mut rx) = listening().await;
         let (events, _own) = mpsc::channel(16);
-        let mut links = Links::start(1, &[], b"the-right-secret-16", events);
+        let mut links = Links::start(plain(1), &[], events);
         links.add(2, addr);
         links.add(1, addr); // itself: no link
         assert_eq!(links.peers(), [2]);
@@ -553,9 +678,10 @@ mod tests {
         rx: &mut mpsc::Receiver<PeerEvent>,
     ) -> Result<String> {
         let s = connect_from(from, addr).await;
-        let asked = tokio::spawn(async move {
-            ask_on(s, addr, b"the-right-secret-16", STATUS_REQUEST, b"", STATUS).await
-        });
+        let asked =
+            tokio::spawn(
+                async move { ask_on(Box::new(s), addr, &plain(0), STATUS_REQUEST, b"").await },
+            );
         match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
             Ok(Some(PeerEvent::Status(reply))) => reply.send("id=1\n".into()).expect("reply"),
             Ok(other) => panic!("{other:?}"),
@@ -577,12 +703,11 @@ mod tests {
         let refused = tokio::time::timeout(
             HELLO_WAIT / 2,
             ask_on(
-                connect_from([127, 0, 0, 1], addr).await,
+                Box::new(connect_from([127, 0, 0, 1], addr).await),
                 addr,
-                b"the-right-secret-16",
+                &plain(0),
                 STATUS_REQUEST,
                 b"",
-                STATUS,
             ),
         )
         .await
@@ -603,12 +728,11 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         let refused = ask_on(
-            connect_from([127, 0, 0, 100], addr).await,
+            Box::new(connect_from([127, 0, 0, 100], addr).await),
             addr,
-            b"the-right-secret-16",
+            &plain(0),
             STATUS_REQUEST,
             b"",
-            STATUS,
         )
         .await;
         assert!(refused.is_err(), "a link past the bound in all was served");
@@ -633,11 +757,230 @@ mod tests {
             "a link is closed at its first bad frame"
         );
         // The listener still takes links.
-        let text = tokio::spawn(status(addr, b"the-right-secret-16"));
+        let text = tokio::spawn(async move { status(addr, 1, &plain(0)).await });
         match rx.recv().await {
             Some(PeerEvent::Status(reply)) => reply.send("id=1\n".into()).expect("reply"),
             other => panic!("{other:?}"),
         }
         assert_eq!(text.await.expect("join").expect("status"), "id=1\n");
+    }
+
+    /// A raft message from `from` to `to`.
+    fn raft_frame(from: u64, to: u64) -> Vec<u8> {
+        let m = Message {
+            from,
+            to,
+            term: 7,
+            ..Default::default()
+        };
+        frame(RAFT, &m.write_to_bytes().expect("encode"))
+    }
+
+    #[tokio::test]
+    async fn a_plain_link_speaks_only_for_the_replica_its_hello_names() {
+        let (addr, mut rx) = listening().await;
+        // The hello says 2: a message from 3, one for 2, or requests
+        // forwarded for 3 close the link.
+        for bad in [raft_frame(3, 1), raft_frame(2, 2), {
+            let mut body = 3u64.to_le_bytes().to_vec();
+            body.extend_from_slice(b"batch");
+            frame(FORWARD, &body)
+        }] {
+            send(addr, SECRET, &[bad, forward_frame()]).await;
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "a link is closed at its first forgery"
+        );
+        send(addr, SECRET, &[raft_frame(2, 1)]).await;
+        match rx.recv().await {
+            Some(PeerEvent::Raft(m)) => assert_eq!((m.from, m.to, m.term), (2, 1, 7)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The cluster's certificates for replicas 1, 2 and 3, in a new
+    /// directory; and a second CA's for replica 2.
+    fn pki(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let base =
+            std::env::temp_dir().join(format!("statestore-net-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (ours, theirs) = (base.join("ours"), base.join("theirs"));
+        super::super::pki::make(&ours, &[1, 2, 3]).expect("pki");
+        super::super::pki::make(&theirs, &[2]).expect("another pki");
+        (ours, theirs)
+    }
+
+    fn tls(dir: &std::path::Path, id: u64) -> Credentials {
+        Credentials::new(id, SECRET, Some(Tls::load(dir, id).expect("load")))
+    }
+
+    /// Replica 1 on TLS links, listening.
+    async fn listening_tls(dir: &std::path::Path) -> (SocketAddr, mpsc::Receiver<PeerEvent>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(accept(listener, tls(dir, 1), tx));
+        (addr, rx)
+    }
+
+    /// Opens a TLS link to `addr` as `who` (whose hello may claim another
+    /// id) and sends `frames`.
+    async fn send_tls(addr: SocketAddr, who: &Credentials, claim: u64, frames: &[Vec<u8>]) {
+        let Ok(mut s) = dial(addr, 1, who).await else {
+            return;
+        };
+        let _ = s.write_all(&hello(claim, &who.secret)).await;
+        for f in frames {
+            let _ = s.write_all(f).await;
+        }
+        let _ = s.flush().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    #[tokio::test]
+    async fn tls_links_take_only_the_replica_a_certificate_of_the_cluster_names() {
+        let (ours, theirs) = pki("accept");
+        let (addr, mut rx) = listening_tls(&ours).await;
+        // Replica 2's certificate claiming to be 3; another CA's replica 2;
+        // plain TCP with the right secret: nothing read.
+        send_tls(addr, &tls(&ours, 2), 3, &[raft_frame(3, 1)]).await;
+        send_tls(addr, &tls(&theirs, 2), 2, &[raft_frame(2, 1)]).await;
+        send(addr, SECRET, &[raft_frame(2, 1)]).await;
+        // Replica 2 forging a message of 3's.
+        send_tls(addr, &tls(&ours, 2), 2, &[raft_frame(3, 1)]).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "nothing from a link that is not who it says"
+        );
+        // Replica 2 as itself.
+        send_tls(
+            addr,
+            &tls(&ours, 2),
+            2,
+            &[raft_frame(2, 1), forward_frame()],
+        )
+        .await;
+        match rx.recv().await {
+            Some(PeerEvent::Raft(m)) => assert_eq!((m.from, m.to), (2, 1)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            rx.recv().await,
+            Some(PeerEvent::Forward { origin: 2, .. })
+        ));
+        // The operator's tools ask, and are answered; not the other CA's.
+        for (who, answered) in [(tls(&ours, 0), true), (tls(&theirs, 0), false)] {
+            let asked = tokio::spawn(async move { status(addr, 1, &who).await });
+            if answered {
+                match rx.recv().await {
+                    Some(PeerEvent::Status(reply)) => reply.send("id=1\n".into()).expect("reply"),
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(asked.await.expect("join").is_ok(), answered);
+        }
+        std::fs::remove_dir_all(ours.parent().expect("base")).ok();
+    }
+
+    /// Accepts one connection at `listener` and returns what it sent in
+    /// `wait` (for a peer that connects, then sends).
+    async fn record(listener: TcpListener, wait: Duration) -> Vec<u8> {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(wait, s.read_to_end(&mut got)).await;
+        got
+    }
+
+    #[tokio::test]
+    async fn a_replica_sends_nothing_to_whoever_holds_a_peers_address_and_what_it_sent_cannot_be_replayed()
+     {
+        let (ours, _) = pki("dial");
+        // An impostor with a certificate of the cluster, but replica 3's,
+        // on replica 2's address: replica 1's link never gets past the
+        // handshake, so it delivers nothing.
+        let (impostor, mut impostor_rx) = {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let (tx, rx) = mpsc::channel(16);
+            tokio::spawn(accept(listener, tls(&ours, 3), tx));
+            (addr, rx)
+        };
+        let (events, _own) = mpsc::channel(16);
+        let mut links = Links::start(tls(&ours, 1), &[], events);
+        links.add(2, impostor);
+        links.forward(2, 1, b"batch".to_vec());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        links.forward(2, 1, b"batch".to_vec());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), impostor_rx.recv())
+                .await
+                .is_err(),
+            "a link delivered to a replica that is not its peer"
+        );
+        links.remove(2);
+
+        // A listener that records: what replica 1 sends replica 2 holds no
+        // secret (TLS from the first byte).
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let recorder = listener.local_addr().expect("addr");
+        let recorded = tokio::spawn(record(listener, Duration::from_millis(500)));
+        links.add(2, recorder);
+        links.forward(2, 1, b"batch".to_vec());
+        let bytes = recorded.await.expect("join");
+        assert!(!bytes.is_empty(), "the link connected");
+        assert!(
+            !bytes.windows(SECRET.len()).any(|w| w == SECRET),
+            "the secret crossed the wire"
+        );
+
+        // What a real replica 2 sent to replica 1 (recorded on the way),
+        // replayed to replica 1, is not read.
+        let (addr, mut rx) = listening_tls(&ours).await;
+        let tap = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let tap_addr = tap.local_addr().expect("addr");
+        let tapped = tokio::spawn(async move {
+            let (mut from, _) = tap.accept().await.expect("accept");
+            let mut to = TcpStream::connect(addr).await.expect("connect");
+            let (mut fr, mut fw) = from.split();
+            let (mut tr, mut tw) = to.split();
+            let mut sent = Vec::new();
+            let (mut up, mut down) = ([0u8; 4096], [0u8; 4096]);
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(800);
+            loop {
+                tokio::select! {
+                    n = fr.read(&mut up) => match n {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => { sent.extend_from_slice(&up[..n]); let _ = tw.write_all(&up[..n]).await; }
+                    },
+                    n = tr.read(&mut down) => match n {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => { let _ = fw.write_all(&down[..n]).await; }
+                    },
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            sent
+        });
+        let (events, _own2) = mpsc::channel(16);
+        let mut two = Links::start(tls(&ours, 2), &[], events);
+        two.add(1, tap_addr);
+        two.forward(1, 2, b"batch".to_vec());
+        match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+            Ok(Some(PeerEvent::Forward { origin: 2, .. })) => {}
+            other => panic!("through the tap: {other:?}"),
+        }
+        let sent = tapped.await.expect("join");
+        two.remove(2);
+        let mut replay = TcpStream::connect(addr).await.expect("connect");
+        let _ = replay.write_all(&sent).await;
+        let _ = replay.flush().await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), rx.recv())
+                .await
+                .is_err(),
+            "a replayed link was read"
+        );
+        std::fs::remove_dir_all(ours.parent().expect("base")).ok();
     }
 }

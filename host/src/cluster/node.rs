@@ -92,7 +92,7 @@ impl Node {
         clock: Arc<dyn Clock>,
         notify: Notify,
     ) -> Result<Node> {
-        let secret = file.secret()?;
+        let who = file.credentials()?;
         let disk = crate::storage::DirStorage::open(&file.data_dir).with_context(|| {
             format!("cannot open the data directory {}", file.data_dir.display())
         })?;
@@ -139,9 +139,9 @@ impl Node {
             .await
             .with_context(|| format!("cannot listen for replicas on {} (in use?)", me.raft))?;
         let (tx, events) = mpsc::channel(4096);
-        let accept = tokio::spawn(super::net::accept(listener, secret.clone(), tx.clone()));
+        let accept = tokio::spawn(super::net::accept(listener, who.clone(), tx.clone()));
         let peers: Vec<(u64, SocketAddr)> = file.replicas.iter().map(|r| (r.id, r.raft)).collect();
-        let links = Links::start(file.id, &peers, &secret, tx);
+        let links = Links::start(who.clone(), &peers, tx);
         let status = replica.status();
         info!(
             replica = file.id,
@@ -180,7 +180,7 @@ impl Node {
             accept,
             metrics: None,
             clock,
-            probe: super::probe::Probe::new(secret),
+            probe: super::probe::Probe::new(who),
         })
     }
 

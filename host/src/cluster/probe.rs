@@ -19,7 +19,7 @@ type Answers = Vec<(u64, String)>;
 
 /// Asks the peers, now and then, while no leader is known.
 pub struct Probe {
-    secret: Vec<u8>,
+    who: super::net::Credentials,
     leaderless_since: Option<Instant>,
     asked_at: Option<Instant>,
     tx: mpsc::Sender<Answers>,
@@ -27,11 +27,11 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// A probe that asks with the cluster's `secret`.
-    pub fn new(secret: Vec<u8>) -> Probe {
+    /// A probe that asks as `who` (the replica).
+    pub fn new(who: super::net::Credentials) -> Probe {
         let (tx, rx) = mpsc::channel(1);
         Probe {
-            secret,
+            who,
             leaderless_since: None,
             asked_at: None,
             tx,
@@ -52,11 +52,11 @@ impl Probe {
             return;
         }
         self.asked_at = Some(Instant::now());
-        let (secret, tx) = (self.secret.clone(), self.tx.clone());
+        let (who, tx) = (self.who.clone(), self.tx.clone());
         tokio::spawn(async move {
             let mut answers = Vec::new();
             for (id, addr) in peers {
-                let asked = tokio::time::timeout(ANSWER_WITHIN, super::net::status(addr, &secret));
+                let asked = tokio::time::timeout(ANSWER_WITHIN, super::net::status(addr, id, &who));
                 if let Ok(Ok(text)) = asked.await {
                     answers.push((id, text));
                 }

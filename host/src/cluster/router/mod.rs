@@ -875,6 +875,41 @@ impl Router {
         Ok(())
     }
 
+    /// 500 replies to the inputs of an entry the guest failed on (each a
+    /// batch of one, and why).
+    fn failure_replies(&self, failed: &[(Vec<u8>, String)], now: u64) -> Vec<Output> {
+        let mut out = Vec::new();
+        for (one, why) in failed {
+            let Ok(inputs) = wire::decode_batch(one) else {
+                continue;
+            };
+            for input in inputs {
+                let wire::InputRef::Message(m) = input else {
+                    continue;
+                };
+                let msg = statestore_guest::InboundMessage {
+                    topic: m.topic.to_string(),
+                    qos: m.qos,
+                    response_topic: m.response_topic.map(str::to_string),
+                    correlation_data: m.correlation_data.map(<[u8]>::to_vec),
+                    message_expiry_interval: m.message_expiry_interval,
+                    received_at: m.received_at,
+                    ..Default::default()
+                };
+                let text = format!("the state store failed while handling this request: {why}");
+                if let Some(reply) = statestore_guest::StateMachine::host_reply(
+                    &self.config,
+                    &msg,
+                    now,
+                    statestore_guest::HostReply::InternalError(text),
+                ) {
+                    out.push(Output::Publish(reply));
+                }
+            }
+        }
+        out
+    }
+
     /// What this replica publishes of `applied`, and the answers to reads
     /// whose index is now applied.
     pub fn applied<B: Backend>(
@@ -889,7 +924,12 @@ impl Router {
                 continue;
             }
             let ours = a.origin == self.id;
-            for o in a.outputs {
+            let failed = if ours {
+                self.failure_replies(&a.failed, a.now)
+            } else {
+                Vec::new()
+            };
+            for o in a.outputs.into_iter().chain(failed) {
                 let publish = match &o {
                     Output::Publish(m) if m.kind == PublishKind::Notification => {
                         ours || self.notify == Notify::Everywhere

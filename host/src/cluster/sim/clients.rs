@@ -91,6 +91,10 @@ impl Clients {
                 report.outcome_unknown += 1;
                 Ok(())
             }
+            "500" if matches!(op, Op::Poison) => {
+                report.poisoned += 1;
+                Ok(())
+            }
             other => bail!("seed {seed}: request {corr} answered {other}"),
         }
     }
@@ -151,6 +155,10 @@ impl Clients {
                 report.reads += 1;
             }
             Op::Ttl => {}
+            Op::Poison => bail!(
+                "seed {seed}: a poison request answered {:?}",
+                String::from_utf8_lossy(payload)
+            ),
             Op::Hot(k, i) => {
                 let e = &mut self.hot[k][i];
                 e.ret = Some(tick);

@@ -40,8 +40,10 @@ use raft::prelude::{Message, MessageType};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
 mod clients;
+mod poison;
 
 use clients::Clients;
+use poison::Poisonable;
 
 use super::file::ReadPath;
 use super::router::{Effects, Limits, Notify, Now, Router};
@@ -144,6 +146,9 @@ pub struct Report {
     pub damaged: usize,
     /// Replicas that refused to start on a damaged log and rejoined.
     pub rejoined: usize,
+    /// Poison requests answered 500 (the guest failed on them on every
+    /// replica, which skipped them alike).
+    pub poisoned: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -190,13 +195,16 @@ enum Op {
     /// client: its history is checked for linearizability. The event's
     /// index in that key's history.
     Hot(usize, usize),
+    /// SET of the key that fails the guest ([`poison::POISON`]): answered
+    /// 500 (or 503 / 408), never applied.
+    Poison,
 }
 
 /// Keys every client writes, reads and deletes concurrently.
 const HOT_KEYS: usize = 3;
 
 struct Node {
-    replica: Option<Replica<NativeStore>>,
+    replica: Option<Replica<Poisonable>>,
     /// What it does with its clients' requests (the server's own).
     router: Option<Router>,
     /// Its disk: what was synced survives a crash, with a torn tail.
@@ -372,11 +380,13 @@ const COMPACTION: Compaction = Compaction {
 
 /// Replica `id` over `disk`: a new disk starts with the membership `ids`
 /// (none: it joins), a used one with what it recorded.
-fn start(id: u64, ids: &[u64], disk: &MemStorage) -> Result<Replica<NativeStore>> {
+fn start(id: u64, ids: &[u64], disk: &MemStorage) -> Result<Replica<Poisonable>> {
     let log = LogStore::open(Arc::new(disk.clone()), ids)?;
-    let make = Box::new(|snapshot: Option<&[u8]>| match snapshot {
-        None => NativeStore::new(config()),
-        Some(s) => NativeStore::restore(config(), s),
+    let make = Box::new(|snapshot: Option<&[u8]>| {
+        Ok(Poisonable::new(match snapshot {
+            None => NativeStore::new(config())?,
+            Some(s) => NativeStore::restore(config(), s)?,
+        }))
     });
     Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)
 }
@@ -449,7 +459,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
     let mut net: Vec<(u64, Wire)> = Vec::new();
     let mut cut: Option<Cut> = None;
     // Outputs of each applied index, as the first replica made them.
-    let mut outputs_at: HashMap<u64, Vec<Output>> = HashMap::new();
+    let mut outputs_at: HashMap<u64, (Vec<Output>, super::FailedInputs)> = HashMap::new();
     let mut clients = Clients {
         hot: vec![Vec::new(); HOT_KEYS],
         ..Clients::default()
@@ -887,6 +897,10 @@ fn client_request(
                 request(&[b"GET", key(n).as_bytes()], corr, now_ms),
             )
         }
+        _ if rng.chance(100) => (
+            Op::Poison,
+            request(&[b"SET", poison::POISON, b"v"], corr, now_ms),
+        ),
         _ => (
             Op::Ttl,
             request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
@@ -903,19 +917,20 @@ fn is_timer(a: &Applied) -> bool {
 
 /// Every replica makes the same outputs of the same entry.
 fn check_deterministic(
-    seen: &mut HashMap<u64, Vec<Output>>,
+    seen: &mut HashMap<u64, (Vec<Output>, super::FailedInputs)>,
     replica: u64,
     a: &Applied,
 ) -> Result<()> {
+    let made = (a.outputs.clone(), a.failed.clone());
     match seen.get(&a.index) {
         None => {
-            seen.insert(a.index, a.outputs.clone());
+            seen.insert(a.index, made);
         }
-        Some(first) if *first == a.outputs => {}
+        Some(first) if *first == made => {}
         Some(first) => bail!(
             "replica {replica} made other outputs of entry {} than another replica:\n{:?}\nvs\n{:?}",
             a.index,
-            a.outputs,
+            made,
             first
         ),
     }

@@ -1,0 +1,280 @@
+//! The operator's side of the cluster: `statestore cluster status`, `add`,
+//! `remove`, `rejoin` and `certs`, which talk to the replicas over their
+//! raft ports (with the operator's credentials, see [`ClusterFile::operator_credentials`]).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use super::file::ClusterFile;
+use super::net::{self, Credentials};
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// What one replica said to `status`: `key=value` lines.
+type StatusMap = std::collections::BTreeMap<String, String>;
+
+/// Asks every replica of `file`, and every member they name that the file
+/// does not, for its status.
+async fn statuses(
+    file: &ClusterFile,
+    who: &Credentials,
+) -> Vec<(u64, SocketAddr, Result<StatusMap>)> {
+    async fn ask(addr: SocketAddr, id: u64, who: &Credentials) -> Result<StatusMap> {
+        let text = tokio::time::timeout(Duration::from_secs(3), net::status(addr, id, who))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3 s")))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+    let mut out = Vec::new();
+    for r in &file.replicas {
+        out.push((r.id, r.raft, ask(r.raft, r.id, who).await));
+    }
+    // Members added while running that this file does not list.
+    let mut more: Vec<(u64, SocketAddr)> = Vec::new();
+    for (_, _, a) in &out {
+        let Ok(m) = a else { continue };
+        for peer in m.get("peers").map_or("", String::as_str).split(',') {
+            if let Some((id, addr)) = peer.split_once('@')
+                && let (Ok(id), Ok(addr)) = (id.parse::<u64>(), addr.parse())
+                && !out.iter().any(|(known, _, _)| *known == id)
+                && !more.iter().any(|(known, _)| *known == id)
+            {
+                more.push((id, addr));
+            }
+        }
+    }
+    for (id, addr) in more {
+        out.push((id, addr, ask(addr, id, who).await));
+    }
+    out.sort_by_key(|(id, _, _)| *id);
+    out
+}
+
+/// `cluster status`: prints each replica's; whether a leader is known and
+/// a majority answered.
+pub fn status(path: &Path) -> Result<bool> {
+    let file = ClusterFile::load(path)?;
+    let who = file.operator_credentials()?;
+    let answers = runtime()?.block_on(statuses(&file, &who));
+    let num =
+        |m: &StatusMap, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
+    let leader = answers
+        .iter()
+        .filter_map(|(_, _, a)| a.as_ref().ok())
+        .filter(|m| m.get("role").map(String::as_str) == Some("leader"))
+        .max_by_key(|m| num(m, "term"));
+    let leader_applied = leader.map(|m| num(m, "applied"));
+    // The members, as the leader has them (else as the file lists them).
+    let voters: Vec<u64> = match leader.and_then(|m| m.get("voters")) {
+        Some(v) => v.split(',').filter_map(|id| id.parse().ok()).collect(),
+        None => file.replicas.iter().map(|r| r.id).collect(),
+    };
+    println!(
+        "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  mqtt",
+        "replica", "role", "term", "leader", "commit", "applied", "lag"
+    );
+    let mut up = 0;
+    for (id, _, a) in &answers {
+        let member = voters.contains(id);
+        match a {
+            Ok(m) => {
+                up += usize::from(member);
+                let lag = leader_applied.map_or("?".to_string(), |l| {
+                    l.saturating_sub(num(m, "applied")).to_string()
+                });
+                let role = m.get("role").map_or("?", String::as_str);
+                let role = if member {
+                    role.to_string()
+                } else {
+                    format!("{role}*")
+                };
+                println!(
+                    "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  {}",
+                    id,
+                    role,
+                    num(m, "term"),
+                    num(m, "leader"),
+                    num(m, "commit"),
+                    num(m, "applied"),
+                    lag,
+                    m.get("mqtt").map_or("", String::as_str),
+                );
+            }
+            Err(_) if !member => println!("{id:<8} not a member"),
+            Err(e) => println!("{id:<8} unreachable: {e:#}"),
+        }
+    }
+    if answers
+        .iter()
+        .any(|(id, _, a)| a.is_ok() && !voters.contains(id))
+    {
+        println!("* not a member (joining, or removed)");
+    }
+    let majority = voters.len() / 2 + 1;
+    println!(
+        "members: {}",
+        voters
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(if leader_applied.is_some() && up >= majority {
+        true
+    } else {
+        println!("no leader, or fewer than a majority ({majority}) answered");
+        false
+    })
+}
+
+/// `cluster add` / `cluster remove`: sends `request` to the leader (found
+/// through the replicas' status, followed when a replica names another),
+/// then waits until the leader has applied it (replica `id` is, or is no
+/// longer, a member).
+fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
+    let file = ClusterFile::load(path)?;
+    let who = file.operator_credentials()?;
+    runtime()?.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        // When it was last proposed: again after 5 s (a leader that lost
+        // it, a new leader).
+        let mut proposed: Option<tokio::time::Instant> = None;
+        loop {
+            let answers = statuses(&file, &who).await;
+            let leader = answers
+                .iter()
+                .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
+                .filter(|(_, _, m)| m.get("role").map(String::as_str) == Some("leader"))
+                .max_by_key(|(_, _, m)| m.get("term").and_then(|t| t.parse::<u64>().ok()));
+            if let Some((leader, addr, m)) = leader {
+                let voters: Vec<u64> = m
+                    .get("voters")
+                    .map_or("", String::as_str)
+                    .split(',')
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
+                if voters.contains(&id) == add && proposed.is_none() {
+                    let list = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+                    if add {
+                        println!("replica {id} is already a member; members: {list}");
+                        return Ok(());
+                    }
+                    anyhow::bail!("replica {id} is not a member; members: {list}");
+                }
+                if voters.contains(&id) == add {
+                    println!(
+                        "replica {id} {}; members: {}",
+                        if add { "added" } else { "removed" },
+                        voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                    );
+                    return Ok(());
+                }
+                if proposed.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
+                    let answer = net::change(addr, leader, &who, request).await?;
+                    if let Some(ok) = answer.strip_prefix("ok ") {
+                        eprintln!("{ok}");
+                        proposed = Some(tokio::time::Instant::now());
+                    } else if answer.contains("leader=") || answer.contains("in progress") {
+                        // Not (or no longer) the leader, handing over, or
+                        // busy with a change: ask again.
+                        eprintln!("{answer}");
+                    } else {
+                        anyhow::bail!("{}", answer.trim_start_matches("error: "));
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "replica {id} is {} a member after 30 s (no leader, or the change was lost: see `statestore cluster status`, then run this again)",
+                    if add { "not yet" } else { "still" }
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// `cluster rejoin`: the replica's data directory joins again (keeping its
+/// term and vote), then the leader removes it and adds it back.
+pub fn rejoin(path: &Path) -> Result<()> {
+    let file = ClusterFile::load(path)?;
+    if file.replicas.len() < 2 {
+        anyhow::bail!(
+            "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
+        );
+    }
+    let disk = crate::storage::DirStorage::open(&file.data_dir)
+        .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
+    let said = super::log::rejoin(&disk, crate::serve::now_ms())?;
+    println!("{said}");
+    let me = file.me();
+    remove(path, file.id)
+        .context("the data directory is ready; the leader did not remove it (run `statestore cluster remove`, then `cluster add`, yourself)")?;
+    add(path, file.id, me.raft, me.mqtt)
+        .context("removed, but not added back (run `statestore cluster add` yourself)")?;
+    println!(
+        "replica {} rejoins: start it as before; it catches up from the leader's snapshot. Remove the discarded-* files in {} once it serves.",
+        file.id,
+        file.data_dir.display()
+    );
+    Ok(())
+}
+
+/// `cluster add`: replica `id`, listening for replicas on `raft` (and for
+/// clients on `mqtt`), becomes a member.
+pub fn add(path: &Path, id: u64, raft: SocketAddr, mqtt: Option<SocketAddr>) -> Result<()> {
+    let mut request = format!("add {id} raft={raft}");
+    if let Some(m) = mqtt {
+        request.push_str(&format!(" mqtt={m}"));
+    }
+    change(path, &request, id, true)
+}
+
+/// `cluster remove`: replica `id` is no longer a member.
+pub fn remove(path: &Path, id: u64) -> Result<()> {
+    change(path, &format!("remove {id}"), id, false)
+}
+
+/// `cluster certs`: makes what is missing of the cluster's certificates in
+/// the file's `tls_dir`, for its replicas and `more` (replicas to add).
+pub fn certs(path: &Path, more: &[u64]) -> Result<()> {
+    let file = ClusterFile::load(path)?;
+    let Some(dir) = &file.tls_dir else {
+        anyhow::bail!(
+            "{} has no `tls_dir`: add `tls_dir = \"tls\"` (a directory beside it) to every replica's cluster file, then run this again",
+            path.display()
+        );
+    };
+    let mut ids: Vec<u64> = file.replicas.iter().map(|r| r.id).collect();
+    for &id in more {
+        if id == 0 {
+            anyhow::bail!("replica id 0 is reserved");
+        }
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    let written = super::pki::make(dir, &ids)?;
+    if written.is_empty() {
+        println!("{}: every certificate is there already", dir.display());
+    }
+    for f in &written {
+        println!("wrote {}", f.display());
+    }
+    println!(
+        "each replica needs ca.pem and its own replica-<id>.pem and .key from {}; the operator's tools use operator.pem and .key; keep ca.key where no replica is (it issues more)",
+        dir.display()
+    );
+    Ok(())
+}
