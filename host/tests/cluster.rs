@@ -2129,3 +2129,56 @@ async fn a_request_that_fails_the_guest_is_answered_500_and_the_cluster_goes_on(
     check(c.mqtt[follower], "poison-reader-again".into()).await;
     client.disconnect().await;
 }
+
+/// Every SDK scenario, one after the other, through a follower of a
+/// cluster whose third replica is cut off: both ways, then only what it
+/// sends, then only what it receives (its links through proxies), healed
+/// between scenarios. The majority serves each scenario as if nothing were
+/// cut; the third replica, healed, catches up with all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_scenarios_pass_while_a_minority_is_cut_off() {
+    type Scenario = fn(u16) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    macro_rules! scenarios {
+        ($($name:ident),* $(,)?) => {
+            vec![$((
+                stringify!($name),
+                (|port| Box::pin(statestore_tests::scenarios::$name(port))) as Scenario,
+            )),*]
+        };
+    }
+    let all: Vec<(&str, Scenario)> = statestore_tests::sdk_scenarios!(scenarios);
+    let c = Cluster::with_links(3).await;
+    let leader = c.leader(Duration::from_secs(20));
+    let (serving, lone) = ((leader + 1) % 3, (leader + 2) % 3);
+    for (i, (name, scenario)) in all.into_iter().enumerate() {
+        c.heal();
+        for other in [leader, serving] {
+            match i % 3 {
+                0 => {
+                    c.cut(lone, other);
+                    c.cut(other, lone);
+                }
+                1 => c.cut(lone, other),
+                _ => c.cut(other, lone),
+            }
+        }
+        eprintln!(
+            "{name}: replica {} cut off ({})",
+            lone + 1,
+            ["both ways", "what it sends", "what it receives"][i % 3]
+        );
+        tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[serving]))
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
+    }
+    c.heal();
+    let status = c.settled(Duration::from_secs(60));
+    // The leader never changed: a cut-off minority disturbs no one.
+    assert_eq!(c.leader(Duration::from_secs(5)), leader, "{status}");
+    // What the last scenario wrote reads the same through the healed one.
+    let mut reader = RawClient::connect(c.mqtt[lone], "healed-reader").await;
+    reader.subscribe(&reader.response_topic()).await;
+    let got = reader.call(&[b"GET", b"scan/k00042"]).await;
+    assert_eq!(text(&got), "$1\r\nv\r\n", "{status}");
+    reader.disconnect().await;
+}
