@@ -17,8 +17,18 @@
 //!   it still exists or not, so every key present for the whole scan is
 //!   returned exactly once. A token that is not `<digits>;<digits>;<bytes>`
 //!   gets `-ERR the scan token is not valid`.
+//! - Where that key is one the client may not read (per-key authorization),
+//!   its name must not reach the client: the token is `0;2;<hex>` instead,
+//!   the key sealed by [`Seal`] (AES-256-GCM-SIV under a key derived from
+//!   the store's hash seed). Only this store (or a replica of it) can open
+//!   it; a token that does not open is not valid.
 
 pub use crate::pattern::{Glob, MAX_PATTERN_BYTES};
+use std::borrow::Cow;
+
+use aes_gcm_siv::aead::{Aead as _, KeyInit as _};
+use aes_gcm_siv::{Aes256GcmSiv, Nonce};
+
 use crate::resp3;
 use crate::table::Table;
 use crate::types::{KeyMatch, ScanPage};
@@ -33,6 +43,59 @@ pub const EXAMINE_BYTES: usize = 1024 * 1024;
 pub const EXAMINE_WORK: usize = 1 << 26;
 /// What every token this store writes starts with.
 pub const TOKEN_PREFIX: &[u8] = b"0;1;";
+/// ... and a sealed token (naming a key its client may not read).
+pub const SEALED_PREFIX: &[u8] = b"0;2;";
+
+/// Seals the key a page token names when its client may not read it, and
+/// opens it again: AES-256-GCM-SIV, deterministic (a fixed nonce: that
+/// scheme then tells only whether two sealed keys are equal), under a key
+/// derived from the store's hash seed, which the host keeps secret (random
+/// per process; the same on every replica of a cluster).
+#[derive(Clone)]
+pub struct Seal(Aes256GcmSiv);
+
+impl core::fmt::Debug for Seal {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("Seal")
+    }
+}
+
+impl Seal {
+    /// The seal of a store with hash seed `seed`.
+    pub fn new(seed: u64) -> Seal {
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&seed.to_le_bytes());
+        // The rest names the use, so that this key is used for nothing else.
+        key[8..].copy_from_slice(b"statestore scan token v1");
+        Seal(Aes256GcmSiv::new(&key.into()))
+    }
+
+    /// `SEALED_PREFIX` and the sealed `key`, in hex.
+    fn seal(&self, key: &[u8]) -> Vec<u8> {
+        let sealed = self.0.encrypt(&Nonce::default(), key).unwrap_or_default();
+        let mut out = Vec::with_capacity(SEALED_PREFIX.len() + 2 * sealed.len());
+        out.extend_from_slice(SEALED_PREFIX);
+        for b in sealed {
+            out.extend_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+        out
+    }
+
+    /// The key of a sealed token's `hex`, if it is one this store sealed.
+    fn open(&self, hex: &[u8]) -> Option<Vec<u8>> {
+        if !hex.len().is_multiple_of(2) {
+            return None;
+        }
+        let digit = |c: u8| HEX.iter().position(|&h| h == c);
+        let bytes: Option<Vec<u8>> = hex
+            .chunks(2)
+            .map(|p| u8::try_from(digit(p[0])? * 16 + digit(p[1])?).ok())
+            .collect();
+        self.0.decrypt(&Nonce::default(), bytes?.as_slice()).ok()
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// The reply to a token that does not parse.
 pub const BAD_TOKEN: &str = "the scan token is not valid";
@@ -64,19 +127,24 @@ impl KeySet {
     }
 }
 
-/// The key a token resumes after, if the token parses.
-pub fn parse_token(token: &[u8]) -> Option<&[u8]> {
+/// The key a token resumes after, if the token parses (and, sealed,
+/// opens).
+pub fn parse_token<'t>(token: &'t [u8], seal: &Seal) -> Option<Cow<'t, [u8]>> {
+    if let Some(hex) = token.strip_prefix(SEALED_PREFIX) {
+        return seal.open(hex).map(Cow::Owned);
+    }
     let mut parts = token.splitn(3, |&b| b == b';');
     let number = |p: Option<&[u8]>| {
         p.is_some_and(|p| (1..=20).contains(&p.len()) && p.iter().all(u8::is_ascii_digit))
     };
     let (chain, topology, key) = (parts.next(), parts.next(), parts.next());
-    (number(chain) && number(topology)).then_some(key?)
+    (number(chain) && number(topology)).then_some(Cow::Borrowed(key?))
 }
 
 /// The reply payload of one SCAN page: `pattern` over `table` at `now`,
 /// after the key of `token`, of the keys `readable` allows (the others are
-/// looked at, never listed). `Err` is the text of an `-ERR` reply.
+/// looked at, never listed, never named: a token that would name one is
+/// sealed with `seal`). `Err` is the text of an `-ERR` reply.
 pub fn page(
     table: &Table,
     pattern: &[u8],
@@ -84,11 +152,13 @@ pub fn page(
     now: u64,
     limits: ScanPage,
     readable: impl Fn(&[u8]) -> bool,
+    seal: &Seal,
 ) -> Result<Vec<u8>, String> {
     let after = match token {
         None => None,
-        Some(t) => Some(parse_token(t).ok_or_else(|| BAD_TOKEN.to_string())?),
+        Some(t) => Some(parse_token(t, seal).ok_or_else(|| BAD_TOKEN.to_string())?),
     };
+    let after = after.as_deref();
     let Ok(text) = core::str::from_utf8(pattern) else {
         return Ok(encode(&[], 0, None)); // Matches no key: the last page.
     };
@@ -123,23 +193,34 @@ pub fn page(
             keys.push(key);
         }
     }
-    let token = if more { last } else { None };
+    let token = match last.filter(|_| more) {
+        None => None,
+        Some(key) if readable(key) => Some(Token::Plain(key)),
+        Some(key) => Some(Token::Sealed(seal.seal(key))),
+    };
     Ok(encode(&keys, bytes, token))
 }
 
+/// A page's token: the key it names, or that key sealed.
+enum Token<'k> {
+    Plain(&'k [u8]),
+    Sealed(Vec<u8>),
+}
+
 /// `*1\r\n*<k>\r\n<keys>` (the last page) or `*2\r\n*<k>\r\n<keys><token>`.
-fn encode(keys: &[&[u8]], bytes: usize, resume_after: Option<&[u8]>) -> Vec<u8> {
-    let token_len = resume_after.map_or(0, |k| resp3::bulk_len(TOKEN_PREFIX.len() + k.len()));
+fn encode(keys: &[&[u8]], bytes: usize, token: Option<Token<'_>>) -> Vec<u8> {
+    let token = token.map(|t| match t {
+        Token::Plain(key) => [TOKEN_PREFIX, key].concat(),
+        Token::Sealed(sealed) => sealed,
+    });
+    let token_len = token.as_ref().map_or(0, |t| resp3::bulk_len(t.len()));
     let mut out = Vec::with_capacity(32 + bytes + token_len);
-    let parts = if resume_after.is_some() { 2 } else { 1 };
+    let parts = if token.is_some() { 2 } else { 1 };
     out.extend_from_slice(format!("*{parts}\r\n*{}\r\n", keys.len()).as_bytes());
     for key in keys {
         resp3::push_bulk(&mut out, key);
     }
-    if let Some(key) = resume_after {
-        let mut token = Vec::with_capacity(TOKEN_PREFIX.len() + key.len());
-        token.extend_from_slice(TOKEN_PREFIX);
-        token.extend_from_slice(key);
+    if let Some(token) = token {
         resp3::push_bulk(&mut out, &token);
     }
     out
@@ -175,31 +256,174 @@ mod tests {
         }
     }
 
+    /// The token of a page that `page` ends, if any.
+    fn token_of(p: &[u8]) -> Option<Vec<u8>> {
+        let rest = p.strip_prefix(b"*2\r\n")?;
+        // The last bulk string is the token.
+        let at = rest.windows(3).rposition(|w| w == b"\r\n$")? + 2;
+        let bulk = &rest[at + 1..];
+        let nl = bulk.iter().position(|&b| b == b'\r')?;
+        let len: usize = core::str::from_utf8(&bulk[..nl]).ok()?.parse().ok()?;
+        Some(bulk[nl + 2..nl + 2 + len].to_vec())
+    }
+
+    /// A page that ends on a key its client may not read (its work budget
+    /// spent on keys it may not see) names that key in no token: the token
+    /// is sealed, resumes where it should, and opens only in this store.
+    #[test]
+    fn a_token_never_names_a_key_its_client_may_not_read() {
+        let names: Vec<Vec<u8>> = (0..EXAMINE_KEYS + 10)
+            .map(|i| format!("secret/{i:06}").into_bytes())
+            .chain(["public/a", "zz/public"].map(|k| k.as_bytes().to_vec()))
+            .collect();
+        let refs: Vec<&[u8]> = names.iter().map(Vec::as_slice).collect();
+        let t = table(&refs);
+        let readable = |k: &[u8]| !k.starts_with(b"secret/");
+        let seal = Seal::new(0x5eed);
+        let mut listed = Vec::new();
+        let mut token: Option<Vec<u8>> = None;
+        for _ in 0..10 {
+            let p = page(
+                &t,
+                b"*",
+                token.as_deref(),
+                0,
+                ScanPage::default(),
+                readable,
+                &seal,
+            )
+            .expect("ok");
+            assert!(
+                !p.windows(7).any(|w| w == b"secret/"),
+                "a page names a key it may not: {}",
+                String::from_utf8_lossy(&p[..p.len().min(200)])
+            );
+            if p.windows(8).any(|w| w == b"public/a") {
+                listed.push("public/a");
+            }
+            if p.windows(9).any(|w| w == b"zz/public") {
+                listed.push("zz/public");
+            }
+            token = token_of(&p);
+            let Some(t) = &token else { break };
+            assert!(
+                t.starts_with(SEALED_PREFIX) || t.starts_with(TOKEN_PREFIX),
+                "{t:?}"
+            );
+        }
+        assert_eq!(listed, ["public/a", "zz/public"], "every readable key once");
+        // The first page ended on a secret key: sealed. Tampered, or from
+        // another store, it is not valid.
+        let first = page(&t, b"*", None, 0, ScanPage::default(), readable, &seal).expect("ok");
+        let sealed = token_of(&first).expect("more");
+        assert!(sealed.starts_with(SEALED_PREFIX), "{sealed:?}");
+        let mut tampered = sealed.clone();
+        let last = tampered.len() - 1;
+        tampered[last] = if tampered[last] == b'0' { b'1' } else { b'0' };
+        for bad in [&tampered[..], &sealed[..sealed.len() - 1], b"0;2;zz"] {
+            let e = page(&t, b"*", Some(bad), 0, ScanPage::default(), readable, &seal);
+            assert_eq!(e, Err(BAD_TOKEN.to_string()), "{bad:?}");
+        }
+        let other = page(
+            &t,
+            b"*",
+            Some(&sealed),
+            0,
+            ScanPage::default(),
+            readable,
+            &Seal::new(1),
+        );
+        assert_eq!(other, Err(BAD_TOKEN.to_string()));
+        // Everyone may read everything: tokens stay plain, as before.
+        let open = page(&t, b"*", None, 0, ScanPage::default(), |_| true, &seal).expect("ok");
+        assert!(token_of(&open).expect("more").starts_with(TOKEN_PREFIX));
+    }
+
     #[test]
     fn pages_and_tokens() {
         let t = table(&[b"a1", b"a2", b"b1", b"exp1", b"\xff\xfe"]);
-        let all = page(&t, b"*", None, 20, ScanPage::default(), |_| true).expect("ok");
+        let all = page(
+            &t,
+            b"*",
+            None,
+            20,
+            ScanPage::default(),
+            |_| true,
+            &Seal::new(0),
+        )
+        .expect("ok");
         assert_eq!(all, b"*1\r\n*3\r\n$2\r\na1\r\n$2\r\na2\r\n$2\r\nb1\r\n");
-        let live = page(&t, b"*", None, 5, ScanPage::default(), |_| true).expect("ok");
+        let live = page(
+            &t,
+            b"*",
+            None,
+            5,
+            ScanPage::default(),
+            |_| true,
+            &Seal::new(0),
+        )
+        .expect("ok");
         assert!(live.starts_with(b"*1\r\n*4\r\n"), "exp1 is live at 5");
-        let one = page(&t, b"a*", None, 20, limits(1, 1000), |_| true).expect("ok");
+        let one = page(
+            &t,
+            b"a*",
+            None,
+            20,
+            limits(1, 1000),
+            |_| true,
+            &Seal::new(0),
+        )
+        .expect("ok");
         assert_eq!(one, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a1\r\n");
-        let two = page(&t, b"a*", Some(b"0;1;a1"), 20, limits(1, 1000), |_| true).expect("ok");
+        let two = page(
+            &t,
+            b"a*",
+            Some(b"0;1;a1"),
+            20,
+            limits(1, 1000),
+            |_| true,
+            &Seal::new(0),
+        )
+        .expect("ok");
         assert_eq!(two, b"*2\r\n*1\r\n$2\r\na2\r\n$6\r\n0;1;a2\r\n");
         // The page that finds no more matches and nothing after: the last.
-        let three = page(&t, b"a*", Some(b"0;1;a2"), 20, limits(1, 1000), |_| true).expect("ok");
+        let three = page(
+            &t,
+            b"a*",
+            Some(b"0;1;a2"),
+            20,
+            limits(1, 1000),
+            |_| true,
+            &Seal::new(0),
+        )
+        .expect("ok");
         assert_eq!(three, b"*1\r\n*0\r\n");
         // A token names any key, present or not.
-        let gone = page(&t, b"*", Some(b"7;42;a15"), 20, ScanPage::default(), |_| {
-            true
-        })
+        let gone = page(
+            &t,
+            b"*",
+            Some(b"7;42;a15"),
+            20,
+            ScanPage::default(),
+            |_| true,
+            &Seal::new(0),
+        )
         .expect("ok");
         assert_eq!(gone, b"*1\r\n*2\r\n$2\r\na2\r\n$2\r\nb1\r\n");
         // A byte limit smaller than one key still returns one key a page;
         // the token names the last key looked at (a2), not the last returned.
-        let tiny = page(&t, b"?1", None, 20, limits(100, 1), |_| true).expect("ok");
+        let tiny = page(&t, b"?1", None, 20, limits(100, 1), |_| true, &Seal::new(0)).expect("ok");
         assert_eq!(tiny, b"*2\r\n*1\r\n$2\r\na1\r\n$6\r\n0;1;a2\r\n");
-        let next = page(&t, b"?1", Some(b"0;1;a2"), 20, limits(100, 1), |_| true).expect("ok");
+        let next = page(
+            &t,
+            b"?1",
+            Some(b"0;1;a2"),
+            20,
+            limits(100, 1),
+            |_| true,
+            &Seal::new(0),
+        )
+        .expect("ok");
         assert_eq!(next, b"*1\r\n*1\r\n$2\r\nb1\r\n");
     }
 
@@ -215,19 +439,51 @@ mod tests {
             b"123456789012345678901;1;a",
         ] {
             assert_eq!(
-                page(&t, b"*", Some(bad), 0, ScanPage::default(), |_| true),
+                page(
+                    &t,
+                    b"*",
+                    Some(bad),
+                    0,
+                    ScanPage::default(),
+                    |_| true,
+                    &Seal::new(0)
+                ),
                 Err(BAD_TOKEN.into()),
                 "{bad:?}"
             );
         }
-        assert_eq!(parse_token(b"1;2;"), Some(&b""[..]));
-        assert_eq!(parse_token(b"1;2;a;b"), Some(&b"a;b"[..]));
+        assert_eq!(
+            parse_token(b"1;2;", &Seal::new(0)).as_deref(),
+            Some(&b""[..])
+        );
+        assert_eq!(
+            parse_token(b"1;2;a;b", &Seal::new(0)).as_deref(),
+            Some(&b"a;b"[..])
+        );
         for bad in [&b"***"[..], b"a**", b"[ab"] {
-            let e = page(&t, bad, None, 0, ScanPage::default(), |_| true).expect_err("an error");
+            let e = page(
+                &t,
+                bad,
+                None,
+                0,
+                ScanPage::default(),
+                |_| true,
+                &Seal::new(0),
+            )
+            .expect_err("an error");
             assert!(e.starts_with("the pattern is not valid: "), "{e}");
         }
         assert_eq!(
-            page(&t, b"\xff*", None, 0, ScanPage::default(), |_| true).expect("ok"),
+            page(
+                &t,
+                b"\xff*",
+                None,
+                0,
+                ScanPage::default(),
+                |_| true,
+                &Seal::new(0)
+            )
+            .expect("ok"),
             b"*1\r\n*0\r\n"
         );
     }
@@ -262,6 +518,7 @@ mod tests {
                 0,
                 ScanPage::default(),
                 |_| true,
+                &Seal::new(0),
             )
             .expect("ok");
             pages += 1;
@@ -307,6 +564,7 @@ mod tests {
                 0,
                 ScanPage::default(),
                 |_| true,
+                &Seal::new(0),
             )
             .expect("ok");
             pages += 1;

@@ -178,7 +178,9 @@ pub enum Output {
     Publish(OutboundMessage),
     /// Append this record to the journal.
     Journal(Vec<u8>),
-    /// A client broke a protocol rule; a host inside the broker disconnects it.
+    /// A request was not answered: a client broke a protocol rule (a host
+    /// inside the broker disconnects it), or, with no client named, its
+    /// response topic was not its requester's (the host logs it).
     Violation {
         /// The offending client, when known.
         client_id: Option<String>,

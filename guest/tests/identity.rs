@@ -110,12 +110,18 @@ fn an_unverified_source_id_names_nobody_to_the_rules() {
         request(2, &[b"GET", b"victim/k"], "victim", "mine/replies"),
     );
     assert_eq!(r, DENIED);
-    // Nor may one proven client act as another through its own topic.
-    let r = reply(
-        &mut m,
-        request(3, &[b"GET", b"victim/k"], "victim", &own("other")),
+    // Nor may one client act as another through a topic naming a third:
+    // nothing is published there (not even a refusal, which would land on
+    // the third's topic), and the host is told.
+    let out = m.handle(
+        &request(3, &[b"GET", b"victim/k"], "victim", &own("other")),
+        T0,
     );
-    assert_eq!(r, DENIED);
+    assert!(
+        matches!(&out[..], [Output::Violation { client_id: None, reason }]
+            if reason.contains("\"victim\"") && reason.contains("not its own")),
+        "{out:?}"
+    );
     let r = reply(
         &mut m,
         request(4, &[b"GET", b"victim/k"], "victim", &own("victim")),

@@ -54,6 +54,7 @@ pub struct Metrics {
     replies: IntCounterVec,
     latency: HistogramVec,
     notifications: IntCounterVec,
+    ignored: IntCounterVec,
     keys: IntGaugeVec,
     key_bytes: IntGaugeVec,
     registrations: IntGaugeVec,
@@ -122,6 +123,12 @@ impl Metrics {
                 "statestore_requests_total",
                 "State store requests received, by verb",
                 &["tenant", "verb"],
+            )?,
+            ignored: counter(
+                &r,
+                "statestore_requests_ignored_total",
+                "Requests not answered, each logged: a response topic reserved for the store, or (with no broker naming the requester) one that is not the requester's",
+                t,
             )?,
             replies: counter(
                 &r,
@@ -250,6 +257,7 @@ impl Metrics {
             error: self.replies.with_label_values(&[name, "200", "error"]),
             latency: self.latency.with_label_values(&[name]),
             notifications: one(&self.notifications),
+            ignored: one(&self.ignored),
             keys: g(&self.keys),
             key_bytes: g(&self.key_bytes),
             registrations: g(&self.registrations),
@@ -439,6 +447,7 @@ pub struct TenantMetrics {
     error: IntCounter,
     latency: Histogram,
     notifications: IntCounter,
+    ignored: IntCounter,
     keys: IntGauge,
     key_bytes: IntGauge,
     registrations: IntGauge,
@@ -498,11 +507,13 @@ impl TenantMetrics {
     /// notifications.
     pub fn published(&self, outputs: &[Output]) {
         for o in outputs {
-            if let Output::Publish(p) = o {
-                match p.kind {
+            match o {
+                Output::Publish(p) => match p.kind {
                     PublishKind::Notification => self.notifications.inc(),
                     PublishKind::Response => self.reply(p),
-                }
+                },
+                Output::Violation { .. } => self.ignored.inc(),
+                Output::Journal(_) | Output::More(_) => {}
             }
         }
     }

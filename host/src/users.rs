@@ -37,21 +37,38 @@ impl Hash {
                 .decode(s)
                 .context("not base64")
         };
+        // A hash of SHA-512's 64 bytes and a salt: an empty or cut hash
+        // (a truncated or hand-edited file) would match every password.
+        let checked = |salt: Vec<u8>, hash: Vec<u8>| {
+            if hash.len() != 64 {
+                bail!(
+                    "a hash of {} bytes (SHA-512's are 64): a truncated or hand-edited line? Write it again with mosquitto_passwd",
+                    hash.len()
+                );
+            }
+            if salt.is_empty() {
+                bail!("an empty salt: write the line again with mosquitto_passwd");
+            }
+            Ok((salt, hash))
+        };
         let parts: Vec<&str> = text.split('$').collect();
         match parts.as_slice() {
-            ["", "7", iterations, salt, hash] => Ok(Hash::Pbkdf2 {
-                iterations: iterations
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .context("bad iteration count")?,
-                salt: b64(salt)?,
-                hash: b64(hash)?,
-            }),
-            ["", "6", salt, hash] => Ok(Hash::Sha512 {
-                salt: b64(salt)?,
-                hash: b64(hash)?,
-            }),
+            ["", "7", iterations, salt, hash] => {
+                let (salt, hash) = checked(b64(salt)?, b64(hash)?)?;
+                Ok(Hash::Pbkdf2 {
+                    iterations: iterations
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .context("bad iteration count")?,
+                    salt,
+                    hash,
+                })
+            }
+            ["", "6", salt, hash] => {
+                let (salt, hash) = checked(b64(salt)?, b64(hash)?)?;
+                Ok(Hash::Sha512 { salt, hash })
+            }
             _ => {
                 bail!("not a mosquitto_passwd hash ($7$ or $6$); plain passwords are not accepted")
             }
@@ -109,6 +126,9 @@ impl Users {
             let Some((user, hash)) = line.split_once(':') else {
                 bail!("line {}: not `user:hash`", i + 1);
             };
+            if user.is_empty() {
+                bail!("line {}: an empty user name", i + 1);
+            }
             let hash = Hash::parse(hash).with_context(|| format!("line {}", i + 1))?;
             if by_name.insert(user.to_string(), hash).is_some() {
                 bail!("line {}: user {user:?} appears twice", i + 1);
@@ -168,9 +188,31 @@ mod tests {
             ("# users\nalice\n", "line 2"),
             ("alice:$7$x$AA==$AA==\n", "line 1"),
             ("", "no users"),
+            (":$6$+WrkT2PZ5wWtbE+1$AA==\n", "empty user name"),
         ] {
             let e = format!("{:#}", Users::parse(text).expect_err(text));
             assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    /// A line whose hash is empty or cut short (a truncated or hand-edited
+    /// file) would accept every password: it stops the load, naming it.
+    #[test]
+    fn an_empty_or_cut_hash_is_refused_not_a_key_to_every_password() {
+        let good = FILE.lines().next().expect("alice");
+        let (head, hash) = good.rsplit_once('$').expect("hash");
+        for (line, says) in [
+            (format!("{head}$"), "a hash of 0 bytes"),
+            (format!("{head}${}", &hash[..8]), "a hash of 6 bytes"),
+            ("bob:$6$+WrkT2PZ5wWtbE+1$".to_string(), "a hash of 0 bytes"),
+            (format!("carol:$7$101$${hash}"), "an empty salt"),
+        ] {
+            let text = format!(
+                "{}\n{line}\n",
+                FILE.lines().nth(1).expect("bob").replace("bob", "dave")
+            );
+            let e = format!("{:#}", Users::parse(&text).expect_err(&line));
+            assert!(e.contains("line 2") && e.contains(says), "{line}: {e}");
         }
     }
 }

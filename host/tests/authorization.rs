@@ -160,6 +160,61 @@ async fn an_authorization_file_decides_connects_topics_and_keys() {
         text(&bob.call(&[b"SCAN", b"*"]).await),
         "*1\r\n*1\r\n$6\r\nshared\r\n"
     );
+    // A page whose work budget ends among keys bob may not read (long
+    // keys, a long pattern) names none of them: its token is sealed, and
+    // the scan goes on to its end.
+    for i in 0..8 {
+        let key = format!("alice/{i}{}", "x".repeat(10_000));
+        assert_eq!(
+            text(&alice.call(&[b"SET", key.as_bytes(), b"v"]).await),
+            "+OK\r\n"
+        );
+    }
+    // Long, with a `*`: each key costs the page its length times the
+    // pattern's. It matches alice's long keys only (never listed to bob).
+    let pattern = format!("*{}*", "x".repeat(1000));
+    let mut token: Option<Vec<u8>> = None;
+    let (mut pages, mut sealed) = (0, 0);
+    loop {
+        let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern.as_bytes()];
+        if let Some(t) = &token {
+            parts.push(t);
+        }
+        let payload = bob.call(&parts).await.payload.to_vec();
+        assert!(
+            !payload.windows(6).any(|w| w == b"alice/")
+                && (payload.starts_with(b"*2\r\n*0\r\n") || payload == b"*1\r\n*0\r\n"),
+            "a page names a key bob may not read: {}",
+            String::from_utf8_lossy(&payload[..payload.len().min(300)])
+        );
+        pages += 1;
+        assert!(pages < 50, "the scan ends");
+        // The page's token: its last bulk string, when it has two parts.
+        if !payload.starts_with(b"*2\r\n") {
+            break;
+        }
+        let at = payload
+            .windows(3)
+            .rposition(|w| w == b"\r\n$")
+            .expect("a token")
+            + 3;
+        let nl = at
+            + payload[at..]
+                .iter()
+                .position(|&b| b == b'\r')
+                .expect("length");
+        let len: usize = std::str::from_utf8(&payload[at..nl])
+            .expect("digits")
+            .parse()
+            .expect("length");
+        let t = payload[nl + 2..nl + 2 + len].to_vec();
+        sealed += usize::from(t.starts_with(b"0;2;"));
+        token = Some(t);
+    }
+    assert!(
+        pages >= 2 && sealed > 0,
+        "a page ended on a key bob may not read ({pages} pages)"
+    );
 
     // Subscribe: a filter is allowed only if every topic it matches is.
     assert!(alice.try_subscribe("chat/#").await);

@@ -212,9 +212,9 @@ async fn a_scrape_says_what_the_load_did_embedded() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_scrape_says_what_the_load_did_through_mosquitto() {
-    let broker = Mosquitto::start();
+/// `statestore serve` through `broker` as `client_id`, with `args` and
+/// metrics (their port), serving.
+fn through(broker: &Mosquitto, client_id: &str, args: &[&str]) -> (Server, u16) {
     let metrics = free_port();
     let mut c = bin();
     c.args([
@@ -222,12 +222,21 @@ async fn a_scrape_says_what_the_load_did_through_mosquitto() {
         "--broker",
         &format!("mqtt://127.0.0.1:{}", broker.port),
         "--client-id",
-        "statestore-metrics",
+        client_id,
         "--metrics",
         &format!("127.0.0.1:{metrics}"),
-    ]);
-    let _server = Server::spawn_until(c, "subscribed; serving");
+    ])
+    .args(args)
+    .env("RUST_LOG", "info");
+    let server = Server::spawn_until(c, "subscribed; serving");
     wait_ready(metrics);
+    (server, metrics)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_says_what_the_load_did_through_mosquitto() {
+    let broker = Mosquitto::start();
+    let (_server, metrics) = through(&broker, "statestore-metrics", &[]);
     let requests = load(broker.port, metrics).await;
     check_counts(metrics, requests, 1.0);
 }
@@ -247,4 +256,44 @@ fn a_taken_metrics_port_is_a_clear_error() {
         String::from_utf8_lossy(&o.stderr).contains("cannot listen for metrics"),
         "{o:?}"
     );
+}
+
+/// Through an external broker with `--response-topics sdk`, a request
+/// whose response topic is not its requester's (someone else's topic, or
+/// no identity at all) is not answered: nothing is published there, not
+/// even a refusal (the store would be a deputy publishing where an
+/// attacker points). It is logged and counted in
+/// `statestore_requests_ignored_total`; proper requests are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_response_topic_is_not_its_requesters_is_not_answered_there() {
+    let broker = Mosquitto::start();
+    let (server, metrics) = through(&broker, "statestore-deputy", &["--response-topics", "sdk"]);
+    let mut victim = RawClient::connect(broker.port, "billing").await;
+    victim.subscribe("protected/billing/commands").await;
+    let mut attacker = RawClient::connect(broker.port, "attacker").await;
+    let own = attacker.response_topic();
+    attacker.subscribe(&own).await;
+    // Someone else's topic; and the victim's SDK-shaped topic.
+    for topic in [
+        "protected/billing/commands".to_string(),
+        own.replace("attacker", "billing"),
+    ] {
+        let mut props = attacker.request_properties();
+        props.response_topic = Some(topic);
+        attacker
+            .publish_request(statestore_tests::resp(&[b"GET", b"k"]), props)
+            .await;
+    }
+    // A proper request is answered (and comes after the others).
+    let r = attacker.call(&[b"SET", b"k", b"v"]).await;
+    assert_eq!(text(&r), "+OK\r\n");
+    assert!(
+        victim.recv(Duration::from_millis(500)).await.is_none(),
+        "something was published to the victim's topic"
+    );
+    assert!(attacker.recv(Duration::from_millis(200)).await.is_none());
+    eventually(metrics, "ignored requests counted", |m| {
+        value(m, &format!("statestore_requests_ignored_total{{{T}}}")) == 2.0
+    });
+    assert!(server.log().contains("not answered"), "{}", server.log());
 }

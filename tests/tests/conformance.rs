@@ -1265,27 +1265,36 @@ fn journal_persist_custom() {
     sim.finish();
 }
 
+/// A request not answered: no publish at all, and a violation naming no
+/// client for the host to log and count.
+fn assert_ignored(out: &[Output]) {
+    assert!(
+        matches!(out, [Output::Violation { client_id: None, reason }] if reason.contains("not answered")),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn response_topic_must_name_its_requester() {
     let mut sim = Sim::new(
         "response_topic_claims",
-        "without a broker-supplied client id, a request whose response topic has the SDKs' shape clients/<id>/... must name its own requester (__srcId, or $partition / __invId) there, as is or in upper-case hex (Go); otherwise -ERR not authorized. Topics of another shape make no claim; a broker-supplied id is trusted",
+        "without a broker-supplied client id, a request whose response topic has the SDKs' shape clients/<id>/... must name its own requester (__srcId, or $partition / __invId) there, as is or in upper-case hex (Go); otherwise it is not answered (nothing is published to a topic that is not the requester's; the host is told with a violation naming no client). Topics of another shape make no claim; a broker-supplied id is trusted",
     );
-    const DENIED: &[u8] = b"-ERR not authorized\r\n";
     // The victim observes a key.
     let m = sim.request_from("victim", &[b"KEYNOTIFY", b"k"]);
     assert_eq!(reply(&sim.send(&m)).payload, &b"+OK\r\n"[..]);
-    // c1 claims to be the victim while receiving its replies at its own topic.
-    let mut m = sim.request_from("c1", &[b"KEYNOTIFY", b"k", b"STOP"]);
-    set_prop(&mut m, "__srcId", Some("victim"));
-    let out = sim.send(&m);
-    assert_reply(&out, &m, DENIED, None);
-    // ... or through $partition, with no __srcId.
-    let mut m = sim.request_from("c1", &[b"KEYNOTIFY", b"k", b"STOP"]);
-    set_prop(&mut m, "__srcId", None);
-    set_prop(&mut m, "$partition", Some("victim"));
-    let out = sim.send(&m);
-    assert_reply(&out, &m, DENIED, None);
+    // c1 claims to be the victim while receiving its replies at its own
+    // topic; or through $partition, with no __srcId: not answered.
+    for partition in [false, true] {
+        let mut m = sim.request_from("c1", &[b"KEYNOTIFY", b"k", b"STOP"]);
+        if partition {
+            set_prop(&mut m, "__srcId", None);
+            set_prop(&mut m, "$partition", Some("victim"));
+        } else {
+            set_prop(&mut m, "__srcId", Some("victim"));
+        }
+        assert_ignored(&sim.send(&m));
+    }
     // The victim is still notified.
     let (_, out) = sim.call(&[b"SET", b"k", b"v"]);
     assert_eq!(notifications(&out).len(), 1);
@@ -1320,20 +1329,18 @@ fn sdk_response_topics_only() {
     let mut sim = Sim::with_config(
         Kind::Native,
         "sdk_response_topics",
-        "--response-topics sdk: only clients/<requester>/... response topics are answered; others, and requests with no identity, get -ERR not authorized",
+        "--response-topics sdk: only clients/<requester>/... response topics are answered; without a broker-supplied client id, others and requests with no identity are not answered (nothing is published to a topic that is not the requester's; the host is told); with one, they get -ERR not authorized (delivered to that client alone)",
         config,
     );
     const DENIED: &[u8] = b"-ERR not authorized\r\n";
     let (m, out) = sim.call(&[b"SET", b"k", b"v"]);
     assert_reply(&out, &m, b"+OK\r\n", Some(&version(T0, 1)));
     let mut m = sim.request(&[b"GET", b"k"]);
-    m.response_topic = Some("inbox/c1".into());
-    let out = sim.send(&m);
-    assert_reply(&out, &m, DENIED, None);
+    m.response_topic = Some("protected/billing/commands".into());
+    assert_ignored(&sim.send(&m));
     let mut m = sim.request(&[b"GET", b"k"]);
     set_prop(&mut m, "__srcId", None);
-    let out = sim.send(&m);
-    assert_reply(&out, &m, DENIED, None);
+    assert_ignored(&sim.send(&m));
     // With a broker-supplied id too: the topic must be that client's.
     let mut m = sim.request(&[b"GET", b"k"]);
     m.client_id = Some("c2".into());

@@ -74,6 +74,8 @@ pub struct StateMachine {
     server_id: Option<Str>,
     /// `config.persist_keys`, compiled.
     persist_keys: KeySet,
+    /// Seals SCAN tokens that would name a key their client may not read.
+    scan_seal: scan::Seal,
     /// `config.authorization`, compiled.
     authz: Option<Authorizer>,
     /// Requests answered from the dedup cache, keys expired.
@@ -141,6 +143,7 @@ impl StateMachine {
         StateMachine {
             server_id: config.server_client_id.as_deref().map(Str::from),
             persist_keys: KeySet::new(&config.persist_keys),
+            scan_seal: scan::Seal::new(config.hash_seed),
             // Checked by `validate_config`; rules that would not compile
             // allow nothing.
             authz: config
@@ -495,8 +498,19 @@ impl StateMachine {
                 Some(None) | None => self.config.sdk_response_topics,
             };
             if refused {
-                let reply = Reply::error(ServiceError::NotAuthorized);
-                self.reply(response_topic, Some(correlation), expiry, &reply);
+                // Not answered where it asks: the topic is not the
+                // requester's, so a refusal published there would land on
+                // someone else's topic (the store a deputy of whoever
+                // chose it). The host logs and counts it.
+                let reason = match identity {
+                    Some(id) => format!(
+                        "request from {id:?} with response topic {response_topic:?}, which is not its own: not answered"
+                    ),
+                    None => format!(
+                        "request with no requester identity and response topic {response_topic:?}: not answered"
+                    ),
+                };
+                self.out.violation(None, &reason);
                 return;
             }
         } else if self.config.sdk_response_topics
@@ -716,6 +730,7 @@ impl StateMachine {
                 now,
                 self.config.scan_page,
                 readable,
+                &self.scan_seal,
             )
             .unwrap_or_else(|e| resp3::error(&e));
             return Ok((Reply::ok(payload, None), false));
