@@ -121,9 +121,9 @@ pub struct TlsListener {
 pub struct BrokerOptions {
     /// Its limits.
     pub limits: BrokerLimits,
-    /// The users every client must be (`--users-file`); none: anonymous
-    /// clients are welcome.
-    pub users: Option<crate::users::Users>,
+    /// The users every client must be (`--users-file`, read again on
+    /// SIGHUP); none: anonymous clients are welcome.
+    pub users: Option<std::sync::Arc<crate::users::UsersCell>>,
     /// The connection count for `--metrics`.
     pub connections: Option<prometheus::IntGauge>,
     /// Messages dropped at a session's byte limit, for `--metrics`.
@@ -206,7 +206,7 @@ struct Router {
     max_per_address: usize,
     /// The users every client must be (`--users-file`); none: anonymous
     /// clients are welcome.
-    users: Option<crate::users::Users>,
+    users: Option<std::sync::Arc<crate::users::UsersCell>>,
     /// Client ids held by an authenticated user, and the connection
     /// holding each: nobody else may take them.
     owners: std::sync::Mutex<HashMap<String, (String, Option<SocketAddr>)>>,
@@ -416,7 +416,7 @@ impl Hooks {
     /// the user name it proved, if it proved one.
     async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> (AuthResult, Option<String>) {
         let addr = info.id().remote_addr;
-        if let Some(users) = &self.router.users {
+        if let Some(users) = self.router.users.as_ref().map(|u| u.get()) {
             let client_id: &str = info.id().client_id.as_ref();
             let user = info.username().map(|u| u.to_string());
             let password = info.password().map(|p| p.to_vec()).unwrap_or_default();

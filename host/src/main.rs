@@ -1387,7 +1387,9 @@ fn serve(args: ServeArgs) -> Result<()> {
                 running.push((spec, hash));
             }
             let users = match &args.users_file {
-                Some(path) => Some(statestore::users::Users::load(path)?),
+                Some(path) => Some(statestore::users::UsersCell::new(
+                    statestore::users::Users::load(path)?,
+                )),
                 None => None,
             };
             let server = EmbeddedServer::start_tenants_with(
@@ -1396,7 +1398,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 with_routes,
                 statestore::embedded::BrokerOptions {
                     limits: broker_limits(&args),
-                    users,
+                    users: users.clone(),
                     connections: metrics.as_ref().map(|m| m.connections().clone()),
                     queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
                     policy: Some(policy_cell.clone()),
@@ -1418,7 +1420,12 @@ fn serve(args: ServeArgs) -> Result<()> {
                     control: h.control.clone(),
                 })
                 .collect();
-            spawn_reloader(args, password, fleet, running, policy_cell, server.tls())?;
+            let reloads = Reloads {
+                policy: policy_cell,
+                tls: server.tls(),
+                users,
+            };
+            spawn_reloader(args, password, fleet, running, reloads)?;
             server.run(shutdown_signal()).await
         });
     };
@@ -1458,7 +1465,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         if let Some(m) = &metrics {
             m.set_ready();
         }
-        spawn_reloader(args, password, fleet, running, policy_cell, None)?;
+        let reloads = Reloads {
+            policy: policy_cell,
+            tls: None,
+            users: None,
+        };
+        spawn_reloader(args, password, fleet, running, reloads)?;
         let runs: Vec<_> = servers
             .into_iter()
             .map(|server| {
@@ -1575,9 +1587,14 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
             return statestore::serve::serve_replica(node, opts, shutdown_signal()).await;
         }
         let users = match &args.users_file {
-            Some(path) => Some(statestore::users::Users::load(path)?),
+            Some(path) => Some(statestore::users::UsersCell::new(
+                statestore::users::Users::load(path)?,
+            )),
             None => None,
         };
+        if let (Some(cell), Some(path)) = (&users, &args.users_file) {
+            spawn_users_reloader(cell.clone(), path.clone())?;
+        }
         let policy_cell = statestore::policy::PolicyCell::new(load_policy(&args)?);
         let server = EmbeddedServer::start_replica(
             listen,
@@ -1600,18 +1617,57 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
     })
 }
 
-/// On SIGHUP: load the TLS listener's certificate files again, read the
-/// config (or --component) again and move every tenant whose component or
-/// limits changed to the new ones while it serves (see `Tenant::upgrade`).
-/// Compiling happens on this thread, not a server's.
+/// What SIGHUP reads again besides the tenants.
+struct Reloads {
+    policy: std::sync::Arc<statestore::policy::PolicyCell>,
+    tls: Option<statestore::embedded::TlsReload>,
+    users: Option<std::sync::Arc<statestore::users::UsersCell>>,
+}
+
+/// Reads `--users-file` again into `cell`, or keeps the users in force.
+fn reload_users(cell: &statestore::users::UsersCell, path: &std::path::Path) {
+    match cell.reload(path) {
+        Ok(n) => {
+            tracing::info!(users = n, file = %path.display(), "users file reloaded: new connections are checked against it")
+        }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "users file reload failed; the users in force stay")
+        }
+    }
+}
+
+/// A replica's SIGHUP: reads `--users-file` again.
+fn spawn_users_reloader(
+    cell: std::sync::Arc<statestore::users::UsersCell>,
+    path: PathBuf,
+) -> Result<()> {
+    #[cfg(unix)]
+    {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot listen for SIGHUP")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                reload_users(&cell, &path);
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (cell, path);
+    Ok(())
+}
+
+/// On SIGHUP: load the TLS listener's certificate files and the users file
+/// again, read the config (or --component) again and move every tenant
+/// whose component or limits changed to the new ones while it serves (see
+/// `Tenant::upgrade`). Compiling happens on this thread, not a server's.
 fn spawn_reloader(
     args: ServeArgs,
     password: Option<String>,
     mut fleet: Fleet,
     mut running: Vec<Running>,
-    policy: std::sync::Arc<statestore::policy::PolicyCell>,
-    tls: Option<statestore::embedded::TlsReload>,
+    reloads: Reloads,
 ) -> Result<()> {
+    let Reloads { policy, tls, users } = reloads;
     #[cfg(unix)]
     {
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -1637,6 +1693,9 @@ fn spawn_reloader(
                             Err(e) => tracing::error!(error = %format!("{e:#}"), "TLS reload failed; the listener keeps its certificate"),
                         }
                     }
+                    if let (Some(cell), Some(path)) = (&users, &args.users_file) {
+                        reload_users(cell, path);
+                    }
                     if let Err(e) = reload(&args, password.clone(), &mut fleet, &mut running, &policy) {
                         tracing::error!(error = %format!("{e:#}"), "reload failed; everything keeps running as it was");
                     }
@@ -1645,7 +1704,7 @@ fn spawn_reloader(
             .context("cannot start the reload thread")?;
     }
     #[cfg(not(unix))]
-    let _ = (args, password, fleet, running, policy, tls);
+    let _ = (args, password, fleet, running, policy, tls, users);
     Ok(())
 }
 

@@ -152,6 +152,13 @@ impl Users {
         }
     }
 
+    /// The user names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
     /// How many users there are.
     pub fn len(&self) -> usize {
         self.by_name.len()
@@ -163,12 +170,62 @@ impl Users {
     }
 }
 
+/// The users in force, replaced whole when their file is read again
+/// (SIGHUP): a connection in progress keeps the users it started with.
+#[derive(Debug)]
+pub struct UsersCell(std::sync::RwLock<std::sync::Arc<Users>>);
+
+impl UsersCell {
+    /// A cell holding `users`.
+    pub fn new(users: Users) -> std::sync::Arc<UsersCell> {
+        std::sync::Arc::new(UsersCell(std::sync::RwLock::new(std::sync::Arc::new(
+            users,
+        ))))
+    }
+
+    /// The users now.
+    pub fn get(&self) -> std::sync::Arc<Users> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads `path` again: the users it holds are in force from now on, or,
+    /// if it does not load (a bad line, gone), the old ones stay and the
+    /// error says why. Returns how many users there are now.
+    pub fn reload(&self, path: &Path) -> Result<usize> {
+        let users = Users::load(path)?;
+        let n = users.len();
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(users);
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Lines `mosquitto_passwd` 2.0 wrote (`-b`, and `-H sha512`).
     const FILE: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\nbob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==\n";
+
+    #[test]
+    fn a_reload_replaces_the_users_or_keeps_them() {
+        let dir = std::env::temp_dir().join(format!("statestore-users-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("users");
+        std::fs::write(&path, FILE).expect("write");
+        let cell = UsersCell::new(Users::load(&path).expect("load"));
+        assert!(cell.get().verify("bob", b"hunter2"));
+        // bob removed: he is refused from now on.
+        std::fs::write(&path, FILE.lines().next().expect("alice")).expect("write");
+        assert_eq!(cell.reload(&path).expect("reload"), 1);
+        assert!(!cell.get().verify("bob", b"hunter2"));
+        assert!(cell.get().verify("alice", b"secret"));
+        // A bad file: the users stay as they were.
+        std::fs::write(&path, "alice:$7$101$AAAA$\n").expect("write");
+        let e = format!("{:#}", cell.reload(&path).expect_err("a cut hash"));
+        assert!(e.contains("line 1"), "{e}");
+        assert!(cell.get().verify("alice", b"secret"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn mosquitto_passwd_hashes_verify() {

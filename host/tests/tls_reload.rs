@@ -104,3 +104,55 @@ async fn sighup_reloads_the_tls_certificate_and_keeps_connected_clients() {
     assert_eq!(set(&mut before, b"3").await, OK);
     before.close().await;
 }
+
+/// SIGHUP reads `--users-file` again: a user taken out of it is refused
+/// from then on, one added is let in; a file with a bad line changes
+/// nothing (the log says why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_users_file() {
+    use statestore_tests::broker::RawClient;
+    // Written by mosquitto_passwd 2.0: alice/secret, bob/hunter2.
+    const ALICE: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==";
+    const BOB: &str = "bob:$6$+WrkT2PZ5wWtbE+1$HLF4UcZpjOs6isr04Y8ckhN5Qz8w7eP4mgR2TPvBt5MCNXIOVUycGCJ0rZSMPxiG3EMI0mXs5OIH3EBYTBM/IQ==";
+    let dir = std::env::temp_dir().join(format!("statestore-users-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let users = dir.join("users");
+    std::fs::write(&users, format!("{ALICE}\n")).expect("users");
+    let port = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    cmd.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-tls-reload-cache"),
+    )
+    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    .arg("--users-file")
+    .arg(&users);
+    let server = Server::spawn(cmd);
+    let login = |id: &'static str, user: &'static str, password: &'static str| async move {
+        RawClient::try_connect(port, id, Some((user, password)))
+            .await
+            .map(|c| c.kill())
+            .is_ok()
+    };
+    assert!(login("a-1", "alice", "secret").await);
+    assert!(!login("b-1", "bob", "hunter2").await, "not yet a user");
+    // bob in, alice out.
+    std::fs::write(&users, format!("{BOB}\n")).expect("users");
+    server.hup();
+    server.wait_log("users file reloaded", T).await;
+    assert!(login("b-2", "bob", "hunter2").await, "{}", server.log());
+    assert!(
+        !login("a-2", "alice", "secret").await,
+        "alice was taken out"
+    );
+    // A cut line: nothing changes.
+    std::fs::write(&users, format!("{ALICE}\nbob:$6$+WrkT2PZ5wWtbE+1$\n")).expect("users");
+    server.hup();
+    server.wait_log("users file reload failed", T).await;
+    assert!(server.log().contains("line 2"), "{}", server.log());
+    assert!(login("b-3", "bob", "hunter2").await);
+    assert!(!login("a-3", "alice", "secret").await);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

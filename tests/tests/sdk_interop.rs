@@ -78,7 +78,9 @@ async fn the_sdk_under_an_authorization_policy() {
             },
         )],
         BrokerOptions {
-            users: Some(statestore::users::Users::load(&users).expect("users")),
+            users: Some(statestore::users::UsersCell::new(
+                statestore::users::Users::load(&users).expect("users"),
+            )),
             policy: Some(PolicyCell::new(Some(policy))),
             ..BrokerOptions::default()
         },
