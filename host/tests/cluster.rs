@@ -33,6 +33,20 @@ async fn sdk(port: u16, id: &str) -> Sdk {
     Sdk::start(settings, None, Duration::from_millis(500)).await
 }
 
+/// `statestore serve --cluster` (its file to follow). Replicas share a
+/// cache of the compiled component: compiling it in every one of the many
+/// processes these tests start (a debug build's compiler) takes seconds of
+/// CPU each, enough on a busy machine to miss a start deadline.
+fn serve_cluster() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    cmd.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-cluster-test-cache"),
+    )
+    .args(["serve", "--cluster"]);
+    cmd
+}
+
 /// Three replicas' files in a fresh directory.
 struct Cluster {
     dir: PathBuf,
@@ -193,9 +207,8 @@ impl Cluster {
     }
 
     fn spawn(&self, i: usize) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
-        cmd.args(["serve", "--no-cache", "--cluster"])
-            .arg(self.file(i))
+        let mut cmd = serve_cluster();
+        cmd.arg(self.file(i))
             .args(["--metrics", &format!("127.0.0.1:{}", self.metrics[i])])
             .args(&self.args)
             .env("RUST_LOG", "info");
@@ -210,8 +223,7 @@ impl Cluster {
 
     /// Starts replica `i` expecting it to refuse to start: its log.
     fn start_refused(&self, i: usize) -> String {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_statestore"))
-            .args(["serve", "--no-cache", "--cluster"])
+        let mut child = serve_cluster()
             .arg(self.file(i))
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
@@ -1456,11 +1468,7 @@ fn a_raft_address_beyond_loopback_needs_the_clusters_tls() {
     std::fs::write(&file, &plain).expect("file");
     // What `serve` says when it refuses to start.
     let refused = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
-            .args(["serve", "--no-cache", "--cluster"])
-            .arg(&file)
-            .output()
-            .expect("run");
+        let out = serve_cluster().arg(&file).output().expect("run");
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(!out.status.success(), "{err}");
         err
@@ -1487,10 +1495,8 @@ fn a_raft_address_beyond_loopback_needs_the_clusters_tls() {
     assert!(ok, "{said}");
     let server = Server::spawn_until(
         {
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
-            cmd.args(["serve", "--no-cache", "--cluster"])
-                .arg(&file)
-                .env("RUST_LOG", "info");
+            let mut cmd = serve_cluster();
+            cmd.arg(&file).env("RUST_LOG", "info");
             cmd
         },
         "replica started",
