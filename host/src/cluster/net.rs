@@ -131,19 +131,32 @@ impl Credentials {
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
-/// Opens a link to replica `peer` at `addr` (`peer` 0: whoever is there,
-/// for a tool that knows only an address; never with TLS).
+/// How long opening a link (TCP, and the TLS handshake) may take: a peer
+/// that accepts and then says nothing is tried again, not waited on.
+const DIAL_WAIT: Duration = if cfg!(test) {
+    Duration::from_millis(300)
+} else {
+    Duration::from_secs(5)
+};
+
+/// Opens a link to replica `peer` at `addr`.
 async fn dial(addr: SocketAddr, peer: u64, who: &Credentials) -> Result<Box<dyn Io>> {
-    let tcp = TcpStream::connect(addr)
+    let open = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        let _ = tcp.set_nodelay(true);
+        let stream: Box<dyn Io> = match &who.tls {
+            None => Box::new(tcp),
+            Some(tls) => Box::new(tls.connect(tcp, peer).await.with_context(|| {
+                format!("{addr} (is it replica {peer}, with a certificate of this cluster's CA?)")
+            })?),
+        };
+        Ok(stream)
+    };
+    tokio::time::timeout(DIAL_WAIT, open)
         .await
-        .with_context(|| format!("connecting to {addr}"))?;
-    let _ = tcp.set_nodelay(true);
-    match &who.tls {
-        None => Ok(Box::new(tcp)),
-        Some(tls) => Ok(Box::new(tls.connect(tcp, peer).await.with_context(
-            || format!("{addr} (is it replica {peer}, with a certificate of this cluster's CA?)"),
-        )?)),
-    }
+        .with_context(|| format!("{addr}: no link within {DIAL_WAIT:?}"))?
 }
 
 /// A frame to send.
@@ -981,6 +994,28 @@ mod tests {
                 .is_err(),
             "a replayed link was read"
         );
+        std::fs::remove_dir_all(ours.parent().expect("base")).ok();
+    }
+
+    /// A peer that takes the connection and never answers the handshake
+    /// (a hung process, a black hole) is given up on in time, and tried
+    /// again: the link does not wait on it for ever.
+    #[tokio::test]
+    async fn a_silent_peer_is_given_up_on_in_time() {
+        let (ours, _) = pki("silent");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s); // accepted, never read
+            }
+        });
+        let started = std::time::Instant::now();
+        let e = dial(addr, 2, &tls(&ours, 1)).await.err().expect("no link");
+        assert!(started.elapsed() < DIAL_WAIT * 3, "{:?}", started.elapsed());
+        assert!(format!("{e:#}").contains("no link within"), "{e:#}");
+        held.abort();
         std::fs::remove_dir_all(ours.parent().expect("base")).ok();
     }
 }
