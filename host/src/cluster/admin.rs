@@ -156,6 +156,9 @@ fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
                 .iter()
                 .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
                 .filter(|(_, _, m)| m.get("role").map(String::as_str) == Some("leader"))
+                // A leader just elected may not have applied a change its
+                // predecessor committed: its members would mislead.
+                .filter(|(_, _, m)| m.get("settled").map(String::as_str) != Some("0"))
                 .max_by_key(|(_, _, m)| m.get("term").and_then(|t| t.parse::<u64>().ok()));
             if let Some((leader, addr, m)) = leader {
                 let voters: Vec<u64> = m

@@ -637,6 +637,17 @@ impl<B: Backend> Replica<B> {
         self.node.transfer_leader(to);
     }
 
+    /// Whether, as leader, its members ([`Replica::voters`]) are the
+    /// cluster's: it has committed an entry of its own term (so it knows
+    /// everything committed before it) and applied all it has committed. A
+    /// leader just elected may not have applied a membership change its
+    /// predecessor committed: its members are then out of date.
+    pub fn membership_settled(&self) -> bool {
+        self.is_leader()
+            && self.node.raft.commit_to_current_term()
+            && self.applied >= self.node.raft.raft_log.committed
+    }
+
     /// The voting members, as this replica has applied them.
     pub fn voters(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self.node.raft.prs().conf().voters().ids().iter().collect();

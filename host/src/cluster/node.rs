@@ -541,13 +541,14 @@ impl Node {
             .and_then(|r| r.mqtt)
             .map_or(String::new(), |a| a.to_string());
         let voters: Vec<String> = self.replica.voters().iter().map(u64::to_string).collect();
+        let settled = u8::from(self.replica.membership_settled());
         let peers: Vec<String> = self
             .replicas
             .iter()
             .map(|r| format!("{}@{}", r.id, r.raft))
             .collect();
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\n",
             s.id,
             s.role,
             s.term,
@@ -560,6 +561,7 @@ impl Node {
             mqtt,
             voters.join(","),
             peers.join(","),
+            settled,
         )
     }
 

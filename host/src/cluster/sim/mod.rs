@@ -595,8 +595,16 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             report.leader_changes += 1;
             last_leader = leader;
         }
-        // Replacing a follower: remove it, then add a new replica.
-        if leader != 0 {
+        // Replacing a follower: remove it, then add a new replica; as the
+        // operator's tools do, only with a leader whose members are
+        // settled (a new one may not have applied its predecessor's last
+        // change: a removal not yet applied looked like a re-addition done).
+        let settled = leader != 0
+            && nodes[(leader - 1) as usize]
+                .replica
+                .as_ref()
+                .is_some_and(Replica::membership_settled);
+        if settled {
             let li = (leader - 1) as usize;
             let voters = nodes[li]
                 .replica
@@ -773,7 +781,20 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         .map(|n| n.replica.as_ref().map_or(0, Replica::applied))
         .collect();
     if applied.iter().any(|a| *a != applied[0]) {
-        bail!("seed {seed}: after settling, the replicas applied {applied:?}");
+        let states: Vec<String> = nodes
+            .iter()
+            .map(|n| match &n.replica {
+                Some(r) => format!("{:?} voters {:?}", r.status(), r.voters()),
+                None => format!(
+                    "down (removed {}, damaged {}, rejoining {}, until {})",
+                    n.removed, n.damaged, n.rejoining, n.down_until
+                ),
+            })
+            .collect();
+        bail!(
+            "seed {seed}: after settling, the replicas applied {applied:?}; removing {removing:?}, joining {joining:?}:\n{}",
+            states.join("\n")
+        );
     }
     let mut snapshots = Vec::new();
     for n in nodes.iter_mut() {
