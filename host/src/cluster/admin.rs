@@ -219,7 +219,7 @@ pub fn rejoin(path: &Path) -> Result<()> {
     }
     let disk = crate::storage::DirStorage::open(&file.data_dir)
         .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
-    let said = super::log::rejoin(&disk, crate::serve::now_ms())?;
+    let said = super::log::rejoin(&disk, crate::clock::now_ms())?;
     println!("{said}");
     let me = file.me();
     remove(path, file.id)
