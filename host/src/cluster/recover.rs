@@ -42,8 +42,10 @@ impl<B: Backend> Replica<B> {
                 }
                 Err(err) => {
                     self.store = self.remake(index, &passed, now)?;
-                    tracing::error!(index, error = %format!("{err:#}"), "a request the guest fails on: skipped, answered 500");
-                    failed.push((one.clone(), why.clone()));
+                    // Its own failure (the entry's may have been another's).
+                    let why = format!("{err:#}");
+                    tracing::error!(index, error = %why, "a request the guest fails on: skipped, answered 500");
+                    failed.push((one.clone(), why));
                     positions.push(at);
                 }
             }
