@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::authz::{Attributes, Principal};
 pub use crate::rpc::MAX_TOPIC_LEN;
 use crate::rpc::STORE_ID;
 use crate::types::Via;
@@ -40,42 +41,97 @@ pub struct Registry {
 }
 
 /// One client's registrations, each with the `via` of the request that
-/// made it (the latest, if made again).
+/// made it (the latest, if made again), and who the client was when it last
+/// registered.
 #[derive(Debug, Clone, Default)]
 struct Observer {
     keys: BTreeMap<Box<[u8]>, Option<Via>>,
+    /// The bytes of its registrations and of `watcher`.
     bytes: usize,
+    watcher: Watcher,
+}
+
+/// Who a client was when it registered: its user name and attributes, as
+/// its KEYNOTIFY request carried them. Every notification is checked
+/// against the authorization rules in force as this principal, so a
+/// registration gives nothing the rules no longer give (a reload that
+/// takes a key's read right away stops its notifications).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Watcher {
+    /// Its authenticated user name.
+    pub username: Option<String>,
+    /// Its attributes.
+    pub attributes: Vec<(String, String)>,
+}
+
+impl Watcher {
+    /// The user name and attributes of `p`.
+    pub fn of(p: &Principal<'_>) -> Watcher {
+        Watcher {
+            username: p.username.map(str::to_string),
+            attributes: p
+                .attributes
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// The principal the rules see: `client`, as this.
+    pub fn principal<'a>(&'a self, client: &'a str) -> Principal<'a> {
+        Principal {
+            client_id: Some(client),
+            username: self.username.as_deref(),
+            attributes: Attributes::Owned(&self.attributes),
+        }
+    }
+
+    /// What it is counted for.
+    fn bytes(&self) -> usize {
+        self.username.as_ref().map_or(0, String::len)
+            + self
+                .attributes
+                .iter()
+                .map(|(n, v)| 48 + n.len() + v.len())
+                .sum::<usize>()
+    }
 }
 
 impl Registry {
     /// Registers `client` for `key` through `via` (idempotent: made again,
     /// it is through the new `via`), unless that would take the client or
     /// the store past its limits.
+    /// The client is `watcher` from then on, for all its registrations.
     pub fn register(
         &mut self,
         client: &str,
         key: &[u8],
         via: Option<Via>,
+        watcher: &Watcher,
     ) -> Result<(), LimitReached> {
-        let cost = registration_bytes(client, key);
-        let (count, bytes) = match self.by_client.get_mut(client) {
-            Some(o) => match o.keys.get_mut(key) {
-                Some(held) => {
-                    *held = via;
-                    return Ok(());
-                }
-                None => (o.keys.len(), o.bytes),
-            },
-            None => (0, 0),
+        let (count, bytes, held, was) = match self.by_client.get(client) {
+            Some(o) => (
+                o.keys.len(),
+                o.bytes,
+                o.keys.contains_key(key),
+                o.watcher.bytes(),
+            ),
+            None => (0, 0, false, 0),
         };
-        if count >= MAX_PER_CLIENT
-            || bytes + cost > MAX_CLIENT_BYTES
-            || self.count >= MAX_TOTAL
-            || self.bytes + cost > self.limit.unwrap_or(MAX_TOTAL_BYTES)
+        let cost = if held {
+            0
+        } else {
+            registration_bytes(client, key)
+        };
+        let grows = (cost + watcher.bytes()).saturating_sub(was);
+        if (!held && count >= MAX_PER_CLIENT)
+            || bytes + grows > MAX_CLIENT_BYTES
+            || (!held && self.count >= MAX_TOTAL)
+            || self.bytes + grows > self.limit.unwrap_or(MAX_TOTAL_BYTES)
         {
             return Err(LimitReached);
         }
-        self.insert(client, key, via);
+        self.insert(client, key, via, watcher);
         Ok(())
     }
 
@@ -87,12 +143,18 @@ impl Registry {
 
     /// Registers `client` for `key` whatever the limits (restoring a
     /// snapshot: what was held before is held again).
-    pub fn restore(&mut self, client: &str, key: &[u8], via: Option<Via>) {
-        self.insert(client, key, via);
+    pub fn restore(&mut self, client: &str, key: &[u8], via: Option<Via>, watcher: &Watcher) {
+        self.insert(client, key, via, watcher);
     }
 
-    fn insert(&mut self, client: &str, key: &[u8], via: Option<Via>) {
+    fn insert(&mut self, client: &str, key: &[u8], via: Option<Via>, watcher: &Watcher) {
         let observer = self.by_client.entry(client.to_string()).or_default();
+        if observer.watcher != *watcher {
+            let (was, is) = (observer.watcher.bytes(), watcher.bytes());
+            observer.bytes = observer.bytes - was + is;
+            self.bytes = self.bytes - was + is;
+            observer.watcher = watcher.clone();
+        }
         if observer.keys.insert(key.into(), via).is_some() {
             return;
         }
@@ -125,6 +187,7 @@ impl Registry {
             self.count -= 1;
             self.bytes -= cost;
             if observer.keys.is_empty() {
+                self.bytes -= observer.bytes;
                 self.by_client.remove(client);
             }
         }
@@ -133,7 +196,7 @@ impl Registry {
 
     /// Drops every registration of `client`; how many there were.
     pub fn drop_client(&mut self, client: &str) -> usize {
-        let Some(Observer { keys, bytes }) = self.by_client.remove(client) else {
+        let Some(Observer { keys, bytes, .. }) = self.by_client.remove(client) else {
             return 0;
         };
         self.count -= keys.len();
@@ -200,16 +263,28 @@ impl Registry {
             .flat_map(|clients| clients.iter().map(String::as_str))
     }
 
+    /// The clients observing `key` with who each is, in the same order.
+    pub fn watchers(&self, key: &[u8]) -> impl Iterator<Item = (&str, &Watcher)> {
+        self.observers(key).filter_map(|c| {
+            self.by_client
+                .get_key_value(c)
+                .map(|(c, o)| (c.as_str(), &o.watcher))
+        })
+    }
+
     /// Whether anyone observes `key`.
     pub fn is_observed(&self, key: &[u8]) -> bool {
         self.by_key.contains_key(key)
     }
 
-    /// Every registration, ordered by client then key, with its `via`.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8], Option<Via>)> {
-        self.by_client
-            .iter()
-            .flat_map(|(c, o)| o.keys.iter().map(move |(k, v)| (c.as_str(), &**k, *v)))
+    /// Every registration, ordered by client then key, with its `via`
+    /// and its client's watcher.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8], Option<Via>, &Watcher)> {
+        self.by_client.iter().flat_map(|(c, o)| {
+            o.keys
+                .iter()
+                .map(move |(k, v)| (c.as_str(), &**k, *v, &o.watcher))
+        })
     }
 
     /// Number of registrations.
@@ -258,6 +333,11 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 mod tests {
     use super::*;
 
+    const NOBODY: Watcher = Watcher {
+        username: None,
+        attributes: Vec::new(),
+    };
+
     #[test]
     fn article_topic() {
         let t = topic("client-id1", b"SOMEKEY");
@@ -271,10 +351,10 @@ mod tests {
     #[test]
     fn registry_both_ways() {
         let mut r = Registry::default();
-        r.register("c2", b"k", None).expect("room");
-        r.register("c1", b"k", None).expect("room");
-        r.register("c1", b"k", None).expect("room");
-        r.register("c1", b"j", None).expect("room");
+        r.register("c2", b"k", None, &NOBODY).expect("room");
+        r.register("c1", b"k", None, &NOBODY).expect("room");
+        r.register("c1", b"k", None, &NOBODY).expect("room");
+        r.register("c1", b"j", None, &NOBODY).expect("room");
         assert_eq!(r.observers(b"k").collect::<Vec<_>>(), ["c1", "c2"]);
         assert_eq!(r.len(), 3);
         assert!(r.unregister("c2", b"k"));
@@ -283,6 +363,26 @@ mod tests {
         assert!(r.is_empty());
         assert_eq!((r.len(), r.bytes()), (0, 0));
         assert!(!r.is_observed(b"k"));
+        // Who registered is counted once per client, and freed with it.
+        let who = Watcher {
+            username: Some("alice".into()),
+            attributes: vec![("team".into(), "red".into())],
+        };
+        r.register("c1", b"k", None, &who).expect("room");
+        r.register("c1", b"j", None, &who).expect("room");
+        assert_eq!(
+            r.bytes(),
+            registration_bytes("c1", b"k") + registration_bytes("c1", b"j") + who.bytes()
+        );
+        assert_eq!(r.watchers(b"k").collect::<Vec<_>>(), [("c1", &who)]);
+        r.register("c1", b"k", None, &NOBODY).expect("room");
+        assert_eq!(r.watchers(b"j").collect::<Vec<_>>(), [("c1", &NOBODY)]);
+        assert!(r.unregister("c1", b"k"));
+        assert!(r.unregister("c1", b"j"));
+        assert_eq!((r.len(), r.bytes()), (0, 0));
+        r.register("c1", b"k", None, &who).expect("room");
+        assert_eq!(r.drop_client("c1"), 1);
+        assert_eq!((r.len(), r.bytes()), (0, 0));
     }
 
     /// A disconnect reported by a replica drops what was registered through
@@ -304,18 +404,19 @@ mod tests {
             started: 50,
         };
         let mut r = Registry::default();
-        r.register("c", b"via-a1", Some(a1)).expect("room");
-        r.register("c", b"moved", Some(a1)).expect("room");
-        r.register("c", b"via-b", Some(b)).expect("room");
-        r.register("c", b"untagged", None).expect("room");
-        r.register("c", b"via-a2", Some(a2)).expect("room");
+        r.register("c", b"via-a1", Some(a1), &NOBODY).expect("room");
+        r.register("c", b"moved", Some(a1), &NOBODY).expect("room");
+        r.register("c", b"via-b", Some(b), &NOBODY).expect("room");
+        r.register("c", b"untagged", None, &NOBODY).expect("room");
+        r.register("c", b"via-a2", Some(a2), &NOBODY).expect("room");
         // Made again through B: now B's.
-        r.register("c", b"moved", Some(b)).expect("room");
-        r.register("other", b"via-a1", Some(a1)).expect("room");
+        r.register("c", b"moved", Some(b), &NOBODY).expect("room");
+        r.register("other", b"via-a1", Some(a1), &NOBODY)
+            .expect("room");
         assert_eq!(r.drop_via("c", a1), 2, "via-a1 and untagged");
         let keys = |r: &Registry| -> Vec<(String, Vec<u8>)> {
             r.iter()
-                .map(|(c, k, _)| (c.to_string(), k.to_vec()))
+                .map(|(c, k, _, _)| (c.to_string(), k.to_vec()))
                 .collect()
         };
         assert_eq!(
@@ -328,8 +429,8 @@ mod tests {
             ]
         );
         // A's second life starting drops what A's first life registered.
-        r.register("d", b"k", Some(a1)).expect("room");
-        r.register("d", b"j", Some(a2)).expect("room");
+        r.register("d", b"k", Some(a1), &NOBODY).expect("room");
+        r.register("d", b"j", Some(a2), &NOBODY).expect("room");
         assert_eq!(r.drop_replica(a2), 2, "other's and d's of a1");
         assert_eq!(
             keys(&r),
@@ -360,19 +461,30 @@ mod tests {
     fn registrations_are_bounded() {
         let mut r = Registry::default();
         for i in 0..MAX_PER_CLIENT {
-            r.register("flood", format!("k{i}").as_bytes(), None)
+            r.register("flood", format!("k{i}").as_bytes(), None, &NOBODY)
                 .expect("room");
         }
-        assert_eq!(r.register("flood", b"one-more", None), Err(LimitReached));
-        assert_eq!(r.register("flood", b"k7", None), Ok(()), "already held");
-        r.register("owner", b"k", None)
+        assert_eq!(
+            r.register("flood", b"one-more", None, &NOBODY),
+            Err(LimitReached)
+        );
+        assert_eq!(
+            r.register("flood", b"k7", None, &NOBODY),
+            Ok(()),
+            "already held"
+        );
+        r.register("owner", b"k", None, &NOBODY)
             .expect("another client has its own share");
         assert!(r.unregister("flood", b"k0"));
-        r.register("flood", b"one-more", None).expect("room again");
+        r.register("flood", b"one-more", None, &NOBODY)
+            .expect("room again");
         // Bytes: big keys reach the byte bound before the count.
         let big = vec![b'x'; 64 << 10];
         let mut n = 0;
-        while r.register("big", &[&big[..], &[n]].concat(), None).is_ok() {
+        while r
+            .register("big", &[&big[..], &[n]].concat(), None, &NOBODY)
+            .is_ok()
+        {
             n += 1;
         }
         assert!(usize::from(n) < MAX_PER_CLIENT);
@@ -383,7 +495,7 @@ mod tests {
         'fill: for c in 0..=MAX_TOTAL / MAX_PER_CLIENT {
             for k in 0..MAX_PER_CLIENT {
                 if total
-                    .register(&format!("c{c}"), format!("{k}").as_bytes(), None)
+                    .register(&format!("c{c}"), format!("{k}").as_bytes(), None, &NOBODY)
                     .is_err()
                 {
                     refused = true;

@@ -13,6 +13,9 @@
 //!   client it is charged to, when one was known)
 //! body v3: as v2, but each observer ends with opt via (u64 replica,
 //!   u64 started: where the registration was made, in a cluster)
+//! body v4: as v3, but each observer ends with its client's watcher: opt str
+//!   user name, u32 n, n x { str attribute name, str value } (who it was when
+//!   it registered: every notification is checked as it)
 //! bytes, str, opt, hlc, message: see codec.rs
 //! ```
 //!
@@ -26,6 +29,7 @@
 //! handing what it finds to a `Visitor`.
 
 use crate::codec::{Reader, Writer};
+use crate::notify::Watcher;
 use crate::table::Entry;
 use crate::types::{Error, OutboundMessage, Via};
 
@@ -43,7 +47,7 @@ pub enum SnapshotScope {
 /// Leading bytes of every snapshot.
 pub const MAGIC: &[u8; 8] = b"STSTSNAP";
 /// The newest format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The first bytes of a snapshot: magic, version and clock; the key count
 /// follows.
@@ -60,8 +64,8 @@ pub(crate) trait Visitor {
     fn clock(&mut self, wall: u64, counter: u64);
     /// A key and its entry.
     fn key(&mut self, key: &[u8], entry: Entry);
-    /// A KEYNOTIFY registration, and where it was made.
-    fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>);
+    /// A KEYNOTIFY registration, where it was made, and who made it.
+    fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>, watcher: &Watcher);
     /// A dedup-cache entry (charged to `client`, if known).
     fn reply(
         &mut self,
@@ -231,7 +235,15 @@ impl Restorer {
                         } else {
                             None
                         };
-                        visit.registration(&client, key, via);
+                        let mut watcher = Watcher::default();
+                        if self.version >= 4 {
+                            watcher.username = r.opt(Reader::str)?;
+                            let n = r.u32()?;
+                            for _ in 0..n {
+                                watcher.attributes.push((r.str()?, r.str()?));
+                            }
+                        }
+                        visit.registration(&client, key, via, &watcher);
                     }
                     Section::Dedup => {
                         let client = if self.version >= 2 {

@@ -128,3 +128,93 @@ fn an_unverified_source_id_names_nobody_to_the_rules() {
     );
     assert_eq!(r, b"$6\r\nsecret\r\n");
 }
+
+/// A request the broker vouches for: from `client`, verified as `user` with
+/// these attributes.
+fn verified(n: u64, parts: &[&[u8]], client: &str, user: &str, team: &str) -> InboundMessage {
+    InboundMessage {
+        client_id: Some(client.into()),
+        username: Some(user.into()),
+        attributes: vec![("team".into(), team.into())],
+        ..request(n, parts, client, &own(client))
+    }
+}
+
+/// The clients a SET's outputs notify.
+fn notified(out: &[Output]) -> Vec<String> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Publish(p) if p.kind == PublishKind::Notification => {
+                p.target_client.as_ref().map(|c| c.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rules: the writer writes everything; the watcher reads its team's keys
+/// (`{principal.attributes.team}/*`) unless `revoked`.
+fn team_rules(revoked: bool) -> Vec<AuthRule> {
+    let mut rules = vec![AuthRule {
+        principals: Principals {
+            usernames: vec!["writer".into()],
+            ..Principals::default()
+        },
+        grants: vec![KeyGrant {
+            method: KeyMethod::ReadWrite,
+            keys: vec![KeySpec::Pattern("*".into())],
+        }],
+    }];
+    if !revoked {
+        rules.push(AuthRule {
+            principals: Principals {
+                usernames: vec!["watcher".into()],
+                ..Principals::default()
+            },
+            grants: vec![KeyGrant {
+                method: KeyMethod::Read,
+                keys: vec![KeySpec::Pattern("{principal.attributes.team}/*".into())],
+            }],
+        });
+    }
+    rules
+}
+
+/// A registration gives nothing the rules in force do not: every
+/// notification is checked as the principal that registered (its user name
+/// and attributes, kept with the registration and in snapshots), so rules
+/// that take the read right away (a reload) stop the notifications, and
+/// rules that give it back resume them.
+#[test]
+fn a_notification_goes_only_where_the_rules_in_force_let_its_watcher_read() {
+    let config = Config {
+        authorization: Some(team_rules(false)),
+        ..Config::default()
+    };
+    let mut m = StateMachine::new(config.clone()).expect("config");
+    let r = reply(
+        &mut m,
+        verified(1, &[b"KEYNOTIFY", b"red/k"], "w1", "watcher", "red"),
+    );
+    assert_eq!(r, b"+OK\r\n");
+    let set = |n: u64| verified(n, &[b"SET", b"red/k", b"v"], "writer", "writer", "none");
+    assert_eq!(notified(&m.handle(&set(2), T0)), ["w1"]);
+    // Who registered travels with the registration through a snapshot.
+    let mut m = StateMachine::restore(config.clone(), &m.snapshot()).expect("restore");
+    assert_eq!(notified(&m.handle(&set(3), T0)), ["w1"]);
+    // The watcher's read right is taken away: no notification (the write
+    // itself is answered), and its own GET is refused alike.
+    m.set_authorization(Some(team_rules(true))).expect("rules");
+    let out = m.handle(&set(4), T0);
+    assert!(notified(&out).is_empty(), "{out:?}");
+    assert!(out.iter().any(|o| matches!(o,
+        Output::Publish(p) if p.kind == PublishKind::Response && &p.payload[..] == b"+OK\r\n")));
+    let r = reply(
+        &mut m,
+        verified(5, &[b"GET", b"red/k"], "w1", "watcher", "red"),
+    );
+    assert_eq!(r, DENIED);
+    // Given back: the registration, never dropped, notifies again.
+    m.set_authorization(Some(team_rules(false))).expect("rules");
+    assert_eq!(notified(&m.handle(&set(6), T0)), ["w1"]);
+}

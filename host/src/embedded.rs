@@ -84,6 +84,25 @@ pub struct BrokerLimits {
     pub max_retained: usize,
     /// Most bytes of retained messages (topics, payloads, properties).
     pub max_retained_bytes: usize,
+    /// Most bytes all sessions hold together (queued or unacknowledged); a
+    /// message past it is dropped for the session it was for.
+    pub max_queued_total_bytes: usize,
+    /// Most sessions, connected or parked (0: no bound).
+    pub max_sessions: usize,
+    /// Most sessions whose last connection came from one IP address (0: no
+    /// bound).
+    pub max_sessions_per_address: usize,
+    /// Most failed logins a minute from one IP address before its CONNECTs
+    /// are refused unjudged (0: no bound).
+    pub max_failed_logins: u32,
+    /// Most connections at once that have not finished their CONNECT (0: no
+    /// bound).
+    pub max_pending_connections: usize,
+    /// Most of those from one IP address (0: no bound).
+    pub max_pending_per_address: usize,
+    /// How long a connection has from accept to send its whole CONNECT
+    /// (and finish its TLS handshake).
+    pub connect_timeout: Duration,
 }
 
 impl Default for BrokerLimits {
@@ -98,6 +117,13 @@ impl Default for BrokerLimits {
             inbound_bytes: 64 << 20,
             max_retained: 10_000,
             max_retained_bytes: 64 << 20,
+            max_queued_total_bytes: 2 << 30,
+            max_sessions: 20_000,
+            max_sessions_per_address: 1_000,
+            max_failed_logins: 20,
+            max_pending_connections: 1_000,
+            max_pending_per_address: 100,
+            connect_timeout: crate::admission::CONNECT_TIMEOUT,
         }
     }
 }
@@ -128,6 +154,8 @@ pub struct BrokerOptions {
     pub connections: Option<prometheus::IntGauge>,
     /// Messages dropped at a session's byte limit, for `--metrics`.
     pub queue_dropped: Option<prometheus::IntCounter>,
+    /// What was refused at the other bounds and rules, for `--metrics`.
+    pub refused: Option<prometheus::IntCounterVec>,
     /// The authorization file's rules (`--authorization`), replaceable
     /// while serving.
     pub policy: Option<std::sync::Arc<crate::policy::PolicyCell>>,
@@ -224,6 +252,12 @@ struct Router {
     retained: Arc<crate::retained::Retained>,
     /// The counts `$SYS` publishes.
     counters: Arc<crate::sys_topics::Counters>,
+    /// Failed logins per address.
+    logins: crate::admission::LoginThrottle,
+    /// Sessions per address and in all.
+    sessions: crate::admission::Sessions,
+    /// What was refused, by reason.
+    refusals: crate::admission::Refusals,
 }
 
 /// A client's verified identity.
@@ -240,9 +274,6 @@ struct Verified {
 
 /// Requests of clients of no tenant waiting for their refusal, at most.
 const STRANGERS_WAITING: usize = 1024;
-
-/// How long a failed authentication waits before its refusal.
-const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
 
 impl Router {
     /// What `client_id` was verified to be when it connected.
@@ -384,6 +415,11 @@ impl Router {
         }
     }
 
+    /// Whether any password is judged (`--users-file`, or a tenant's).
+    fn checks_passwords(&self) -> bool {
+        self.users.is_some() || self.routes.iter().any(|r| r.matcher.password.is_some())
+    }
+
     /// The verdict on a client's credentials: `None` if no tenant claims
     /// its user name with a password.
     fn authenticate(&self, username: &str, password: Option<&[u8]>) -> Option<AuthResult> {
@@ -414,7 +450,7 @@ fn username(id: &Id) -> Option<&str> {
 impl Hooks {
     /// Who the client is: its password, its tenant's, or anonymous; with
     /// the user name it proved, if it proved one.
-    async fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> (AuthResult, Option<String>) {
+    fn authenticate(&self, info: &rmqtt::types::ConnectInfo) -> (AuthResult, Option<String>) {
         let addr = info.id().remote_addr;
         if let Some(users) = self.router.users.as_ref().map(|u| u.get()) {
             let client_id: &str = info.id().client_id.as_ref();
@@ -423,7 +459,6 @@ impl Hooks {
             let ok = user.as_deref().is_some_and(|u| users.verify(u, &password));
             if !ok {
                 warn!(client_id, user = user.as_deref().unwrap_or("(none)"), remote = ?addr, "authentication failed");
-                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
                 return (AuthResult::BadUsernameOrPassword, None);
             }
             return (
@@ -440,7 +475,6 @@ impl Hooks {
         match self.router.authenticate(user.as_ref(), password) {
             Some(AuthResult::BadUsernameOrPassword) => {
                 warn!(client_id = %info.id().client_id, user = %user, remote = ?addr, "authentication failed (a tenant's password)");
-                tokio::time::sleep(FAILED_LOGIN_DELAY).await;
                 (AuthResult::BadUsernameOrPassword, None)
             }
             // Its tenant's password: proved.
@@ -489,6 +523,20 @@ impl Handler for Hooks {
                         ConnectAckReasonV3::ServiceUnavailable,
                     );
                 }
+                // An address out of guesses is not judged at all (its
+                // right password too): one address judges a bounded number
+                // of passwords a minute, however many connections it opens.
+                if self.router.checks_passwords()
+                    && addr.is_some_and(|a| !self.router.logins.begin(a.ip()))
+                {
+                    warn!(client_id, remote = ?addr, "connection refused unjudged: too many failed logins from this address (--max-failed-logins)");
+                    self.router.refusals.count("login_rate");
+                    return refuse(
+                        info,
+                        ConnectAckReasonV5::ConnectionRateExceeded,
+                        ConnectAckReasonV3::ServiceUnavailable,
+                    );
+                }
                 // A topic level of its own in clients/<id>/...: an id with
                 // '/' would put another's space inside its own (a/b's
                 // replies under clients/a/#).
@@ -503,7 +551,14 @@ impl Handler for Hooks {
                         ConnectAckReasonV3::IdentifierRejected,
                     );
                 }
-                let (verdict, username) = self.authenticate(info).await;
+                let (verdict, username) = self.authenticate(info);
+                // Only a wrong password keeps the guess it took.
+                if self.router.checks_passwords()
+                    && !matches!(verdict, AuthResult::BadUsernameOrPassword)
+                    && let Some(a) = addr
+                {
+                    self.router.logins.succeeded(a.ip());
+                }
                 let certificate = info.cert().and_then(|c| c.common_name.clone());
                 let verified = Verified {
                     // A client certificate names its holder when nothing else does.
@@ -546,6 +601,24 @@ impl Handler for Hooks {
                             "connection refused: its will topic is one it may not publish to"
                         );
                         AuthResult::NotAuthorized
+                    }
+                    AuthResult::Allow(..)
+                        if !self
+                            .router
+                            .sessions
+                            .has_room(client_id, addr.map(|a| a.ip())) =>
+                    {
+                        warn!(
+                            client_id,
+                            remote = ?addr,
+                            "connection refused: the broker holds as many sessions as it may, from this address or in all (--max-sessions-per-address, --max-sessions)"
+                        );
+                        self.router.refusals.count("sessions");
+                        return refuse(
+                            info,
+                            ConnectAckReasonV5::QuotaExceeded,
+                            ConnectAckReasonV3::ServiceUnavailable,
+                        );
                     }
                     AuthResult::Allow(..)
                         if !self
@@ -632,6 +705,9 @@ impl Handler for Hooks {
             Parameter::ClientConnected(session) => {
                 self.router.count_connection(session.id.remote_addr, true);
                 let id: &str = session.id.client_id.as_ref();
+                self.router
+                    .sessions
+                    .connected(id, session.id.remote_addr.map(|a| a.ip()));
                 if let Some(user) = self.router.verified(id).username {
                     let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
                     owners.insert(id.to_string(), (user, session.id.remote_addr));
@@ -699,30 +775,51 @@ impl Handler for Hooks {
             }
             // Called for each session a message is about to be delivered
             // to: a message from another tenant's client is dropped for
-            // that session (tenants share no topics).
-            Parameter::MessageExpiryCheck(session, from, _) => {
+            // that session (tenants share no topics); so is a client's
+            // message on a topic the rules in force do not let that session
+            // subscribe to (a subscription restored with its session, or
+            // made before a reload, gives nothing the rules no longer give).
+            Parameter::MessageExpiryCheck(session, from, publish) => {
                 let same = if from.is_system() {
                     self.router.store_may_deliver(&from.id, &session.id)
                 } else {
                     self.router.same_tenant(&from.id, &session.id)
                 };
-                if same {
-                    (true, acc)
-                } else {
+                if !same {
                     debug!(
                         from = %from.id.client_id,
                         to = %session.id.client_id,
                         "a message from another tenant's client is not delivered"
                     );
-                    (false, Some(HookResult::MessageExpiry))
+                    return (false, Some(HookResult::MessageExpiry));
                 }
+                if !from.is_system() && self.router.policy.is_some() {
+                    let to: &str = session.id.client_id.as_ref();
+                    let topic: &str = publish.topic.as_ref();
+                    if !self
+                        .router
+                        .authorized(to, |p, who| p.may_subscribe(who, topic))
+                    {
+                        debug!(
+                            to,
+                            topic,
+                            "a message is not delivered: the authorization rules in force do not let its subscriber read the topic"
+                        );
+                        self.router.refusals.count("withheld");
+                        return (false, Some(HookResult::MessageExpiry));
+                    }
+                }
+                (true, acc)
             }
             // Its owner keeps a client id while its session (and the
             // replies queued in it) lasts; only the connection that holds
             // it lets it go.
             Parameter::SessionTerminated(session, _) => {
-                let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
                 let id: &str = session.id.client_id.as_ref();
+                self.router
+                    .sessions
+                    .ended(id, session.id.remote_addr.map(|a| a.ip()));
+                let mut owners = self.router.owners.lock().unwrap_or_else(|e| e.into_inner());
                 if owners
                     .get(id)
                     .is_some_and(|(_, at)| *at == session.id.remote_addr)
@@ -1022,13 +1119,28 @@ impl EmbeddedServer {
             users,
             connections,
             queue_dropped,
+            refused,
             policy,
             tls,
             client_topics,
             data_dir,
         } = opts;
         let limits = &limits;
-        let scx = ServerContext::new().busy_check_enable(false).build().await;
+        let refusals = crate::admission::Refusals::new(refused);
+        let on_refuse = {
+            let refusals = refusals.clone();
+            Arc::new(move |reason: &'static str| refusals.count(reason))
+        };
+        let scx = ServerContext::new()
+            .busy_check_enable(false)
+            .pre_connect(rmqtt::pre_connect::PreConnect::new(
+                limits.max_pending_connections,
+                limits.max_pending_per_address,
+                Some(limits.connect_timeout),
+                Some(on_refuse),
+            ))
+            .build()
+            .await;
         let retained = Arc::new(crate::retained::Retained::open(
             data_dir.as_deref(),
             limits.max_retained,
@@ -1087,9 +1199,19 @@ impl EmbeddedServer {
             client_topics,
             retained: retained.clone(),
             counters: counters.clone(),
+            logins: crate::admission::LoginThrottle::new(limits.max_failed_logins),
+            sessions: crate::admission::Sessions::new(
+                limits.max_sessions,
+                limits.max_sessions_per_address,
+            ),
+            refusals: refusals.clone(),
         });
-        let queue_bytes =
-            crate::queue_bytes::QueueBytes::new(limits.max_queued_bytes, queue_dropped);
+        let queue_bytes = crate::queue_bytes::QueueBytes::new(
+            limits.max_queued_bytes,
+            limits.max_queued_total_bytes,
+            queue_dropped,
+            refusals,
+        );
         crate::queue_bytes::BoundedShared::install(&scx, queue_bytes.clone()).await;
         let register = scx.extends.hook_mgr().register();
         for t in [

@@ -14,6 +14,7 @@
 //! state machine compiled natively), so tests and benchmarks can run the same
 //! inputs through both.
 
+pub mod admission;
 pub mod bench;
 mod bindings;
 pub mod cache;

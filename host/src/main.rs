@@ -609,6 +609,46 @@ struct ServeArgs {
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_queued_mib: u64,
 
+    /// Most MiB all sessions of the embedded broker hold together (queued
+    /// and unacknowledged messages, parked sessions' too); a message past it
+    /// is dropped for the session it was for (counted as `queued_total` in
+    /// `statestore_broker_refused_total`).
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    max_queued_total_mib: u64,
+
+    /// Most sessions the embedded broker holds, connected or parked (a
+    /// persistent session whose client is away); a CONNECT that would start
+    /// one more gets CONNACK 0x97 "quota exceeded" (0: no bound).
+    #[arg(long, default_value_t = 20_000)]
+    max_sessions: u64,
+
+    /// Most sessions whose last connection came from one IP address,
+    /// connected or parked; past it as --max-sessions (0: no bound).
+    #[arg(long, default_value_t = 1_000)]
+    max_sessions_per_address: u64,
+
+    /// Most failed logins a minute from one IP address (a bucket refilled
+    /// at this rate): past it, that address's CONNECTs get CONNACK 0x9F
+    /// "connection rate exceeded" without their password being judged,
+    /// until the bucket refills (0: no bound).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32))]
+    max_failed_logins: u32,
+
+    /// Most connections at once that have not yet sent their CONNECT (or
+    /// finished their TLS handshake); one more is closed at accept (0: no
+    /// bound).
+    #[arg(long, default_value_t = 1_000)]
+    max_pending_connections: u64,
+
+    /// Most of those from one IP address (0: no bound).
+    #[arg(long, default_value_t = 100)]
+    max_pending_per_address: u64,
+
+    /// Seconds a connection has from accept to finish its TLS handshake and
+    /// send its whole CONNECT; then it is closed.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    connect_timeout_secs: u64,
+
     /// Most connections the embedded broker holds at once.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
@@ -1195,6 +1235,13 @@ fn broker_limits(args: &ServeArgs) -> BrokerLimits {
         inbound_bytes: usize_of(args.inbound_mib << 20),
         max_retained: usize_of(args.max_retained),
         max_retained_bytes: usize_of(args.max_retained_mib << 20),
+        max_queued_total_bytes: usize_of(args.max_queued_total_mib << 20),
+        max_sessions: usize_of(args.max_sessions),
+        max_sessions_per_address: usize_of(args.max_sessions_per_address),
+        max_failed_logins: args.max_failed_logins,
+        max_pending_connections: usize_of(args.max_pending_connections),
+        max_pending_per_address: usize_of(args.max_pending_per_address),
+        connect_timeout: Duration::from_secs(args.connect_timeout_secs),
     }
 }
 
@@ -1401,6 +1448,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                     users: users.clone(),
                     connections: metrics.as_ref().map(|m| m.connections().clone()),
                     queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
+                    refused: metrics.as_ref().map(|m| m.broker_refused().clone()),
                     policy: Some(policy_cell.clone()),
                     tls: tls_listener(&args),
                     client_topics: client_topics(&args),
@@ -1605,6 +1653,7 @@ fn serve_cluster(args: ServeArgs, path: &std::path::Path) -> Result<()> {
                 users,
                 connections: metrics.as_ref().map(|m| m.connections().clone()),
                 queue_dropped: metrics.as_ref().map(|m| m.queue_dropped().clone()),
+                refused: metrics.as_ref().map(|m| m.broker_refused().clone()),
                 policy: Some(policy_cell),
                 tls: tls_listener(&args),
                 client_topics: client_topics(&args),

@@ -72,6 +72,7 @@ pub struct Metrics {
     tenant_up: IntGaugeVec,
     connections: IntGauge,
     queue_dropped: IntCounter,
+    broker_refused: IntCounterVec,
     ready: AtomicBool,
 }
 
@@ -117,6 +118,19 @@ impl Metrics {
             "Messages the embedded broker dropped for a session that held --max-queued-mib",
         )?;
         r.register(Box::new(queue_dropped.clone()))?;
+        let broker_refused = counter(
+            &r,
+            "statestore_broker_refused_total",
+            "What the embedded broker refused at one of its limits or rules, by reason: \
+             login_rate (a CONNECT from an address past --max-failed-logins, not judged), \
+             sessions (a new session past --max-sessions or --max-sessions-per-address), \
+             queued_total (a message past --max-queued-total-mib, dropped for one session), \
+             pre_connect (a connection closed at accept: past --max-pending-connections or \
+             --max-pending-per-address), handshake_timeout (no CONNECT within \
+             --connect-timeout-secs of accept), withheld (a message not delivered: the \
+             rules in force do not let its subscriber read the topic)",
+            &["reason"],
+        )?;
         Ok(Arc::new(Metrics {
             requests: counter(
                 &r,
@@ -238,6 +252,7 @@ impl Metrics {
             )?,
             connections,
             queue_dropped,
+            broker_refused,
             ready: AtomicBool::new(false),
             registry: r,
         }))
@@ -340,6 +355,11 @@ impl Metrics {
     /// Messages dropped for sessions at their byte limit.
     pub fn queue_dropped(&self) -> &IntCounter {
         &self.queue_dropped
+    }
+
+    /// What the embedded broker refused, by reason.
+    pub fn broker_refused(&self) -> &IntCounterVec {
+        &self.broker_refused
     }
 
     /// Recovery is done and the listener is up.

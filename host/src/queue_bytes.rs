@@ -6,9 +6,10 @@
 //! its way in (a wrapper around rmqtt's [`Shared`], which does the routing)
 //! and weighed out when it leaves: written to the client (QoS 0),
 //! acknowledged by it (QoS 1 and 2), dropped, or its session ends. A message
-//! that would take a session past `--max-queued-mib` is dropped for that
-//! session alone, as a full queue drops, and counted; other subscribers of
-//! the same message still get it.
+//! that would take a session past `--max-queued-mib`, or all sessions
+//! together past `--max-queued-total-mib` (parked sessions hold their
+//! queues too), is dropped for that session alone, as a full queue drops,
+//! and counted; other subscribers of the same message still get it.
 //!
 //! The weight is the message's payload, topic and properties (the bytes a
 //! session holds for it), plus a fixed overhead. An error in the count can
@@ -53,69 +54,105 @@ pub fn weight(p: &Publish) -> usize {
     p.payload.len() + p.topic.len() + props + OVERHEAD
 }
 
-/// The bytes each session holds, and the limit.
+/// The bytes each session holds, and the limits: per session and in all.
 #[derive(Debug)]
 pub struct QueueBytes {
     max: usize,
-    held: Mutex<HashMap<ClientId, usize>>,
+    max_total: usize,
+    held: Mutex<Held>,
     dropped: AtomicU64,
     /// The same count, for `--metrics`.
     counter: Option<prometheus::IntCounter>,
+    /// Drops at the total bound, for `--metrics`.
+    refusals: crate::admission::Refusals,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    by_client: HashMap<ClientId, usize>,
+    total: usize,
 }
 
 impl QueueBytes {
-    /// At most `max` bytes a session; drops are counted in `counter` too.
-    pub fn new(max: usize, counter: Option<prometheus::IntCounter>) -> Arc<QueueBytes> {
+    /// At most `max` bytes a session and `max_total` in all; drops at a
+    /// session's bound are counted in `counter` too, at the total bound in
+    /// `refusals` (`queued_total`).
+    pub fn new(
+        max: usize,
+        max_total: usize,
+        counter: Option<prometheus::IntCounter>,
+        refusals: crate::admission::Refusals,
+    ) -> Arc<QueueBytes> {
         Arc::new(QueueBytes {
             max,
-            held: Mutex::new(HashMap::new()),
+            max_total,
+            held: Mutex::new(Held::default()),
             dropped: AtomicU64::new(0),
             counter,
+            refusals,
         })
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<ClientId, usize>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes `w` bytes for `client` if it has room (a session holding
-    /// nothing always has room for one message).
+    /// nothing always has room for one message, unless all sessions
+    /// together hold their bound).
     fn admit(&self, client: &ClientId, w: usize) -> bool {
         let mut held = self.held();
-        let now = held.get(client).copied().unwrap_or(0);
-        if now > 0 && now.saturating_add(w) > self.max {
+        let now = held.by_client.get(client).copied().unwrap_or(0);
+        let over_session = now > 0 && now.saturating_add(w) > self.max;
+        let over_total = held.total > 0 && held.total.saturating_add(w) > self.max_total;
+        if over_session || over_total {
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            if let Some(c) = &self.counter {
-                c.inc();
+            if over_session {
+                if let Some(c) = &self.counter {
+                    c.inc();
+                }
+            } else {
+                self.refusals.count("queued_total");
             }
             return false;
         }
-        held.insert(client.clone(), now.saturating_add(w));
+        held.by_client.insert(client.clone(), now.saturating_add(w));
+        held.total = held.total.saturating_add(w);
         true
     }
 
     /// `client` no longer holds `w` bytes.
     fn release(&self, client: &ClientId, w: usize) {
         let mut held = self.held();
-        if let Some(now) = held.get_mut(client) {
-            *now = now.saturating_sub(w);
+        if let Some(now) = held.by_client.get_mut(client) {
+            let freed = w.min(*now);
+            *now -= freed;
             if *now == 0 {
-                held.remove(client);
+                held.by_client.remove(client);
             }
+            held.total = held.total.saturating_sub(freed);
         }
     }
 
     /// `client`'s session ended.
     fn forget(&self, client: &ClientId) {
-        self.held().remove(client);
+        let mut held = self.held();
+        if let Some(freed) = held.by_client.remove(client) {
+            held.total = held.total.saturating_sub(freed);
+        }
     }
 
     /// Bytes `client`'s session holds now.
     pub fn of(&self, client: &str) -> usize {
-        self.held().get(client).copied().unwrap_or(0)
+        self.held().by_client.get(client).copied().unwrap_or(0)
     }
 
-    /// Messages dropped because a session held its limit.
+    /// Bytes all sessions hold now.
+    pub fn total(&self) -> usize {
+        self.held().total
+    }
+
+    /// Messages dropped because a session, or all of them, held the limit.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -397,7 +434,7 @@ mod tests {
 
     #[test]
     fn admission_keeps_each_session_under_its_limit() {
-        let q = QueueBytes::new(1000, None);
+        let q = QueueBytes::new(1000, usize::MAX, None, Default::default());
         let a = ClientId::from("a");
         let b = ClientId::from("b");
         // A session holding nothing takes one message of any size.
@@ -416,5 +453,25 @@ mod tests {
         // of the count): never below zero.
         q.release(&a, 1_000_000);
         assert_eq!(q.of("a"), 0);
+        assert_eq!(q.total(), 0);
+    }
+
+    #[test]
+    fn all_sessions_together_stay_under_the_total() {
+        let q = QueueBytes::new(1000, 2500, None, Default::default());
+        let ids: Vec<ClientId> = ["a", "b", "c", "d"].map(ClientId::from).into();
+        assert!(q.admit(&ids[0], 1000));
+        assert!(q.admit(&ids[1], 1000));
+        // The third session holds nothing, but all together are full.
+        assert!(!q.admit(&ids[2], 600));
+        assert!(q.admit(&ids[2], 500));
+        assert_eq!(q.total(), 2500);
+        q.forget(&ids[0]);
+        assert!(q.admit(&ids[3], 1000));
+        q.release(&ids[1], 1000);
+        q.release(&ids[2], 500);
+        q.release(&ids[3], 1000);
+        assert_eq!(q.total(), 0);
+        assert_eq!(q.dropped(), 1);
     }
 }

@@ -317,3 +317,160 @@ async fn an_authorization_file_decides_connects_topics_and_keys() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Rules for the reload test: alice reads and writes everything and
+/// publishes and subscribes to `alerts/#`; bob may read `watched/*` and
+/// subscribe to `alerts/#` until `revoked`.
+fn watch_policy(revoked: bool) -> String {
+    let (bob_topics, bob_keys) = if revoked {
+        ("", "")
+    } else {
+        (
+            ", \"alerts/#\"",
+            "\n        stateStoreResources:\n          - method: Read\n            keyType: Pattern\n            keys: [\"watched/*\"]",
+        )
+    };
+    format!(
+        r##"rules:
+      - principals:
+          usernames: [alice]
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics: ["statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke", "alerts/#"]
+          - method: Subscribe
+            topics: ["clients/{{principal.clientId}}/#", "alerts/#"]
+        stateStoreResources:
+          - method: ReadWrite
+            keyType: Pattern
+            keys: ["*"]
+      - principals:
+          usernames: [bob]
+        brokerResources:
+          - method: Connect
+          - method: Publish
+            topics: ["statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke"]
+          - method: Subscribe
+            topics: ["clients/{{principal.clientId}}/#"{bob_topics}]{bob_keys}
+"##
+    )
+}
+
+/// Whether `c` receives nothing within a second.
+async fn receives_nothing(c: &mut RawClient) -> Result<(), String> {
+    match c.recv(Duration::from_secs(1)).await {
+        None => Ok(()),
+        Some(p) => Err(format!(
+            "{} received {:?} on {:?}",
+            c.id,
+            String::from_utf8_lossy(&p.payload),
+            String::from_utf8_lossy(&p.topic)
+        )),
+    }
+}
+
+/// Rules hold over time: after a reload takes bob's read right and his
+/// `alerts/#` subscription away, the KEYNOTIFY registration he made before
+/// sends him no notification, the subscription he made before delivers
+/// nothing, nor does it when his persistent session is resumed (the
+/// restored subscription is not checked at SUBSCRIBE, but every delivery
+/// is checked against the rules in force). Alice, still allowed, gets both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_takes_away_notifications_and_restored_subscriptions() {
+    let dir = std::env::temp_dir().join(format!("statestore-authz-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let users = dir.join("users");
+    let rules = dir.join("authz.yaml");
+    std::fs::write(&users, USERS).expect("users");
+    std::fs::write(&rules, watch_policy(false)).expect("policy");
+    let port = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
+    cmd.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-authz-test-cache"),
+    )
+    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    .arg("--users-file")
+    .arg(&users)
+    .arg("--authorization")
+    .arg(&rules);
+    let server = Server::spawn(cmd);
+
+    // alice watches and subscribes; her writer (replies to it would take
+    // her notifications for its own) writes and publishes.
+    let mut alice = user(port, "alice-w", "alice", "secret").await;
+    alice.subscribe("alerts/#").await;
+    let mut writer = user(port, "alice-set", "alice", "secret").await;
+    let bob_connects =
+        || RawClient::try_connect_persistent(port, "bob-w", Some(("bob", "hunter2")));
+    let mut bob = bob_connects().await.expect("bob connects");
+    bob.subscribe(&bob.response_topic()).await;
+    bob.subscribe("alerts/#").await;
+    for c in [&mut alice, &mut bob] {
+        assert_eq!(
+            text(&c.call(&[b"KEYNOTIFY", b"watched/k"]).await),
+            "+OK\r\n"
+        );
+    }
+    // Allowed: both are told of a change, both get an alert.
+    assert_eq!(
+        text(&writer.call(&[b"SET", b"watched/k", b"1"]).await),
+        "+OK\r\n"
+    );
+    let note = bob.recv(LOG_WAIT).await.expect("bob's notification");
+    assert!(String::from_utf8_lossy(&note.topic).contains("/command/notify/"));
+    assert!(alice.recv(LOG_WAIT).await.is_some(), "alice's notification");
+    writer
+        .publish_to("alerts/1", b"a1".to_vec(), Default::default())
+        .await;
+    assert_eq!(&bob.recv(LOG_WAIT).await.expect("alert").payload[..], b"a1");
+    assert_eq!(
+        &alice.recv(LOG_WAIT).await.expect("alert").payload[..],
+        b"a1"
+    );
+
+    // The reload: bob may read nothing and subscribe to his replies only.
+    std::fs::write(&rules, watch_policy(true)).expect("policy");
+    server.hup();
+    server
+        .wait_log("authorization rules reloaded", LOG_WAIT)
+        .await;
+    assert_eq!(text(&bob.call(&[b"GET", b"watched/k"]).await), DENIED);
+    assert!(!bob.try_subscribe("alerts/#").await, "a new subscription");
+
+    // The registration made before sends him nothing.
+    assert_eq!(
+        text(&writer.call(&[b"SET", b"watched/k", b"2"]).await),
+        "+OK\r\n"
+    );
+    let note = alice.recv(LOG_WAIT).await.expect("alice's notification");
+    assert!(String::from_utf8_lossy(&note.topic).contains("/command/notify/"));
+    receives_nothing(&mut bob).await.expect("no notification");
+
+    // The subscription made before delivers nothing.
+    writer
+        .publish_to("alerts/2", b"a2".to_vec(), Default::default())
+        .await;
+    assert_eq!(
+        &alice.recv(LOG_WAIT).await.expect("alert").payload[..],
+        b"a2"
+    );
+    receives_nothing(&mut bob).await.expect("no live alert");
+
+    // Nor when his session, with its subscription, is resumed.
+    bob.disconnect().await;
+    let mut bob = bob_connects().await.expect("bob resumes");
+    writer
+        .publish_to("alerts/3", b"a3".to_vec(), Default::default())
+        .await;
+    assert_eq!(
+        &alice.recv(LOG_WAIT).await.expect("alert").payload[..],
+        b"a3"
+    );
+    receives_nothing(&mut bob)
+        .await
+        .expect("no alert in the resumed session");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

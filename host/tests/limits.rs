@@ -558,3 +558,268 @@ async fn a_fast_publisher_waits_for_the_store() {
     let r = c.call(&[b"GET", b"big"]).await;
     assert!(r.payload == bulk(&[47u8; 4 << 20]), "the last value");
 }
+
+/// `127.0.0.<n>`: another address of the loopback interface.
+fn loopback(n: u8) -> std::net::IpAddr {
+    std::net::IpAddr::from([127, 0, 0, n])
+}
+
+/// Whether the server has closed `s` already (reads end at once).
+fn is_closed(s: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    match s.try_read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// Connections that never send a CONNECT are bounded per address (and in
+/// all) from accept, and closed a short time after accept, with the
+/// server's soft limit on open files at the usual 1,024: 1,100 idle
+/// connections from one address hold at most 100 places, honest clients
+/// connect meanwhile, and the idle ones (and one that sent half a CONNECT)
+/// are all closed once --connect-timeout-secs has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_no_connect_are_bounded_and_closed() {
+    use statestore_tests::raw_mqtt::{Connect, tcp_from};
+    use tokio::io::AsyncWriteExt;
+    let port = free_port();
+    // The server raises its soft limit to the hard one at start.
+    let mut c = Command::new("sh");
+    c.env(
+        "STATESTORE_CACHE_DIR",
+        std::env::temp_dir().join("statestore-limits-test-cache"),
+    )
+    .args(["-c", "ulimit -Sn 1024 && exec \"$0\" \"$@\""])
+    .arg(env!("CARGO_BIN_EXE_statestore"))
+    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+    .args(["--connect-timeout-secs", "3"]);
+    let server = Server::spawn(c);
+    // Ready: one client connects.
+    client(port, "first").await.disconnect().await;
+    let mut idle = Vec::new();
+    for _ in 0..1_100 {
+        match tcp_from(loopback(2), port).await {
+            Ok(s) => idle.push(s),
+            Err(e) => panic!("connecting: {e}"),
+        }
+    }
+    let mut half = tcp_from(loopback(3), port).await.expect("connect");
+    let connect = Connect {
+        client_id: "half",
+        ..Connect::default()
+    }
+    .packet();
+    half.write_all(&connect[..6]).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let open = idle.iter().filter(|s| !is_closed(s)).count();
+    assert!(
+        open <= 100,
+        "{open} idle connections from one address still open"
+    );
+    // Honest clients are not locked out.
+    let mut honest = client(port, "honest").await;
+    assert_eq!(text(&honest.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    // Past the timeout, every connection without a CONNECT is closed.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let open = idle.iter().filter(|s| !is_closed(s)).count();
+    assert_eq!(open, 0, "idle connections outlived the connect timeout");
+    assert!(is_closed(&half), "half a CONNECT outlived the timeout");
+    assert_eq!(text(&honest.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    assert!(
+        server.log().contains("raised the soft limit on open files")
+            || server.log().contains("could not raise"),
+        "{}",
+        server.log()
+    );
+}
+
+// Written by mosquitto_passwd 2.0: alice/secret.
+const ALICE: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n";
+
+/// CONNACK reason codes.
+const ACCEPTED: u8 = 0x00;
+const BAD_PASSWORD: u8 = 0x86;
+const QUOTA_EXCEEDED: u8 = 0x97;
+const RATE_EXCEEDED: u8 = 0x9F;
+
+/// Password guesses are bounded per address, not per connection: 40
+/// guesses at once from one address get at most --max-failed-logins
+/// judged, the rest (and then the right password too) are refused
+/// unjudged with 0x9F; another address is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_guesses_are_bounded_per_address() {
+    use statestore_tests::raw_mqtt::{Connect, connect_from};
+    let dir = std::env::temp_dir().join(format!("statestore-guesses-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let users = dir.join("users");
+    std::fs::write(&users, ALICE).expect("users");
+    let port = free_port();
+    let users_arg = users.to_string_lossy().to_string();
+    let _server = serve(
+        port,
+        &["--users-file", &users_arg, "--max-failed-logins", "5"],
+    );
+    // Ready (and a right password costs no guess).
+    let ok = Connect {
+        client_id: "alice-1",
+        credentials: Some(("alice", "secret")),
+        ..Connect::default()
+    };
+    let (code, _first) = connect_from(loopback(1), port, &ok).await.expect("connect");
+    assert_eq!(code, ACCEPTED);
+    let mut guesses = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        guesses.spawn(async move {
+            let id = format!("guess-{i}");
+            let guess = Connect {
+                client_id: &id,
+                credentials: Some(("alice", "wrong")),
+                ..Connect::default()
+            };
+            connect_from(loopback(2), port, &guess)
+                .await
+                .map(|(code, _)| code)
+        });
+    }
+    let mut codes = Vec::new();
+    while let Some(r) = guesses.join_next().await {
+        codes.push(r.expect("task").expect("a CONNACK"));
+    }
+    let judged = codes.iter().filter(|&&c| c == BAD_PASSWORD).count();
+    let unjudged = codes.iter().filter(|&&c| c == RATE_EXCEEDED).count();
+    assert_eq!((judged, unjudged), (5, 35), "{codes:?}");
+    // The right password from that address is not judged either.
+    let (code, _) = connect_from(
+        loopback(2),
+        port,
+        &Connect {
+            client_id: "alice-2",
+            ..ok.clone()
+        },
+    )
+    .await
+    .expect("connack");
+    assert_eq!(code, RATE_EXCEEDED);
+    // Another address logs in.
+    let (code, _) = connect_from(
+        loopback(3),
+        port,
+        &Connect {
+            client_id: "alice-3",
+            ..ok.clone()
+        },
+    )
+    .await
+    .expect("connack");
+    assert_eq!(code, ACCEPTED);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sessions, connected or parked, are bounded per address and in all, and
+/// what parked sessions hold together is bounded: a session past a bound
+/// is refused with 0x97 (resuming one's own is not), a session that ended
+/// frees its place, and a message past --max-queued-total-mib is dropped
+/// for the parked session it was for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_bounded_per_address_and_in_all() {
+    use rumqttc::v5::mqttbytes::QoS;
+    use statestore_tests::raw_mqtt::{Connect, connect_from};
+    let port = free_port();
+    let _server = serve(
+        port,
+        &[
+            "--max-sessions-per-address",
+            "3",
+            "--max-sessions",
+            "6",
+            "--max-queued-total-mib",
+            "1",
+        ],
+    );
+    let parked = |id: &'static str| Connect {
+        client_id: id,
+        resume_for: Some(300),
+        ..Connect::default()
+    };
+    // Three parked sessions from 127.0.0.2 (each connection dropped).
+    for id in ["p1", "p2", "p3"] {
+        let (code, s) = connect_from(loopback(2), port, &parked(id))
+            .await
+            .expect("connack");
+        assert_eq!(code, ACCEPTED, "{id}");
+        drop(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (code, _) = connect_from(loopback(2), port, &parked("p4"))
+        .await
+        .expect("connack");
+    assert_eq!(code, QUOTA_EXCEEDED, "a fourth session from one address");
+    let (code, _p1) = connect_from(loopback(2), port, &parked("p1"))
+        .await
+        .expect("connack");
+    assert_eq!(code, ACCEPTED, "resuming its own session");
+    // Two parked sessions on another address subscribed to big/t, and a
+    // clean one: six in all.
+    for id in ["q1", "q2"] {
+        let mut c = RawClient::try_connect_persistent(port, id, None)
+            .await
+            .expect(id);
+        c.subscribe("big/t").await;
+        c.disconnect().await;
+    }
+    let (code, clean) = connect_from(
+        loopback(4),
+        port,
+        &Connect {
+            client_id: "c1",
+            ..Connect::default()
+        },
+    )
+    .await
+    .expect("connack");
+    assert_eq!(code, ACCEPTED);
+    let (code, _) = connect_from(loopback(5), port, &parked("r1"))
+        .await
+        .expect("connack");
+    assert_eq!(code, QUOTA_EXCEEDED, "a seventh session in all");
+    // A clean session ends with its connection: its place is free.
+    drop(clean);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (code, r1) = connect_from(
+        loopback(5),
+        port,
+        &Connect {
+            client_id: "r1",
+            ..Connect::default()
+        },
+    )
+    .await
+    .expect("connack");
+    assert_eq!(code, ACCEPTED);
+    drop(r1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // 600 KiB for each parked subscriber: 1 MiB in all holds one.
+    let publisher = client(port, "publisher").await;
+    publisher
+        .client
+        .publish("big/t", QoS::AtLeastOnce, false, vec![7u8; 600 << 10])
+        .await
+        .expect("publish");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut got = 0;
+    for id in ["q1", "q2"] {
+        let mut c = RawClient::try_connect_persistent(port, id, None)
+            .await
+            .expect(id);
+        if c.recv(Duration::from_secs(2)).await.is_some() {
+            got += 1;
+        }
+        c.disconnect().await;
+    }
+    assert_eq!(
+        got, 1,
+        "one parked session's message was dropped at the total bound"
+    );
+}

@@ -436,6 +436,27 @@ impl RawClient {
         credentials: Option<(&str, &str)>,
         will: Option<rumqttc::v5::mqttbytes::v5::LastWill>,
     ) -> Result<RawClient, String> {
+        RawClient::connect_options(port, id, credentials, will, false).await
+    }
+
+    /// Connects with clean start 0 and a session expiry of 300 s: resumes
+    /// its session if the broker holds one, and leaves it parked when the
+    /// connection ends.
+    pub async fn try_connect_persistent(
+        port: u16,
+        id: &str,
+        credentials: Option<(&str, &str)>,
+    ) -> Result<RawClient, String> {
+        RawClient::connect_options(port, id, credentials, None, true).await
+    }
+
+    async fn connect_options(
+        port: u16,
+        id: &str,
+        credentials: Option<(&str, &str)>,
+        will: Option<rumqttc::v5::mqttbytes::v5::LastWill>,
+        persistent: bool,
+    ) -> Result<RawClient, String> {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
         if let Some((user, password)) = credentials {
             o.set_credentials(user, password);
@@ -443,8 +464,11 @@ impl RawClient {
         if let Some(will) = will {
             o.set_last_will(will);
         }
+        if persistent {
+            o.set_session_expiry_interval(Some(300));
+        }
         o.set_keep_alive(Duration::from_secs(30))
-            .set_clean_start(true)
+            .set_clean_start(!persistent)
             .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
@@ -508,9 +532,14 @@ impl RawClient {
             task,
             // Unique across connections, like the SDKs' random UUIDs: a reused
             // (response topic, correlation) pair is a redelivery to the store.
+            // The connection's time in the high 64 bits, a count in the low:
+            // two clients connecting a microsecond apart never meet (with
+            // the time alone, the earlier one's thousandth request took the
+            // later one's first correlation).
             next_correlation: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos()),
+                .map_or(1, |d| d.as_nanos())
+                << 64,
             lost,
         })
     }

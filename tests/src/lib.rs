@@ -10,6 +10,7 @@
 pub mod broker;
 pub mod links;
 pub mod process;
+pub mod raw_mqtt;
 pub mod scenarios;
 pub mod sdk;
 pub mod vector;

@@ -709,7 +709,12 @@ impl StateMachine {
         };
         if let (Command::KeyNotify { key, stop }, Some(client)) = (&command, observer) {
             let payload = if !*stop {
-                if self.registry.register(client, key, msg.via).is_err() {
+                let watcher = notify::Watcher::of(&principal);
+                if self
+                    .registry
+                    .register(client, key, msg.via, &watcher)
+                    .is_err()
+                {
                     return Err(Reply::error(ServiceError::QuotaExceeded));
                 }
                 resp3::REPLY_OK
@@ -812,6 +817,14 @@ impl StateMachine {
                 None => return,
             },
         };
+        // Each observer as the rules in force see it now: a registration
+        // outlives no read right.
+        let authz = self.authz.as_ref();
+        let allowed = self.registry.watchers(key).filter_map(|(client, w)| {
+            authz
+                .is_none_or(|a| a.grants(&w.principal(client), Need::Read).allows(key))
+                .then_some(client)
+        });
         self.out.notifications(
             &NotificationParts {
                 key,
@@ -820,7 +833,7 @@ impl StateMachine {
                 node: &self.config.node_id,
                 source_id: self.server_id.as_deref(),
             },
-            self.registry.observers(key),
+            allowed,
         );
     }
 

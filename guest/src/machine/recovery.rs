@@ -6,7 +6,7 @@ use super::StateMachine;
 use crate::codec::Writer;
 use crate::hlc::{Clock, Hlc};
 use crate::journal::{self, Record};
-use crate::notify::Registry;
+use crate::notify::{Registry, Watcher};
 use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::snapshot::{self, SnapshotScope, Visitor};
@@ -135,7 +135,9 @@ impl StateMachine {
                     cursor.at = At::Registrations(0);
                 }
                 At::Registrations(pos) => {
-                    for (client, key, via) in self.registry.iter().take(registrations).skip(*pos) {
+                    for (client, key, via, watcher) in
+                        self.registry.iter().take(registrations).skip(*pos)
+                    {
                         if w.0.len() >= max_bytes {
                             break;
                         }
@@ -145,6 +147,12 @@ impl StateMachine {
                             w.u64(v.replica);
                             w.u64(v.started);
                         });
+                        w.opt(watcher.username.as_deref(), Writer::str);
+                        w.u32(watcher.attributes.len() as u32);
+                        for (name, value) in &watcher.attributes {
+                            w.str(name);
+                            w.str(value);
+                        }
                         *pos += 1;
                     }
                     if *pos >= registrations {
@@ -208,7 +216,15 @@ impl StateMachine {
             SnapshotScope::Everything => self
                 .registry
                 .iter()
-                .map(|(c, k, _)| 25 + c.len() + k.len())
+                .map(|(c, k, _, w)| {
+                    30 + c.len()
+                        + k.len()
+                        + w.username.as_ref().map_or(0, String::len)
+                        + w.attributes
+                            .iter()
+                            .map(|(n, v)| 8 + n.len() + v.len())
+                            .sum::<usize>()
+                })
                 .sum(),
         };
         let dedup_len: usize = self
@@ -384,8 +400,8 @@ impl Visitor for Restored {
     fn key(&mut self, key: &[u8], entry: Entry) {
         self.table.put(key, entry.as_ref());
     }
-    fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>) {
-        self.registry.restore(client, key, via);
+    fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>, watcher: &Watcher) {
+        self.registry.restore(client, key, via, watcher);
     }
     fn reply(
         &mut self,

@@ -113,6 +113,9 @@ pub struct ServerContextBuilder {
     /// Built by `rmqtt-bin` from `Settings::instance().circuit_breaker`.
     /// Defaults to `CircuitBreakerConfig::default()` when not explicitly set.
     pub circuit_breaker_config: CircuitBreakerConfig,
+
+    /// Bounds on connections before their CONNECT.
+    pub pre_connect: Arc<crate::pre_connect::PreConnect>,
 }
 
 impl Default for ServerContextBuilder {
@@ -135,7 +138,14 @@ impl ServerContextBuilder {
             #[cfg(feature = "plugin")]
             plugins_config: PluginManagerConfig::default(),
             circuit_breaker_config: CircuitBreakerConfig::default(),
+            pre_connect: Arc::new(crate::pre_connect::PreConnect::default()),
         }
+    }
+
+    /// Bounds connections before their CONNECT (none by default).
+    pub fn pre_connect(mut self, gate: crate::pre_connect::PreConnect) -> Self {
+        self.pre_connect = Arc::new(gate);
+        self
     }
 
     /// Sets command line arguments configuration
@@ -255,6 +265,7 @@ impl ServerContextBuilder {
                 task_exec_queue_max: self.task_exec_queue_max,
 
                 circuit_breaker_config: self.circuit_breaker_config,
+                pre_connect: self.pre_connect,
             }),
         }
         .config()
@@ -312,6 +323,9 @@ pub struct ServerContextInner {
     /// The `CircuitBreakerLayer` is built from this config on first use.
     /// Defaults to `CircuitBreakerConfig::default()` when not explicitly set.
     pub circuit_breaker_config: CircuitBreakerConfig,
+
+    /// Bounds on connections before their CONNECT.
+    pub pre_connect: Arc<crate::pre_connect::PreConnect>,
 }
 
 impl Deref for ServerContext {

@@ -77,6 +77,7 @@ pub mod fitter; // Message fitting strategies
 pub mod hook; // Event hook system
 pub mod inflight; // In-flight message tracking
 pub mod node; // Cluster node management
+pub mod pre_connect; // Bounds on connections before their CONNECT
 pub mod queue; // Message queue implementation
 pub mod router; // Message routing core
 pub mod server; // Server lifecycle management

@@ -217,6 +217,24 @@ impl MqttServer {
     }
 }
 
+/// `f`, given until the permit's deadline if it has one; `None` when the
+/// deadline passed first (counted as a handshake timeout).
+async fn before_deadline<F: std::future::Future>(
+    permit: &crate::pre_connect::Permit,
+    f: F,
+) -> Option<F::Output> {
+    match permit.left() {
+        None => Some(f.await),
+        Some(left) => match tokio::time::timeout(left, f).await {
+            Ok(out) => Some(out),
+            Err(_) => {
+                permit.timed_out();
+                None
+            }
+        },
+    }
+}
+
 /// Handles incoming TCP connections
 /// # Arguments
 /// * `scx` - Server context
@@ -225,6 +243,13 @@ async fn listen_tcp(scx: ServerContext, l: &Listener, lid: ListenerId) {
     loop {
         match l.accept().await {
             Ok(accept) => {
+                // Counted from accept until its CONNECT is handled; past the
+                // gate's bounds, closed before anything is read.
+                let Some(permit) = scx.pre_connect.admit(accept.remote_addr.ip()) else {
+                    log::debug!("TCP connection from {} closed: too many before CONNECT", accept.remote_addr);
+                    drop(accept);
+                    continue;
+                };
                 let scx = scx.clone();
                 tokio::spawn(async move {
                     // Extract before `accept.tcp()` consumes the acceptor.
@@ -239,14 +264,18 @@ async fn listen_tcp(scx: ServerContext, l: &Listener, lid: ListenerId) {
                         }
                     };
 
-                    match stream.mqtt().await {
+                    let Some(detected) = before_deadline(&permit, stream.mqtt()).await else {
+                        log::debug!("no MQTT version in time, from: {remote_addr}");
+                        return;
+                    };
+                    match detected {
                         Ok(MqttStream::V3(s)) => {
-                            if let Err(e) = v3::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v3::process(scx.clone(), s, lid, Some(permit)).await {
                                 log::info!("MQTTv3 processing error: {e}, from: {remote_addr}");
                             }
                         }
                         Ok(MqttStream::V5(s)) => {
-                            if let Err(e) = v5::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v5::process(scx.clone(), s, lid, Some(permit)).await {
                                 log::info!("MQTTv5 processing error: {e}, from: {remote_addr}");
                             }
                         }
@@ -273,13 +302,24 @@ async fn listen_tls(scx: ServerContext, l: &Listener, lid: ListenerId) {
     loop {
         match l.accept().await {
             Ok(accept) => {
+                // Counted from accept until its CONNECT is handled; past the
+                // gate's bounds, closed before the TLS handshake.
+                let Some(permit) = scx.pre_connect.admit(accept.remote_addr.ip()) else {
+                    log::debug!("TLS connection from {} closed: too many before CONNECT", accept.remote_addr);
+                    drop(accept);
+                    continue;
+                };
                 let scx = scx.clone();
                 tokio::spawn(async move {
                     // Extract before `accept.tls()` consumes the acceptor.
                     let remote_addr = accept.remote_addr;
                     log::debug!("TLS connection from {remote_addr}");
 
-                    let stream = match accept.tls().await {
+                    let Some(handshake) = before_deadline(&permit, accept.tls()).await else {
+                        log::debug!("no TLS handshake in time, from: {remote_addr}");
+                        return;
+                    };
+                    let stream = match handshake {
                         Ok(s) => s,
                         Err(e) => {
                             log::warn!("TLS accept error: {e}, from: {remote_addr}");
@@ -287,14 +327,18 @@ async fn listen_tls(scx: ServerContext, l: &Listener, lid: ListenerId) {
                         }
                     };
 
-                    match stream.mqtt().await {
+                    let Some(detected) = before_deadline(&permit, stream.mqtt()).await else {
+                        log::debug!("no MQTT version in time, from: {remote_addr}");
+                        return;
+                    };
+                    match detected {
                         Ok(MqttStream::V3(s)) => {
-                            if let Err(e) = v3::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v3::process(scx.clone(), s, lid, Some(permit)).await {
                                 log::info!("MQTTv3/TLS processing error: {e}, from: {remote_addr}");
                             }
                         }
                         Ok(MqttStream::V5(s)) => {
-                            if let Err(e) = v5::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v5::process(scx.clone(), s, lid, Some(permit)).await {
                                 log::info!("MQTTv5/TLS processing error: {e}, from: {remote_addr}");
                             }
                         }
@@ -337,12 +381,12 @@ async fn listen_ws(scx: ServerContext, l: &Listener, lid: ListenerId) {
 
                     match stream.mqtt().await {
                         Ok(MqttStream::V3(s)) => {
-                            if let Err(e) = v3::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v3::process(scx.clone(), s, lid, None).await {
                                 log::info!("MQTTv3/WS processing error: {e}, from: {remote_addr}");
                             }
                         }
                         Ok(MqttStream::V5(s)) => {
-                            if let Err(e) = v5::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v5::process(scx.clone(), s, lid, None).await {
                                 log::info!("MQTTv5/WS processing error: {e}, from: {remote_addr}");
                             }
                         }
@@ -385,12 +429,12 @@ async fn listen_wss(scx: ServerContext, l: &Listener, lid: ListenerId) {
 
                     match stream.mqtt().await {
                         Ok(MqttStream::V3(s)) => {
-                            if let Err(e) = v3::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v3::process(scx.clone(), s, lid, None).await {
                                 log::info!("MQTTv3/WSS processing error: {e}, from: {remote_addr}");
                             }
                         }
                         Ok(MqttStream::V5(s)) => {
-                            if let Err(e) = v5::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v5::process(scx.clone(), s, lid, None).await {
                                 log::info!("MQTTv5/WSS processing error: {e}, from: {remote_addr}");
                             }
                         }
@@ -433,12 +477,12 @@ async fn listen_quic(scx: ServerContext, l: &Listener, lid: ListenerId) {
 
                     match stream.mqtt().await {
                         Ok(MqttStream::V3(s)) => {
-                            if let Err(e) = v3::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v3::process(scx.clone(), s, lid, None).await {
                                 log::info!("MQTTv3/QUIC processing error: {e}, from: {remote_addr}");
                             }
                         }
                         Ok(MqttStream::V5(s)) => {
-                            if let Err(e) = v5::process(scx.clone(), s, lid).await {
+                            if let Err(e) = v5::process(scx.clone(), s, lid, None).await {
                                 log::info!("MQTTv5/QUIC processing error: {e}, from: {remote_addr}");
                             }
                         }

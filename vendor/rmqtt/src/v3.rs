@@ -65,17 +65,22 @@ pub(crate) async fn process<Io>(
     scx: ServerContext,
     mut sink: v3::MqttStream<Io>,
     lid: ListenerId,
+    permit: Option<crate::pre_connect::Permit>,
 ) -> Result<()>
 where
     Io: AsyncRead + AsyncWrite + Unpin,
 {
     let (state, keep_alive) = {
+        // Counted as a connection before its CONNECT until the handshake ends.
+        let permit = permit;
         scx.handshakings.inc();
         defer! {
             scx.handshakings.dec();
         }
 
-        let (state, keep_alive) = match handshake(&scx, &mut sink, lid).await {
+        let handshaken = handshake(&scx, &mut sink, lid, permit.as_ref()).await;
+        drop(permit);
+        let (state, keep_alive) = match handshaken {
             Ok(c) => c,
             Err((ack_code, e)) => {
                 refused_ack_v3(&scx, &mut sink, None, ack_code, e.to_string()).await?;
@@ -109,6 +114,7 @@ async fn handshake<Io>(
     scx: &ServerContext,
     sink: &mut v3::MqttStream<Io>,
     lid: ListenerId,
+    permit: Option<&crate::pre_connect::Permit>,
 ) -> std::result::Result<(SessionState, u16), (ConnectAckReason, Error)>
 where
     Io: AsyncRead + AsyncWrite + Unpin,
@@ -120,7 +126,14 @@ where
         ));
     }
 
-    let mut c = sink.recv_connect(sink.cfg.handshake_timeout).await.map_err(|e| {
+    // The CONNECT within what is left of the time since accept, if the
+    // pre-CONNECT gate gives a deadline.
+    let wait = permit.and_then(|p| p.left()).unwrap_or(sink.cfg.handshake_timeout);
+    let connect = sink.recv_connect(wait).await;
+    if let (Err(_), Some(p)) = (&connect, permit.filter(|p| p.left() == Some(std::time::Duration::ZERO))) {
+        p.timed_out();
+    }
+    let mut c = connect.map_err(|e| {
         if invalid_client_id(&e) {
             // [MQTT-3.1.3-6] An empty ClientId with CleanSession = 0 must be
             // rejected with CONNACK return code 0x02 (Identifier Rejected).
