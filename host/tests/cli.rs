@@ -801,8 +801,8 @@ fn listening_beyond_loopback_needs_allow_insecure() {
 }
 
 /// Authentication: `--users-file` in the format `mosquitto_passwd`
-/// writes; every client must be a user, failures wait, and a client id
-/// held by a user cannot be taken by another.
+/// writes; every client must be a user, and a client id held by a user
+/// cannot be taken by another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_file_authenticates_every_client() {
     // Written by mosquitto_passwd 2.0: alice/secret ($7$), bob/hunter2 ($6$).
@@ -832,17 +832,11 @@ async fn users_file_authenticates_every_client() {
     let rt = alice.response_topic();
     alice.subscribe(&rt).await;
     assert_eq!(text(&alice.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
-    // A wrong password, an unknown user, no user: refused, after a pause.
+    // A wrong password, an unknown user, no user: refused (how many
+    // guesses one address gets: `limits.rs`).
     for credentials in [Some(("alice", "Secret")), Some(("carol", "secret")), None] {
-        let started = Instant::now();
         let refused = RawClient::try_connect(port, "intruder", credentials).await;
         assert!(refused.is_err(), "{credentials:?} was let in");
-        if credentials.is_some() {
-            assert!(
-                started.elapsed() >= Duration::from_millis(900),
-                "{credentials:?}"
-            );
-        }
     }
     // Another user cannot take alice's client id; alice stays connected.
     let taken = RawClient::try_connect(port, "alice-id", Some(("bob", "hunter2"))).await;

@@ -8,10 +8,13 @@ package gosdk
 //             --tls-cert server.pem --tls-key server.key --users-file passwd
 //   external: (STATESTORE_MODE=external) mosquitto on 127.0.0.1:P and
 //             statestore serve --broker mqtt://127.0.0.1:P
+//   plugin:   (STATESTORE_MODE=plugin) mosquitto on 127.0.0.1:P with the
+//             store inside it (libstatestore_mosquitto.so)
 //
 // Environment:
 //   STATESTORE_BIN        the statestore binary (default ../../target/debug/statestore)
-//   STATESTORE_MODE       "embedded" (default) or "external"
+//   STATESTORE_MODE       "embedded" (default), "external" or "plugin"
+//   STATESTORE_PLUGIN     the plugin for the plugin mode (default ../../target/debug/libstatestore_mosquitto.so)
 //   MOSQUITTO_BIN         mosquitto for the external mode (default: mosquitto on PATH or /usr/sbin/mosquitto)
 //   STATESTORE_SHOW_LOGS  print the servers' output even when every test passes
 //   STATESTORE_EXTRA_ARGS extra arguments for every `statestore serve` (split on spaces)
@@ -140,6 +143,17 @@ func externalMode() bool {
 	return os.Getenv("STATESTORE_MODE") == "external"
 }
 
+// pluginMode: the store runs inside mosquitto, as its plugin.
+func pluginMode() bool {
+	return os.Getenv("STATESTORE_MODE") == "plugin"
+}
+
+// mosquittoBroker: the broker is mosquitto (external or plugin mode), not the
+// embedded one: what only the embedded broker does is not tested.
+func mosquittoBroker() bool {
+	return externalMode() || pluginMode()
+}
+
 // skipIfExternal skips tests that need notifications delivered into the Go
 // client's session: the Go SDK never subscribes to its notification topic, so
 // only a broker that pushes them into the session (the AIO broker, our
@@ -180,6 +194,8 @@ func plainServer(t testing.TB) *target {
 	plainOnce.Do(func() {
 		if externalMode() {
 			plainTarget, plainErr = startExternal()
+		} else if pluginMode() {
+			plainTarget, plainErr = startPlugin()
 		} else {
 			plainTarget, plainErr = startPlain()
 		}
@@ -194,8 +210,8 @@ func plainServer(t testing.TB) *target {
 // tlsServer is a second embedded server with a TLS listener and a users file.
 func tlsServer(t *testing.T) *target {
 	t.Helper()
-	if externalMode() {
-		t.Skip("external mode: the TLS listener and users file belong to the embedded broker")
+	if mosquittoBroker() {
+		t.Skip("mosquitto: the TLS listener and users file belong to the embedded broker")
 	}
 	tlsOnce.Do(func() { tlsTarget, tlsErr = startTLS() })
 	if tlsErr != nil {
@@ -284,6 +300,55 @@ func startTLS() (*target, error) {
 		caFile: pki.caCert, username: user, password: password,
 		procs: []*server{p},
 	}, nil
+}
+
+// startPlugin starts mosquitto with the store as its plugin.
+func startPlugin() (*target, error) {
+	plugin := os.Getenv("STATESTORE_PLUGIN")
+	if plugin == "" {
+		plugin = filepath.Join("..", "..", "target", "debug", "libstatestore_mosquitto.so")
+	}
+	plugin, err := filepath.Abs(plugin)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(plugin); err != nil {
+		return nil, fmt.Errorf("the plugin is not at %s (cargo build -p statestore-mosquitto, or set STATESTORE_PLUGIN): %w", plugin, err)
+	}
+	mosq := os.Getenv("MOSQUITTO_BIN")
+	if mosq == "" {
+		if mosq, err = exec.LookPath("mosquitto"); err != nil {
+			mosq = "/usr/sbin/mosquitto"
+		}
+	}
+	dir, err := getWorkDir()
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	conf := filepath.Join(dir, "mosquitto-plugin.conf")
+	cache := filepath.Join(os.TempDir(), "statestore-mosquitto-test-cache")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(
+		"listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nuser root\n"+
+			"log_dest stderr\nplugin %s\nplugin_opt_cache_dir %s\n", port, plugin, cache)), 0o644); err != nil {
+		return nil, err
+	}
+	mp, err := startProcess("mosquitto-plugin", mosq, "-c", conf)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitPort(mp, addr); err != nil {
+		return nil, err
+	}
+	tg := &target{name: "plugin", host: "127.0.0.1", port: port, procs: []*server{mp}}
+	if err := waitStoreAnswers(tg); err != nil {
+		return nil, err
+	}
+	return tg, nil
 }
 
 func startExternal() (*target, error) {

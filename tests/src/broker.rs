@@ -87,7 +87,36 @@ impl Mosquitto {
         Mosquitto::start_with(port, dir, &conf)
     }
 
+    /// Starts mosquitto with `plugin` loaded, its `plugin_opt_<key> <value>`
+    /// lines, anonymous access on `listener PORT 127.0.0.1`, as the user
+    /// running the test (`user root` keeps root root: the plugin's files are
+    /// the test's), and waits up to 120 s for it to listen (the plugin
+    /// compiles the component at start unless its cache has it).
+    pub fn start_with_plugin(plugin: &std::path::Path, options: &[(&str, &str)]) -> Mosquitto {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!(
+            "statestore-mosquitto-plugin-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut conf = format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\n\
+             user root\nmax_queued_messages 100000\nlog_dest stderr\nlog_dest topic\n\
+             log_type error\nlog_type warning\nlog_type notice\nlog_type information\n\
+             plugin {}\n",
+            plugin.display()
+        );
+        for (key, value) in options {
+            conf.push_str(&format!("plugin_opt_{key} {value}\n"));
+        }
+        Mosquitto::start_within(port, dir, &conf, Duration::from_secs(120))
+    }
+
     fn start_with(port: u16, dir: PathBuf, config: &str) -> Mosquitto {
+        Mosquitto::start_within(port, dir, config, Duration::from_secs(10))
+    }
+
+    fn start_within(port: u16, dir: PathBuf, config: &str, wait: Duration) -> Mosquitto {
         let conf = dir.join("mosquitto.conf");
         std::fs::write(&conf, config).expect("write mosquitto.conf");
         let binary = ["mosquitto", "/usr/sbin/mosquitto"]
@@ -139,8 +168,9 @@ impl Mosquitto {
                 panic!("mosquitto exited ({status}): {}", m.log());
             }
             assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "mosquitto did not listen on {port}"
+                start.elapsed() < wait,
+                "mosquitto did not listen on {port}: {}",
+                m.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }

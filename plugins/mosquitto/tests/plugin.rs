@@ -1,0 +1,199 @@
+//! An unmodified mosquitto 2.0 (Debian's) with the plugin loaded, and real
+//! clients: the Rust SDK scenarios every mode passes (notifications into
+//! sessions included), privacy against a spy, forged `__srcId` and forged
+//! replies, and durability across SIGKILL of mosquitto.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rumqttc::v5::mqttbytes::QoS;
+use statestore_tests::broker::{Mosquitto, RawClient, text};
+
+/// The plugin cargo built with this test (`target/<profile>/deps/`, where
+/// `cargo test` leaves the cdylib; `target/<profile>/` after `cargo build`).
+fn plugin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test path");
+    let deps = exe.parent().expect("deps dir");
+    let name = "libstatestore_mosquitto.so";
+    [deps.join(name), deps.parent().unwrap_or(deps).join(name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("{name} is missing: cargo build -p statestore-mosquitto"))
+}
+
+/// The compiled component, shared by the tests' brokers.
+fn cache() -> String {
+    std::env::temp_dir()
+        .join("statestore-mosquitto-test-cache")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn broker(extra: &[(&str, &str)]) -> Mosquitto {
+    let cache = cache();
+    let mut options = vec![("cache_dir", cache.as_str())];
+    options.extend_from_slice(extra);
+    Mosquitto::start_with_plugin(&plugin(), &options)
+}
+
+/// The SDK scenarios (conditions, versions, fencing, observe and lock-wait
+/// notifications, leased locks, MiB values, the CLI, SCAN), each against a
+/// mosquitto of its own with the plugin.
+macro_rules! in_mosquitto {
+    ($($name:ident),* $(,)?) => {
+        mod sdk_in_mosquitto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let m = super::broker(&[]);
+                    statestore_tests::scenarios::$name(m.port).await;
+                }
+            )*
+        }
+    };
+}
+
+statestore_tests::sdk_scenarios!(in_mosquitto);
+
+/// A spy subscribed to everything (and to the requests' topic, and to the
+/// plugin's own topics) sees neither the victim's requests nor its replies
+/// nor its notifications; a forged `__srcId` gets the forger its own
+/// identity only; a forged reply on the victim's response topic is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_client_sees_forges_and_cancels_nothing() {
+    let m = broker(&[]);
+    let mut spy = RawClient::connect(m.port, "spy").await;
+    spy.subscribe("#").await;
+    // mosquitto's log as messages: a line the plugin logs while it handles
+    // a request is checked for this subscriber (an ACL check from inside
+    // the plugin's own callback).
+    spy.subscribe("$SYS/broker/log/#").await;
+    spy.subscribe("statestore/#").await;
+    assert!(
+        !spy.try_subscribe("$statestore/#").await,
+        "the plugin's topics"
+    );
+    let mut victim = RawClient::connect(m.port, "victim").await;
+    let rt = victim.response_topic();
+    victim.subscribe(&rt).await;
+    assert_eq!(
+        text(&victim.call(&[b"SET", b"secret", b"s3cr3t"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&victim.call(&[b"KEYNOTIFY", b"secret"]).await),
+        "+OK\r\n"
+    );
+    // The forger names the victim in __srcId and stops its registration:
+    // the store sees the forger's own client id (nothing to stop).
+    let mut forger = RawClient::connect(m.port, "forger").await;
+    let frt = forger.response_topic();
+    forger.subscribe(&frt).await;
+    let mut props = forger.request_properties();
+    for (name, value) in props.user_properties.iter_mut() {
+        if name == "__srcId" {
+            *value = "victim".into();
+        }
+    }
+    let reply = forger
+        .call_with(
+            statestore_tests::resp(&[b"KEYNOTIFY", b"secret", b"STOP"]),
+            props,
+        )
+        .await
+        .expect("a reply to the forger");
+    assert_eq!(
+        text(&reply),
+        ":0\r\n",
+        "the victim's registration was stopped"
+    );
+    // A forged reply on the victim's response topic is refused (0x87).
+    forger
+        .client
+        .publish(rt.clone(), QoS::AtLeastOnce, false, b"+OK\r\n".to_vec())
+        .await
+        .expect("publish");
+    assert_eq!(
+        forger.refused_puback(Duration::from_secs(5)).await,
+        Some(rumqttc::v5::mqttbytes::v5::PubAckReason::NotAuthorized)
+    );
+    // The victim is still told of changes.
+    let mut writer = RawClient::connect(m.port, "writer").await;
+    let wrt = writer.response_topic();
+    writer.subscribe(&wrt).await;
+    assert_eq!(
+        text(&writer.call(&[b"SET", b"secret", b"v2"]).await),
+        "+OK\r\n"
+    );
+    let note = victim
+        .recv(Duration::from_secs(5))
+        .await
+        .expect("the victim's notification");
+    assert!(String::from_utf8_lossy(&note.topic).contains("/command/notify/"));
+    // A request whose response topic is in the store's own space breaks
+    // the protocol's rules: not answered, logged, its client disconnected.
+    let mut props = forger.request_properties();
+    props.response_topic =
+        Some("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/forged".into());
+    forger
+        .publish_request(statestore_tests::resp(&[b"GET", b"secret"]), props)
+        .await;
+    let started = std::time::Instant::now();
+    while !forger.was_disconnected() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the forger is still connected: {}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The spy saw none of it: no request, reply or notification (log lines
+    // aside, which name no value).
+    while let Some(p) = spy.recv(Duration::from_millis(500)).await {
+        let topic = String::from_utf8_lossy(&p.topic).to_string();
+        assert!(
+            !p.payload.windows(6).any(|w| w == b"s3cr3t")
+                && (topic.starts_with("$SYS/") || !topic.contains("statestore")),
+            "the spy received {topic}"
+        );
+    }
+}
+
+/// What the store acknowledged survives SIGKILL of mosquitto (`fsync
+/// everysec`: a second later it is on disk), and a new mosquitto with the
+/// plugin recovers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_sigkill_of_mosquitto() {
+    let dir =
+        std::env::temp_dir().join(format!("statestore-mosquitto-data-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = dir.to_string_lossy().into_owned();
+    let m = broker(&[("data_dir", &data)]);
+    let mut c = RawClient::connect(m.port, "writer").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    for i in 0..200u32 {
+        let key = format!("k{i}");
+        assert_eq!(
+            text(&c.call(&[b"SET", key.as_bytes(), b"v"]).await),
+            "+OK\r\n"
+        );
+    }
+    // everysec: synced within about a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.kill();
+    drop(m);
+    let m = broker(&[("data_dir", &data)]);
+    let mut c = RawClient::connect(m.port, "reader").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    for i in [0u32, 99, 199] {
+        let key = format!("k{i}");
+        assert_eq!(
+            text(&c.call(&[b"GET", key.as_bytes()]).await),
+            "$1\r\nv\r\n"
+        );
+    }
+    drop(m);
+    let _ = std::fs::remove_dir_all(&dir);
+}
