@@ -112,6 +112,29 @@ impl Mosquitto {
         Mosquitto::start_within(port, dir, &conf, Duration::from_secs(120))
     }
 
+    /// Sends it SIGHUP (mosquitto reloads its config and its plugins
+    /// reload what they read).
+    pub fn hup(&self) {
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -HUP");
+    }
+
+    /// Waits up to `wait` for `text` to appear in its log.
+    pub fn wait_log(&self, text: &str, wait: Duration) {
+        let start = Instant::now();
+        while !self.log().contains(text) {
+            assert!(
+                start.elapsed() < wait,
+                "{text:?} not in mosquitto's log: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn start_with(port: u16, dir: PathBuf, config: &str) -> Mosquitto {
         Mosquitto::start_within(port, dir, config, Duration::from_secs(10))
     }

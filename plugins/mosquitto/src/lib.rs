@@ -37,6 +37,7 @@ pub mod options;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::Mutex;
 
+use anyhow::Context as _;
 use statestore::tenant::{Fleet, Tenant};
 use statestore::{InboundMessage, OutboundMessage, Output, PublishKind};
 use statestore_guest::rpc::REQUEST_TOPIC;
@@ -56,9 +57,10 @@ struct Plugin {
     state: Mutex<State>,
 }
 
-/// The store and its timer.
+/// The store, its timer, and the engine that compiles its component.
 struct State {
     tenant: Tenant,
+    fleet: Fleet,
     /// When the store's timer is next due (ms since the epoch).
     next_deadline: Option<u64>,
 }
@@ -212,13 +214,10 @@ fn start(id: *mut ffi::PluginId, pairs: &[(String, String)]) -> anyhow::Result<P
         .or_else(statestore::cache::default_dir);
     // Calls bounded by fuel (no timer thread to interrupt them).
     let mut fleet = Fleet::for_replica(options.memory_bytes, cache_dir)?;
-    let runtime = fleet.runtime_from_bytes(
-        statestore::GUEST_COMPONENT,
-        statestore::StoreLimits {
-            memory_bytes: Some(options.memory_bytes),
-            call_ms: Some(options.call_ms),
-        },
-    )?;
+    let component = options.component();
+    let runtime = fleet
+        .runtime_from_bytes(&component.read()?, options.limits())
+        .with_context(|| format!("cannot load {component}"))?;
     let mut tenant = Tenant::open("mosquitto", runtime, &store)?;
     let now = tenant.now_ms();
     let next_deadline = tenant.next_deadline()?;
@@ -243,6 +242,7 @@ fn start(id: *mut ffi::PluginId, pairs: &[(String, String)]) -> anyhow::Result<P
         consumed,
         state: Mutex::new(State {
             tenant,
+            fleet,
             next_deadline,
         }),
     })
@@ -445,24 +445,54 @@ unsafe extern "C" fn on_tick(_event: c_int, _data: *mut c_void, userdata: *mut c
 
 /// SIGHUP: the authorization file is read again (a file that does not
 /// load keeps the rules in force).
+/// SIGHUP: the authorization file and the component file (if either is
+/// given) are read again; the component is upgraded with the state carried
+/// over. What does not load leaves what is in force.
 unsafe extern "C" fn on_reload(_event: c_int, _data: *mut c_void, userdata: *mut c_void) -> c_int {
     // SAFETY: see `plugin`.
     let plugin = unsafe { plugin(userdata) };
     let mut p = plugin.state();
-    let Some(path) = plugin.options.authorization.clone() else {
-        return ffi::MOSQ_ERR_SUCCESS;
-    };
-    let loaded = statestore::policy::Policy::load(&path)
-        .and_then(|policy| p.tenant.set_authorization(Some(policy.store_rules())));
-    match loaded {
-        Ok(()) => log(
-            ffi::MOSQ_LOG_INFO,
-            "statestore: authorization rules reloaded",
-        ),
-        Err(e) => log(
-            ffi::MOSQ_LOG_ERR,
-            &format!("statestore: authorization reload failed, the rules in force stay: {e:#}"),
-        ),
+    if let Some(path) = plugin.options.authorization.clone() {
+        let loaded = statestore::policy::Policy::load(&path)
+            .and_then(|policy| p.tenant.set_authorization(Some(policy.store_rules())));
+        match loaded {
+            Ok(()) => log(
+                ffi::MOSQ_LOG_INFO,
+                "statestore: authorization rules reloaded",
+            ),
+            Err(e) => log(
+                ffi::MOSQ_LOG_ERR,
+                &format!("statestore: authorization reload failed, the rules in force stay: {e:#}"),
+            ),
+        }
+    }
+    if plugin.options.component.is_some() {
+        let component = plugin.options.component();
+        let state = &mut *p;
+        let upgraded = component
+            .read()
+            .and_then(|wasm| {
+                state
+                    .fleet
+                    .runtime_from_bytes(&wasm, plugin.options.limits())
+            })
+            .and_then(|runtime| {
+                let quota = state.tenant.config().quota;
+                state.tenant.upgrade(runtime, quota)
+            });
+        match upgraded {
+            Ok(()) => log(
+                ffi::MOSQ_LOG_INFO,
+                &format!("statestore: now serving {component}"),
+            ),
+            Err(e) => log(
+                ffi::MOSQ_LOG_ERR,
+                &format!(
+                    "statestore: the component was not upgraded, the one in force stays: {e:#}"
+                ),
+            ),
+        }
+        p.refresh_deadline();
     }
     ffi::MOSQ_ERR_SUCCESS
 }

@@ -38,6 +38,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     ("cache_dir", "where the compiled component is cached"),
     (
+        "component",
+        "serve this build of the component instead of the built-in one (SIGHUP reads it again: an upgrade with the state carried over)",
+    ),
+    (
         "request_expiry_secs",
         "how long a request lives (mosquitto 2.0 does not show plugins a message's own expiry; default 60)",
     ),
@@ -80,6 +84,8 @@ pub struct PluginOptions {
     pub call_ms: u64,
     /// Where the compiled component is cached.
     pub cache_dir: Option<PathBuf>,
+    /// A component file instead of the built-in one.
+    pub component: Option<PathBuf>,
     /// How long a request lives: its reply's expiry, and how long the dedup
     /// cache answers a retry.
     pub request_expiry_secs: u32,
@@ -105,6 +111,7 @@ impl Default for PluginOptions {
             max_key_bytes: 64 << 10,
             call_ms: 1000,
             cache_dir: None,
+            component: None,
             request_expiry_secs: 60,
             authorization: None,
             trust_usernames: false,
@@ -168,6 +175,7 @@ impl PluginOptions {
                 }
                 "call_ms" => o.call_ms = number(key, value, 1..=60_000)?,
                 "cache_dir" => o.cache_dir = Some(PathBuf::from(value)),
+                "component" => o.component = Some(PathBuf::from(value)),
                 "request_expiry_secs" => {
                     o.request_expiry_secs =
                         u32::try_from(number(key, value, 1..=3600)?).unwrap_or(60)
@@ -202,6 +210,22 @@ impl PluginOptions {
             );
         }
         Ok(o)
+    }
+
+    /// The component to serve.
+    pub fn component(&self) -> statestore::tenant::ComponentSource {
+        match &self.component {
+            Some(p) => statestore::tenant::ComponentSource::File(p.clone()),
+            None => statestore::tenant::ComponentSource::BuiltIn,
+        }
+    }
+
+    /// The limits of the guest's instances.
+    pub fn limits(&self) -> statestore::StoreLimits {
+        statestore::StoreLimits {
+            memory_bytes: Some(self.memory_bytes),
+            call_ms: Some(self.call_ms),
+        }
     }
 
     /// The store these options describe.

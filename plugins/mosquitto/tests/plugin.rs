@@ -197,3 +197,36 @@ async fn acknowledged_writes_survive_sigkill_of_mosquitto() {
     drop(m);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGHUP reads `plugin_opt_component` again: a build the host cannot run
+/// changes nothing (the store goes on serving), a good one takes over with
+/// the state carried over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_upgrades_the_component_with_its_state() {
+    let dir = std::env::temp_dir().join(format!(
+        "statestore-mosquitto-upgrade-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("statestore.wasm");
+    std::fs::write(&file, statestore::GUEST_COMPONENT).expect("component");
+    let path = file.to_string_lossy().into_owned();
+    let m = broker(&[("component", &path)]);
+    let mut c = RawClient::connect(m.port, "upgrader").await;
+    let rt = c.response_topic();
+    c.subscribe(&rt).await;
+    assert_eq!(text(&c.call(&[b"SET", b"kept", b"v1"]).await), "+OK\r\n");
+    // A build no host reads: refused, the old one serves on.
+    std::fs::write(&file, statestore_tests::next_formats_wasm()).expect("component");
+    m.hup();
+    m.wait_log("the component was not upgraded", Duration::from_secs(60));
+    assert_eq!(text(&c.call(&[b"GET", b"kept"]).await), "$2\r\nv1\r\n");
+    // A good build: it takes over, with the state.
+    std::fs::write(&file, statestore::GUEST_COMPONENT).expect("component");
+    m.hup();
+    m.wait_log("statestore: now serving", Duration::from_secs(60));
+    assert_eq!(text(&c.call(&[b"GET", b"kept"]).await), "$2\r\nv1\r\n");
+    assert_eq!(text(&c.call(&[b"SET", b"after", b"v2"]).await), "+OK\r\n");
+    drop(m);
+    let _ = std::fs::remove_dir_all(&dir);
+}
