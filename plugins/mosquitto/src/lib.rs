@@ -9,10 +9,11 @@
 //! ```
 //!
 //! mosquitto runs one thread, and calls the plugin on it:
-//! - `MOSQ_EVT_MESSAGE`: a publish to the request topic is handled at once
-//!   (one bounded guest call), its sender's client id from the broker, not
-//!   from `__srcId`; the message is then sent on to a topic of its own
-//!   nobody can subscribe to (so no subscriber of the request topic, `#`
+//! - `MOSQ_EVT_MESSAGE`: a publish to the request topic goes to the store
+//!   (`store.rs`: handled at once, or by the plugin's own thread with
+//!   `fsync always`), its sender's client id from the broker, not from
+//!   `__srcId`; the message is then sent on to a topic of its own nobody
+//!   can subscribe to (so no subscriber of the request topic, `#`
 //!   included, sees another client's request). Replies and notifications
 //!   go with `mosquitto_broker_publish` to exactly the client they are for,
 //!   into its session whether or not it subscribed.
@@ -21,28 +22,24 @@
 //!   requests' own topic.
 //! - `MOSQ_EVT_DISCONNECT`: the client's KEYNOTIFY registrations go.
 //! - `MOSQ_EVT_TICK` (every loop of the broker, at least every 100 ms):
-//!   expiry and the dedup cache.
-//!
-//! Durable writes reach the journal before the reply is published; with
-//! `fsync everysec` a thread of the journal's own syncs them, so nothing on
-//! mosquitto's thread waits for a disk (`fsync always` would, and is
-//! refused).
+//!   expiry and the dedup cache, and what the store's thread finished.
+//! - `MOSQ_EVT_RELOAD` (SIGHUP): the authorization and component files.
 
 // The plugin interface is C: every call across it is unsafe.
 #![allow(unsafe_code)]
 
 mod ffi;
 pub mod options;
+mod store;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::Mutex;
 
-use anyhow::Context as _;
-use statestore::tenant::{Fleet, Tenant};
-use statestore::{InboundMessage, OutboundMessage, Output, PublishKind};
+use statestore::{InboundMessage, OutboundMessage};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
 pub use options::PluginOptions;
+use store::{Action, Store};
 
 /// What the plugin holds between calls (mosquitto's `userdata`): what is
 /// fixed at start, read without a lock (an ACL check can come from inside
@@ -54,15 +51,7 @@ struct Plugin {
     /// Where requests go once handled: a topic nobody can guess, so that no
     /// subscription receives them.
     consumed: CString,
-    state: Mutex<State>,
-}
-
-/// The store, its timer, and the engine that compiles its component.
-struct State {
-    tenant: Tenant,
-    fleet: Fleet,
-    /// When the store's timer is next due (ms since the epoch).
-    next_deadline: Option<u64>,
+    store: Mutex<Option<Store>>,
 }
 
 /// Reports whether this build speaks a version mosquitto offers (5).
@@ -155,8 +144,10 @@ pub unsafe extern "C" fn mosquitto_plugin_cleanup(
         // SAFETY: registered by init with this id.
         unsafe { ffi::mosquitto_callback_unregister(plugin.id, event, cb, std::ptr::null()) };
     }
-    let mut state = plugin.state.into_inner().unwrap_or_else(|e| e.into_inner());
-    state.tenant.shutdown();
+    let store = plugin.store.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(store) = store {
+        store.shutdown();
+    }
     log(ffi::MOSQ_LOG_INFO, "statestore: stopped");
     ffi::MOSQ_ERR_SUCCESS
 }
@@ -207,44 +198,31 @@ fn start(id: *mut ffi::PluginId, pairs: &[(String, String)]) -> anyhow::Result<P
         .with_writer(std::io::stderr)
         .try_init();
     let options = PluginOptions::parse(pairs)?;
-    let store = options.store_options()?;
-    let cache_dir = options
-        .cache_dir
-        .clone()
-        .or_else(statestore::cache::default_dir);
-    // Calls bounded by fuel (no timer thread to interrupt them).
-    let mut fleet = Fleet::for_replica(options.memory_bytes, cache_dir)?;
-    let component = options.component();
-    let runtime = fleet
-        .runtime_from_bytes(&component.read()?, options.limits())
-        .with_context(|| format!("cannot load {component}"))?;
-    let mut tenant = Tenant::open("mosquitto", runtime, &store)?;
-    let now = tenant.now_ms();
-    let next_deadline = tenant.next_deadline()?;
-    let consumed = CString::new(format!("$statestore/consumed/{:032x}", unguessable(now)))?;
+    let store = Store::open(options.clone())?;
+    let consumed = CString::new(format!(
+        "$statestore/consumed/{:032x}",
+        unguessable(statestore::clock::now_ms())
+    ))?;
+    let kind = match (&options.data_dir, matches!(store, Store::Worker(_))) {
+        (None, _) => "volatile".to_string(),
+        (Some(d), false) => format!("durable in {}", d.display()),
+        (Some(d), true) => format!(
+            "durable in {}, every write synced before its reply (on the store's own thread)",
+            d.display()
+        ),
+    };
     log(
         ffi::MOSQ_LOG_INFO,
         &format!(
-            "statestore: serving {REQUEST_TOPIC} ({}; node id {})",
-            store
-                .data_dir
-                .as_ref()
-                .map_or("volatile".to_string(), |d| format!(
-                    "durable in {}",
-                    d.display()
-                )),
-            store.node_id
+            "statestore: serving {REQUEST_TOPIC} ({kind}; node id {})",
+            options.node_id
         ),
     );
     Ok(Plugin {
         id,
         options,
         consumed,
-        state: Mutex::new(State {
-            tenant,
-            fleet,
-            next_deadline,
-        }),
+        store: Mutex::new(Some(store)),
     })
 }
 
@@ -280,9 +258,36 @@ unsafe fn plugin<'a>(userdata: *mut c_void) -> &'a Plugin {
 }
 
 impl Plugin {
-    /// The store (mosquitto calls on one thread: never waits).
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// Runs `f` on the store, then carries out what it asks of the broker
+    /// with the store free again (a publish, a kick or a log line can call
+    /// the plugin back).
+    fn with_store(&self, f: impl FnOnce(&mut Store) -> Vec<Action>) {
+        let actions = {
+            let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+            match store.as_mut() {
+                Some(s) => f(s),
+                None => Vec::new(),
+            }
+        };
+        for action in actions {
+            match action {
+                Action::Publish { to, message } => publish(&to, *message),
+                Action::Kick(client) => {
+                    if let Ok(id) = CString::new(client) {
+                        // SAFETY: a NUL-terminated client id, on mosquitto's thread.
+                        unsafe { ffi::mosquitto_kick_client_by_clientid(id.as_ptr(), false) };
+                    }
+                }
+                Action::Log { error, line } => {
+                    let level = if error {
+                        ffi::MOSQ_LOG_ERR
+                    } else {
+                        ffi::MOSQ_LOG_INFO
+                    };
+                    log(level, &line);
+                }
+            }
+        }
     }
 }
 
@@ -301,7 +306,6 @@ unsafe extern "C" fn on_message(_event: c_int, data: *mut c_void, userdata: *mut
     };
     // SAFETY: see `plugin`.
     let plugin = unsafe { plugin(userdata) };
-    let mut p = plugin.state();
     // SAFETY: the event's fields, as mosquitto gives them.
     let username = unsafe { text(ffi::mosquitto_client_username(evt.client)) };
     let payload = if evt.payload.is_null() || evt.payloadlen == 0 {
@@ -311,33 +315,18 @@ unsafe extern "C" fn on_message(_event: c_int, data: *mut c_void, userdata: *mut
         unsafe { std::slice::from_raw_parts(evt.payload.cast::<u8>(), evt.payloadlen as usize) }
             .to_vec()
     };
-    let now = p.tenant.now_ms();
     // SAFETY: the event's property list.
     let mut message = unsafe { inbound(evt.properties) };
     message.topic = REQUEST_TOPIC.to_string();
     message.payload = payload;
     message.qos = evt.qos;
     message.client_id = Some(client_id.clone());
-    message.received_at = Some(now);
     // mosquitto 2.0 keeps a message's expiry out of what it shows plugins:
     // the request is taken to expire after the configured time.
     message.message_expiry_interval = message
         .message_expiry_interval
         .or(Some(plugin.options.request_expiry_secs));
-    if plugin.options.trust_usernames {
-        message.username = username;
-    }
-    let kick = match p.tenant.handle(std::slice::from_ref(&message), now) {
-        Ok(outputs) => p.emit(outputs, Some(&client_id)),
-        Err(e) => {
-            log(
-                ffi::MOSQ_LOG_ERR,
-                &format!("statestore: a request failed: {e:#}"),
-            );
-            Vec::new()
-        }
-    };
-    p.refresh_deadline();
+    plugin.with_store(|s| s.request(message, client_id, username));
     // On to a topic no subscription reaches; never retained.
     // SAFETY: mosquitto owns the old topic and frees what we put instead
     // with its allocator.
@@ -349,15 +338,6 @@ unsafe extern "C" fn on_message(_event: c_int, data: *mut c_void, userdata: *mut
         }
     }
     evt.retain = false;
-    // A client that broke the protocol's rules is disconnected, once the
-    // plugin is free again (mosquitto tells it of the disconnect at once).
-    drop(p);
-    for id in kick {
-        if let Ok(id) = CString::new(id) {
-            // SAFETY: a NUL-terminated client id, on mosquitto's thread.
-            unsafe { ffi::mosquitto_kick_client_by_clientid(id.as_ptr(), false) };
-        }
-    }
     ffi::MOSQ_ERR_SUCCESS
 }
 
@@ -413,131 +393,25 @@ unsafe extern "C" fn on_disconnect(
     };
     // SAFETY: see `plugin`.
     let plugin = unsafe { plugin(userdata) };
-    let mut p = plugin.state();
-    let now = p.tenant.now_ms();
-    match p.tenant.client_gone(&client_id, now) {
-        Ok(outputs) => drop(p.emit(outputs, None)),
-        Err(e) => log(
-            ffi::MOSQ_LOG_ERR,
-            &format!("statestore: a disconnect failed: {e:#}"),
-        ),
-    }
+    plugin.with_store(|s| s.gone(client_id));
     ffi::MOSQ_ERR_SUCCESS
 }
 
 unsafe extern "C" fn on_tick(_event: c_int, _data: *mut c_void, userdata: *mut c_void) -> c_int {
     // SAFETY: see `plugin`.
     let plugin = unsafe { plugin(userdata) };
-    let mut p = plugin.state();
-    let now = p.tenant.now_ms();
-    if p.next_deadline.is_some_and(|d| d <= now) || p.tenant.more_due() {
-        match p.tenant.timeout(now) {
-            Ok(outputs) => drop(p.emit(outputs, None)),
-            Err(e) => log(
-                ffi::MOSQ_LOG_ERR,
-                &format!("statestore: the timer failed: {e:#}"),
-            ),
-        }
-        p.refresh_deadline();
-    }
+    plugin.with_store(Store::tick);
     ffi::MOSQ_ERR_SUCCESS
 }
 
-/// SIGHUP: the authorization file is read again (a file that does not
-/// load keeps the rules in force).
 /// SIGHUP: the authorization file and the component file (if either is
 /// given) are read again; the component is upgraded with the state carried
 /// over. What does not load leaves what is in force.
 unsafe extern "C" fn on_reload(_event: c_int, _data: *mut c_void, userdata: *mut c_void) -> c_int {
     // SAFETY: see `plugin`.
     let plugin = unsafe { plugin(userdata) };
-    let mut p = plugin.state();
-    if let Some(path) = plugin.options.authorization.clone() {
-        let loaded = statestore::policy::Policy::load(&path)
-            .and_then(|policy| p.tenant.set_authorization(Some(policy.store_rules())));
-        match loaded {
-            Ok(()) => log(
-                ffi::MOSQ_LOG_INFO,
-                "statestore: authorization rules reloaded",
-            ),
-            Err(e) => log(
-                ffi::MOSQ_LOG_ERR,
-                &format!("statestore: authorization reload failed, the rules in force stay: {e:#}"),
-            ),
-        }
-    }
-    if plugin.options.component.is_some() {
-        let component = plugin.options.component();
-        let state = &mut *p;
-        let upgraded = component
-            .read()
-            .and_then(|wasm| {
-                state
-                    .fleet
-                    .runtime_from_bytes(&wasm, plugin.options.limits())
-            })
-            .and_then(|runtime| {
-                let quota = state.tenant.config().quota;
-                state.tenant.upgrade(runtime, quota)
-            });
-        match upgraded {
-            Ok(()) => log(
-                ffi::MOSQ_LOG_INFO,
-                &format!("statestore: now serving {component}"),
-            ),
-            Err(e) => log(
-                ffi::MOSQ_LOG_ERR,
-                &format!(
-                    "statestore: the component was not upgraded, the one in force stays: {e:#}"
-                ),
-            ),
-        }
-        p.refresh_deadline();
-    }
+    plugin.with_store(Store::reload);
     ffi::MOSQ_ERR_SUCCESS
-}
-
-impl State {
-    fn refresh_deadline(&mut self) {
-        self.next_deadline = self.tenant.next_deadline().unwrap_or(None);
-    }
-
-    /// Publishes the guest's outputs: a reply to `requester`, a
-    /// notification to its observer. Returns the clients to disconnect
-    /// (they broke the protocol's rules).
-    #[must_use]
-    fn emit(&mut self, outputs: Vec<Output>, requester: Option<&str>) -> Vec<String> {
-        let mut kick = Vec::new();
-        for output in outputs {
-            match output {
-                Output::Publish(m) => {
-                    let target = match m.kind {
-                        PublishKind::Response => requester.map(str::to_string),
-                        PublishKind::Notification => m.target_client.as_deref().map(str::to_string),
-                    };
-                    match target {
-                        Some(t) => publish(&t, m),
-                        None => log(
-                            ffi::MOSQ_LOG_WARNING,
-                            "statestore: an output for nobody was dropped",
-                        ),
-                    }
-                }
-                Output::Violation { client_id, reason } => {
-                    log(
-                        ffi::MOSQ_LOG_WARNING,
-                        &format!(
-                            "statestore: request not answered ({}): {reason}",
-                            client_id.as_deref().unwrap_or("?")
-                        ),
-                    );
-                    kick.extend(client_id);
-                }
-                Output::Journal(_) | Output::More(_) => {}
-            }
-        }
-        kick
-    }
 }
 
 /// `mosquitto_broker_publish` of `m` into `client`'s session alone.

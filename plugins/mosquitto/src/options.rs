@@ -156,10 +156,8 @@ impl PluginOptions {
                     o.fsync = match value {
                         "everysec" => Fsync::Everysec,
                         "no" => Fsync::No,
-                        "always" => bail!(
-                            "plugin_opt_fsync: always would make mosquitto's only thread wait for the disk on every write; use everysec (a crash loses at most about a second)"
-                        ),
-                        other => bail!("plugin_opt_fsync: {other:?} is not everysec or no"),
+                        "always" => Fsync::Always,
+                        other => bail!("plugin_opt_fsync: {other:?} is not always, everysec or no"),
                     }
                 }
                 "node_id" => o.node_id = value.to_string(),
@@ -278,7 +276,7 @@ mod tests {
         assert_eq!(o.max_bytes, 32 << 20);
         assert!(o.trust_usernames);
         for (bad, says) in [
-            (("fsync", "always"), "only thread"),
+            (("fsync", "sometimes"), "plugin_opt_fsync"),
             (("memory_mib", "lots"), "plugin_opt_memory_mib"),
             (("colour", "red"), "unknown option plugin_opt_colour"),
             (("other_acl", "maybe"), "plugin_opt_other_acl"),

@@ -159,16 +159,19 @@ async fn another_client_sees_forges_and_cancels_nothing() {
     }
 }
 
-/// What the store acknowledged survives SIGKILL of mosquitto (`fsync
-/// everysec`: a second later it is on disk), and a new mosquitto with the
-/// plugin recovers it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_writes_survive_sigkill_of_mosquitto() {
-    let dir =
-        std::env::temp_dir().join(format!("statestore-mosquitto-data-{}", std::process::id()));
+/// What the store acknowledged survives SIGKILL of mosquitto, and a new
+/// mosquitto with the plugin recovers it: with `fsync always` at once (the
+/// store's own thread syncs every write before its reply leaves), with
+/// `fsync everysec` a second later.
+async fn acknowledged_writes_survive_sigkill(fsync: &str, settle: Duration) {
+    let dir = std::env::temp_dir().join(format!(
+        "statestore-mosquitto-data-{fsync}-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     let data = dir.to_string_lossy().into_owned();
-    let m = broker(&[("data_dir", &data)]);
+    let options = [("data_dir", data.as_str()), ("fsync", fsync)];
+    let m = broker(&options);
     let mut c = RawClient::connect(m.port, "writer").await;
     let rt = c.response_topic();
     c.subscribe(&rt).await;
@@ -179,11 +182,10 @@ async fn acknowledged_writes_survive_sigkill_of_mosquitto() {
             "+OK\r\n"
         );
     }
-    // everysec: synced within about a second.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(settle).await;
     c.kill();
     drop(m);
-    let m = broker(&[("data_dir", &data)]);
+    let m = broker(&options);
     let mut c = RawClient::connect(m.port, "reader").await;
     let rt = c.response_topic();
     c.subscribe(&rt).await;
@@ -191,11 +193,22 @@ async fn acknowledged_writes_survive_sigkill_of_mosquitto() {
         let key = format!("k{i}");
         assert_eq!(
             text(&c.call(&[b"GET", key.as_bytes()]).await),
-            "$1\r\nv\r\n"
+            "$1\r\nv\r\n",
+            "{key} after SIGKILL ({fsync})"
         );
     }
     drop(m);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_sigkill_with_fsync_always() {
+    acknowledged_writes_survive_sigkill("always", Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_sigkill_with_fsync_everysec() {
+    acknowledged_writes_survive_sigkill("everysec", Duration::from_millis(1500)).await;
 }
 
 /// SIGHUP reads `plugin_opt_component` again: a build the host cannot run
