@@ -7,9 +7,11 @@
 //! - **Worker** (`fsync always`): the store runs on a thread of the
 //!   plugin's own, which waits for the disk (requests queued meanwhile
 //!   share the next fsync); mosquitto's thread hands it requests and
-//!   publishes what it finished at its next callback or tick (mosquitto's
-//!   loop runs at least every 100 ms). No reply of a write leaves before the
-//!   write is on disk, and replies keep their order.
+//!   publishes what it finished at its next callback or tick. The worker
+//!   wakes mosquitto's thread when it has finished something ([`Waker`]),
+//!   so a reply waits for its fsync, not for mosquitto's 100 ms loop
+//!   timeout. No reply of a write leaves before the write is on disk, and
+//!   replies keep their order.
 //!
 //! Either way the mosquitto side gets [`Action`]s to carry out once it
 //! holds no lock (a publish or a kick can call the plugin again).
@@ -264,6 +266,51 @@ fn actions(
     out
 }
 
+/// Wakes mosquitto's thread from its `epoll_wait` (which a signal handler
+/// always interrupts), so that its loop runs its tick, where what the
+/// worker finished is published. The signal is a real-time one nobody else
+/// uses, sent to that thread alone; its handler does nothing and restarts
+/// every other system call (`SA_RESTART`).
+struct Waker {
+    thread: libc::pthread_t,
+    signal: libc::c_int,
+}
+
+extern "C" fn woken(_: libc::c_int) {}
+
+impl Waker {
+    /// On mosquitto's thread: the handler installed, the thread noted.
+    fn install() -> Result<Waker> {
+        // SAFETY: plain libc calls; the handler does nothing.
+        unsafe {
+            let signal = libc::SIGRTMIN() + 7;
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = woken as *const () as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+                anyhow::bail!(
+                    "cannot install the wake-up signal: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            Ok(Waker {
+                thread: libc::pthread_self(),
+                signal,
+            })
+        }
+    }
+
+    /// Wakes mosquitto's thread.
+    fn wake(&self) {
+        // SAFETY: a live thread (mosquitto's main thread outlives the
+        // worker, which cleanup joins) and a signal with a handler.
+        unsafe {
+            libc::pthread_kill(self.thread, self.signal);
+        }
+    }
+}
+
 /// What mosquitto's thread hands the worker.
 pub(crate) enum Job {
     Request(Box<InboundMessage>, String),
@@ -304,12 +351,13 @@ impl Store {
         let (jobs, rx) = mpsc::channel();
         let done = Arc::new(Mutex::new(Vec::new()));
         let policy = Arc::new(Mutex::new(core.policy.clone()));
+        let waker = Waker::install()?;
         let thread = {
             let done = done.clone();
             let policy = policy.clone();
             std::thread::Builder::new()
                 .name("statestore".into())
-                .spawn(move || work(core, rx, done, policy))
+                .spawn(move || work(core, rx, done, policy, waker))
                 .context("cannot start the store's thread")?
         };
         Ok(Store::Worker(Box::new(Worker {
@@ -411,12 +459,14 @@ fn work(
     jobs: mpsc::Receiver<Job>,
     done: Arc<Mutex<Vec<Action>>>,
     policy: Arc<Mutex<Option<Arc<Policy>>>>,
+    waker: Waker,
 ) {
     let publish = |actions: Vec<Action>| {
         if !actions.is_empty() {
             done.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .extend(actions);
+            waker.wake();
         }
     };
     let mut pending: VecDeque<Job> = VecDeque::new();

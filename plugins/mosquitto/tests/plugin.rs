@@ -38,7 +38,9 @@ fn broker(extra: &[(&str, &str)]) -> Mosquitto {
 
 /// The SDK scenarios (conditions, versions, fencing, observe and lock-wait
 /// notifications, leased locks, MiB values, the CLI, SCAN), each against a
-/// mosquitto of its own with the plugin.
+/// mosquitto of its own with the plugin: volatile (requests handled on
+/// mosquitto's thread), and durable with `fsync always` (on the store's
+/// own thread, replies after their fsync).
 macro_rules! in_mosquitto {
     ($($name:ident),* $(,)?) => {
         mod sdk_in_mosquitto {
@@ -47,6 +49,24 @@ macro_rules! in_mosquitto {
                 async fn $name() {
                     let m = super::broker(&[]);
                     statestore_tests::scenarios::$name(m.port).await;
+                }
+            )*
+        }
+        mod sdk_in_mosquitto_fsync_always {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let dir = std::env::temp_dir().join(format!(
+                        "statestore-mosquitto-{}-{}",
+                        stringify!($name),
+                        std::process::id()
+                    ));
+                    let _ = std::fs::remove_dir_all(&dir);
+                    let data = dir.to_string_lossy().into_owned();
+                    let m = super::broker(&[("data_dir", &data), ("fsync", "always")]);
+                    statestore_tests::scenarios::$name(m.port).await;
+                    drop(m);
+                    let _ = std::fs::remove_dir_all(&dir);
                 }
             )*
         }
