@@ -38,6 +38,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     ("cache_dir", "where the compiled component is cached"),
     (
+        "metrics",
+        "ADDR: serve Prometheus metrics (/metrics, /healthz, /readyz) there",
+    ),
+    (
         "component",
         "serve this build of the component instead of the built-in one (SIGHUP reads it again: an upgrade with the state carried over)",
     ),
@@ -84,6 +88,8 @@ pub struct PluginOptions {
     pub call_ms: u64,
     /// Where the compiled component is cached.
     pub cache_dir: Option<PathBuf>,
+    /// Where to serve Prometheus metrics.
+    pub metrics: Option<std::net::SocketAddr>,
     /// A component file instead of the built-in one.
     pub component: Option<PathBuf>,
     /// How long a request lives: its reply's expiry, and how long the dedup
@@ -112,6 +118,7 @@ impl Default for PluginOptions {
             call_ms: 1000,
             cache_dir: None,
             component: None,
+            metrics: None,
             request_expiry_secs: 60,
             authorization: None,
             trust_usernames: false,
@@ -174,6 +181,13 @@ impl PluginOptions {
                 "call_ms" => o.call_ms = number(key, value, 1..=60_000)?,
                 "cache_dir" => o.cache_dir = Some(PathBuf::from(value)),
                 "component" => o.component = Some(PathBuf::from(value)),
+                "metrics" => {
+                    o.metrics = Some(value.parse().with_context(|| {
+                        format!(
+                            "plugin_opt_metrics: {value:?} is not an address (e.g. 127.0.0.1:9464)"
+                        )
+                    })?)
+                }
                 "request_expiry_secs" => {
                     o.request_expiry_secs =
                         u32::try_from(number(key, value, 1..=3600)?).unwrap_or(60)

@@ -95,6 +95,12 @@ impl Core {
             Some(path) => Some(Arc::new(Policy::load(path)?)),
             None => None,
         };
+        if let Some(addr) = options.metrics {
+            let metrics = serve_metrics(addr)?;
+            tenant.set_metrics(metrics.tenant("default"));
+            tenant.refresh_metrics(true);
+            metrics.set_ready();
+        }
         Ok(Core {
             tenant,
             fleet,
@@ -131,7 +137,16 @@ impl Core {
                 )
             })
             .collect();
-        let actions = match self.tenant.handle(messages, now) {
+        let started = std::time::Instant::now();
+        if let Some(m) = self.tenant.metrics() {
+            m.requests(messages.iter().map(|m| m.payload.as_slice()));
+        }
+        let handled = self.tenant.handle(messages, now);
+        if let (Ok(outputs), Some(m)) = (&handled, self.tenant.metrics()) {
+            m.published(outputs);
+            m.answered(started, messages.len());
+        }
+        let actions = match handled {
             Ok(outputs) => actions(outputs, |reply| {
                 // Replies come in the order of their requests: the first
                 // waiting request with this topic and correlation is its.
@@ -158,14 +173,21 @@ impl Core {
         out
     }
 
-    /// Expiry and the dedup cache, when due.
+    /// Expiry and the dedup cache, when due; the guest's gauges, about once
+    /// a second.
     fn tick(&mut self) -> Vec<Action> {
+        self.tenant.refresh_metrics(false);
         let now = self.tenant.now_ms();
         if !(self.next_deadline.is_some_and(|d| d <= now) || self.tenant.more_due()) {
             return Vec::new();
         }
         let out = match self.tenant.timeout(now) {
-            Ok(outputs) => actions(outputs, |_| None),
+            Ok(outputs) => {
+                if let Some(m) = self.tenant.metrics() {
+                    m.published(&outputs);
+                }
+                actions(outputs, |_| None)
+            }
             Err(e) => vec![Action::error(format!(
                 "statestore: the timer failed: {e:#}"
             ))],
@@ -225,6 +247,39 @@ impl Core {
     fn refresh_deadline(&mut self) {
         self.next_deadline = self.tenant.next_deadline().unwrap_or(None);
     }
+}
+
+/// `/metrics`, `/healthz` and `/readyz` on `addr`, served by a thread of
+/// their own (mosquitto's thread never serves them).
+fn serve_metrics(addr: std::net::SocketAddr) -> Result<Arc<statestore::metrics::Metrics>> {
+    let metrics = statestore::metrics::Metrics::new()?;
+    let (bound, listening) = mpsc::channel();
+    let served = metrics.clone();
+    std::thread::Builder::new()
+        .name("statestore-metrics".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = bound.send(Err(anyhow::Error::from(e)));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let _ = bound.send(served.serve(addr).await);
+                std::future::pending::<()>().await;
+            });
+        })
+        .context("cannot start the metrics thread")?;
+    let at = listening
+        .recv()
+        .context("the metrics thread ended")?
+        .with_context(|| format!("plugin_opt_metrics {addr}"))?;
+    tracing::info!(metrics = %format!("http://{at}/metrics"), "metrics listening");
+    Ok(metrics)
 }
 
 /// The guest's outputs as actions: a reply to the client `requester`
