@@ -95,18 +95,20 @@ async fn user(port: u16, id: &str, name: &str, password: &str) -> RawClient {
 
 const DENIED: &str = "-ERR not authorized\r\n";
 
-/// How long a log line caused by another connection may take to show.
-const LOG_WAIT: Duration = Duration::from_secs(10);
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_authorization_file_decides_connects_topics_and_keys() {
-    let dir = std::env::temp_dir().join(format!("statestore-authz-{}", std::process::id()));
+/// `statestore serve` with the users of [`USERS`] and `policy`, in a fresh
+/// directory called `name`: the directory, the rules file (to rewrite and
+/// reload), the MQTT port and the server.
+fn serve_with_rules(
+    name: &str,
+    policy: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, u16, Server) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let users = dir.join("users");
     let rules = dir.join("authz.yaml");
     std::fs::write(&users, USERS).expect("users");
-    std::fs::write(&rules, policy(false)).expect("policy");
+    std::fs::write(&rules, policy).expect("policy");
     let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
     cmd.env(
@@ -118,7 +120,15 @@ async fn an_authorization_file_decides_connects_topics_and_keys() {
     .arg(&users)
     .arg("--authorization")
     .arg(&rules);
-    let server = Server::spawn(cmd);
+    (dir, rules, port, Server::spawn(cmd))
+}
+
+/// How long a log line caused by another connection may take to show.
+const LOG_WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorization_file_decides_connects_topics_and_keys() {
+    let (dir, rules, port, server) = serve_with_rules("statestore-authz", &policy(false));
 
     // Connect: mallory's password is right, but no rule lets her connect.
     let refused = RawClient::try_connect(port, "m1", Some(("mallory", "hunter2"))).await;
@@ -377,25 +387,8 @@ async fn receives_nothing(c: &mut RawClient) -> Result<(), String> {
 /// is checked against the rules in force). Alice, still allowed, gets both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_takes_away_notifications_and_restored_subscriptions() {
-    let dir = std::env::temp_dir().join(format!("statestore-authz-reload-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let users = dir.join("users");
-    let rules = dir.join("authz.yaml");
-    std::fs::write(&users, USERS).expect("users");
-    std::fs::write(&rules, watch_policy(false)).expect("policy");
-    let port = free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_statestore"));
-    cmd.env(
-        "STATESTORE_CACHE_DIR",
-        std::env::temp_dir().join("statestore-authz-test-cache"),
-    )
-    .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-    .arg("--users-file")
-    .arg(&users)
-    .arg("--authorization")
-    .arg(&rules);
-    let server = Server::spawn(cmd);
+    let (dir, rules, port, server) =
+        serve_with_rules("statestore-authz-reload", &watch_policy(false));
 
     // alice watches and subscribes; her writer (replies to it would take
     // her notifications for its own) writes and publishes.

@@ -302,6 +302,17 @@ func startTLS() (*target, error) {
 	}, nil
 }
 
+// mosquittoBin is MOSQUITTO_BIN, else mosquitto on PATH, else Debian's path.
+func mosquittoBin() string {
+	if mosq := os.Getenv("MOSQUITTO_BIN"); mosq != "" {
+		return mosq
+	}
+	if mosq, err := exec.LookPath("mosquitto"); err == nil {
+		return mosq
+	}
+	return "/usr/sbin/mosquitto"
+}
+
 // startPlugin starts mosquitto with the store as its plugin.
 func startPlugin() (*target, error) {
 	plugin := os.Getenv("STATESTORE_PLUGIN")
@@ -315,12 +326,7 @@ func startPlugin() (*target, error) {
 	if _, err := os.Stat(plugin); err != nil {
 		return nil, fmt.Errorf("the plugin is not at %s (cargo build -p statestore-mosquitto, or set STATESTORE_PLUGIN): %w", plugin, err)
 	}
-	mosq := os.Getenv("MOSQUITTO_BIN")
-	if mosq == "" {
-		if mosq, err = exec.LookPath("mosquitto"); err != nil {
-			mosq = "/usr/sbin/mosquitto"
-		}
-	}
+	mosq := mosquittoBin()
 	dir, err := getWorkDir()
 	if err != nil {
 		return nil, err
@@ -356,12 +362,7 @@ func startExternal() (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	mosq := os.Getenv("MOSQUITTO_BIN")
-	if mosq == "" {
-		if mosq, err = exec.LookPath("mosquitto"); err != nil {
-			mosq = "/usr/sbin/mosquitto"
-		}
-	}
+	mosq := mosquittoBin()
 	dir, err := getWorkDir()
 	if err != nil {
 		return nil, err
