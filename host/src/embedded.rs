@@ -517,6 +517,7 @@ impl Handler for Hooks {
                 let addr = info.id().remote_addr;
                 if !self.router.address_has_room(addr) {
                     warn!(client_id, remote = ?addr, "connection refused: too many connections from this address (--max-connections-per-address)");
+                    self.router.refusals.count("connections_per_address");
                     return refuse(
                         info,
                         ConnectAckReasonV5::QuotaExceeded,
@@ -675,6 +676,7 @@ impl Handler for Hooks {
                         topic,
                         "retained publish refused: the broker holds its limit of retained messages (--max-retained, --max-retained-mib)"
                     );
+                    self.router.refusals.count("retained");
                     let refused =
                         rmqtt::types::PublishAclResult(rmqtt::types::PublishResult::reason_code(
                             rmqtt::codec::v5::PublishAckReason::QuotaExceeded,

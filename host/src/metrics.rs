@@ -128,7 +128,9 @@ impl Metrics {
              pre_connect (a connection closed at accept: past --max-pending-connections or \
              --max-pending-per-address), handshake_timeout (no CONNECT within \
              --connect-timeout-secs of accept), withheld (a message not delivered: the \
-             rules in force do not let its subscriber read the topic)",
+             rules in force do not let its subscriber read the topic), \
+             connections_per_address (a CONNECT past --max-connections-per-address), \
+             retained (a retained PUBLISH past --max-retained or --max-retained-mib)",
             &["reason"],
         )?;
         Ok(Arc::new(Metrics {

@@ -656,10 +656,19 @@ async fn password_guesses_are_bounded_per_address() {
     let users = dir.join("users");
     std::fs::write(&users, ALICE).expect("users");
     let port = free_port();
+    let metrics = free_port();
     let users_arg = users.to_string_lossy().to_string();
+    let metrics_arg = format!("127.0.0.1:{metrics}");
     let _server = serve(
         port,
-        &["--users-file", &users_arg, "--max-failed-logins", "5"],
+        &[
+            "--users-file",
+            &users_arg,
+            "--max-failed-logins",
+            "5",
+            "--metrics",
+            &metrics_arg,
+        ],
     );
     // Ready (and a right password costs no guess).
     let ok = Connect {
@@ -714,6 +723,12 @@ async fn password_guesses_are_bounded_per_address() {
     .await
     .expect("connack");
     assert_eq!(code, ACCEPTED);
+    // Each unjudged CONNECT is counted.
+    let (_, body) = statestore_tests::http_get(metrics, "/metrics");
+    assert!(
+        body.contains("statestore_broker_refused_total{reason=\"login_rate\"} 36"),
+        "{body}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,12 +4,11 @@
 //! Both modes.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use statestore_tests::broker::{Mosquitto, RawClient, free_port, text};
+use statestore_tests::http_get;
 use statestore_tests::process::Server;
 
 fn bin() -> Command {
@@ -19,27 +18,6 @@ fn bin() -> Command {
         std::env::temp_dir().join("statestore-metrics-test-cache"),
     );
     c
-}
-
-/// GET `path` on the metrics port: (status code, body).
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics port");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("response");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("a header");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status");
-    (status, body.to_string())
 }
 
 /// Every sample of a scrape: `name{labels}` to value.

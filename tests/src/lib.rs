@@ -506,3 +506,27 @@ pub fn version(wall: u64, counter: u64) -> String {
 /// The guest built with its `fault-injection` feature (`guest/src/fault.rs`):
 /// `SET __fault/loop`, `__fault/grow` and `__fault/trap` make it fail.
 pub const FAULTY_WASM: &str = env!("STATESTORE_FAULTY_WASM");
+
+/// `GET path` from an HTTP server on loopback `port` (the metrics
+/// endpoint): its status and body.
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics port");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("response");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a header");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status");
+    (status, body.to_string())
+}

@@ -264,25 +264,6 @@ async fn sighup_upgrades_the_component_with_its_state() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `GET path` on loopback `port`: the status and the body.
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status");
-    (status, out)
-}
-
 /// `plugin_opt_metrics`: the same Prometheus families as `serve`, counted
 /// by the plugin's requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +271,7 @@ async fn metrics_count_the_plugins_requests() {
     let metrics_port = statestore_tests::broker::free_port();
     let addr = format!("127.0.0.1:{metrics_port}");
     let m = broker(&[("metrics", &addr)]);
-    assert_eq!(http_get(metrics_port, "/readyz").0, 200);
+    assert_eq!(statestore_tests::http_get(metrics_port, "/readyz").0, 200);
     let mut c = RawClient::connect(m.port, "counted").await;
     let rt = c.response_topic();
     c.subscribe(&rt).await;
@@ -302,7 +283,7 @@ async fn metrics_count_the_plugins_requests() {
         );
     }
     assert_eq!(text(&c.call(&[b"GET", b"m0"]).await), "$1\r\nv\r\n");
-    let (status, body) = http_get(metrics_port, "/metrics");
+    let (status, body) = statestore_tests::http_get(metrics_port, "/metrics");
     assert_eq!(status, 200);
     for line in [
         "statestore_requests_total{tenant=\"default\",verb=\"SET\"} 3",
