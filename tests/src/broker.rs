@@ -93,6 +93,16 @@ impl Mosquitto {
     /// the test's), and waits up to 120 s for it to listen (the plugin
     /// compiles the component at start unless its cache has it).
     pub fn start_with_plugin(plugin: &std::path::Path, options: &[(&str, &str)]) -> Mosquitto {
+        Mosquitto::start_with_plugin_and(plugin, options, "")
+    }
+
+    /// [`Mosquitto::start_with_plugin`] with more lines of `mosquitto.conf`
+    /// (e.g. `password_file`).
+    pub fn start_with_plugin_and(
+        plugin: &std::path::Path,
+        options: &[(&str, &str)],
+        more_conf: &str,
+    ) -> Mosquitto {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "statestore-mosquitto-plugin-{}-{port}",
@@ -109,6 +119,7 @@ impl Mosquitto {
         for (key, value) in options {
             conf.push_str(&format!("plugin_opt_{key} {value}\n"));
         }
+        conf.push_str(more_conf);
         Mosquitto::start_within(port, dir, &conf, Duration::from_secs(120))
     }
 

@@ -292,3 +292,71 @@ async fn metrics_count_the_plugins_requests() {
         assert!(body.contains(line), "{line} not in {body}");
     }
 }
+
+/// With mosquitto checking passwords (`password_file`) and
+/// `plugin_opt_trust_usernames`, the authorization file's key rules see the
+/// verified user name and its attributes: alice reads and writes her own
+/// keys and her team's, nothing else; a SIGHUP that gives her more takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authorization_rules_see_mosquittos_verified_user_names() {
+    let dir =
+        std::env::temp_dir().join(format!("statestore-mosquitto-authz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // Written by mosquitto_passwd 2.0: alice/secret.
+    let passwd = dir.join("passwd");
+    std::fs::write(
+        &passwd,
+        "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n",
+    )
+    .expect("passwd");
+    let rules = dir.join("authz.yaml");
+    let policy = |extra: &str| {
+        format!(
+            "rules:\n  - principals:\n      usernames: [alice]\n    stateStoreResources:\n      - method: ReadWrite\n        keyType: Pattern\n        keys: [\"{{principal.username}}/*\", \"{{principal.attributes.team}}/*\"{extra}]\nuserAttributes:\n  alice: {{ team: red }}\n"
+        )
+    };
+    std::fs::write(&rules, policy("")).expect("rules");
+    let rules_arg = rules.to_string_lossy().into_owned();
+    let m = {
+        let cache = cache();
+        Mosquitto::start_with_plugin_and(
+            &plugin(),
+            &[
+                ("cache_dir", cache.as_str()),
+                ("authorization", rules_arg.as_str()),
+                ("trust_usernames", "true"),
+            ],
+            &format!("password_file {}\n", passwd.display()),
+        )
+    };
+    let mut alice = RawClient::try_connect(m.port, "alice-1", Some(("alice", "secret")))
+        .await
+        .expect("alice connects");
+    let rt = alice.response_topic();
+    alice.subscribe(&rt).await;
+    const DENIED: &str = "-ERR not authorized\r\n";
+    assert_eq!(
+        text(&alice.call(&[b"SET", b"alice/1", b"a"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&alice.call(&[b"SET", b"red/1", b"a"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(text(&alice.call(&[b"SET", b"blue/1", b"a"]).await), DENIED);
+    // An anonymous client (mosquitto allows them here) names nobody.
+    let mut anon = RawClient::connect(m.port, "anon").await;
+    let rt = anon.response_topic();
+    anon.subscribe(&rt).await;
+    assert_eq!(text(&anon.call(&[b"GET", b"alice/1"]).await), DENIED);
+    // SIGHUP: blue/* too.
+    std::fs::write(&rules, policy(", \"blue/*\"")).expect("rules");
+    m.hup();
+    m.wait_log("authorization rules reloaded", Duration::from_secs(30));
+    assert_eq!(
+        text(&alice.call(&[b"SET", b"blue/1", b"a"]).await),
+        "+OK\r\n"
+    );
+    drop(m);
+    let _ = std::fs::remove_dir_all(&dir);
+}
