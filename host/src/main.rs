@@ -550,7 +550,8 @@ struct ServeArgs {
     /// every `[[replica]]` (`id`, `raft` address for the other replicas,
     /// `mqtt` address of its embedded broker, where it listens). Writes are
     /// acknowledged once a majority has them (durable under --fsync).
-    /// `scripts/cluster` starts three on loopback; see the README. With
+    /// `scripts/cluster` starts three on loopback; see the book's
+    /// cluster chapter (docs/src/cluster.md). With
     /// --broker, the replicas share the request topic through one MQTT5
     /// shared subscription (`$share/statestore/...`), each as client
     /// `<--client-id>-<id>`.
@@ -558,7 +559,7 @@ struct ServeArgs {
     cluster: Option<PathBuf>,
 
     /// Serve the tenants declared in this TOML file: each an isolated store
-    /// with its own guest instance, journal and limits (see the README).
+    /// with its own guest instance, journal and limits (see docs/src/tenants.md).
     /// SIGHUP reads it again and applies new components and limits.
     #[arg(long, env = "STATESTORE_CONFIG")]
     config: Option<PathBuf>,
@@ -683,7 +684,7 @@ struct ServeArgs {
 
     /// Authorization rules: the `BrokerAuthorization` policy rules of Azure
     /// IoT Operations (principals, brokerResources, stateStoreResources),
-    /// in YAML (the resource as it is) or TOML (`.toml`); see the README.
+    /// in YAML (the resource as it is) or TOML (`.toml`); see docs/src/security.md.
     /// Only what a rule allows is allowed. The embedded broker checks
     /// Connect, Publish and Subscribe; the store checks keys in every mode.
     /// SIGHUP reads it again.

@@ -579,7 +579,7 @@ userAttributes:
         assert_eq!(rules[0].grants[1].keys, [KeySpec::Binary(vec![0, 1])]);
     }
 
-    /// The README's example file parses, and says what it says.
+    /// The example file the book shows parses, and says what it says.
     #[test]
     fn the_example_file() {
         let p = Policy::parse(include_str!("../../examples/authorization.yaml"), false)

@@ -1,7 +1,8 @@
-//! The repository explains itself: the README's Layout section names every
+//! The repository explains itself: the book's Layout chapter names every
 //! Rust source file (itself, or a folder holding it) and nothing that is
-//! not there, and no source or document refers to a tracker's issue by
-//! number (the code says what it does and why instead).
+//! not there, every link between the README and the book's pages leads to
+//! a page and a heading that exist, and no source or document refers to a
+//! tracker's issue by number (the code says what it does and why instead).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ fn root() -> PathBuf {
 /// word is a path when it has a `/` or a `.`; an indented one is inside the
 /// folder above it; deeply indented lines continue a description.
 fn layout_paths(readme: &str) -> Vec<String> {
-    let start = readme.find("## Layout").expect("a Layout section");
+    let start = readme.find("# Layout").expect("a Layout section");
     let block = &readme[start..];
     let open = block.find("```").expect("a code block") + 3;
     let close = open + block[open..].find("```").expect("its end");
@@ -74,8 +75,9 @@ fn relative(path: &Path) -> String {
 #[test]
 fn the_layout_names_every_source_file() {
     let root = root();
-    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let listed = layout_paths(&readme);
+    let layout =
+        std::fs::read_to_string(root.join("docs/src/layout.md")).expect("docs/src/layout.md");
+    let listed = layout_paths(&layout);
     let absent: Vec<&String> = listed.iter().filter(|p| !root.join(p).exists()).collect();
     assert!(
         absent.is_empty(),
@@ -114,7 +116,7 @@ fn the_layout_names_every_source_file() {
         .collect();
     assert!(
         missing.is_empty(),
-        "source files the README's Layout does not name (add a line each): {missing:?}"
+        "source files docs/src/layout.md does not name (add a line each): {missing:?}"
     );
 }
 
@@ -221,4 +223,114 @@ fn issue_references_are_recognised() {
     ] {
         assert!(!issue_reference(no), "{no}");
     }
+}
+
+/// The id mdBook (and GitHub) gives a heading: lower case, spaces to `-`,
+/// only letters, digits, `-` and `_` kept.
+fn heading_id(title: &str) -> String {
+    title
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The ids of a page's headings (outside code blocks).
+fn heading_ids(text: &str) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    let mut code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            code = !code;
+            continue;
+        }
+        if !code && let Some(title) = line.strip_prefix('#') {
+            ids.insert(heading_id(title.trim_start_matches('#')));
+        }
+    }
+    ids
+}
+
+/// The targets of a page's Markdown links (`[text](target)`), outside code.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            code = !code;
+            continue;
+        }
+        if code {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push(after[..end].to_string());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_of_the_readme_and_the_book_leads_somewhere() {
+    let root = root();
+    let mut pages = vec![root.join("README.md")];
+    files(&root.join("docs/src"), &[".md"], &mut pages);
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a page");
+        for target in link_targets(&text) {
+            if target.contains("://") {
+                broken.push(format!(
+                    "{}: {target}: a link outside the repository",
+                    relative(page)
+                ));
+                continue;
+            }
+            let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let to = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().expect("a folder").join(file)
+            };
+            let Ok(to_text) = std::fs::read_to_string(&to) else {
+                broken.push(format!("{}: {target}: no such file", relative(page)));
+                continue;
+            };
+            if !anchor.is_empty() && !heading_ids(&to_text).contains(anchor) {
+                broken.push(format!("{}: {target}: no such heading", relative(page)));
+            }
+        }
+    }
+    // Every chapter is in the book's table of contents.
+    let summary = std::fs::read_to_string(root.join("docs/src/SUMMARY.md")).expect("SUMMARY.md");
+    let listed: BTreeSet<String> = link_targets(&summary).into_iter().collect();
+    for page in &pages[1..] {
+        let name = page
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        if name != "SUMMARY.md" && !listed.contains(&name) {
+            broken.push(format!("docs/src/{name}: not in SUMMARY.md"));
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn heading_ids_are_mdbooks() {
+    assert_eq!(
+        heading_id(" The embedded broker as an MQTT 5 broker"),
+        "the-embedded-broker-as-an-mqtt-5-broker"
+    );
+    assert_eq!(heading_id("Listing keys: SCAN"), "listing-keys-scan");
 }

@@ -717,7 +717,7 @@ pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
             }
             if !found {
                 bail!(
-                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (README, \"Recovery runbook\")",
+                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (docs/src/cluster.md, \"Recovery runbook\")",
                     disk.describe()
                 );
             }
