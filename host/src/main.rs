@@ -99,23 +99,33 @@ struct ClientArgs {
     #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883", env = "STATESTORE_BROKER")]
     broker: BrokerUrl,
     /// Our MQTT client id (also the lock holder). Default: statestore-cli-<pid>.
-    #[arg(long)]
+    #[arg(long, env = "STATESTORE_CLIENT_ID")]
     client_id: Option<String>,
     /// MQTT user name.
-    #[arg(long)]
+    #[arg(long, env = "STATESTORE_USERNAME")]
     username: Option<String>,
     /// A file whose first line is the MQTT password.
-    #[arg(long)]
+    #[arg(long, env = "STATESTORE_PASSWORD_FILE")]
     password_file: Option<PathBuf>,
     /// CA certificate (PEM) for `mqtts://` (default: the system's roots).
-    #[arg(long)]
+    #[arg(long, env = "STATESTORE_CA_FILE")]
     ca_file: Option<PathBuf>,
     /// Our client certificate chain (PEM), for a broker that authenticates
     /// clients by certificate (`mqtts://` only; with --client-key).
-    #[arg(long, value_name = "FILE", requires = "client_key")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "client_key",
+        env = "STATESTORE_CLIENT_CERT"
+    )]
     client_cert: Option<PathBuf>,
     /// The private key (PEM) of --client-cert.
-    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "client_cert",
+        env = "STATESTORE_CLIENT_KEY"
+    )]
     client_key: Option<PathBuf>,
     /// How long to wait for the broker and for each reply, ms.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -274,7 +284,7 @@ fn component(args: ComponentArgs) -> Result<()> {
 #[derive(clap::Args)]
 struct BenchArgs {
     /// The broker the store (or echo responder) serves on.
-    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883", env = "STATESTORE_BROKER")]
     broker: BrokerUrl,
     /// Concurrent clients, each with one request in flight.
     #[arg(long, default_value_t = 8)]
@@ -311,7 +321,7 @@ struct BenchArgs {
 #[derive(clap::Args)]
 struct EchoArgs {
     /// The broker to serve on.
-    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883")]
+    #[arg(long, value_parser = parse_url, default_value = "mqtt://127.0.0.1:1883", env = "STATESTORE_BROKER")]
     broker: BrokerUrl,
     /// Topic to answer on.
     #[arg(long, default_value = "bench/echo")]
@@ -412,20 +422,22 @@ struct ServeArgs {
 
     /// Serve through this broker instead of the embedded one:
     /// mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS.
-    #[arg(long, env = "STATESTORE_BROKER", value_parser = parse_url)]
+    /// (`STATESTORE_SERVE_BROKER`: the client commands' `STATESTORE_BROKER`
+    /// never makes a server external.)
+    #[arg(long, env = "STATESTORE_SERVE_BROKER", value_parser = parse_url)]
     broker: Option<BrokerUrl>,
 
     /// Our MQTT client id. Keep it stable: the broker keeps queued requests in
     /// this client's session while the server restarts.
-    #[arg(long, env = "STATESTORE_CLIENT_ID", default_value = "statestore")]
+    #[arg(long, env = "STATESTORE_SERVE_CLIENT_ID", default_value = "statestore")]
     client_id: String,
 
     /// MQTT user name.
-    #[arg(long, env = "STATESTORE_USERNAME")]
+    #[arg(long, env = "STATESTORE_SERVE_USERNAME")]
     username: Option<String>,
 
     /// File holding the MQTT password (safer than a command-line argument).
-    #[arg(long, env = "STATESTORE_PASSWORD_FILE")]
+    #[arg(long, env = "STATESTORE_SERVE_PASSWORD_FILE")]
     password_file: Option<PathBuf>,
 
     /// CA certificate (PEM) to verify the broker with (mqtts:// only); the

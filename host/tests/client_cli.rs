@@ -303,3 +303,56 @@ fn an_unreachable_broker_is_exit_code_2() {
     assert_eq!(code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot connect"));
 }
+
+/// The client commands' environment is theirs alone: with
+/// `STATESTORE_BROKER` and `STATESTORE_USERNAME` exported for them, `serve`
+/// still serves its own embedded broker (it reads `STATESTORE_SERVE_*`);
+/// and a client command takes its broker and credentials from the
+/// environment (`STATESTORE_USERNAME`, `STATESTORE_PASSWORD_FILE`), as
+/// etcdctl does.
+#[test]
+fn the_client_commands_environment_is_theirs_alone() {
+    let dir = std::env::temp_dir().join(format!("statestore-cli-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // Written by mosquitto_passwd 2.0: alice/secret.
+    let users = dir.join("users");
+    std::fs::write(
+        &users,
+        "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n",
+    )
+    .expect("users");
+    let password = dir.join("password");
+    std::fs::write(&password, "secret\n").expect("password");
+    let port = free_port();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let mut serve = bin();
+    serve
+        .env("STATESTORE_BROKER", "mqtt://127.0.0.1:1")
+        .env("STATESTORE_USERNAME", "alice")
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--users-file",
+        ])
+        .arg(&users);
+    let _server = Server::spawn(serve);
+    let client = |args: &[&str], credentials: bool| {
+        let mut c = bin();
+        c.env("STATESTORE_BROKER", &url).args(args);
+        if credentials {
+            c.env("STATESTORE_USERNAME", "alice")
+                .env("STATESTORE_PASSWORD_FILE", &password);
+        }
+        c.output().expect("run statestore")
+    };
+    let o = client(&["set", "k", "v"], true);
+    assert_eq!(code(&o), 0, "{o:?}");
+    let o = client(&["get", "k"], true);
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(o.stdout, b"v");
+    // Without them the server refuses the client.
+    let o = client(&["get", "k"], false);
+    assert_eq!(code(&o), 2, "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

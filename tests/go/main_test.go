@@ -413,7 +413,7 @@ func startProcess(name, bin string, args ...string) (*server, error) {
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = p.out
 	// The server reads STATESTORE_* variables (STATESTORE_LISTEN,
-	// STATESTORE_BROKER, ...): do not let the caller's leak into it.
+	// STATESTORE_SERVE_BROKER, ...): do not let the caller's leak into it.
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "STATESTORE_") {
 			p.cmd.Env = append(p.cmd.Env, kv)
