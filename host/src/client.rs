@@ -216,7 +216,7 @@ impl Client {
                     Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
                     Ok(_) => {}
                     Err(e) => {
-                        let _ = conn_tx.send(Err(e.to_string()));
+                        let _ = conn_tx.send(Err(connect_error(&e)));
                         return;
                     }
                 }
@@ -383,6 +383,26 @@ pub struct SetOptions {
 
 /// One page of a SCAN: its keys, and the token of the next page if any.
 pub type ScanPage = (Vec<Vec<u8>>, Option<Vec<u8>>);
+
+/// What a failed connection means, in words a user can act on (not the
+/// MQTT library's).
+fn connect_error(e: &rumqttc::v5::ConnectionError) -> String {
+    use rumqttc::v5::ConnectionError as E;
+    use rumqttc::v5::StateError;
+    use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as Code;
+    match e {
+        E::ConnectionRefused(Code::BadUserNamePassword) => "the broker refused the user name or password (--username and --password-file, or STATESTORE_USERNAME and STATESTORE_PASSWORD_FILE)".into(),
+        E::ConnectionRefused(Code::NotAuthorized) => "the broker refused this client: not authorized (its user, certificate or client id; or another user holds this client id)".into(),
+        E::ConnectionRefused(Code::ConnectionRateExceeded) => "the broker refused this address: too many failed logins from it; wait a minute and check the password".into(),
+        E::ConnectionRefused(Code::QuotaExceeded) => "the broker refused this client: it holds as many connections or sessions as it may (from this address or in all)".into(),
+        E::ConnectionRefused(Code::ClientIdentifierNotValid) => "the broker refused the client id (--client-id: no '/', '+' or '#')".into(),
+        E::ConnectionRefused(code) => format!("the broker refused the connection ({code:?})"),
+        E::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => "nothing listens there (is the store running? --broker or STATESTORE_BROKER)".into(),
+        E::MqttState(StateError::Deserialization(_)) | E::NotConnAck(_) => "what answers there does not speak MQTT 5 (the wrong port? a TLS port needs mqtts://)".into(),
+        E::MqttState(StateError::Io(io)) if io.kind() == std::io::ErrorKind::UnexpectedEof => "the connection was closed before the broker answered (the wrong port? a TLS port needs mqtts://)".into(),
+        other => other.to_string(),
+    }
+}
 
 /// A SCAN reply: the page's keys, and the token of the next page if any
 /// (spec §12: `*1\r\n*<k>\r\n<keys>` or `*2\r\n*<k>\r\n<keys><token>`),

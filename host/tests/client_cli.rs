@@ -356,3 +356,65 @@ fn the_client_commands_environment_is_theirs_alone() {
     assert_eq!(code(&o), 2, "{o:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A failed connection is said in words a user can act on, not the MQTT
+/// library's: a wrong password, nothing listening, something that does
+/// not speak MQTT.
+#[test]
+fn connection_errors_say_what_to_do() {
+    let stderr = |url: &str, extra: &[&str]| {
+        let o = bin()
+            .args(["get", "k", "--broker", url, "--timeout-ms", "5000"])
+            .args(extra)
+            .output()
+            .expect("run statestore");
+        assert_eq!(code(&o), 2, "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    // Nothing listens.
+    let closed = free_port();
+    let said = stderr(&format!("mqtt://127.0.0.1:{closed}"), &[]);
+    assert!(said.contains("nothing listens there"), "{said}");
+    // Something that answers HTTP.
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = http.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        if let Ok((mut s, _)) = http.accept() {
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let said = stderr(&format!("mqtt://127.0.0.1:{port}"), &[]);
+    assert!(said.contains("wrong port"), "{said}");
+    // A wrong password.
+    let dir = std::env::temp_dir().join(format!("statestore-cli-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let users = dir.join("users");
+    std::fs::write(
+        &users,
+        "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n",
+    )
+    .expect("users");
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "not-it\n").expect("password");
+    let port = free_port();
+    let mut serve = bin();
+    serve
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--users-file",
+        ])
+        .arg(&users);
+    let _server = Server::spawn(serve);
+    let wrong = wrong.to_string_lossy().into_owned();
+    let said = stderr(
+        &format!("mqtt://127.0.0.1:{port}"),
+        &["--username", "alice", "--password-file", &wrong],
+    );
+    assert!(said.contains("refused the user name or password"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
