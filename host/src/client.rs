@@ -655,6 +655,10 @@ pub async fn lock(
             break String::from_utf8_lossy(&version).trim().to_string();
         }
         if Instant::now() >= deadline {
+            eprintln!(
+                "statestore: the lock was not had within {} ms (another holds it); the command did not run",
+                wait.as_millis()
+            );
             return Ok(NOT_APPLIED);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1099,6 +1099,16 @@ fn run_client(command: Command) -> Result<u8> {
         timeout: Duration::from_millis(args.timeout_ms),
     };
     let key = |k: &str| enc.decode(k.as_bytes()).context("the key");
+    // What exit code 1 means, said on stderr (stdout stays the data).
+    let not_applied = match &command {
+        Command::Get(_) => Some("no such key"),
+        Command::Set(_) => Some("not set: the condition (--nx or --nex) did not hold"),
+        Command::Del(_) => Some("nothing deleted: no such key"),
+        Command::Vdel(_) => Some("nothing deleted: no such key, or it holds another value"),
+        Command::Keys(_) => Some("no key matches"),
+        _ => None,
+    };
+    let is_get = matches!(command, Command::Get(_));
     runtime()?.block_on(async move {
         let mut c = Client::connect(&opts).await?;
         let mut out = std::io::stdout().lock();
@@ -1143,9 +1153,18 @@ fn run_client(command: Command) -> Result<u8> {
             }
             _ => client::ERROR,
         };
-        use std::io::Write;
+        use std::io::{IsTerminal, Write};
+        // A value ends its line on a terminal; piped, it is the bytes alone.
+        if is_get && code == client::OK && out.is_terminal() {
+            out.write_all(b"\n")?;
+        }
         out.flush()?;
         c.close().await;
+        if code == client::NOT_APPLIED
+            && let Some(why) = not_applied
+        {
+            eprintln!("statestore: {why}");
+        }
         Ok(code)
     })
 }

@@ -418,3 +418,57 @@ fn connection_errors_say_what_to_do() {
     assert!(said.contains("refused the user name or password"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Exit code 1 is said on stderr (stdout stays the data alone): no such
+/// key, a condition that did not hold, nothing deleted, a lock not had
+/// within the wait (told apart from the command's own exit 1); and on a
+/// terminal a value ends its line (piped, it is the bytes alone).
+#[test]
+fn exit_code_one_is_said_on_stderr_and_a_value_ends_its_line_on_a_terminal() {
+    let store = embedded();
+    let said = |args: &[&str]| {
+        let o = store.run(args);
+        assert_eq!(code(&o), 1, "{o:?}");
+        assert!(o.stdout.is_empty(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    assert!(said(&["get", "absent"]).contains("no such key"));
+    assert!(said(&["del", "absent"]).contains("nothing deleted"));
+    assert_eq!(code(&store.run(&["set", "k", "v"])), 0);
+    assert!(said(&["set", "k", "w", "--nx"]).contains("condition"));
+    assert!(said(&["vdel", "k", "other"]).contains("another value"));
+    assert_eq!(code(&store.run(&["set", "held", "someone-else"])), 0);
+    let o = store.run(&[
+        "lock",
+        "held",
+        "--ttl",
+        "1000",
+        "--wait-ms",
+        "300",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 1, "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("was not had within 300 ms"),
+        "{o:?}"
+    );
+    // On a terminal (util-linux `script` gives the command a pty).
+    let get = format!(
+        "{} get k --broker {}",
+        env!("CARGO_BIN_EXE_statestore"),
+        store.url
+    );
+    let o = Command::new("script")
+        .args(["-qec", &get, "/dev/null"])
+        .env(
+            "STATESTORE_CACHE_DIR",
+            std::env::temp_dir().join("statestore-client-cli-test-cache"),
+        )
+        .output()
+        .expect("script");
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert!(o.stdout.ends_with(b"v\r\n"), "{o:?}");
+    // Piped: the value's bytes alone.
+    assert_eq!(store.run(&["get", "k"]).stdout, b"v");
+}
