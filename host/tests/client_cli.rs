@@ -314,13 +314,8 @@ fn an_unreachable_broker_is_exit_code_2() {
 fn the_client_commands_environment_is_theirs_alone() {
     let dir = std::env::temp_dir().join(format!("statestore-cli-env-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    // Written by mosquitto_passwd 2.0: alice/secret.
     let users = dir.join("users");
-    std::fs::write(
-        &users,
-        "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n",
-    )
-    .expect("users");
+    std::fs::write(&users, statestore_tests::ALICE_SECRET).expect("users");
     let password = dir.join("password");
     std::fs::write(&password, "secret\n").expect("password");
     let port = free_port();
@@ -392,11 +387,7 @@ fn connection_errors_say_what_to_do() {
     let dir = std::env::temp_dir().join(format!("statestore-cli-errors-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let users = dir.join("users");
-    std::fs::write(
-        &users,
-        "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n",
-    )
-    .expect("users");
+    std::fs::write(&users, statestore_tests::ALICE_SECRET).expect("users");
     let wrong = dir.join("wrong");
     std::fs::write(&wrong, "not-it\n").expect("password");
     let port = free_port();

@@ -635,9 +635,6 @@ async fn connections_that_send_no_connect_are_bounded_and_closed() {
     );
 }
 
-// Written by mosquitto_passwd 2.0: alice/secret.
-const ALICE: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n";
-
 /// CONNACK reason codes.
 const ACCEPTED: u8 = 0x00;
 const BAD_PASSWORD: u8 = 0x86;
@@ -654,7 +651,7 @@ async fn password_guesses_are_bounded_per_address() {
     let dir = std::env::temp_dir().join(format!("statestore-guesses-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let users = dir.join("users");
-    std::fs::write(&users, ALICE).expect("users");
+    std::fs::write(&users, statestore_tests::ALICE_SECRET).expect("users");
     let port = free_port();
     let metrics = free_port();
     let users_arg = users.to_string_lossy().to_string();

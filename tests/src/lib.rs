@@ -530,3 +530,7 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .expect("a status");
     (status, body.to_string())
 }
+
+/// A users file (`--users-file`, mosquitto's `password_file`) of one user,
+/// alice, password `secret`, as `mosquitto_passwd` 2.0 writes it (`$7$`).
+pub const ALICE_SECRET: &str = "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n";

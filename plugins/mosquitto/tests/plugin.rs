@@ -302,13 +302,8 @@ async fn the_authorization_rules_see_mosquittos_verified_user_names() {
     let dir =
         std::env::temp_dir().join(format!("statestore-mosquitto-authz-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    // Written by mosquitto_passwd 2.0: alice/secret.
     let passwd = dir.join("passwd");
-    std::fs::write(
-        &passwd,
-        "alice:$7$101$2mzpNYbDUlUh0lZt$ES15svPaOtF/DjXnawoogymLg5N51xVW0x/C288xQM39XvJcpJvApScilIodWJiBQXOzrLv5q+Tfz2EGy4OCKA==\n",
-    )
-    .expect("passwd");
+    std::fs::write(&passwd, statestore_tests::ALICE_SECRET).expect("passwd");
     let rules = dir.join("authz.yaml");
     let policy = |extra: &str| {
         format!(
