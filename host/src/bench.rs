@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
@@ -38,6 +38,10 @@ pub struct BenchOptions {
     pub ca_file: Option<std::path::PathBuf>,
     /// MQTT user name and password of every client.
     pub credentials: Option<(String, String)>,
+    /// What every key written starts with (then `<client>-<n>`).
+    pub prefix: String,
+    /// Delete the keys written when done (the store's topic only).
+    pub cleanup: bool,
 }
 
 /// Results.
@@ -102,12 +106,14 @@ async fn connect(
     crate::mqtt::connection_options(&mut o, broker, ca_file, None)?;
     let (client, mut eventloop) = AsyncClient::new(o, 64);
     let (tx, rx) = mpsc::unbounded_channel();
-    let (ready_tx, mut ready) = mpsc::channel(1);
+    let (ready_tx, mut ready) = mpsc::channel::<Result<(), String>>(1);
     tokio::spawn(async move {
+        let mut connected = false;
         loop {
             match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => connected = true,
                 Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    let _ = ready_tx.try_send(());
+                    let _ = ready_tx.try_send(Ok(()));
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     if tx.send(p).is_err() {
@@ -116,16 +122,25 @@ async fn connect(
                 }
                 Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return,
                 Ok(_) => {}
+                // Before the first CONNACK a failure is the answer (a
+                // closed port, a refused login); after it, try again.
+                Err(e) if !connected => {
+                    let _ = ready_tx.try_send(Err(crate::client::connect_error(&e)));
+                    return;
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
     });
     let response_topic = format!("bench/{id}/response");
     client.subscribe(&response_topic, QoS::AtLeastOnce).await?;
-    tokio::time::timeout(Duration::from_secs(10), ready.recv())
-        .await
-        .context("no SUBACK from the broker within 10 s")?;
-    Ok((client, rx))
+    let at = format!("{}:{}", broker.host, broker.port);
+    match tokio::time::timeout(Duration::from_secs(10), ready.recv()).await {
+        Ok(Some(Ok(()))) => Ok((client, rx)),
+        Ok(Some(Err(e))) => bail!("cannot connect to {at}: {e}"),
+        Ok(None) => bail!("cannot connect to {at}"),
+        Err(_) => bail!("no answer from {at} within 10 s"),
+    }
 }
 
 /// Runs the load and returns the merged report.
@@ -147,7 +162,7 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
         )
         .await?;
         tasks.push(tokio::spawn(async move {
-            one_client(opts, id, client, rx, per_client).await
+            one_client(opts, c, id, client, rx, per_client).await
         }));
     }
     let mut report = BenchReport {
@@ -167,52 +182,42 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
     Ok(report)
 }
 
-async fn one_client(
-    opts: BenchOptions,
-    id: String,
+/// One client's connection and where its replies come.
+struct Link {
     client: AsyncClient,
-    mut rx: mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Publish>,
-    max: u64,
-) -> Result<BenchReport> {
-    let response_topic = format!("bench/{id}/response");
-    let value = vec![b'v'; opts.value_size];
-    let mut lat = Vec::new();
-    let mut timeouts = 0;
-    let start = Instant::now();
-    let mut rng: u64 =
-        0x2545_F491_4F6C_DD1D ^ (id.len() as u64 * 7919) ^ u64::from(std::process::id());
-    let mut n: u64 = 0;
-    while n < max && start.elapsed() < opts.duration {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let key = format!("{id}-{}", rng % opts.keys as u64);
-        let get = (rng % 10_000) as f64 / 10_000.0 < opts.get_ratio;
-        let payload = if get {
-            statestore_guest::resp3::request(&[b"GET", key.as_bytes()])
-        } else {
-            statestore_guest::resp3::request(&[b"SET", key.as_bytes(), &value])
-        };
-        let corr = Bytes::from(n.to_be_bytes().repeat(2));
+    rx: mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Publish>,
+    id: String,
+    topic: String,
+    response_topic: String,
+    sent: u64,
+}
+
+impl Link {
+    /// Sends one request and waits for its reply: `Some(latency)`, or
+    /// `None` if none came within 10 s.
+    async fn round_trip(&mut self, payload: Vec<u8>) -> Result<Option<Duration>> {
+        self.sent += 1;
+        let corr = Bytes::from(self.sent.to_be_bytes().repeat(2));
         let props = PublishProperties {
-            response_topic: Some(response_topic.clone()),
+            response_topic: Some(self.response_topic.clone()),
             correlation_data: Some(corr.clone()),
             message_expiry_interval: Some(10),
             content_type: Some("application/octet-stream".into()),
             user_properties: vec![
-                ("__srcId".into(), id.clone()),
+                ("__srcId".into(), self.id.clone()),
                 (
                     "__ts".into(),
-                    format!("{:015}:00000:{id}", crate::driver::now_ms()),
+                    format!("{:015}:00000:{}", crate::driver::now_ms(), self.id),
                 ),
                 ("__protVer".into(), "1.0".into()),
             ],
             ..Default::default()
         };
         let sent = Instant::now();
-        client
-            .publish_with_properties(opts.topic.clone(), QoS::AtLeastOnce, false, payload, props)
+        self.client
+            .publish_with_properties(self.topic.clone(), QoS::AtLeastOnce, false, payload, props)
             .await?;
+        let rx = &mut self.rx;
         let got = tokio::time::timeout(Duration::from_secs(10), async {
             while let Some(p) = rx.recv().await {
                 if p.properties
@@ -227,16 +232,69 @@ async fn one_client(
         })
         .await;
         match got {
-            Ok(true) => lat.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX)),
+            Ok(true) => Ok(Some(sent.elapsed())),
             Ok(false) => bail!("the connection closed"),
-            Err(_) => timeouts += 1,
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+async fn one_client(
+    opts: BenchOptions,
+    c: usize,
+    id: String,
+    client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Publish>,
+    max: u64,
+) -> Result<BenchReport> {
+    let mut link = Link {
+        client,
+        rx,
+        response_topic: format!("bench/{id}/response"),
+        id,
+        topic: opts.topic.clone(),
+        sent: 0,
+    };
+    let value = vec![b'v'; opts.value_size];
+    let mut lat = Vec::new();
+    let mut timeouts = 0;
+    let start = Instant::now();
+    let mut rng: u64 =
+        0x2545_F491_4F6C_DD1D ^ (link.id.len() as u64 * 7919) ^ u64::from(std::process::id());
+    let mut written = vec![false; opts.keys];
+    let key = |k: usize| format!("{}{c}-{k}", opts.prefix);
+    let mut n: u64 = 0;
+    while n < max && start.elapsed() < opts.duration {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let k = (rng % opts.keys as u64) as usize;
+        let get = (rng % 10_000) as f64 / 10_000.0 < opts.get_ratio;
+        let payload = if get {
+            statestore_guest::resp3::request(&[b"GET", key(k).as_bytes()])
+        } else {
+            written[k] = true;
+            statestore_guest::resp3::request(&[b"SET", key(k).as_bytes(), &value])
+        };
+        match link.round_trip(payload).await? {
+            Some(d) => lat.push(u32::try_from(d.as_micros()).unwrap_or(u32::MAX)),
+            None => timeouts += 1,
         }
         n += 1;
     }
-    let _ = client.disconnect().await;
+    let elapsed = start.elapsed();
+    if opts.cleanup && opts.topic == REQUEST_TOPIC {
+        for (k, _) in written.iter().enumerate().filter(|(_, w)| **w) {
+            let del = statestore_guest::resp3::request(&[b"DEL", key(k).as_bytes()]);
+            if link.round_trip(del).await?.is_none() {
+                bail!("no reply to a DEL of the cleanup within 10 s");
+            }
+        }
+    }
+    let _ = link.client.disconnect().await;
     Ok(BenchReport {
         requests: lat.len() as u64,
-        elapsed: start.elapsed(),
+        elapsed,
         latencies_us: lat,
         timeouts,
     })
@@ -248,10 +306,17 @@ async fn one_client(
 pub async fn echo(
     broker: BrokerUrl,
     topic: String,
+    ca_file: Option<&std::path::Path>,
+    credentials: Option<&(String, String)>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let (client, mut rx) =
-        connect(&broker, None, None, &format!("echo-{}", std::process::id())).await?;
+    let (client, mut rx) = connect(
+        &broker,
+        ca_file,
+        credentials,
+        &format!("echo-{}", std::process::id()),
+    )
+    .await?;
     client.subscribe(&topic, QoS::AtLeastOnce).await?;
     tokio::pin!(shutdown);
     loop {

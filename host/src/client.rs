@@ -96,8 +96,9 @@ impl Encoding {
 /// Where and how to connect.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// The broker (`mqtt://` or `mqtts://`).
-    pub broker: BrokerUrl,
+    /// The brokers (`mqtt://` or `mqtts://`), tried in order: the first that
+    /// answers is used, the next ones when it fails (a cluster's replicas).
+    pub brokers: Vec<BrokerUrl>,
     /// Our MQTT client id (also `__srcId`, and the lock holder).
     pub client_id: String,
     /// MQTT user name and password.
@@ -171,27 +172,105 @@ pub struct Client {
     timeout: Duration,
     response_topic: String,
     next: u64,
+    opts: ClientOptions,
+    /// Which of `opts.brokers` we are connected to.
+    at: usize,
+}
+
+/// One MQTT connection of a [`Client`].
+struct Connection {
+    client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<Publish>,
+    acks: mpsc::UnboundedReceiver<()>,
 }
 
 impl Client {
-    /// Connects and subscribes to our response topic.
+    /// Connects to the first of `opts.brokers` that answers (trying them in
+    /// order) and subscribes to our response topic.
     pub async fn connect(opts: &ClientOptions) -> Result<Client> {
-        let mut o = MqttOptions::new(&opts.client_id, &opts.broker.host, opts.broker.port);
+        if opts.brokers.is_empty() {
+            bail!("no broker to connect to");
+        }
+        let response_topic = format!(
+            "clients/{}/services/statestore/v1/{STORE_ID}/command/invoke/response",
+            opts.client_id
+        );
+        let (at, conn) = Self::connect_from(opts, 0, &response_topic).await?;
+        Ok(Client {
+            client: conn.client,
+            rx: conn.rx,
+            acks: conn.acks,
+            id: opts.client_id.clone(),
+            timeout: opts.timeout,
+            response_topic,
+            next: 0,
+            opts: opts.clone(),
+            at,
+        })
+    }
+
+    /// The broker we are connected to.
+    pub fn broker(&self) -> &BrokerUrl {
+        &self.opts.brokers[self.at]
+    }
+
+    /// Connects again, to the next broker of the list that answers (the
+    /// same one if it is the only one), and subscribes to our response
+    /// topic. Registrations (KEYNOTIFY) are the caller's to make again.
+    pub async fn reconnect(&mut self) -> Result<()> {
+        let _ = self.client.disconnect().await;
+        let from = (self.at + 1) % self.opts.brokers.len();
+        let (at, conn) = Self::connect_from(&self.opts, from, &self.response_topic).await?;
+        self.client = conn.client;
+        self.rx = conn.rx;
+        self.acks = conn.acks;
+        self.at = at;
+        Ok(())
+    }
+
+    /// Tries every broker once, starting at `from`.
+    async fn connect_from(
+        opts: &ClientOptions,
+        from: usize,
+        response_topic: &str,
+    ) -> Result<(usize, Connection)> {
+        let n = opts.brokers.len();
+        let mut failures = Vec::new();
+        for i in (0..n).map(|k| (from + k) % n) {
+            match Self::connect_one(opts, &opts.brokers[i], response_topic).await {
+                Ok(conn) => return Ok((i, conn)),
+                Err(e) if n == 1 => return Err(e),
+                Err(e) => {
+                    tracing::debug!(broker = %opts.brokers[i], error = %format!("{e:#}"), "trying the next broker");
+                    failures.push(format!("{e:#}"));
+                }
+            }
+        }
+        bail!("no broker answered:\n  {}", failures.join("\n  "))
+    }
+
+    /// Connects to `broker` and subscribes to `response_topic`.
+    async fn connect_one(
+        opts: &ClientOptions,
+        broker: &BrokerUrl,
+        response_topic: &str,
+    ) -> Result<Connection> {
+        let mut o = MqttOptions::new(&opts.client_id, &broker.host, broker.port);
         o.set_keep_alive(Duration::from_secs(30))
             .set_clean_start(true)
             .set_max_packet_size(Some(crate::serve::MAX_PACKET));
         if let Some((user, password)) = &opts.credentials {
-            if !opts.broker.tls && !opts.broker.is_loopback() {
+            if !broker.tls && !broker.is_loopback() {
                 eprintln!(
                     "warning: the password goes out in clear text to {}:{} (mqtt://): use mqtts:// beyond loopback",
-                    opts.broker.host, opts.broker.port
+                    broker.host, broker.port
                 );
             }
             o.set_credentials(user, password);
         }
         crate::mqtt::connection_options(
             &mut o,
-            &opts.broker,
+            broker,
             opts.ca_file.as_deref(),
             opts.client_cert.as_ref(),
         )?;
@@ -222,34 +301,42 @@ impl Client {
                 }
             }
         });
-        let broker = format!("{}:{}", opts.broker.host, opts.broker.port);
+        let at = format!("{}:{}", broker.host, broker.port);
         match tokio::time::timeout(opts.timeout, connected.recv()).await {
             Ok(Some(Ok(()))) => {}
-            Ok(Some(Err(e))) => bail!("cannot connect to {broker}: {e}"),
-            Ok(None) | Err(_) => bail!("no answer from {broker} within {:?}", opts.timeout),
+            Ok(Some(Err(e))) => bail!("cannot connect to {at}: {e}"),
+            Ok(None) | Err(_) => bail!("no answer from {at} within {:?}", opts.timeout),
         }
-        let response_topic = format!(
-            "clients/{}/services/statestore/v1/{STORE_ID}/command/invoke/response",
-            opts.client_id
-        );
-        client.subscribe(&response_topic, QoS::AtLeastOnce).await?;
+        client.subscribe(response_topic, QoS::AtLeastOnce).await?;
         tokio::time::timeout(opts.timeout, acks.recv())
             .await
-            .map_err(|_| anyhow!("no SUBACK from {broker} within {:?}", opts.timeout))?;
-        Ok(Client {
-            client,
-            rx,
-            acks,
-            id: opts.client_id.clone(),
-            timeout: opts.timeout,
-            response_topic,
-            next: 0,
-        })
+            .map_err(|_| anyhow!("no SUBACK from {at} within {:?}", opts.timeout))?;
+        Ok(Connection { client, rx, acks })
     }
 
     /// Sends a request (`parts` of a RESP3 array, `props` beside the usual
-    /// ones) and waits for its reply.
+    /// ones) and waits for its reply. A `503` (the store has no leader to
+    /// take it: it was not applied) is tried again, on the next broker of
+    /// the list if there are several, until the timeout.
     pub async fn request(&mut self, parts: &[&[u8]], props: &[(&str, &str)]) -> Result<Reply> {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let reply = self.request_once(parts, props).await?;
+            if reply.status != "503" || Instant::now() + pause >= deadline {
+                return Ok(reply);
+            }
+            tracing::debug!(broker = %self.broker(), "503: trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            if self.opts.brokers.len() > 1 {
+                self.reconnect().await?;
+            }
+        }
+    }
+
+    /// One try of [`Client::request`].
+    async fn request_once(&mut self, parts: &[&[u8]], props: &[(&str, &str)]) -> Result<Reply> {
         self.next += 1;
         let mut correlation = [0u8; 16];
         correlation[..8].copy_from_slice(&std::process::id().to_be_bytes().repeat(2));
@@ -386,7 +473,7 @@ pub type ScanPage = (Vec<Vec<u8>>, Option<Vec<u8>>);
 
 /// What a failed connection means, in words a user can act on (not the
 /// MQTT library's).
-fn connect_error(e: &rumqttc::v5::ConnectionError) -> String {
+pub(crate) fn connect_error(e: &rumqttc::v5::ConnectionError) -> String {
     use rumqttc::v5::ConnectionError as E;
     use rumqttc::v5::StateError;
     use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as Code;
@@ -455,15 +542,18 @@ pub fn parse_scan_page(payload: &[u8]) -> Result<ScanPage> {
     Ok((keys, token))
 }
 
-/// `keys`: every key that matches `pattern`, one per line, every page.
+/// `keys`: every key that matches `pattern`, one per line (escaped), every
+/// page; or one JSON array of them.
 pub async fn keys(
     c: &mut Client,
     pattern: &[u8],
     enc: Encoding,
+    output: Output,
     out: &mut dyn Write,
 ) -> Result<u8> {
     let mut token: Option<Vec<u8>> = None;
     let mut listed = 0usize;
+    let mut json = Vec::new();
     loop {
         let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
         if let Some(t) = &token {
@@ -475,22 +565,115 @@ pub async fn keys(
         }
         let (keys, next) = parse_scan_page(&reply.payload)?;
         for k in keys {
-            out.write_all(&enc.encode(&k))?;
-            out.write_all(b"\n")?;
             listed += 1;
+            if output == Output::Json {
+                let mut o = serde_json::Map::new();
+                json_field(&mut o, "key", &k, enc);
+                json.push(o.remove("key").unwrap_or_default());
+                continue;
+            }
+            out.write_all(&escape(&k, enc))?;
+            out.write_all(b"\n")?;
         }
         out.flush()?;
         match next {
             Some(t) if t.is_empty() => bail!("the state store sent an empty SCAN token"),
             Some(t) => token = Some(t),
-            None => return Ok(if listed == 0 { NOT_APPLIED } else { OK }),
+            None => break,
         }
     }
+    if output == Output::Json {
+        writeln!(out, "{}", serde_json::Value::Array(json))?;
+    }
+    Ok(if listed == 0 { NOT_APPLIED } else { OK })
 }
 
-/// `get`: the value, alone, on `out`.
-pub async fn get(c: &mut Client, key: &[u8], enc: Encoding, out: &mut dyn Write) -> Result<u8> {
-    match check(&c.request(&[b"GET", key], &[]).await?)? {
+/// How the client commands print what they read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Output {
+    /// `get`: the value as it is; `keys` and `watch`: one line each, keys
+    /// and values escaped (see [`escape`]).
+    #[default]
+    Text,
+    /// One JSON document (`get`, `keys`) or one JSON object per line
+    /// (`watch`). Keys and values are strings: UTF-8 as it is, else in a
+    /// `key_base64` / `value_base64` field; with --hex / --base64, strings
+    /// of that encoding.
+    Json,
+}
+
+/// `bytes` as one line's field: with --hex or --base64 in that encoding,
+/// else with a backslash, control characters and bytes that are not UTF-8
+/// written `\\`, `\n`, `\r`, `\t` or `\xHH`, so that a line is one key or
+/// one notification whatever the bytes.
+pub fn escape(bytes: &[u8], enc: Encoding) -> Vec<u8> {
+    if enc != Encoding::Raw {
+        return enc.encode(bytes);
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for ch in chunk.valid().chars() {
+            match ch {
+                '\\' => out.extend_from_slice(b"\\\\"),
+                '\n' => out.extend_from_slice(b"\\n"),
+                '\r' => out.extend_from_slice(b"\\r"),
+                '\t' => out.extend_from_slice(b"\\t"),
+                c if c.is_control() => {
+                    for b in c.to_string().bytes() {
+                        out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+                    }
+                }
+                c => out.extend_from_slice(c.to_string().as_bytes()),
+            }
+        }
+        for b in chunk.invalid() {
+            out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+        }
+    }
+    out
+}
+
+/// Puts `bytes` in `object` as `name` (a string: UTF-8 as it is, or in
+/// the --hex / --base64 encoding), or as `<name>_base64` when it is raw
+/// bytes that are not UTF-8.
+pub fn json_field(
+    object: &mut serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    bytes: &[u8],
+    enc: Encoding,
+) {
+    let (name, text) = match (enc, std::str::from_utf8(bytes)) {
+        (Encoding::Raw, Ok(text)) => (name.to_string(), text.to_string()),
+        (Encoding::Raw, Err(_)) => (
+            format!("{name}_base64"),
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+        ),
+        (enc, _) => (
+            name.to_string(),
+            String::from_utf8_lossy(&enc.encode(bytes)).into_owned(),
+        ),
+    };
+    object.insert(name, serde_json::Value::String(text));
+}
+
+/// `get`: the value, alone, on `out` (or a JSON object with its version).
+pub async fn get(
+    c: &mut Client,
+    key: &[u8],
+    enc: Encoding,
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<u8> {
+    let reply = c.request(&[b"GET", key], &[]).await?;
+    match check(&reply)? {
+        Resp::Bulk(v) if output == Output::Json => {
+            let mut o = serde_json::Map::new();
+            json_field(&mut o, "key", key, enc);
+            json_field(&mut o, "value", &v, enc);
+            o.insert("version".into(), reply.version.unwrap_or_default().into());
+            writeln!(out, "{}", serde_json::Value::Object(o))?;
+            Ok(OK)
+        }
         Resp::Bulk(v) => {
             out.write_all(&enc.encode(&v))?;
             if enc != Encoding::Raw {
@@ -561,69 +744,151 @@ pub async fn del(
 }
 
 /// `watch`: registers for `keys`, then prints one line per notification
-/// (`<key> SET <value> <version>` or `<key> DELETE <version>`) until
-/// `count` lines (if given) or the connection ends.
+/// (`<key> SET <value> <version>` or `<key> DELETE <version>`, escaped; or
+/// one JSON object per line) until `count` lines if given. When the
+/// connection drops it says so on stderr and connects again (to the next
+/// broker of the list), registering again, until it is stopped.
 pub async fn watch(
     c: &mut Client,
     keys: &[Vec<u8>],
     enc: Encoding,
+    output: Output,
     count: Option<u64>,
     out: &mut dyn Write,
 ) -> Result<u8> {
+    register(c, keys).await?;
+    out.flush()?;
+    let mut seen = 0;
+    while count.is_none_or(|n| seen < n) {
+        match c.next_notification(None).await {
+            Ok(Some(p)) => {
+                let Some(n) = Notification::parse(&p) else {
+                    continue;
+                };
+                out.write_all(&n.line(enc, output))?;
+                out.flush()?;
+                seen += 1;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("statestore: {e:#}; connecting again (changes until then are not seen)");
+                let mut pause = Duration::from_millis(500);
+                loop {
+                    tokio::time::sleep(pause).await;
+                    match reregister(c, keys).await {
+                        Ok(()) => {
+                            eprintln!("statestore: watching again through {}", c.broker());
+                            break;
+                        }
+                        Err(e) => {
+                            eprintln!("statestore: {e:#}; trying again in {pause:?}");
+                            pause = (pause * 2).min(Duration::from_secs(10));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(OK)
+}
+
+/// Connects again and registers for `keys`.
+async fn reregister(c: &mut Client, keys: &[Vec<u8>]) -> Result<()> {
+    c.reconnect().await?;
+    register(c, keys).await
+}
+
+/// Subscribes to our notifications and registers for `keys` (KEYNOTIFY).
+async fn register(c: &mut Client, keys: &[Vec<u8>]) -> Result<()> {
     c.subscribe_notifications().await?;
     for key in keys {
         if check(&c.request(&[b"KEYNOTIFY", key], &[]).await?)? != Resp::Ok {
             bail!("KEYNOTIFY was not accepted");
         }
     }
-    out.flush()?;
-    let mut seen = 0;
-    while count.is_none_or(|n| seen < n) {
-        let Some(p) = c.next_notification(None).await? else {
-            break;
-        };
-        let Some(line) = notification_line(&p, enc) else {
-            continue;
-        };
-        out.write_all(&line)?;
-        out.flush()?;
-        seen += 1;
-    }
-    Ok(OK)
+    Ok(())
 }
 
-/// One line for a notification: `<key> SET <value> <version>` or `<key>
-/// DELETE <version>`.
-pub fn notification_line(p: &Publish, enc: Encoding) -> Option<Vec<u8>> {
-    let topic = std::str::from_utf8(&p.topic).ok()?;
-    let hex = topic.rsplit('/').next()?;
-    let key = Encoding::Hex.decode(hex.as_bytes()).ok()?;
-    let version = p
-        .properties
-        .as_ref()?
-        .user_properties
-        .iter()
-        .find(|(n, _)| n == "__ts")
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default();
-    let statestore_guest::resp3::Decoded::Complete(parts, _) =
-        statestore_guest::resp3::decode_request(&p.payload).ok()?
-    else {
-        return None;
-    };
-    let mut line = enc.encode(&key);
-    match parts.get(1).copied() {
-        Some(b"SET") => {
-            line.extend_from_slice(b" SET ");
-            line.extend_from_slice(&enc.encode(parts.get(3)?));
-        }
-        Some(b"DELETE") => line.extend_from_slice(b" DELETE"),
-        _ => return None,
+/// A KEYNOTIFY notification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// The key that changed.
+    pub key: Vec<u8>,
+    /// Its new value, or `None` when it was deleted (or expired).
+    pub value: Option<Vec<u8>>,
+    /// The version of the change (`__ts`).
+    pub version: String,
+}
+
+impl Notification {
+    /// The notification a PUBLISH carries, if it is one.
+    pub fn parse(p: &Publish) -> Option<Notification> {
+        let topic = std::str::from_utf8(&p.topic).ok()?;
+        let hex = topic.rsplit('/').next()?;
+        let key = Encoding::Hex.decode(hex.as_bytes()).ok()?;
+        let version = p
+            .properties
+            .as_ref()?
+            .user_properties
+            .iter()
+            .find(|(n, _)| n == "__ts")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        let statestore_guest::resp3::Decoded::Complete(parts, _) =
+            statestore_guest::resp3::decode_request(&p.payload).ok()?
+        else {
+            return None;
+        };
+        let value = match parts.get(1).copied() {
+            Some(b"SET") => Some(parts.get(3)?.to_vec()),
+            Some(b"DELETE") => None,
+            _ => return None,
+        };
+        Some(Notification {
+            key,
+            value,
+            version,
+        })
     }
-    line.push(b' ');
-    line.extend_from_slice(version.as_bytes());
-    line.push(b'\n');
-    Some(line)
+
+    /// Its line: `<key> SET <value> <version>` or `<key> DELETE <version>`
+    /// (escaped), or a JSON object, with the newline.
+    pub fn line(&self, enc: Encoding, output: Output) -> Vec<u8> {
+        if output == Output::Json {
+            let mut o = serde_json::Map::new();
+            json_field(&mut o, "key", &self.key, enc);
+            let op = if self.value.is_some() {
+                "SET"
+            } else {
+                "DELETE"
+            };
+            o.insert("op".into(), op.into());
+            if let Some(v) = &self.value {
+                json_field(&mut o, "value", v, enc);
+            }
+            o.insert("version".into(), self.version.clone().into());
+            let mut line = serde_json::Value::Object(o).to_string().into_bytes();
+            line.push(b'\n');
+            return line;
+        }
+        let mut line = escape(&self.key, enc);
+        match &self.value {
+            Some(v) => {
+                line.extend_from_slice(b" SET ");
+                line.extend_from_slice(&escape(v, enc));
+            }
+            None => line.extend_from_slice(b" DELETE"),
+        }
+        line.push(b' ');
+        line.extend_from_slice(self.version.as_bytes());
+        line.push(b'\n');
+        line
+    }
+}
+
+/// One line for a notification (text, escaped), if `p` is one.
+pub fn notification_line(p: &Publish, enc: Encoding) -> Option<Vec<u8>> {
+    Notification::parse(p).map(|n| n.line(enc, Output::Text))
 }
 
 /// `lock`: takes the lease `name` (waiting up to `wait` for it), runs

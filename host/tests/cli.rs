@@ -644,7 +644,7 @@ async fn one_config_file_for_every_serve_flag() {
     std::fs::write(
         &file,
         format!(
-            "# one store\n[serve]\nlisten = \"127.0.0.1:{file_port}\"\nmax_value_mib = 1\nmemory_mib = 256\nno_memory_journal = true\n"
+            "# one store\n[serve]\nlisten = \"127.0.0.1:{file_port}\"\nmax_value_mib = 1\nmemory_mib = 256\nmax_key = \"1KiB\"\nno_memory_journal = true\n"
         ),
     )
     .expect("write");
@@ -660,8 +660,10 @@ async fn one_config_file_for_every_serve_flag() {
         out.contains(&format!("listen = \"127.0.0.1:{file_port}\"   # file")),
         "{out}"
     );
-    assert!(out.contains("memory_mib = 256   # file"), "{out}");
-    assert!(out.contains("max_packet_mib = 32   # default"), "{out}");
+    // Keys by their old names (`memory_mib`: a bare number in MiB) or new.
+    assert!(out.contains("memory = 256   # file"), "{out}");
+    assert!(out.contains("max_key = \"1KiB\"   # file"), "{out}");
+    assert!(out.contains("max_packet = \"32MiB\"   # default"), "{out}");
     assert!(out.contains("max_value_bytes = 1048576"), "{out}");
     // serve: the file's listen address and value limit.
     let serve_with = |extra: &[&str], port: u16| {
@@ -697,6 +699,33 @@ async fn one_config_file_for_every_serve_flag() {
             "{err}"
         );
     }
+    // A bad value: named by its key and line in the file, not as a flag.
+    std::fs::write(
+        &file,
+        "[serve]\nlisten = \"127.0.0.1:1\"\nmemory_mib = \"lots\"\n",
+    )
+    .expect("write");
+    for args in [vec!["config", "check"], vec!["serve", "--config"]] {
+        let o = statestore().args(&args).arg(&file).output().expect("runs");
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("line 3: memory_mib = \"lots\" is not valid: \"lots\" is not a number"),
+            "{err}"
+        );
+        assert!(!err.contains("--memory"), "{err}");
+    }
+    std::fs::write(
+        &file,
+        "[serve]\nfsync = \"sometimes\"\n",
+    )
+    .expect("write");
+    let o = statestore().args(["config", "check"]).arg(&file).output().expect("runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("line 2: fsync = \"sometimes\" is not valid: it must be one of always, everysec, no"),
+        "{err}"
+    );
     std::fs::write(
         &file,
         "[[tenant]]\nname = \"a\"\ndefault = true\n\nmemroy_mib = 16\n",
@@ -896,4 +925,30 @@ fn serve_raises_its_open_files_limit() {
             .contains("raised the soft limit on open files"),
         "the raise is logged"
     );
+}
+
+/// Sizes and durations take units (a bare number is the old unit), and a
+/// value out of range is refused at start, in those units.
+#[test]
+fn sizes_and_durations_take_units_and_are_checked() {
+    let refused = |args: &[&str]| {
+        let o = statestore().arg("serve").args(args).output().expect("runs");
+        assert!(!o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = refused(&["--memory", "8MiB"]);
+    assert!(
+        err.contains("--memory 8MiB is out of range: it must be from 16MiB to 4GiB"),
+        "{err}"
+    );
+    let err = refused(&["--max-value", "5MB"]);
+    assert!(err.contains("unknown unit \"mb\""), "{err}");
+    // Old names, bare numbers in their unit: 400 MiB is past a third of 1 GiB.
+    let err = refused(&["--max-bytes-mib", "400"]);
+    assert!(
+        err.contains("--max-bytes 400MiB is more than a third of --memory 1GiB"),
+        "{err}"
+    );
+    let err = refused(&["--keep-alive", "2s"]);
+    assert!(err.contains("--keep-alive 2s is out of range"), "{err}");
 }

@@ -463,3 +463,192 @@ fn exit_code_one_is_said_on_stderr_and_a_value_ends_its_line_on_a_terminal() {
     // Piped: the value's bytes alone.
     assert_eq!(store.run(&["get", "k"]).stdout, b"v");
 }
+
+/// `del` of several keys (1 if any was missing, each named; the others
+/// deleted), `-o json` for get, keys and watch, and `keys` / `watch` lines
+/// that stay one line whatever the bytes (a newline in a value, bytes that
+/// are not UTF-8, a backslash).
+#[test]
+fn several_keys_json_and_escaped_lines() {
+    let store = embedded();
+    for k in ["d/a", "d/b", "d/c"] {
+        assert_eq!(code(&store.run(&["set", k, "v"])), 0);
+    }
+    let o = store.run(&["del", "d/a", "d/missing", "d/b"]);
+    assert_eq!(code(&o), 1, "{o:?}");
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("d/missing: nothing deleted"), "{said}");
+    assert!(!said.contains("d/a") && !said.contains("d/b"), "{said}");
+    assert_eq!(store.run(&["keys", "d/*"]).stdout, b"d/c\n");
+    assert_eq!(code(&store.run(&["del", "d/c"])), 0);
+    // JSON: get with its version, keys as one array; bytes that are not
+    // UTF-8 in a `_base64` field.
+    let set = store.run(&["set", "j/text", "héllo"]);
+    let version = String::from_utf8_lossy(&set.stdout).trim().to_string();
+    let o = store.run(&["get", "j/text", "-o", "json"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(
+        v,
+        serde_json::json!({"key": "j/text", "value": "héllo", "version": version})
+    );
+    assert_eq!(code(&store.run(&["set", "--hex", "6a2f62696e", "00ff"])), 0);
+    let o = store.run(&["get", "j/bin", "--output", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["value_base64"], "AP8=", "{v}");
+    let o = store.run(&["keys", "j/*", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v, serde_json::json!(["j/bin", "j/text"]));
+    // A key with a newline and a backslash is one escaped line of `keys`.
+    assert_eq!(
+        code(&store.run(&["set", "--hex", "6a2f0a5c", "76"])), // "j/\n\\"
+        0
+    );
+    let o = store.run(&["keys", "j/?*"]);
+    assert_eq!(o.stdout, b"j/\\n\\\\\nj/bin\nj/text\n", "{o:?}");
+    // watch: text lines escaped, and JSON lines.
+    let spawn = |extra: &[&str]| {
+        let mut w = bin();
+        w.args(["watch", "--broker", &store.url, "--count", "2", "w/k"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        w.spawn().expect("watch")
+    };
+    let text = spawn(&[]);
+    let json = spawn(&["-o", "json"]);
+    std::thread::sleep(Duration::from_millis(800));
+    let v1 = store.run_with(&["set", "w/k"], Some(b"two\nlines \xff\\"));
+    assert_eq!(code(&v1), 0, "{v1:?}");
+    assert_eq!(code(&store.run(&["del", "w/k"])), 0);
+    let v1 = String::from_utf8_lossy(&v1.stdout).trim().to_string();
+    let out = text.wait_with_output().expect("watch ends");
+    let lines = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0], format!("w/k SET two\\nlines \\xff\\\\ {v1}"));
+    assert!(lines[1].starts_with("w/k DELETE "), "{lines:?}");
+    let out = json.wait_with_output().expect("watch ends");
+    let objects: Vec<serde_json::Value> = out
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("one object per line"))
+        .collect();
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    assert_eq!(objects[0]["key"], "w/k");
+    assert_eq!(objects[0]["op"], "SET");
+    assert!(objects[0]["value_base64"].is_string(), "{:?}", objects[0]);
+    assert_eq!(objects[0]["version"], v1.as_str());
+    assert_eq!(objects[1]["op"], "DELETE");
+}
+
+/// `--broker a,b`: the first that answers is used (a dead replica first in
+/// the list costs nothing but a refused connection); and `watch` outlives
+/// its store's restart: it says so, connects again, registers again and
+/// prints the changes after it.
+#[test]
+fn several_brokers_and_a_watch_that_reconnects() {
+    let closed = free_port();
+    let port = free_port();
+    let serve = || {
+        let mut c = bin();
+        c.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
+        Server::spawn(c)
+    };
+    let server = serve();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let both = format!("mqtt://127.0.0.1:{closed},{url}");
+    let run = |args: &[&str]| {
+        bin()
+            .args(args)
+            .args(["--broker", &both])
+            .output()
+            .expect("run")
+    };
+    assert_eq!(code(&run(&["set", "k", "v"])), 0);
+    assert_eq!(run(&["get", "k"]).stdout, b"v");
+    // All of them down: every one's reason.
+    let o = bin()
+        .args(["get", "k", "--broker"])
+        .arg(format!("mqtt://127.0.0.1:{closed},mqtt://127.0.0.1:{closed}"))
+        .output()
+        .expect("run");
+    assert_eq!(code(&o), 2, "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no broker answered"),
+        "{o:?}"
+    );
+    // watch through a restart of the store.
+    let mut w = bin();
+    w.args(["watch", "--broker", &both, "--count", "1", "r"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut watcher = w.spawn().expect("watch");
+    let log = statestore_tests::process::capture_stderr(&mut watcher);
+    std::thread::sleep(Duration::from_millis(800));
+    server.kill9();
+    statestore_tests::process::wait_for(&log, "connecting again", Duration::from_secs(10));
+    let _server = serve();
+    statestore_tests::process::wait_for(&log, "watching again", Duration::from_secs(30));
+    let set = run(&["set", "r", "after"]);
+    assert_eq!(code(&set), 0, "{set:?}");
+    let out = watcher.wait_with_output().expect("watch ends");
+    assert_eq!(code(&out), 0, "{out:?}");
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(line.starts_with("r SET after "), "{line}");
+}
+
+/// `bench` deletes what it wrote (unless --keep), under --prefix; `bench`
+/// and `echo` take credentials from flags or the environment, and a
+/// refused login is said at once.
+#[test]
+fn bench_cleans_up_and_bench_and_echo_log_in() {
+    let dir = std::env::temp_dir().join(format!("statestore-cli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let users = dir.join("users");
+    std::fs::write(&users, statestore_tests::ALICE_SECRET).expect("users");
+    let password = dir.join("password");
+    std::fs::write(&password, "secret\n").expect("password");
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "not-it\n").expect("password");
+    let port = free_port();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let mut serve = bin();
+    serve
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--users-file")
+        .arg(&users);
+    let _server = Server::spawn(serve);
+    let with = |password: &std::path::Path, args: &[&str]| {
+        bin()
+            .args(args)
+            .env("STATESTORE_BROKER", &url)
+            .env("STATESTORE_USERNAME", "alice")
+            .env("STATESTORE_PASSWORD_FILE", password)
+            .output()
+            .expect("run")
+    };
+    let bench = ["bench", "--duration", "1s", "--clients", "2", "--keys", "20"];
+    let o = with(&password, &[&bench[..], &["--prefix", "b1/"]].concat());
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ops_per_s="));
+    assert_eq!(code(&with(&password, &["keys", "b1/*"])), 1, "cleaned up");
+    let o = with(&password, &[&bench[..], &["--prefix", "b2/", "--keep"]].concat());
+    assert_eq!(code(&o), 0, "{o:?}");
+    let kept = with(&password, &["keys", "b2/*"]);
+    assert_eq!(code(&kept), 0, "{kept:?}");
+    assert!(String::from_utf8_lossy(&kept.stdout).lines().count() > 1);
+    // A wrong password: said at once, by bench and by echo.
+    for args in [&bench[..], &["echo"][..]] {
+        let started = std::time::Instant::now();
+        let o = with(&wrong, args);
+        assert_ne!(code(&o), 0, "{args:?}: {o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("refused the user name or password"),
+            "{args:?}: {o:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(8), "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

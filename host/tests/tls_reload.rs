@@ -70,7 +70,7 @@ async fn sighup_reloads_the_tls_certificate_and_keeps_connected_clients() {
 
     // A client of the old certificate, connected before the reload.
     let mut before = Client::connect(&ClientOptions {
-        broker: format!("mqtts://localhost:{tls}").parse().expect("url"),
+        brokers: vec![format!("mqtts://localhost:{tls}").parse().expect("url")],
         client_id: "before-reload".into(),
         credentials: None,
         ca_file: Some(old.ca.clone()),

@@ -579,7 +579,7 @@ pub async fn cli_and_sdk_read_each_other(port: u16) {
     let sdk = Sdk::connect(port, "sdk-and-cli").await;
     let mut cli = Client::connect(&ClientOptions {
         client_cert: None,
-        broker: format!("mqtt://127.0.0.1:{}", port).parse().expect("url"),
+        brokers: vec![format!("mqtt://127.0.0.1:{}", port).parse().expect("url")],
         client_id: "cli-and-sdk".into(),
         credentials: None,
         ca_file: None,
@@ -616,9 +616,15 @@ pub async fn cli_and_sdk_read_each_other(port: u16) {
     assert!(r.response);
     let mut out = Vec::new();
     assert_eq!(
-        client::get(&mut cli, &key, Encoding::Hex, &mut out)
-            .await
-            .expect("get"),
+        client::get(
+            &mut cli,
+            &key,
+            Encoding::Hex,
+            client::Output::Text,
+            &mut out
+        )
+        .await
+        .expect("get"),
         OK
     );
     assert_eq!(out, b"66726f6d207468652073646b\n");

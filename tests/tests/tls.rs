@@ -149,9 +149,11 @@ async fn clients_of_every_kind_over_tls_beside_the_plain_listener() {
     use statestore::client::{self, Client, ClientOptions, OK};
     let opts = |ca: Option<std::path::PathBuf>| ClientOptions {
         client_cert: None,
-        broker: format!("mqtts://localhost:{}", server.tls)
-            .parse()
-            .expect("url"),
+        brokers: vec![
+            format!("mqtts://localhost:{}", server.tls)
+                .parse()
+                .expect("url"),
+        ],
         client_id: "tls-cli".into(),
         credentials: None,
         ca_file: ca,

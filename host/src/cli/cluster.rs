@@ -1,0 +1,109 @@
+//! `statestore cluster ...`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Subcommand;
+use statestore::cluster::admin;
+
+use super::fail;
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Print each replica's role, term, commit and applied index, and its
+    /// lag behind the leader. Exit 0 if a leader is known and a majority
+    /// answered, else 1.
+    Status(ClusterStatusArgs),
+    /// Add a replica to a running cluster (through its leader). Start the
+    /// new replica with `join = true` in its cluster file and an empty data
+    /// directory (before or after this); it catches up from the leader's
+    /// snapshot. One change at a time.
+    Add(ClusterAddArgs),
+    /// Remove a replica from a running cluster (through its leader; a
+    /// leader hands the leadership over first). The removed replica stops.
+    /// To replace a dead machine: remove it, then add its successor.
+    Remove(ClusterRemoveArgs),
+    /// Bring back a replica whose Raft log was lost or damaged (it refuses
+    /// to start, saying so), while the others serve: with the replica
+    /// stopped, its log and snapshot are moved aside (`discarded-*`), its
+    /// term and vote kept, and the leader removes it and adds it back.
+    /// Then start it as before: it catches up from the leader's snapshot.
+    Rejoin(ClusterRejoinArgs),
+    /// Make the cluster's certificates for mutual TLS between replicas:
+    /// in the cluster file's `tls_dir`, a CA (`ca.pem`, `ca.key`), a
+    /// certificate and key per replica (`replica-<id>.pem`, `.key`) and
+    /// one for these tools (`operator.pem`, `.key`). Only what is missing
+    /// is made; run it again with `--id` before adding a replica.
+    Certs(ClusterCertsArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ClusterCertsArgs {
+    /// A cluster file with `tls_dir` (its replicas get certificates).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// Also a certificate for this replica id (one about to be added);
+    /// may be given more than once.
+    #[arg(long)]
+    id: Vec<u64>,
+}
+
+#[derive(clap::Args)]
+pub struct ClusterRejoinArgs {
+    /// The cluster file of the replica to bring back (its data directory
+    /// is reset; the others are asked to remove it and add it back).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ClusterAddArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// The new replica's id (not a member's, never 0).
+    #[arg(long)]
+    id: u64,
+    /// Where the new replica listens for the others.
+    #[arg(long, value_name = "ADDR")]
+    raft: std::net::SocketAddr,
+    /// Where its embedded broker listens for clients (for `cluster status`).
+    #[arg(long, value_name = "ADDR")]
+    mqtt: Option<std::net::SocketAddr>,
+}
+
+#[derive(clap::Args)]
+pub struct ClusterRemoveArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// The id of the replica to remove.
+    #[arg(long)]
+    id: u64,
+}
+
+#[derive(clap::Args)]
+pub struct ClusterStatusArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+}
+
+pub fn run(command: ClusterCommand) -> ExitCode {
+    let done = |r: Result<()>| match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e, 1),
+    };
+    match command {
+        ClusterCommand::Status(args) => match admin::status(&args.cluster) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => fail(&e, 2),
+        },
+        ClusterCommand::Add(args) => done(admin::add(&args.cluster, args.id, args.raft, args.mqtt)),
+        ClusterCommand::Remove(args) => done(admin::remove(&args.cluster, args.id)),
+        ClusterCommand::Rejoin(args) => done(admin::rejoin(&args.cluster)),
+        ClusterCommand::Certs(args) => done(admin::certs(&args.cluster, &args.id)),
+    }
+}
