@@ -644,6 +644,13 @@ impl Handler for Hooks {
                     }
                     verdict => verdict,
                 };
+                match verdict {
+                    AuthResult::BadUsernameOrPassword => {
+                        self.router.refusals.count("bad_credentials")
+                    }
+                    AuthResult::NotAuthorized => self.router.refusals.count("not_authorized"),
+                    _ => {}
+                }
                 (false, Some(HookResult::AuthResult(verdict)))
             }
             Parameter::ClientSubscribeCheckAcl(session, sub) => {
@@ -1293,6 +1300,11 @@ impl EmbeddedServer {
             retained,
             counters,
         })
+    }
+
+    /// The broker's PUBLISH counters (for `--metrics`).
+    pub fn counters(&self) -> Arc<crate::sys_topics::Counters> {
+        self.counters.clone()
     }
 
     /// The TLS listener, to reload its certificate (SIGHUP), if there is one.

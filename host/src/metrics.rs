@@ -115,7 +115,7 @@ impl Metrics {
         r.register(Box::new(connections.clone()))?;
         let queue_dropped = IntCounter::new(
             "statestore_queue_dropped_total",
-            "Messages the embedded broker dropped for a session that held --max-queued-mib",
+            "Messages the embedded broker dropped for a session that held --max-queued-size",
         )?;
         r.register(Box::new(queue_dropped.clone()))?;
         let broker_refused = counter(
@@ -124,15 +124,34 @@ impl Metrics {
             "What the embedded broker refused at one of its limits or rules, by reason: \
              login_rate (a CONNECT from an address past --max-failed-logins, not judged), \
              sessions (a new session past --max-sessions or --max-sessions-per-address), \
-             queued_total (a message past --max-queued-total-mib, dropped for one session), \
+             queued_total (a message past --max-queued-total, dropped for one session), \
              pre_connect (a connection closed at accept: past --max-pending-connections or \
              --max-pending-per-address), handshake_timeout (no CONNECT within \
-             --connect-timeout-secs of accept), withheld (a message not delivered: the \
+             --handshake-timeout of accept), withheld (a message not delivered: the \
              rules in force do not let its subscriber read the topic), \
              connections_per_address (a CONNECT past --max-connections-per-address), \
-             retained (a retained PUBLISH past --max-retained or --max-retained-mib)",
+             retained (a retained PUBLISH past --max-retained or --max-retained-size), \
+             bad_credentials (a wrong user name or password, or none where one is needed), \
+             not_authorized (a CONNECT no rule allows, a client id another user holds, or \
+             a will topic it may not publish to)",
             &["reason"],
         )?;
+        // What build serves, and the process's own (CPU, memory, files).
+        let build = IntGaugeVec::new(
+            Opts::new(
+                "statestore_build_info",
+                "1, labelled with this build's version and the sha256 of its built-in component",
+            ),
+            &["version", "component_sha256"],
+        )?;
+        r.register(Box::new(build.clone()))?;
+        build
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), &builtin_component_sha256()])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         Ok(Arc::new(Metrics {
             requests: counter(
                 &r,
@@ -312,7 +331,7 @@ impl Metrics {
         r.register(Box::new(leader_changes.clone()))?;
         let commit = Histogram::with_opts(
             HistogramOpts::new(
-                "statestore_raft_commit_seconds",
+                "statestore_raft_commit_duration_seconds",
                 "From this replica proposing or forwarding a request to applying it (a majority had it durable)",
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
@@ -326,8 +345,27 @@ impl Metrics {
             &["path"],
         )?;
         r.register(Box::new(reads.clone()))?;
+        let peer_heard = IntGaugeVec::new(
+            Opts::new(
+                "statestore_raft_peer_last_heard_timestamp_seconds",
+                "When this replica last had a Raft message from each peer (Unix time, whole \
+                 seconds): a leader hears from every member it reaches, a follower from the \
+                 leader alone",
+            ),
+            &["replica"],
+        )?;
+        r.register(Box::new(peer_heard.clone()))?;
         Ok(ReplicaMetrics {
             reads,
+            peer_heard,
+            has_leader: g(
+                "statestore_raft_has_leader",
+                "1 while this replica knows a leader (itself or another)",
+            )?,
+            leader: g(
+                "statestore_raft_leader",
+                "The id of the leader this replica knows, 0 for none",
+            )?,
             term: g("statestore_raft_term", "This replica's Raft term")?,
             is_leader: g("statestore_raft_is_leader", "1 while this replica leads")?,
             commit_index: g(
@@ -362,6 +400,13 @@ impl Metrics {
     /// What the embedded broker refused, by reason.
     pub fn broker_refused(&self) -> &IntCounterVec {
         &self.broker_refused
+    }
+
+    /// Exports the embedded broker's message counters (read when scraped).
+    pub fn broker_counters(&self, counters: Arc<crate::sys_topics::Counters>) -> Result<()> {
+        self.registry
+            .register(Box::new(BrokerCollector::new(counters)?))
+            .context("registering the broker's counters")
     }
 
     /// Recovery is done and the listener is up.
@@ -696,12 +741,74 @@ mod tests {
         for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
             let mut f = family.split(' ');
             let (name, kind) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
-            assert!(name.starts_with("statestore_"), "{name}");
+            // Ours, and the process collector's standard `process_*`.
+            assert!(
+                name.starts_with("statestore_") || name.starts_with("process_"),
+                "{name}"
+            );
             assert_eq!(kind == "counter", name.ends_with("_total"), "{name}");
             if kind == "histogram" {
                 assert!(name.ends_with("_seconds"), "{name}");
             }
         }
+    }
+}
+
+/// The sha256 of the component built into this binary, in hex.
+fn builtin_component_sha256() -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(crate::GUEST_COMPONENT)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The embedded broker's PUBLISH counters, kept as atomics by the broker
+/// (for its `$SYS` tree) and read at each scrape.
+struct BrokerCollector {
+    counters: Arc<crate::sys_topics::Counters>,
+    received: IntCounter,
+    delivered: IntCounter,
+}
+
+impl BrokerCollector {
+    fn new(counters: Arc<crate::sys_topics::Counters>) -> Result<BrokerCollector> {
+        Ok(BrokerCollector {
+            counters,
+            received: IntCounter::new(
+                "statestore_broker_messages_received_total",
+                "PUBLISH packets the embedded broker received from clients",
+            )?,
+            delivered: IntCounter::new(
+                "statestore_broker_messages_delivered_total",
+                "PUBLISH packets the embedded broker delivered to clients (requests' replies and notifications included)",
+            )?,
+        })
+    }
+}
+
+impl prometheus::core::Collector for BrokerCollector {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        self.received
+            .desc()
+            .into_iter()
+            .chain(self.delivered.desc())
+            .collect()
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let catch_up = |c: &IntCounter, now: u64| {
+            let was = c.get();
+            if now > was {
+                c.inc_by(now - was);
+            }
+        };
+        catch_up(&self.received, self.counters.received.load(Relaxed));
+        catch_up(&self.delivered, self.counters.sent.load(Relaxed));
+        let mut families = self.received.collect();
+        families.extend(self.delivered.collect());
+        families
     }
 }
 
@@ -724,4 +831,10 @@ pub struct ReplicaMetrics {
     pub commit: Histogram,
     /// Reads served by path (`index`, `log`).
     pub reads: IntCounterVec,
+    /// 1 while a leader is known.
+    pub has_leader: IntGauge,
+    /// The leader's id (0: none).
+    pub leader: IntGauge,
+    /// When each peer was last heard from (Unix seconds).
+    pub peer_heard: IntGaugeVec,
 }

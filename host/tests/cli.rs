@@ -715,15 +715,17 @@ async fn one_config_file_for_every_serve_flag() {
         );
         assert!(!err.contains("--memory"), "{err}");
     }
-    std::fs::write(
-        &file,
-        "[serve]\nfsync = \"sometimes\"\n",
-    )
-    .expect("write");
-    let o = statestore().args(["config", "check"]).arg(&file).output().expect("runs");
+    std::fs::write(&file, "[serve]\nfsync = \"sometimes\"\n").expect("write");
+    let o = statestore()
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .expect("runs");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("line 2: fsync = \"sometimes\" is not valid: it must be one of always, everysec, no"),
+        err.contains(
+            "line 2: fsync = \"sometimes\" is not valid: it must be one of always, everysec, no"
+        ),
         "{err}"
     );
     std::fs::write(

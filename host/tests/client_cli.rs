@@ -571,7 +571,9 @@ fn several_brokers_and_a_watch_that_reconnects() {
     // All of them down: every one's reason.
     let o = bin()
         .args(["get", "k", "--broker"])
-        .arg(format!("mqtt://127.0.0.1:{closed},mqtt://127.0.0.1:{closed}"))
+        .arg(format!(
+            "mqtt://127.0.0.1:{closed},mqtt://127.0.0.1:{closed}"
+        ))
         .output()
         .expect("run");
     assert_eq!(code(&o), 2, "{o:?}");
@@ -629,12 +631,23 @@ fn bench_cleans_up_and_bench_and_echo_log_in() {
             .output()
             .expect("run")
     };
-    let bench = ["bench", "--duration", "1s", "--clients", "2", "--keys", "20"];
+    let bench = [
+        "bench",
+        "--duration",
+        "1s",
+        "--clients",
+        "2",
+        "--keys",
+        "20",
+    ];
     let o = with(&password, &[&bench[..], &["--prefix", "b1/"]].concat());
     assert_eq!(code(&o), 0, "{o:?}");
     assert!(String::from_utf8_lossy(&o.stdout).contains("ops_per_s="));
     assert_eq!(code(&with(&password, &["keys", "b1/*"])), 1, "cleaned up");
-    let o = with(&password, &[&bench[..], &["--prefix", "b2/", "--keep"]].concat());
+    let o = with(
+        &password,
+        &[&bench[..], &["--prefix", "b2/", "--keep"]].concat(),
+    );
     assert_eq!(code(&o), 0, "{o:?}");
     let kept = with(&password, &["keys", "b2/*"]);
     assert_eq!(code(&kept), 0, "{kept:?}");

@@ -322,7 +322,9 @@ fn metric(port: u16, name: &str) -> Vec<(String, f64)> {
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("response");
     raw.lines()
-        .filter(|l| l.starts_with(name))
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{'))
+        })
         .filter_map(|l| {
             let (k, v) = l.rsplit_once(' ')?;
             Some((k.to_string(), v.parse().ok()?))
@@ -436,10 +438,51 @@ async fn every_replica_serves_the_sdk_and_notifications_cross_replicas() {
     assert_eq!(one(c.metrics[follower], "statestore_raft_is_leader"), 0.0);
     assert!(one(c.metrics[follower], "statestore_raft_applied_index") >= 3.0);
     assert!(one(c.metrics[follower], "statestore_raft_term") >= 1.0);
-    assert!(one(c.metrics[follower], "statestore_raft_commit_seconds_count") >= 2.0);
+    assert!(
+        one(
+            c.metrics[follower],
+            "statestore_raft_commit_duration_seconds_count"
+        ) >= 2.0
+    );
     assert!(one(c.metrics[follower], "statestore_raft_leader_changes_total") >= 1.0);
     let lags = metric(c.metrics[leader], "statestore_raft_replica_lag_entries");
     assert_eq!(lags.len(), 3, "{lags:?}");
+    // Whether a leader is known, which, and when each peer was last heard
+    // from (a leader hears from every member, a follower from the leader).
+    assert_eq!(one(c.metrics[follower], "statestore_raft_has_leader"), 1.0);
+    assert_eq!(
+        one(c.metrics[follower], "statestore_raft_leader"),
+        (leader + 1) as f64
+    );
+    let heard = metric(
+        c.metrics[leader],
+        "statestore_raft_peer_last_heard_timestamp_seconds",
+    );
+    assert_eq!(heard.len(), 2, "{heard:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs_f64();
+    assert!(heard.iter().all(|(_, t)| now - t < 10.0), "{heard:?}");
+    // The embedded broker's traffic, the build and the process.
+    assert!(
+        one(
+            c.metrics[follower],
+            "statestore_broker_messages_received_total"
+        ) >= 1.0
+    );
+    assert!(
+        one(
+            c.metrics[follower],
+            "statestore_broker_messages_delivered_total"
+        ) >= 1.0
+    );
+    let build = metric(c.metrics[follower], "statestore_build_info");
+    assert!(
+        build.len() == 1 && build[0].0.contains("component_sha256=\""),
+        "{build:?}"
+    );
+    assert!(one(c.metrics[follower], "process_resident_memory_bytes") > 0.0);
     // Each replica answered its reader's GET with a read index (no log
     // entry), the leader and the followers alike.
     for port in &c.metrics {
@@ -1233,6 +1276,9 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         &["remove", "--id", &(leader + 1).to_string()],
     );
     assert!(ok, "cluster remove (the leader):\n{out}");
+    // The hand-over is progress, not an error.
+    assert!(out.contains("the leadership moves to replica"), "{out}");
+    assert!(!out.contains("error"), "{out}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !c.servers[leader].as_mut().expect("running").exited() {
         assert!(Instant::now() < deadline, "the removed leader still runs");
@@ -1337,12 +1383,47 @@ async fn a_replica_without_a_majority_refuses_what_it_cannot_hold_with_a_503() {
         log.contains("requests waiting for a leader past"),
         "the bound was reached and said so"
     );
+    // `cluster status` says a majority is missing, with the members as the
+    // replica that answered last knew them; and the same as JSON.
+    let (ok, said) = c.status();
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("a majority is missing: 1 of 3 members answer and 2 are needed"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("(last known, from replica {}", lone + 1)),
+        "{said}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .args(["cluster", "status", "-o", "json", "--cluster"])
+        .arg(c.dir.join("direct.toml"))
+        .output()
+        .expect("cluster status");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["healthy"], false, "{json}");
+    assert_eq!(json["members_up"], 1, "{json}");
+    assert_eq!(json["majority"], 2, "{json}");
+    assert_eq!(json["members"], serde_json::json!([1, 2, 3]), "{json}");
+    // A client command sent now gets 503s and tries again until the
+    // cluster has a leader (within its --timeout): it succeeds once the
+    // peers are back.
+    let cli = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .args(["set", "from-the-cli", "v", "--timeout", "60s", "--broker"])
+        .arg(format!("mqtt://127.0.0.1:{}", c.mqtt[lone]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("statestore set");
+    tokio::time::sleep(Duration::from_secs(7)).await;
     // Its peers back: it serves again.
     for &i in &others {
         let s = c.spawn(i);
         c.servers[i] = Some(s);
     }
     c.leader(Duration::from_secs(20));
+    let out = cli.wait_with_output().expect("set ends");
+    assert!(out.status.success(), "{out:?}");
     let reply = client.call(&[b"SET", b"after", b"v"]).await;
     assert_eq!(prop(&reply, "__stat"), Some("200"), "{}", text(&reply));
     client.disconnect().await;

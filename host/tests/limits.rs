@@ -459,7 +459,7 @@ async fn a_memory_capped_durable_store_restarts_after_large_overwrites() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("more than a third of --memory-mib 16"),
+        err.contains("--max-bytes 8MiB is more than a third of --memory 16MiB"),
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use statestore::cluster::admin;
 
+use super::client::OutputArg;
 use super::fail;
 
 #[derive(Subcommand)]
@@ -88,6 +89,10 @@ pub struct ClusterStatusArgs {
     /// Any replica's cluster file (its replicas and secret are used).
     #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
     cluster: PathBuf,
+    /// `text` (a table), or `json` (one object: replicas, leader, members
+    /// and where they come from, healthy).
+    #[arg(short, long, value_enum, default_value_t = OutputArg::Text)]
+    output: OutputArg,
 }
 
 pub fn run(command: ClusterCommand) -> ExitCode {
@@ -96,11 +101,13 @@ pub fn run(command: ClusterCommand) -> ExitCode {
         Err(e) => fail(&e, 1),
     };
     match command {
-        ClusterCommand::Status(args) => match admin::status(&args.cluster) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => fail(&e, 2),
-        },
+        ClusterCommand::Status(args) => {
+            match admin::status(&args.cluster, args.output == OutputArg::Json) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => fail(&e, 2),
+            }
+        }
         ClusterCommand::Add(args) => done(admin::add(&args.cluster, args.id, args.raft, args.mqtt)),
         ClusterCommand::Remove(args) => done(admin::remove(&args.cluster, args.id)),
         ClusterCommand::Rejoin(args) => done(admin::rejoin(&args.cluster)),

@@ -61,81 +61,210 @@ async fn statuses(
     out
 }
 
-/// `cluster status`: prints each replica's; whether a leader is known and
-/// a majority answered.
-pub fn status(path: &Path) -> Result<bool> {
+/// One replica, as `cluster status` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicaReport {
+    /// Its id.
+    pub id: u64,
+    /// Whether it is a member (as the membership below has it).
+    pub member: bool,
+    /// Why it did not answer, if it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
+    /// `leader`, `follower`, `candidate`...; absent if it did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Its term.
+    pub term: u64,
+    /// The leader it knows (0: none).
+    pub leader: u64,
+    /// Its commit index.
+    pub commit: u64,
+    /// Its applied index.
+    pub applied: u64,
+    /// Entries behind the leader's applied index, when a leader is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+    /// Where its embedded broker listens for clients.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub mqtt: String,
+}
+
+/// What `cluster status` found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StatusReport {
+    /// Every replica asked: the file's, and members they named.
+    pub replicas: Vec<ReplicaReport>,
+    /// The leader, if one answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<u64>,
+    /// The members: the leader's, else the last known (the replica that
+    /// answered with the highest term and applied index), else the file's.
+    pub members: Vec<u64>,
+    /// Where `members` comes from: `leader`, `replica <id>` or `file`.
+    pub members_from: String,
+    /// Members that answered.
+    pub members_up: usize,
+    /// How many members make a majority.
+    pub majority: usize,
+    /// A leader is known and a majority answered: the cluster takes writes.
+    pub healthy: bool,
+}
+
+/// Asks every replica and puts their answers together.
+fn report(answers: &[(u64, SocketAddr, Result<StatusMap>)], file: &ClusterFile) -> StatusReport {
+    let num =
+        |m: &StatusMap, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
+    let answered = || {
+        answers
+            .iter()
+            .filter_map(|(id, _, a)| Some((*id, a.as_ref().ok()?)))
+    };
+    let leader = answered()
+        .filter(|(_, m)| m.get("role").map(String::as_str) == Some("leader"))
+        .max_by_key(|(_, m)| num(m, "term"));
+    let last_known = answered()
+        .filter(|(_, m)| m.contains_key("voters"))
+        .max_by_key(|(_, m)| (num(m, "term"), num(m, "applied")));
+    let (members, members_from) = match (leader, last_known) {
+        (Some((_, m)), _) => (voters(m), "leader".to_string()),
+        (None, Some((id, m))) => (voters(m), format!("replica {id}")),
+        (None, None) => (
+            file.replicas.iter().map(|r| r.id).collect(),
+            "file".to_string(),
+        ),
+    };
+    let leader_applied = leader.map(|(_, m)| num(m, "applied"));
+    let replicas: Vec<ReplicaReport> = answers
+        .iter()
+        .map(|(id, _, a)| {
+            let member = members.contains(id);
+            match a {
+                Ok(m) => ReplicaReport {
+                    id: *id,
+                    member,
+                    unreachable: None,
+                    role: m.get("role").cloned(),
+                    term: num(m, "term"),
+                    leader: num(m, "leader"),
+                    commit: num(m, "commit"),
+                    applied: num(m, "applied"),
+                    lag: leader_applied.map(|l| l.saturating_sub(num(m, "applied"))),
+                    mqtt: m.get("mqtt").cloned().unwrap_or_default(),
+                },
+                Err(e) => ReplicaReport {
+                    id: *id,
+                    member,
+                    unreachable: Some(format!("{e:#}")),
+                    role: None,
+                    term: 0,
+                    leader: 0,
+                    commit: 0,
+                    applied: 0,
+                    lag: None,
+                    mqtt: String::new(),
+                },
+            }
+        })
+        .collect();
+    let members_up = replicas
+        .iter()
+        .filter(|r| r.member && r.unreachable.is_none())
+        .count();
+    let majority = members.len() / 2 + 1;
+    StatusReport {
+        leader: leader.map(|(id, _)| id),
+        healthy: leader.is_some() && members_up >= majority,
+        replicas,
+        members,
+        members_from,
+        members_up,
+        majority,
+    }
+}
+
+/// The `voters` of a replica's status.
+fn voters(m: &StatusMap) -> Vec<u64> {
+    m.get("voters")
+        .map_or("", String::as_str)
+        .split(',')
+        .filter_map(|id| id.parse().ok())
+        .collect()
+}
+
+/// `cluster status`: prints each replica's state (a table, or JSON with
+/// `json`); whether a leader is known and a majority answered.
+pub fn status(path: &Path, json: bool) -> Result<bool> {
     let file = ClusterFile::load(path)?;
     let who = file.operator_credentials()?;
     let answers = runtime()?.block_on(statuses(&file, &who));
-    let num =
-        |m: &StatusMap, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
-    let leader = answers
-        .iter()
-        .filter_map(|(_, _, a)| a.as_ref().ok())
-        .filter(|m| m.get("role").map(String::as_str) == Some("leader"))
-        .max_by_key(|m| num(m, "term"));
-    let leader_applied = leader.map(|m| num(m, "applied"));
-    // The members, as the leader has them (else as the file lists them).
-    let voters: Vec<u64> = match leader.and_then(|m| m.get("voters")) {
-        Some(v) => v.split(',').filter_map(|id| id.parse().ok()).collect(),
-        None => file.replicas.iter().map(|r| r.id).collect(),
-    };
+    let r = report(&answers, &file);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(r.healthy);
+    }
     println!(
         "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  mqtt",
         "replica", "role", "term", "leader", "commit", "applied", "lag"
     );
-    let mut up = 0;
-    for (id, _, a) in &answers {
-        let member = voters.contains(id);
-        match a {
-            Ok(m) => {
-                up += usize::from(member);
-                let lag = leader_applied.map_or("?".to_string(), |l| {
-                    l.saturating_sub(num(m, "applied")).to_string()
-                });
-                let role = m.get("role").map_or("?", String::as_str);
-                let role = if member {
+    for x in &r.replicas {
+        match (&x.unreachable, &x.role) {
+            (Some(_), _) if !x.member => println!("{:<8} not a member", x.id),
+            (Some(e), _) => println!("{:<8} unreachable: {e}", x.id),
+            (None, role) => {
+                let role = role.as_deref().unwrap_or("?");
+                let role = if x.member {
                     role.to_string()
                 } else {
                     format!("{role}*")
                 };
+                let lag = x.lag.map_or("?".to_string(), |l| l.to_string());
                 println!(
                     "{:<8} {:<14} {:>6} {:>8} {:>10} {:>10} {:>8}  {}",
-                    id,
-                    role,
-                    num(m, "term"),
-                    num(m, "leader"),
-                    num(m, "commit"),
-                    num(m, "applied"),
-                    lag,
-                    m.get("mqtt").map_or("", String::as_str),
+                    x.id, role, x.term, x.leader, x.commit, x.applied, lag, x.mqtt
                 );
             }
-            Err(_) if !member => println!("{id:<8} not a member"),
-            Err(e) => println!("{id:<8} unreachable: {e:#}"),
         }
     }
-    if answers
+    if r.replicas
         .iter()
-        .any(|(id, _, a)| a.is_ok() && !voters.contains(id))
+        .any(|x| x.unreachable.is_none() && !x.member)
     {
         println!("* not a member (joining, or removed)");
     }
-    let majority = voters.len() / 2 + 1;
-    println!(
-        "members: {}",
-        voters
-            .iter()
-            .map(u64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(if leader_applied.is_some() && up >= majority {
-        true
+    let list = r
+        .members
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match r.members_from.as_str() {
+        "leader" => println!("members: {list}"),
+        "file" => println!("members: {list} (as the cluster file lists them: no replica answered)"),
+        from => println!("members: {list} (last known, from {from}: no leader answered)"),
+    }
+    if r.healthy {
+        println!(
+            "leader: replica {}; {} of {} members answer",
+            r.leader.unwrap_or(0),
+            r.members_up,
+            r.members.len()
+        );
+    } else if r.members_up < r.majority {
+        println!(
+            "a majority is missing: {} of {} members answer and {} are needed; the cluster takes no writes until enough of them are back",
+            r.members_up,
+            r.members.len(),
+            r.majority
+        );
     } else {
-        println!("no leader, or fewer than a majority ({majority}) answered");
-        false
-    })
+        println!(
+            "no leader: {} of {} members answer (a majority); an election should end within seconds",
+            r.members_up,
+            r.members.len()
+        );
+    }
+    Ok(r.healthy)
 }
 
 /// `cluster add` / `cluster remove`: sends `request` to the leader (found
@@ -150,8 +279,10 @@ fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
         // When it was last proposed: again after 5 s (a leader that lost
         // it, a new leader).
         let mut proposed: Option<tokio::time::Instant> = None;
+        let mut said_waiting = None;
         loop {
             let answers = statuses(&file, &who).await;
+            let up = answers.iter().filter(|(_, _, a)| a.is_ok()).count();
             let leader = answers
                 .iter()
                 .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
@@ -188,14 +319,25 @@ fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
                     if let Some(ok) = answer.strip_prefix("ok ") {
                         eprintln!("{ok}");
                         proposed = Some(tokio::time::Instant::now());
+                    } else if let Some(moving) = answer.strip_prefix("moving ") {
+                        // The leader is the one to remove: it hands the
+                        // leadership over first; the next leader is asked.
+                        eprintln!("{moving}");
                     } else if answer.contains("leader=") || answer.contains("in progress") {
-                        // Not (or no longer) the leader, handing over, or
-                        // busy with a change: ask again.
-                        eprintln!("{answer}");
+                        // Not (or no longer) the leader, or busy with a
+                        // change: ask again.
+                        tracing::debug!(answer, "asking again");
                     } else {
                         anyhow::bail!("{}", answer.trim_start_matches("error: "));
                     }
                 }
+            }
+            if leader.is_none() && said_waiting != Some(up) {
+                eprintln!(
+                    "waiting for a leader: {up} of {} replicas answer (up to 30 s)",
+                    answers.len()
+                );
+                said_waiting = Some(up);
             }
             if tokio::time::Instant::now() >= deadline {
                 anyhow::bail!(

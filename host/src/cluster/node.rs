@@ -67,6 +67,8 @@ pub struct Node {
     changes_seen: Option<u64>,
     accept: tokio::task::JoinHandle<()>,
     metrics: Option<crate::metrics::ReplicaMetrics>,
+    /// When each peer was last heard from, Unix seconds (for `metrics`).
+    heard: std::collections::HashMap<u64, u64>,
     /// Asks the others who the members are while no leader is known.
     probe: super::probe::Probe,
 }
@@ -179,6 +181,7 @@ impl Node {
             changes_seen: None,
             accept,
             metrics: None,
+            heard: std::collections::HashMap::new(),
             clock,
             probe: super::probe::Probe::new(who),
         })
@@ -220,12 +223,27 @@ impl Node {
         }
     }
 
+    /// Notes, for `--metrics`, that `peer` was heard from now (the gauge
+    /// moves once a second at most).
+    fn heard_from(&mut self, peer: u64) {
+        let Some(m) = &self.metrics else { return };
+        let now = crate::clock::now_ms() / 1000;
+        if self.heard.get(&peer) != Some(&now) {
+            self.heard.insert(peer, now);
+            m.peer_heard
+                .with_label_values(&[&peer.to_string()])
+                .set(i64::try_from(now).unwrap_or(i64::MAX));
+        }
+    }
+
     fn refresh_metrics(&mut self) {
         self.refresh_store_metrics(false);
         let Some(m) = &self.metrics else { return };
         let s = self.replica.status();
         m.term.set(i64::try_from(s.term).unwrap_or(i64::MAX));
         m.is_leader.set(i64::from(s.role == "leader"));
+        m.has_leader.set(i64::from(s.leader != 0));
+        m.leader.set(i64::try_from(s.leader).unwrap_or(0));
         m.commit_index
             .set(i64::try_from(s.commit).unwrap_or(i64::MAX));
         m.applied_index
@@ -346,6 +364,7 @@ impl Node {
     fn on_peer(&mut self, event: PeerEvent) -> Result<()> {
         match event {
             PeerEvent::Raft(m) => {
+                self.heard_from(m.from);
                 if let Err(e) = self.replica.step(m) {
                     tracing::debug!(error = %format!("{e:#}"), "a Raft message refused");
                 }
@@ -368,7 +387,8 @@ impl Node {
             }
             PeerEvent::Change(request, reply) => {
                 let answer = match self.change(&request) {
-                    Ok(text) => format!("ok {text}"),
+                    Ok(Changed::Proposed(text)) => format!("ok {text}"),
+                    Ok(Changed::Moving(text)) => format!("moving {text}"),
                     Err(e) => format!("error: {e:#}"),
                 };
                 let _ = reply.send(answer);
@@ -379,7 +399,7 @@ impl Node {
 
     /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
     /// or `remove <id>`, proposed if this replica leads.
-    fn change(&mut self, request: &str) -> Result<String> {
+    fn change(&mut self, request: &str) -> Result<Changed> {
         let mut words = request.split_whitespace();
         let verb = words.next().unwrap_or_default();
         let id: u64 = words
@@ -410,7 +430,9 @@ impl Node {
                 // A leader does not remove itself: it hands over first.
                 let to = self.successor().context("no other member to lead")?;
                 self.replica.transfer_leader(to);
-                bail!("replica {id} leads: the leadership moves to replica {to}; leader={to}");
+                return Ok(Changed::Moving(format!(
+                    "replica {id} leads: the leadership moves to replica {to} first; leader={to}"
+                )));
             }
             "remove" => super::Change::Remove(id),
             v => bail!("unknown change {v:?} (add, remove)"),
@@ -420,7 +442,7 @@ impl Node {
             replica = self.replica.id(),
             request, "membership change proposed"
         );
-        Ok(format!("proposed: {request}"))
+        Ok(Changed::Proposed(format!("proposed: {request}")))
     }
 
     /// The voter (not this replica) most up to date, to take over the
@@ -674,6 +696,15 @@ fn random_u64() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
     h.finish()
+}
+
+/// What an operator's membership change did.
+enum Changed {
+    /// Proposed to the cluster.
+    Proposed(String),
+    /// Not yet: this leader is the replica to remove, and hands the
+    /// leadership over first (the operator asks the next leader).
+    Moving(String),
 }
 
 #[cfg(test)]

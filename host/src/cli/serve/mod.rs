@@ -122,6 +122,7 @@ impl Setup {
             EmbeddedServer::start_tenants_with(args.listen, &args.client_id, with_routes, options)
                 .await?;
         if let Some(m) = &self.metrics {
+            m.broker_counters(server.counters())?;
             m.set_ready();
         }
         let running = running

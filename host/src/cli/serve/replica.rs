@@ -92,6 +92,9 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             options,
         )
         .await?;
+        if let Some(m) = &metrics {
+            m.broker_counters(server.counters())?;
+        }
         server.run(shutdown_signal()).await
     })
 }
