@@ -665,3 +665,37 @@ fn bench_cleans_up_and_bench_and_echo_log_in() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `watch --pattern`: the keys that match, registered at the start and
+/// at every rescan; a key that appears is printed as a SET of its value
+/// when it is found, then notified like the others.
+#[test]
+fn watch_takes_patterns() {
+    let store = embedded();
+    assert_eq!(code(&store.run(&["set", "p/a", "1"])), 0);
+    assert_eq!(code(&store.run(&["set", "q/a", "1"])), 0);
+    let mut w = bin();
+    w.args(["watch", "--broker", &store.url, "--count", "3"])
+        .args(["--pattern", "p/*", "--rescan", "200ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let watcher = w.spawn().expect("watch");
+    std::thread::sleep(Duration::from_millis(800));
+    let v = |o: Output| String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let v1 = v(store.run(&["set", "p/a", "2"]));
+    store.run(&["set", "q/a", "2"]);
+    let v2 = v(store.run(&["set", "p/new", "3"]));
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(code(&store.run(&["del", "p/new"])), 0);
+    let out = watcher.wait_with_output().expect("watch ends");
+    assert_eq!(code(&out), 0, "{out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], format!("p/a SET 2 {v1}"));
+    assert_eq!(lines[1], format!("p/new SET 3 {v2}"));
+    assert!(lines[2].starts_with("p/new DELETE "), "{text}");
+    // Neither keys nor a pattern: refused.
+    let o = store.run(&["watch"]);
+    assert_eq!(code(&o), 2, "{o:?}");
+}

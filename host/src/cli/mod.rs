@@ -74,7 +74,8 @@ enum Command {
     ///
     /// Lines are `KEY SET VALUE VERSION` or `KEY DELETE VERSION`, keys and
     /// values escaped as `keys` does (one JSON object per line with `-o
-    /// json`), until Ctrl-C or --count lines. When
+    /// json`), until Ctrl-C or --count lines. Keys are given exactly, or
+    /// as glob patterns with --pattern. When
     /// the connection drops, connects again (to the next --broker) and
     /// registers again, saying so on stderr.
     Watch(watch::Args),

@@ -142,7 +142,17 @@ impl ClusterFile {
 
     /// The shared secret.
     pub fn secret(&self) -> Result<Vec<u8>> {
-        let s = crate::config::read_secret(&self.secret_file)?;
+        let s = std::fs::read_to_string(&self.secret_file)
+            .with_context(|| {
+                format!(
+                    "cannot read the cluster's shared secret {} (`secret_file` of the cluster file; every replica and the operator's tools need the same one)",
+                    self.secret_file.display()
+                )
+            })?
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
         if s.len() < 16 {
             bail!(
                 "the cluster secret in {} is {} bytes: use at least 16 (e.g. `head -c 32 /dev/urandom | base64`)",
