@@ -2269,3 +2269,96 @@ async fn sdk_scenarios_pass_while_a_minority_is_cut_off() {
     assert_eq!(text(&got), "$1\r\nv\r\n", "{status}");
     reader.disconnect().await;
 }
+
+/// A first port of `n` consecutive free loopback ports.
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = free_port();
+        if base > u16::MAX - n {
+            continue;
+        }
+        let all_free =
+            (base..base + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// `scripts/cluster` as an operator runs it with a prebuilt binary
+/// (`STATESTORE_BIN`: no cargo build): three replicas on loopback that
+/// serve, a healthy `cluster status -o json`, a client that fails over from
+/// a dead address, and Ctrl-C (SIGTERM) stopping all three.
+#[test]
+fn the_cluster_script_runs_a_prebuilt_binary() {
+    let dir =
+        std::env::temp_dir().join(format!("statestore-cluster-script-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mqtt = free_ports(6);
+    let raft = mqtt + 3;
+    let bin = env!("CARGO_BIN_EXE_statestore");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster");
+    // Its stdout (where it says it serves) onto the stderr a Server reads.
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", "exec bash \"$0\" 1>&2"])
+        .arg(&script)
+        .env("STATESTORE_BIN", bin)
+        .env("STATESTORE_CLUSTER_DIR", &dir)
+        .env("STATESTORE_MQTT_BASE", mqtt.to_string())
+        .env("STATESTORE_RAFT_BASE", raft.to_string())
+        .env("STATESTORE_FSYNC", "no")
+        .env(
+            "STATESTORE_CACHE_DIR",
+            std::env::temp_dir().join("statestore-cluster-test-cache"),
+        );
+    let server = Server::spawn_until(cmd, "==> serving on");
+    let log = server.log();
+    assert!(!log.contains("Compiling"), "{log}");
+    let out = Command::new(bin)
+        .args(["cluster", "status", "-o", "json", "--cluster"])
+        .arg(dir.join("replica-1.toml"))
+        .output()
+        .expect("cluster status");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["members"], serde_json::json!([1, 2, 3]), "{json}");
+    // A client that names a dead address first, then two replicas.
+    let brokers = format!(
+        "mqtt://127.0.0.1:{},mqtt://127.0.0.1:{mqtt},mqtt://127.0.0.1:{}",
+        free_port(),
+        mqtt + 1
+    );
+    let set = Command::new(bin)
+        .args([
+            "set",
+            "scripted",
+            "v",
+            "--timeout",
+            "20s",
+            "--broker",
+            &brokers,
+        ])
+        .output()
+        .expect("set");
+    assert!(set.status.success(), "{set:?}");
+    let get = Command::new(bin)
+        .args(["get", "scripted", "--broker"])
+        .arg(format!("mqtt://127.0.0.1:{}", mqtt + 2))
+        .output()
+        .expect("get");
+    assert_eq!(get.stdout, b"v", "{get:?}");
+    // SIGTERM (as Ctrl-C): the script stops its replicas and exits.
+    signal(server.pid(), "TERM");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut server = server;
+    while !server.exited() {
+        assert!(Instant::now() < deadline, "the script still runs");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", mqtt)).is_ok(),
+        "replica 1 stopped with the script"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
