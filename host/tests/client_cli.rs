@@ -663,6 +663,19 @@ fn bench_cleans_up_and_bench_and_echo_log_in() {
         );
         assert!(started.elapsed() < Duration::from_secs(8), "{args:?}");
     }
+    // Nothing listening: said at once too.
+    let started = std::time::Instant::now();
+    let o = bin()
+        .args(["bench", "--duration", "1s", "--broker"])
+        .arg(format!("mqtt://127.0.0.1:{}", free_port()))
+        .output()
+        .expect("run");
+    assert_ne!(code(&o), 0, "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nothing listens there"),
+        "{o:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(8));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
