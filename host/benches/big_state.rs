@@ -20,9 +20,9 @@
 
 use std::time::{Duration, Instant};
 
-use statestore::journal::{Fsync, SnapshotPolicy};
 use statestore::store::StoreOptions;
-use statestore::tenant::{Fleet, Tenant};
+use statestore::store::journal::{Fsync, SnapshotPolicy};
+use statestore::store::tenant::{Fleet, Tenant};
 use statestore::{Backend, InboundMessage, Persist, SnapshotScope, StoreLimits};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
@@ -38,7 +38,7 @@ fn request(corr: u64, parts: &[&[u8]]) -> InboundMessage {
         message_expiry_interval: Some(60),
         user_properties: vec![(
             "__ts".into(),
-            format!("{}:0:bench", statestore::serve::now_ms()),
+            format!("{}:0:bench", statestore::transport::external::now_ms()),
         )],
         client_id: Some("bench".into()),
         ..Default::default()

@@ -223,7 +223,7 @@ fn interleaved(rt: &Runtime, quick: bool) {
     // The engine the servers run: pooling allocator, epoch interruption and
     // a per-call deadline (a one-tenant fleet's settings; a memory cap large
     // enough for the dedup cache of 128,000 SETs of the batch-64 row).
-    let served_engine = statestore::wasm::engine(&statestore::EngineOptions {
+    let served_engine = statestore::runtime::wasm::engine(&statestore::EngineOptions {
         pool: Some(statestore::PoolOptions {
             instances: 6,
             max_memory: 1 << 30,

@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use statestore::store::StoreOptions;
-use statestore::tenant::{Fleet, Tenant};
+use statestore::store::tenant::{Fleet, Tenant};
 use statestore::{InboundMessage, Output, Runtime, StoreLimits};
 use statestore_guest::rpc::REQUEST_TOPIC;
 
@@ -45,7 +45,7 @@ fn request(n: u32, parts: &[&[u8]]) -> InboundMessage {
         message_expiry_interval: Some(10),
         user_properties: vec![(
             "__ts".into(),
-            format!("{:015}:00000:bench", statestore::driver::now_ms()),
+            format!("{:015}:00000:bench", statestore::store::driver::now_ms()),
         )],
         ..InboundMessage::default()
     }
@@ -104,7 +104,7 @@ fn main() {
     let linear = tenants[0].store_mut().memory_bytes();
 
     // One SET and one GET to every tenant: all live.
-    let now = statestore::driver::now_ms();
+    let now = statestore::store::driver::now_ms();
     let t = Instant::now();
     for (i, tenant) in tenants.iter_mut().enumerate() {
         let id = u32::try_from(i).unwrap_or(u32::MAX);

@@ -12,8 +12,8 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 
-use crate::mqtt::BrokerUrl;
-use crate::serve::MAX_PACKET;
+use crate::transport::external::MAX_PACKET;
+use crate::transport::mqtt::BrokerUrl;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -103,7 +103,7 @@ async fn connect(
     if let Some((user, password)) = credentials {
         o.set_credentials(user, password);
     }
-    crate::mqtt::connection_options(&mut o, broker, ca_file, None)?;
+    crate::transport::mqtt::connection_options(&mut o, broker, ca_file, None)?;
     let (client, mut eventloop) = AsyncClient::new(o, 64);
     let (tx, rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready) = mpsc::channel::<Result<(), String>>(1);
@@ -207,7 +207,7 @@ impl Link {
                 ("__srcId".into(), self.id.clone()),
                 (
                     "__ts".into(),
-                    format!("{:015}:00000:{}", crate::driver::now_ms(), self.id),
+                    format!("{:015}:00000:{}", crate::store::driver::now_ms(), self.id),
                 ),
                 ("__protVer".into(), "1.0".into()),
             ],

@@ -40,10 +40,10 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use statestore_guest::types::Quota;
 
-use crate::journal::{Fsync, SnapshotPolicy};
-use crate::mqtt::BrokerUrl;
 use crate::store::StoreOptions;
-use crate::tenant::{ComponentSource, WASM32_MAX_MEMORY};
+use crate::store::journal::{Fsync, SnapshotPolicy};
+use crate::store::tenant::{ComponentSource, WASM32_MAX_MEMORY};
+use crate::transport::mqtt::BrokerUrl;
 use crate::{Persist, StoreLimits};
 
 /// Default longest key of a tenant, bytes.
@@ -440,7 +440,7 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
                     max_key_bytes: Some(s.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES)),
                     max_value_bytes: s.max_value_bytes,
                 },
-                clock: crate::clock::system(),
+                clock: crate::store::clock::system(),
                 on_damage: Default::default(),
                 memory_journal: s.memory_journal.unwrap_or(true),
                 persist_keys,

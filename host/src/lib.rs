@@ -14,43 +14,25 @@
 //! state machine compiled natively), so tests and benchmarks can run the same
 //! inputs through both.
 
-pub mod admission;
+pub mod auth;
 pub mod bench;
-mod bindings;
-pub mod cache;
 pub mod client;
-pub mod clock;
 pub mod cluster;
 pub mod config;
-mod convert;
-pub mod driver;
-pub mod embedded;
-pub mod isolation;
-pub mod journal;
-pub mod keep_alive;
 pub mod metrics;
-pub mod mqtt;
-pub mod policy;
 pub mod process;
-pub mod queue_bytes;
-pub mod retained;
-pub mod serve;
-pub mod shared_groups;
-pub mod storage;
+pub mod runtime;
 pub mod store;
-pub mod sys_topics;
-pub mod tenant;
-pub mod users;
-pub mod wasm;
+pub mod transport;
 
+pub use runtime::wasm::{
+    EngineOptions, IncompatibleComponent, OwnedFormats, PoolOptions, Runtime, StoreLimits,
+    WasmStore,
+};
 pub use statestore_guest::SnapshotScope;
 pub use statestore_guest::types::{
     Config, InboundMessage, Input, KeyMatch, OutboundMessage, Output, Persist, PublishKind,
     ScanPage, Stats,
-};
-pub use wasm::{
-    EngineOptions, IncompatibleComponent, OwnedFormats, PoolOptions, Runtime, StoreLimits,
-    WasmStore,
 };
 
 /// The guest component built by this crate's build script (`wasm32-wasip2`).

@@ -403,7 +403,10 @@ impl Metrics {
     }
 
     /// Exports the embedded broker's message counters (read when scraped).
-    pub fn broker_counters(&self, counters: Arc<crate::sys_topics::Counters>) -> Result<()> {
+    pub fn broker_counters(
+        &self,
+        counters: Arc<crate::transport::embedded::sys_topics::Counters>,
+    ) -> Result<()> {
         self.registry
             .register(Box::new(BrokerCollector::new(counters)?))
             .context("registering the broker's counters")
@@ -766,13 +769,15 @@ fn builtin_component_sha256() -> String {
 /// The embedded broker's PUBLISH counters, kept as atomics by the broker
 /// (for its `$SYS` tree) and read at each scrape.
 struct BrokerCollector {
-    counters: Arc<crate::sys_topics::Counters>,
+    counters: Arc<crate::transport::embedded::sys_topics::Counters>,
     received: IntCounter,
     delivered: IntCounter,
 }
 
 impl BrokerCollector {
-    fn new(counters: Arc<crate::sys_topics::Counters>) -> Result<BrokerCollector> {
+    fn new(
+        counters: Arc<crate::transport::embedded::sys_topics::Counters>,
+    ) -> Result<BrokerCollector> {
         Ok(BrokerCollector {
             counters,
             received: IntCounter::new(

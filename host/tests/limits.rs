@@ -362,7 +362,7 @@ async fn a_stalled_subscriber_holds_at_most_its_queue_bytes() {
     let mut o = MqttOptions::new("stalled", "127.0.0.1", port);
     o.set_keep_alive(Duration::from_secs(120))
         .set_clean_start(true)
-        .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
+        .set_max_packet_size(Some(statestore::transport::external::MAX_PACKET));
     let (stalled, mut eventloop) = AsyncClient::new(o, 16);
     subscribed(&stalled, &mut eventloop, "feed/#").await;
     // From here its event loop is not polled: nothing reads its socket.

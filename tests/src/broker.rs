@@ -15,10 +15,10 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use statestore::embedded::{EmbeddedOptions, EmbeddedServer};
-use statestore::mqtt::BrokerUrl;
-use statestore::serve::{ClientEvents, ServeOptions, Server};
 use statestore::store::StoreOptions;
+use statestore::transport::embedded::{EmbeddedOptions, EmbeddedServer};
+use statestore::transport::external::{ClientEvents, ServeOptions, Server};
+use statestore::transport::mqtt::BrokerUrl;
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::{mpsc, oneshot};
 
@@ -310,7 +310,7 @@ pub fn serve_options(broker: BrokerUrl, client_events: ClientEvents) -> ServeOpt
         ca_file: None,
         keep_alive: Duration::from_secs(30),
         session_expiry: Duration::from_secs(600),
-        max_packet: statestore::serve::MAX_PACKET,
+        max_packet: statestore::transport::external::MAX_PACKET,
         connect_timeout: Duration::from_secs(10),
         client_events,
         store: StoreOptions::volatile("StateStore", "statestore-under-test"),
@@ -368,19 +368,22 @@ pub struct Embedded {
 impl Embedded {
     /// Starts it on 127.0.0.1 with an OS-chosen port.
     pub async fn start() -> Embedded {
-        Embedded::start_with(statestore::embedded::BrokerOptions::default()).await
+        Embedded::start_with(statestore::transport::embedded::BrokerOptions::default()).await
     }
 
     /// [`Embedded::start`] with these broker options.
-    pub async fn start_with(broker: statestore::embedded::BrokerOptions) -> Embedded {
+    pub async fn start_with(broker: statestore::transport::embedded::BrokerOptions) -> Embedded {
         let opts = EmbeddedOptions {
             listen: "127.0.0.1:0".parse().expect("address"),
             store: StoreOptions::volatile("StateStore", "statestore-under-test"),
         };
-        let tenant =
-            statestore::tenant::Tenant::open("default", crate::wasm_runtime().clone(), &opts.store)
-                .expect("the store opens");
-        let route = statestore::embedded::Route {
+        let tenant = statestore::store::tenant::Tenant::open(
+            "default",
+            crate::wasm_runtime().clone(),
+            &opts.store,
+        )
+        .expect("the store opens");
+        let route = statestore::transport::embedded::Route {
             matcher: Default::default(),
             default: true,
         };
@@ -533,7 +536,7 @@ impl RawClient {
         }
         o.set_keep_alive(Duration::from_secs(30))
             .set_clean_start(!persistent)
-            .set_max_packet_size(Some(statestore::serve::MAX_PACKET));
+            .set_max_packet_size(Some(statestore::transport::external::MAX_PACKET));
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         o.set_network_options(net);
@@ -649,7 +652,11 @@ impl RawClient {
                 ("__srcId".into(), self.id.clone()),
                 (
                     "__ts".into(),
-                    format!("{:015}:00000:{}", statestore::serve::now_ms(), self.id),
+                    format!(
+                        "{:015}:00000:{}",
+                        statestore::transport::external::now_ms(),
+                        self.id
+                    ),
                 ),
                 ("__protVer".into(), "1.0".into()),
             ],

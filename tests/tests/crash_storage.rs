@@ -13,9 +13,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use statestore::clock::{Clock, ManualClock};
-use statestore::journal::{self, Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy};
-use statestore::storage::{MemStorage, Storage, conformance};
+use statestore::store::clock::{Clock, ManualClock};
+use statestore::store::journal::{
+    self, Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy,
+};
+use statestore::store::storage::{MemStorage, Storage, conformance};
 use statestore::{Backend, InboundMessage, Output, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_tests::{durable_config, reply, resp, wasm_runtime};
@@ -273,7 +275,7 @@ impl Storage for NoSnapshots {
     fn read(&self, name: &str) -> std::io::Result<Vec<u8>> {
         self.inner.read(name)
     }
-    fn create(&self, name: &str) -> std::io::Result<Box<dyn statestore::storage::LogFile>> {
+    fn create(&self, name: &str) -> std::io::Result<Box<dyn statestore::store::storage::LogFile>> {
         self.inner.create(name)
     }
     fn write_atomic(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {

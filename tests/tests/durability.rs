@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use statestore::clock::{Clock, ManualClock, SystemClock};
-use statestore::journal::{Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy};
+use statestore::store::clock::{Clock, ManualClock, SystemClock};
+use statestore::store::journal::{
+    Fsync, Journal, JournalError, OnDamage, Recovery, SnapshotPolicy,
+};
 use statestore::{Backend, InboundMessage, Output, WasmStore};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_tests::{durable_config, reply, resp, wasm_runtime};
@@ -81,7 +83,7 @@ impl Store {
         };
         let outputs = self.store.handle_messages(&[m], now).expect("handle");
         let outputs: Vec<Output> =
-            statestore::journal::commit(&mut self.store, Some(&mut self.journal), outputs)
+            statestore::store::journal::commit(&mut self.store, Some(&mut self.journal), outputs)
                 .expect("commit");
         let r = reply(&outputs);
         (
@@ -108,7 +110,7 @@ fn open_error(dir: &Path, why: &str) -> JournalError {
 }
 
 fn now() -> u64 {
-    statestore::clock::now_ms()
+    statestore::store::clock::now_ms()
 }
 
 fn wal_files(dir: &Path) -> Vec<PathBuf> {
@@ -303,8 +305,8 @@ fn a_redelivered_request_gets_its_reply_after_a_restart() {
             .store
             .handle_messages(std::slice::from_ref(&m), now())
             .expect("handle");
-        let out =
-            statestore::journal::commit(&mut s.store, Some(&mut s.journal), out).expect("commit");
+        let out = statestore::store::journal::commit(&mut s.store, Some(&mut s.journal), out)
+            .expect("commit");
         reply(&out).clone()
     };
     let (mut s, _) = Store::open(&dir, SnapshotPolicy::default());

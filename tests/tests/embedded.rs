@@ -359,8 +359,8 @@ async fn an_executor_may_answer_an_invoker_on_its_clients_topic() {
 /// there; its own spaces (raw and hex) are granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_client_topics_keep_clients_spaces_to_their_owners() {
-    let store = Embedded::start_with(statestore::embedded::BrokerOptions {
-        client_topics: statestore::isolation::ClientTopics::Strict,
+    let store = Embedded::start_with(statestore::transport::embedded::BrokerOptions {
+        client_topics: statestore::auth::isolation::ClientTopics::Strict,
         ..Default::default()
     })
     .await;
@@ -435,8 +435,8 @@ async fn wills_and_client_ids_cannot_reach_another_clients_topics() {
 /// address gets CONNACK 0x97 "quota exceeded"; closing one makes room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_per_address_are_bounded_with_quota_exceeded() {
-    let store = Embedded::start_with(statestore::embedded::BrokerOptions {
-        limits: statestore::embedded::BrokerLimits {
+    let store = Embedded::start_with(statestore::transport::embedded::BrokerOptions {
+        limits: statestore::transport::embedded::BrokerLimits {
             max_connections_per_address: 2,
             ..Default::default()
         },
@@ -478,8 +478,8 @@ async fn retained_messages_are_bounded_and_survive_a_restart() {
     use rumqttc::v5::mqttbytes::v5::PubAckReason;
     let dir = std::env::temp_dir().join(format!("statestore-retained-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let options = || statestore::embedded::BrokerOptions {
-        limits: statestore::embedded::BrokerLimits {
+    let options = || statestore::transport::embedded::BrokerOptions {
+        limits: statestore::transport::embedded::BrokerLimits {
             max_retained: 2,
             ..Default::default()
         },

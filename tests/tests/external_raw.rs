@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use statestore::serve::ClientEvents;
+use statestore::transport::external::ClientEvents;
 use statestore_guest::notify;
 use statestore_tests::broker::{Host, Mosquitto, RawClient, TestPki, prop, serve_options, text};
 use statestore_tests::resp;
@@ -242,13 +242,13 @@ async fn mosquitto_disconnect_events_drop_registrations() {
 #[tokio::test]
 async fn serves_through_a_tls_listener() {
     let (broker, tls_port, cert) = Mosquitto::start_tls();
-    let url = statestore::mqtt::BrokerUrl {
+    let url = statestore::transport::mqtt::BrokerUrl {
         host: "localhost".into(),
         port: tls_port,
         tls: true,
     };
     // The system roots do not trust a fresh self-signed certificate.
-    let untrusted = statestore::serve::Server::connect(
+    let untrusted = statestore::transport::external::Server::connect(
         statestore_tests::wasm_runtime(),
         serve_options(url.clone(), ClientEvents::None),
     )
@@ -276,7 +276,7 @@ async fn serves_through_a_tls_listener() {
 async fn serves_through_a_broker_that_requires_a_client_certificate() {
     let pki = TestPki::new("mtls-broker");
     let (broker, tls_port) = Mosquitto::start_tls_requiring_certificates(&pki);
-    let url = statestore::mqtt::BrokerUrl {
+    let url = statestore::transport::mqtt::BrokerUrl {
         host: "localhost".into(),
         port: tls_port,
         tls: true,
@@ -284,10 +284,13 @@ async fn serves_through_a_broker_that_requires_a_client_certificate() {
     let mut opts = serve_options(url.clone(), ClientEvents::None);
     opts.ca_file = Some(pki.ca.clone());
     opts.connect_timeout = Duration::from_secs(5);
-    let refused =
-        statestore::serve::Server::connect(statestore_tests::wasm_runtime(), opts.clone()).await;
+    let refused = statestore::transport::external::Server::connect(
+        statestore_tests::wasm_runtime(),
+        opts.clone(),
+    )
+    .await;
     assert!(refused.is_err(), "connected without a client certificate");
-    opts.client_cert = Some(statestore::mqtt::ClientCert {
+    opts.client_cert = Some(statestore::transport::mqtt::ClientCert {
         cert: pki.client_cert.clone(),
         key: pki.client_key.clone(),
     });

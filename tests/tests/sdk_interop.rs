@@ -48,8 +48,8 @@ async fn run<F: std::future::Future<Output = ()>>(mode: Mode, scenario: impl FnO
 /// gives it, and is refused the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdk_under_an_authorization_policy() {
-    use statestore::embedded::{BrokerOptions, EmbeddedServer, Route};
-    use statestore::policy::{Policy, PolicyCell};
+    use statestore::auth::policy::{Policy, PolicyCell};
+    use statestore::transport::embedded::{BrokerOptions, EmbeddedServer, Route};
     let dir = std::env::temp_dir().join(format!("statestore-sdk-authz-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     // mosquitto_passwd 2.0 hashes: sensor-1 and operator, password "secret".
@@ -61,7 +61,7 @@ async fn the_sdk_under_an_authorization_policy() {
     let mut store =
         statestore::store::StoreOptions::volatile("StateStore", "statestore-under-test");
     store.authorization = Some(policy.store_rules());
-    let tenant = statestore::tenant::Tenant::open(
+    let tenant = statestore::store::tenant::Tenant::open(
         "default",
         statestore_tests::wasm_runtime().clone(),
         &store,
@@ -78,8 +78,8 @@ async fn the_sdk_under_an_authorization_policy() {
             },
         )],
         BrokerOptions {
-            users: Some(statestore::users::UsersCell::new(
-                statestore::users::Users::load(&users).expect("users"),
+            users: Some(statestore::auth::users::UsersCell::new(
+                statestore::auth::users::Users::load(&users).expect("users"),
             )),
             policy: Some(PolicyCell::new(Some(policy))),
             ..BrokerOptions::default()

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::QoS;
 use statestore::config::Matcher;
-use statestore::driver::Control;
-use statestore::embedded::{EmbeddedServer, Route, TenantHandle};
-use statestore::journal::{Fsync, SnapshotPolicy};
 use statestore::store::StoreOptions;
-use statestore::tenant::{Fleet, Tenant};
+use statestore::store::driver::Control;
+use statestore::store::journal::{Fsync, SnapshotPolicy};
+use statestore::store::tenant::{Fleet, Tenant};
+use statestore::transport::embedded::{EmbeddedServer, Route, TenantHandle};
 use statestore::{InboundMessage, Output, Persist, PublishKind, StoreLimits};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use statestore_guest::types::Quota;
@@ -35,7 +35,7 @@ fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "statestore-tenants-{name}-{}-{}",
         std::process::id(),
-        statestore::serve::now_ms()
+        statestore::transport::external::now_ms()
     ));
     let _ = std::fs::remove_dir_all(&dir);
     dir
@@ -280,7 +280,10 @@ fn request(client: &str, corr: u32, parts: &[&[u8]]) -> InboundMessage {
         user_properties: vec![
             (
                 "__ts".into(),
-                format!("{:015}:00000:{client}", statestore::serve::now_ms()),
+                format!(
+                    "{:015}:00000:{client}",
+                    statestore::transport::external::now_ms()
+                ),
             ),
             ("__protVer".into(), "1.0".into()),
             ("__srcId".into(), client.into()),
@@ -306,7 +309,7 @@ fn a_batch_of_large_replies_is_handed_over_a_call_at_a_time() {
         &StoreOptions::volatile("StateStore", "statestore-under-test"),
     )
     .expect("tenant");
-    let now = statestore::serve::now_ms();
+    let now = statestore::transport::external::now_ms();
     let value = vec![b'v'; 5 << 20];
     let out = tenant
         .handle(&[request("c", 0, &[b"SET", b"big", &value])], now)
@@ -358,7 +361,7 @@ fn a_batch_with_a_faulty_request_fails_only_that_request() {
     let mut tenant = Tenant::open("t", runtime, &durable(dir.clone())).expect("opens");
     let metrics = statestore::metrics::Metrics::new().expect("metrics");
     tenant.set_metrics(metrics.tenant("t"));
-    let now = statestore::serve::now_ms();
+    let now = statestore::transport::external::now_ms();
     let batch = [
         request("c", 1, &[b"SET", b"a", b"1"]),
         request("c", 2, &[b"SET", b"__fault/trap", b"x"]),
@@ -729,7 +732,7 @@ fn a_volatile_tenant_keeps_what_it_acknowledged_across_a_fault() {
             ..StoreOptions::volatile("StateStore", "statestore")
         };
         let mut tenant = Tenant::open("v", runtime, &opts).expect("opens");
-        let now = statestore::serve::now_ms();
+        let now = statestore::transport::external::now_ms();
         let out = tenant
             .handle(&[request("c", 1, &[b"SET", b"a", b"1"])], now)
             .expect("handled");

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
 use azure_iot_operations_services::state_store::{self, SetOptions};
-use statestore::embedded::{BrokerOptions, EmbeddedServer, Route, TlsListener};
 use statestore::store::StoreOptions;
-use statestore::tenant::Tenant;
+use statestore::store::tenant::Tenant;
+use statestore::transport::embedded::{BrokerOptions, EmbeddedServer, Route, TlsListener};
 use statestore_tests::broker::{RawClient, TestPki, free_port, text};
 use statestore_tests::sdk::Sdk;
 use tokio::sync::oneshot;
@@ -33,10 +33,12 @@ async fn start(pki: &TestPki, client_ca: bool) -> Running {
 async fn start_with(
     pki: &TestPki,
     client_ca: bool,
-    policy: Option<statestore::policy::Policy>,
+    policy: Option<statestore::auth::policy::Policy>,
 ) -> Running {
     let mut store = StoreOptions::volatile("StateStore", "statestore-under-test");
-    store.authorization = policy.as_ref().map(statestore::policy::Policy::store_rules);
+    store.authorization = policy
+        .as_ref()
+        .map(statestore::auth::policy::Policy::store_rules);
     let tenant =
         Tenant::open("default", statestore_tests::wasm_runtime().clone(), &store).expect("tenant");
     let tls = free_port();
@@ -57,7 +59,7 @@ async fn start_with(
                 key: pki.server_key.clone(),
                 client_ca: client_ca.then(|| pki.ca.clone()),
             }),
-            policy: policy.map(|p| statestore::policy::PolicyCell::new(Some(p))),
+            policy: policy.map(|p| statestore::auth::policy::PolicyCell::new(Some(p))),
             ..BrokerOptions::default()
         },
     )
@@ -276,7 +278,7 @@ async fn a_client_ca_requires_client_certificates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_a_principal() {
     let pki = TestPki::new("cert-principal");
-    let policy = statestore::policy::Policy::parse(
+    let policy = statestore::auth::policy::Policy::parse(
         r#"
 rules:
   - principals:

@@ -359,9 +359,9 @@ pub fn rejoin(path: &Path) -> Result<()> {
             "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
         );
     }
-    let disk = crate::storage::DirStorage::open(&file.data_dir)
+    let disk = crate::store::storage::DirStorage::open(&file.data_dir)
         .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
-    let said = super::log::rejoin(&disk, crate::clock::now_ms())?;
+    let said = super::log::rejoin(&disk, crate::store::clock::now_ms())?;
     println!("{said}");
     let me = file.me();
     remove(path, file.id)

@@ -44,6 +44,7 @@
 
 pub mod admin;
 pub mod file;
+mod format;
 pub mod linear;
 pub mod log;
 pub mod net;
@@ -58,54 +59,12 @@ use anyhow::{Context, Result, bail};
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
+pub use format::{ENTRY_VERSION, EntryRef, Members, decode_entry, encode_entry};
+use format::{decode_snapshot, encode_snapshot};
 pub use log::LogStore;
 use statestore_guest::wire;
 
 use crate::{Backend, Input, Output};
-
-/// The format version of an entry this build writes and reads.
-pub const ENTRY_VERSION: u8 = 1;
-
-/// An entry of the log, as proposed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EntryRef<'a> {
-    /// The replica that received the inputs (it publishes the replies).
-    pub origin: u64,
-    /// The leader's time, ms.
-    pub now: u64,
-    /// The inputs, in the guest's batch encoding.
-    pub batch: &'a [u8],
-}
-
-/// Encodes an entry of `batch`, inputs in the guest's batch encoding.
-pub fn encode_entry(origin: u64, now: u64, batch: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(17 + batch.len());
-    out.push(ENTRY_VERSION);
-    out.extend_from_slice(&origin.to_le_bytes());
-    out.extend_from_slice(&now.to_le_bytes());
-    out.extend_from_slice(batch);
-    out
-}
-
-/// Decodes an entry (its batch is left to the guest).
-pub fn decode_entry(data: &[u8]) -> Result<EntryRef<'_>> {
-    let Some((&version, rest)) = data.split_first() else {
-        bail!("an empty log entry");
-    };
-    if version != ENTRY_VERSION {
-        bail!("log entry format {version} (this build reads {ENTRY_VERSION})");
-    }
-    if rest.len() < 16 {
-        bail!("a log entry of {} bytes", data.len());
-    }
-    let (origin, rest) = rest.split_at(8);
-    let (now, batch) = rest.split_at(8);
-    Ok(EntryRef {
-        origin: u64::from_le_bytes(origin.try_into().expect("8 bytes")),
-        now: u64::from_le_bytes(now.try_into().expect("8 bytes")),
-        batch,
-    })
-}
 
 /// The outputs of one applied entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,72 +141,6 @@ impl Default for Compaction {
 
 /// Makes a replica's guest: empty (`None`) or from a snapshot.
 pub type MakeStore<B> = Box<dyn FnMut(Option<&[u8]>) -> Result<B> + Send>;
-
-/// Format of the data of a Raft snapshot: `u8 version, u64 applied now,
-/// members, guest snapshot (everything: keys, dedup cache,
-/// registrations)`; members (version 2) are `u32 count`, then per replica
-/// added while running `u64 id, u32 length, address record`. Version 1
-/// (no members) is still read.
-const SNAPSHOT_VERSION: u8 = 2;
-
-/// What a Raft snapshot holds besides the guest's.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct SnapshotData<'a> {
-    applied_now: u64,
-    members: Members,
-    guest: &'a [u8],
-}
-
-/// The address records of the replicas added while running (the
-/// context of their conf change), by id: what the other replicas reach
-/// them at. The founding replicas' are in the cluster files.
-pub type Members = std::collections::BTreeMap<u64, Vec<u8>>;
-
-fn encode_snapshot(applied_now: u64, members: &Members, guest: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(13 + guest.len());
-    out.push(SNAPSHOT_VERSION);
-    out.extend_from_slice(&applied_now.to_le_bytes());
-    out.extend_from_slice(&(members.len() as u32).to_le_bytes());
-    for (id, record) in members {
-        out.extend_from_slice(&id.to_le_bytes());
-        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
-        out.extend_from_slice(record);
-    }
-    out.extend_from_slice(guest);
-    out
-}
-
-fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
-    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
-        if rest.len() < n {
-            bail!("a Raft snapshot cut short");
-        }
-        let (head, tail) = rest.split_at(n);
-        *rest = tail;
-        Ok(head)
-    }
-    let Some((&version, mut rest)) = data.split_first() else {
-        bail!("an empty Raft snapshot");
-    };
-    if !(1..=SNAPSHOT_VERSION).contains(&version) {
-        bail!("Raft snapshot format {version} (this build reads 1 to {SNAPSHOT_VERSION})");
-    }
-    let applied_now = u64::from_le_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
-    let mut members = Members::new();
-    if version >= 2 {
-        let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-        for _ in 0..count {
-            let id = u64::from_le_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
-            let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-            members.insert(id, take(&mut rest, len as usize)?.to_vec());
-        }
-    }
-    Ok(SnapshotData {
-        applied_now,
-        members,
-        guest: rest,
-    })
-}
 
 /// A change of membership to propose ([`Replica::propose_change`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

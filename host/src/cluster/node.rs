@@ -30,9 +30,9 @@ pub use super::file::{ClusterFile, ReadPath, ReplicaEntry};
 use super::net::{Links, PeerEvent};
 use super::router::{Effects, Limits, Now, Router};
 use super::{Compaction, Durability, LogStore, Replica, Timing};
-use crate::clock::Clock;
-use crate::driver::{Input as TransportInput, Transport};
-use crate::journal::Fsync;
+use crate::store::clock::Clock;
+use crate::store::driver::{Input as TransportInput, Transport};
+use crate::store::journal::Fsync;
 use crate::{Config, Input, Output, Runtime, WasmStore};
 
 /// A tick of a replica's Raft clock.
@@ -95,7 +95,7 @@ impl Node {
         notify: Notify,
     ) -> Result<Node> {
         let who = file.credentials()?;
-        let disk = crate::storage::DirStorage::open(&file.data_dir).with_context(|| {
+        let disk = crate::store::storage::DirStorage::open(&file.data_dir).with_context(|| {
             format!("cannot open the data directory {}", file.data_dir.display())
         })?;
         let voters: Vec<u64> = if file.join {
@@ -103,7 +103,7 @@ impl Node {
         } else {
             file.replicas.iter().map(|r| r.id).collect()
         };
-        let disk: Arc<dyn crate::storage::Storage> = Arc::new(disk);
+        let disk: Arc<dyn crate::store::storage::Storage> = Arc::new(disk);
         let log = LogStore::open(disk.clone(), &voters)?;
         if file.join {
             let members = raft::Storage::initial_state(&log)
@@ -227,7 +227,7 @@ impl Node {
     /// moves once a second at most).
     fn heard_from(&mut self, peer: u64) {
         let Some(m) = &self.metrics else { return };
-        let now = crate::clock::now_ms() / 1000;
+        let now = crate::store::clock::now_ms() / 1000;
         if self.heard.get(&peer) != Some(&now) {
             self.heard.insert(peer, now);
             m.peer_heard
@@ -654,7 +654,7 @@ impl Node {
 /// after the last one if the clock went back since (a life must start
 /// after the ones before it, or `replica-started` would not drop their
 /// registrations). Kept in `raft-life` in its data directory.
-fn new_life(disk: &dyn crate::storage::Storage, now: u64) -> Result<u64> {
+fn new_life(disk: &dyn crate::store::storage::Storage, now: u64) -> Result<u64> {
     const LIFE: &str = "raft-life";
     let last = match disk.read(LIFE) {
         Ok(bytes) => std::str::from_utf8(&bytes)
@@ -715,7 +715,7 @@ mod tests {
     /// back.
     #[test]
     fn a_new_life_starts_after_the_last_one() {
-        let disk = crate::storage::MemStorage::new();
+        let disk = crate::store::storage::MemStorage::new();
         assert_eq!(new_life(&disk, 1_000).expect("life"), 1_000);
         assert_eq!(new_life(&disk, 5_000).expect("life"), 5_000);
         assert_eq!(new_life(&disk, 4_000).expect("clock went back"), 5_001);

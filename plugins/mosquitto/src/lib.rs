@@ -1,5 +1,5 @@
 //! The state store inside mosquitto 2.0: a broker plugin hosting the same
-//! component, through the same host library ([`statestore::tenant::Tenant`]:
+//! component, through the same host library ([`statestore::store::tenant::Tenant`]:
 //! wasmtime, journal, limits), as `statestore serve`.
 //!
 //! ```text
@@ -18,7 +18,7 @@
 //!   go with `mosquitto_broker_publish` to exactly the client they are for,
 //!   into its session whether or not it subscribed.
 //! - `MOSQ_EVT_ACL_CHECK`: nobody publishes into the store's streams of
-//!   another client (`statestore::isolation`), nor subscribes to the
+//!   another client (`statestore::auth::isolation`), nor subscribes to the
 //!   requests' own topic.
 //! - `MOSQ_EVT_DISCONNECT`: the client's KEYNOTIFY registrations go.
 //! - `MOSQ_EVT_TICK` (every loop of the broker, at least every 100 ms):
@@ -201,7 +201,7 @@ fn start(id: *mut ffi::PluginId, pairs: &[(String, String)]) -> anyhow::Result<P
     let store = Store::open(options.clone())?;
     let consumed = CString::new(format!(
         "$statestore/consumed/{:032x}",
-        unguessable(statestore::clock::now_ms())
+        unguessable(statestore::store::clock::now_ms())
     ))?;
     let kind = match (&options.data_dir, matches!(store, Store::Worker(_))) {
         (None, _) => "volatile".to_string(),
@@ -364,11 +364,15 @@ unsafe extern "C" fn on_acl_check(
     let consumed = p.consumed.to_str().unwrap_or_default();
     let refused = match evt.access {
         ffi::MOSQ_ACL_WRITE => {
-            !statestore::isolation::may_publish(&client, &topic, p.options.client_topics)
+            !statestore::auth::isolation::may_publish(&client, &topic, p.options.client_topics)
         }
         ffi::MOSQ_ACL_SUBSCRIBE => {
             topic.starts_with("$statestore/")
-                || !statestore::isolation::may_subscribe(&client, &topic, p.options.client_topics)
+                || !statestore::auth::isolation::may_subscribe(
+                    &client,
+                    &topic,
+                    p.options.client_topics,
+                )
         }
         ffi::MOSQ_ACL_READ => topic == consumed || topic.starts_with("$statestore/"),
         _ => false,

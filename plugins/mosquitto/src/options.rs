@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use statestore::Persist;
-use statestore::isolation::ClientTopics;
-use statestore::journal::Fsync;
+use statestore::auth::isolation::ClientTopics;
 use statestore::store::StoreOptions;
+use statestore::store::journal::Fsync;
 use statestore_guest::types::Quota;
 
 /// Every `plugin_opt_*` key, with what it sets (for error messages).
@@ -225,10 +225,10 @@ impl PluginOptions {
     }
 
     /// The component to serve.
-    pub fn component(&self) -> statestore::tenant::ComponentSource {
+    pub fn component(&self) -> statestore::store::tenant::ComponentSource {
         match &self.component {
-            Some(p) => statestore::tenant::ComponentSource::File(p.clone()),
-            None => statestore::tenant::ComponentSource::BuiltIn,
+            Some(p) => statestore::store::tenant::ComponentSource::File(p.clone()),
+            None => statestore::store::tenant::ComponentSource::BuiltIn,
         }
     }
 
@@ -258,7 +258,7 @@ impl PluginOptions {
             max_value_bytes: Some(self.max_value_bytes),
         };
         if let Some(path) = &self.authorization {
-            let policy = statestore::policy::Policy::load(path)
+            let policy = statestore::auth::policy::Policy::load(path)
                 .with_context(|| format!("plugin_opt_authorization: {}", path.display()))?;
             s.authorization = Some(policy.store_rules());
         }

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use statestore::journal::Fsync;
-use statestore::policy::Policy;
-use statestore::tenant::{Fleet, Tenant};
+use statestore::auth::policy::Policy;
+use statestore::store::journal::Fsync;
+use statestore::store::tenant::{Fleet, Tenant};
 use statestore::{InboundMessage, OutboundMessage, Output, PublishKind};
 
 use crate::options::PluginOptions;
@@ -74,7 +74,7 @@ pub(crate) struct Core {
 type Waiting<'a> = (Option<&'a str>, Option<&'a [u8]>, &'a str);
 
 /// The most requests handed to the guest in one call on the worker.
-const MAX_BATCH: usize = statestore::driver::MAX_BATCH;
+const MAX_BATCH: usize = statestore::store::driver::MAX_BATCH;
 
 impl Core {
     fn open(options: PluginOptions) -> Result<Core> {
@@ -82,7 +82,7 @@ impl Core {
         let cache_dir = options
             .cache_dir
             .clone()
-            .or_else(statestore::cache::default_dir);
+            .or_else(statestore::runtime::cache::default_dir);
         // Calls bounded by fuel (no timer thread to interrupt them).
         let mut fleet = Fleet::for_replica(options.memory_bytes, cache_dir)?;
         let component = options.component();
@@ -437,7 +437,7 @@ impl Store {
                 core.requests(std::slice::from_ref(&message), &[requester])
             }
             Store::Worker(w) => {
-                message.received_at = Some(statestore::clock::now_ms());
+                message.received_at = Some(statestore::store::clock::now_ms());
                 if w.options.trust_usernames {
                     let policy = w.policy.lock().unwrap_or_else(|e| e.into_inner()).clone();
                     if let Some(p) = policy {

@@ -12,10 +12,10 @@ use std::pin::Pin;
 
 use anyhow::{Context, Result};
 use statestore::config::TenantSpec;
-use statestore::embedded::{EmbeddedServer, Route};
-use statestore::mqtt::BrokerUrl;
-use statestore::serve::Server;
-use statestore::tenant::{Fleet, Tenant, WASM32_MAX_MEMORY, component_hash};
+use statestore::store::tenant::{Fleet, Tenant, WASM32_MAX_MEMORY, component_hash};
+use statestore::transport::embedded::{EmbeddedServer, Route};
+use statestore::transport::external::Server;
+use statestore::transport::mqtt::BrokerUrl;
 
 pub use args::ServeArgs;
 use options::{
@@ -38,7 +38,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     check_listeners(&args, args.listen)?;
     let specs = tenant_specs(&args, password.clone())?;
-    let policy = statestore::policy::PolicyCell::new(load_policy(&args)?);
+    let policy = statestore::auth::policy::PolicyCell::new(load_policy(&args)?);
     if args.authorization.is_some() && args.broker.is_some() {
         tracing::info!(
             "--authorization with --broker: the store checks keys; Connect, Publish and Subscribe are the broker's to check"
@@ -52,7 +52,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
         .max()
         .unwrap_or(WASM32_MAX_MEMORY);
-    let cache_dir = statestore::cache::default_dir().filter(|_| !args.no_cache);
+    let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
     let mut fleet = Fleet::new(specs.len(), max_memory, cache_dir)?;
     let started = std::time::Instant::now();
     let mut tenants = Vec::new();
@@ -93,7 +93,7 @@ struct Setup {
     password: Option<String>,
     fleet: Fleet,
     metrics: Option<std::sync::Arc<statestore::metrics::Metrics>>,
-    policy: std::sync::Arc<statestore::policy::PolicyCell>,
+    policy: std::sync::Arc<statestore::auth::policy::PolicyCell>,
 }
 
 impl Setup {
@@ -180,6 +180,6 @@ impl Setup {
                 (name, run)
             })
             .collect();
-        statestore::driver::supervise(runs, shutdown_signal()).await
+        statestore::store::driver::supervise(runs, shutdown_signal()).await
     }
 }

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use statestore::config::{self, Matcher, TenantBroker, TenantSpec};
-use statestore::embedded::BrokerLimits;
-use statestore::journal::{OnDamage, SnapshotPolicy};
 use statestore::store::StoreOptions;
-use statestore::tenant::ComponentSource;
+use statestore::store::journal::{OnDamage, SnapshotPolicy};
+use statestore::store::tenant::ComponentSource;
+use statestore::transport::embedded::BrokerLimits;
 use statestore::{Persist, ScanPage, StoreLimits};
 use statestore_guest::types::Quota;
 
@@ -45,7 +45,7 @@ pub fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
                 max_key_bytes: Some(u32::try_from(args.max_key).unwrap_or(u32::MAX)),
                 ..Quota::default()
             },
-            clock: statestore::clock::system(),
+            clock: statestore::store::clock::system(),
             on_damage: if args.recover_damaged_log {
                 OnDamage::KeepPrefix
             } else {
@@ -83,8 +83,8 @@ pub fn max_bytes(args: &ServeArgs) -> u64 {
 }
 
 /// The TLS listener the flags ask for.
-pub fn tls_listener(args: &ServeArgs) -> Option<statestore::embedded::TlsListener> {
-    Some(statestore::embedded::TlsListener {
+pub fn tls_listener(args: &ServeArgs) -> Option<statestore::transport::embedded::TlsListener> {
+    Some(statestore::transport::embedded::TlsListener {
         listen: args.tls_listen?,
         cert: args.tls_cert.clone()?,
         key: args.tls_key.clone()?,
@@ -94,11 +94,11 @@ pub fn tls_listener(args: &ServeArgs) -> Option<statestore::embedded::TlsListene
 
 /// The embedded broker's limits from the flags.
 /// `--strict-client-topics`.
-pub fn client_topics(args: &ServeArgs) -> statestore::isolation::ClientTopics {
+pub fn client_topics(args: &ServeArgs) -> statestore::auth::isolation::ClientTopics {
     if args.strict_client_topics {
-        statestore::isolation::ClientTopics::Strict
+        statestore::auth::isolation::ClientTopics::Strict
     } else {
-        statestore::isolation::ClientTopics::Open
+        statestore::auth::isolation::ClientTopics::Open
     }
 }
 
@@ -144,10 +144,10 @@ pub fn tenant_specs(args: &ServeArgs, password: Option<String>) -> Result<Vec<Te
 }
 
 /// The `--authorization` file, if any.
-pub fn load_policy(args: &ServeArgs) -> Result<Option<statestore::policy::Policy>> {
+pub fn load_policy(args: &ServeArgs) -> Result<Option<statestore::auth::policy::Policy>> {
     args.authorization
         .as_deref()
-        .map(statestore::policy::Policy::load)
+        .map(statestore::auth::policy::Policy::load)
         .transpose()
 }
 
@@ -303,10 +303,12 @@ pub fn password(args: &ServeArgs) -> Result<Option<String>> {
 }
 
 /// The users of --users-file, if any.
-pub fn users(args: &ServeArgs) -> Result<Option<std::sync::Arc<statestore::users::UsersCell>>> {
+pub fn users(
+    args: &ServeArgs,
+) -> Result<Option<std::sync::Arc<statestore::auth::users::UsersCell>>> {
     Ok(match &args.users_file {
-        Some(path) => Some(statestore::users::UsersCell::new(
-            statestore::users::Users::load(path)?,
+        Some(path) => Some(statestore::auth::users::UsersCell::new(
+            statestore::auth::users::Users::load(path)?,
         )),
         None => None,
     })
@@ -337,12 +339,12 @@ pub async fn start_metrics(
 /// messages, if anywhere).
 pub fn broker_options(
     args: &ServeArgs,
-    users: Option<std::sync::Arc<statestore::users::UsersCell>>,
+    users: Option<std::sync::Arc<statestore::auth::users::UsersCell>>,
     metrics: Option<&statestore::metrics::Metrics>,
-    policy: std::sync::Arc<statestore::policy::PolicyCell>,
+    policy: std::sync::Arc<statestore::auth::policy::PolicyCell>,
     data_dir: Option<PathBuf>,
-) -> statestore::embedded::BrokerOptions {
-    statestore::embedded::BrokerOptions {
+) -> statestore::transport::embedded::BrokerOptions {
+    statestore::transport::embedded::BrokerOptions {
         limits: broker_limits(args),
         users,
         connections: metrics.map(|m| m.connections().clone()),
@@ -358,10 +360,10 @@ pub fn broker_options(
 /// The options of our connection to --broker (`store`: the tenant's).
 pub fn external_options(
     args: &ServeArgs,
-    broker: statestore::mqtt::BrokerUrl,
+    broker: statestore::transport::mqtt::BrokerUrl,
     tenant: &TenantSpec,
-) -> statestore::serve::ServeOptions {
-    statestore::serve::ServeOptions {
+) -> statestore::transport::external::ServeOptions {
+    statestore::transport::external::ServeOptions {
         broker,
         client_id: tenant.broker.client_id.clone(),
         username: tenant.broker.username.clone(),

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use statestore::config::TenantSpec;
-use statestore::driver::Control;
-use statestore::tenant::{Fleet, component_hash};
+use statestore::store::driver::Control;
+use statestore::store::tenant::{Fleet, component_hash};
 use tokio::sync::mpsc;
 
 use super::ServeArgs;
@@ -14,9 +14,9 @@ use super::options::{load_policy, tenant_specs};
 
 /// What SIGHUP reads again besides the tenants.
 pub struct Reloads {
-    pub policy: std::sync::Arc<statestore::policy::PolicyCell>,
-    pub tls: Option<statestore::embedded::TlsReload>,
-    pub users: Option<std::sync::Arc<statestore::users::UsersCell>>,
+    pub policy: std::sync::Arc<statestore::auth::policy::PolicyCell>,
+    pub tls: Option<statestore::transport::embedded::TlsReload>,
+    pub users: Option<std::sync::Arc<statestore::auth::users::UsersCell>>,
 }
 
 /// What a running tenant was last set up with.
@@ -27,7 +27,7 @@ pub struct Running {
 }
 
 /// Reads `--users-file` again into `cell`, or keeps the users in force.
-fn reload_users(cell: &statestore::users::UsersCell, path: &std::path::Path) {
+fn reload_users(cell: &statestore::auth::users::UsersCell, path: &std::path::Path) {
     match cell.reload(path) {
         Ok(n) => {
             tracing::info!(users = n, file = %path.display(), "users file reloaded: new connections are checked against it")
@@ -40,7 +40,7 @@ fn reload_users(cell: &statestore::users::UsersCell, path: &std::path::Path) {
 
 /// A replica's SIGHUP: reads `--users-file` again.
 pub fn spawn_users_reloader(
-    cell: std::sync::Arc<statestore::users::UsersCell>,
+    cell: std::sync::Arc<statestore::auth::users::UsersCell>,
     path: PathBuf,
 ) -> Result<()> {
     #[cfg(unix)]
@@ -115,7 +115,7 @@ fn reload(
     password: Option<String>,
     fleet: &mut Fleet,
     running: &mut [Running],
-    policy: &statestore::policy::PolicyCell,
+    policy: &statestore::auth::policy::PolicyCell,
 ) -> Result<()> {
     // The authorization file first: a broken one changes nothing.
     let new_policy = load_policy(args)?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use statestore::cluster::node::{ClusterFile, Node, Notify};
-use statestore::tenant::{Fleet, WASM32_MAX_MEMORY};
+use statestore::store::tenant::{Fleet, WASM32_MAX_MEMORY};
 
 use super::options::{
     broker_options, check_listeners, cli_tenant, external_options, load_policy, password,
@@ -35,7 +35,7 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
     guest.persist = statestore::Persist::None;
     guest.hash_seed = ClusterFile::hash_seed(&secret);
     let rt = server_runtime()?;
-    let cache_dir = statestore::cache::default_dir().filter(|_| !args.no_cache);
+    let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
     // Calls bounded by fuel: a request that fails the guest fails it on
     // every replica alike (a poison entry, skipped by all).
     let mut fleet = Fleet::for_replica(
@@ -58,7 +58,7 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             runtime,
             guest,
             args.fsync,
-            statestore::clock::system(),
+            statestore::store::clock::system(),
             notify,
         )
         .await?;
@@ -68,7 +68,7 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         }
         if let Some(broker) = args.broker.clone() {
             spec.broker.client_id = format!("{}-{}", args.client_id, file.id);
-            let opts = statestore::serve::ServeOptions {
+            let opts = statestore::transport::external::ServeOptions {
                 // No session outlives a replica's connection: the broker
                 // gives its share of the requests to the replicas that are
                 // up (a kept session would queue them for a dead one).
@@ -76,16 +76,17 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
                 shared_group: Some("statestore".into()),
                 ..external_options(&args, broker, &spec)
             };
-            return statestore::serve::serve_replica(node, opts, shutdown_signal()).await;
+            return statestore::transport::external::serve_replica(node, opts, shutdown_signal())
+                .await;
         }
         let users = users(&args)?;
         if let (Some(cell), Some(path)) = (&users, &args.users_file) {
             spawn_users_reloader(cell.clone(), path.clone())?;
         }
-        let policy = statestore::policy::PolicyCell::new(load_policy(&args)?);
+        let policy = statestore::auth::policy::PolicyCell::new(load_policy(&args)?);
         // A replica's broker keeps its retained messages in memory.
         let options = broker_options(&args, users, metrics.as_deref(), policy, None);
-        let server = statestore::embedded::EmbeddedServer::start_replica(
+        let server = statestore::transport::embedded::EmbeddedServer::start_replica(
             listen,
             &args.client_id,
             node,

@@ -1,4 +1,4 @@
-//! A replica's Raft log and state on disk (through [`crate::storage`], so a
+//! A replica's Raft log and state on disk (through [`crate::store::storage`], so a
 //! test can crash it and tear its tail), read back through raft-rs's
 //! in-memory storage.
 //!
@@ -48,7 +48,7 @@ use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, Storage as _};
 
-use crate::storage::{LogFile, Storage};
+use crate::store::storage::{LogFile, Storage};
 
 const SNAPSHOT: &str = "raft-snapshot";
 const CURRENT: &str = "raft-log.current";

@@ -2,7 +2,7 @@
 //! simulated and real files.
 
 use super::*;
-use crate::storage::MemStorage as Disk;
+use crate::store::storage::MemStorage as Disk;
 
 fn entry(index: u64, term: u64) -> Entry {
     Entry {
@@ -196,7 +196,7 @@ fn a_snapshot_compacts_the_log_and_is_what_a_restart_starts_from() {
 /// 3, committed 20), with the snapshot at 8 when `snapshot`.
 fn synced_log(dir: &std::path::Path, snapshot: bool) {
     let _ = std::fs::remove_dir_all(dir);
-    let disk = crate::storage::DirStorage::open(dir).expect("dir");
+    let disk = crate::store::storage::DirStorage::open(dir).expect("dir");
     let mut log = LogStore::open(Arc::new(disk), &[1, 2, 3]).expect("open");
     let entries: Vec<Entry> = (1..=20).map(|i| entry(i, 2)).collect();
     log.append(&entries).expect("append");
@@ -210,7 +210,7 @@ fn synced_log(dir: &std::path::Path, snapshot: bool) {
 }
 
 fn open_dir(dir: &std::path::Path) -> Result<LogStore> {
-    let disk = crate::storage::DirStorage::open(dir).expect("dir");
+    let disk = crate::store::storage::DirStorage::open(dir).expect("dir");
     LogStore::open(Arc::new(disk), &[1, 2, 3])
 }
 
@@ -305,7 +305,7 @@ fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
         );
         // And again: refusing did not change anything.
         assert!(open_dir(&dir).is_err(), "{what}");
-        let disk = crate::storage::DirStorage::open(&dir).expect("dir");
+        let disk = crate::store::storage::DirStorage::open(&dir).expect("dir");
         let said = rejoin(&disk, 1_000).expect("rejoin");
         assert!(said.contains("term 2, vote 3 kept"), "{said}");
         drop(disk);

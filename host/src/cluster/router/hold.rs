@@ -31,9 +31,10 @@ impl Held {
 
     pub(super) fn bytes(&self) -> usize {
         match self {
-            Held::Requests { messages, .. } => {
-                messages.iter().map(crate::driver::message_bytes).sum()
-            }
+            Held::Requests { messages, .. } => messages
+                .iter()
+                .map(crate::store::driver::message_bytes)
+                .sum(),
             Held::Gone(_, id) => id.len(),
             Held::Started(_) => 16,
         }
@@ -73,7 +74,7 @@ impl Router {
         for (all, was_sent) in [(&mut sent, true), (&mut reads, false)] {
             all.sort_by_key(|(at, _)| *at);
             let messages: Vec<InboundMessage> = all.drain(..).map(|(_, m)| m).collect();
-            for chunk in messages.chunks(crate::driver::MAX_BATCH) {
+            for chunk in messages.chunks(crate::store::driver::MAX_BATCH) {
                 self.hold(Held::Requests {
                     at: now.at,
                     messages: chunk.to_vec(),

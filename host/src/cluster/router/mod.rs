@@ -438,7 +438,10 @@ impl Router {
         replica: &mut Replica<B>,
         fx: &mut Effects,
     ) {
-        let bytes: usize = messages.iter().map(crate::driver::message_bytes).sum();
+        let bytes: usize = messages
+            .iter()
+            .map(crate::store::driver::message_bytes)
+            .sum();
         if self.reads_bytes + bytes > READ_BYTES {
             self.submit_log(
                 now,
@@ -622,7 +625,7 @@ impl Router {
             if self.unapplied.contains_key(&key) {
                 continue;
             }
-            let bytes = crate::driver::message_bytes(m);
+            let bytes = crate::store::driver::message_bytes(m);
             if self.unapplied_bytes + bytes > RESEND_BYTES {
                 // Past the bound: forget what is too old to send again.
                 self.forget_unapplied(now);
@@ -656,7 +659,7 @@ impl Router {
         self.unapplied_bytes = 0;
         self.unapplied_topics.clear();
         for ((topic, _), Tracked { message: m, .. }) in &self.unapplied {
-            self.unapplied_bytes += crate::driver::message_bytes(m);
+            self.unapplied_bytes += crate::store::driver::message_bytes(m);
             *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
         }
     }
@@ -666,7 +669,7 @@ impl Router {
         let t = self.unapplied.remove(key)?;
         self.unapplied_bytes = self
             .unapplied_bytes
-            .saturating_sub(crate::driver::message_bytes(&t.message));
+            .saturating_sub(crate::store::driver::message_bytes(&t.message));
         if let Some(n) = self.unapplied_topics.get_mut(&key.0) {
             *n -= 1;
             if *n == 0 {
@@ -771,7 +774,7 @@ impl Router {
         requests.sort_by_key(|(at, _)| *at);
         let mut i = 0;
         while i < requests.len() {
-            let end = (i + crate::driver::MAX_BATCH).min(requests.len());
+            let end = (i + crate::store::driver::MAX_BATCH).min(requests.len());
             let at = requests[i].0;
             let messages: Vec<InboundMessage> =
                 requests[i..end].iter().map(|(_, m)| m.clone()).collect();

@@ -48,7 +48,7 @@ use poison::Poisonable;
 use super::file::ReadPath;
 use super::router::{Effects, Limits, Notify, Now, Router};
 use super::{Applied, Compaction, Durability, LogStore, Replica, Timing, linear};
-use crate::storage::MemStorage;
+use crate::store::storage::MemStorage;
 use crate::{Backend, Config, InboundMessage, NativeStore, Output};
 
 /// A tick of simulated time, ms.
@@ -833,7 +833,7 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
 /// `raft-log.current` naming a generation that is not there, or its
 /// snapshot deleted. What it did, if anything.
 fn damage(disk: &MemStorage, rng: &mut Rng) -> Option<&'static str> {
-    use crate::storage::Storage as _;
+    use crate::store::storage::Storage as _;
     let current = disk.read("raft-log.current").ok()?;
     let generation: u64 = std::str::from_utf8(&current).ok()?.trim().parse().ok()?;
     let name = format!("raft-log.{generation}");

@@ -48,7 +48,7 @@ pub struct Retained {
 
 /// What a retained message weighs: its topic, payload and properties.
 fn weight(topic: &str, p: &Publish) -> usize {
-    topic.len() + crate::queue_bytes::weight(p)
+    topic.len() + crate::transport::embedded::queue_bytes::weight(p)
 }
 
 impl Retained {

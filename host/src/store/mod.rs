@@ -1,15 +1,21 @@
 //! Opening the store a server runs: volatile, or durable in a data directory.
 
+pub mod clock;
+pub mod driver;
+pub mod journal;
+pub mod storage;
+pub mod tenant;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
 use tracing::info;
 
-use crate::clock::{self, Clock};
-use crate::journal::{Fsync, Journal, OnDamage, SnapshotPolicy};
-use crate::storage::MemStorage;
+use crate::store::journal::{Fsync, Journal, OnDamage, SnapshotPolicy};
+use crate::store::storage::MemStorage;
 use crate::{Config, Persist, Runtime, WasmStore};
+use clock::Clock;
 use statestore_guest::types::Quota;
 use statestore_guest::{KeyMatch, ScanPage};
 

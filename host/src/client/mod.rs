@@ -12,7 +12,6 @@
 //!
 //! Exit codes a script can use: 0 done, 1 not found or not applied, 2 error.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -26,7 +25,15 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use statestore_guest::rpc::{REQUEST_TOPIC, STORE_ID};
 use tokio::sync::mpsc;
 
-use crate::mqtt::BrokerUrl;
+use crate::transport::mqtt::BrokerUrl;
+
+mod commands;
+mod output;
+mod watch;
+
+pub use commands::{SetOptions, del, get, keys, lock, set};
+pub use output::{Output, escape, json_field};
+pub use watch::{Notification, WatchSpec, notification_line, watch};
 
 /// Exit code: done.
 pub const OK: u8 = 0;
@@ -106,7 +113,7 @@ pub struct ClientOptions {
     /// CA certificate (PEM) for `mqtts://`; the system roots if absent.
     pub ca_file: Option<PathBuf>,
     /// Our client certificate, for a broker that asks for one (`mqtts://`).
-    pub client_cert: Option<crate::mqtt::ClientCert>,
+    pub client_cert: Option<crate::transport::mqtt::ClientCert>,
     /// How long to wait for the broker and for each reply.
     pub timeout: Duration,
 }
@@ -258,7 +265,7 @@ impl Client {
         let mut o = MqttOptions::new(&opts.client_id, &broker.host, broker.port);
         o.set_keep_alive(Duration::from_secs(30))
             .set_clean_start(true)
-            .set_max_packet_size(Some(crate::serve::MAX_PACKET));
+            .set_max_packet_size(Some(crate::transport::external::MAX_PACKET));
         if let Some((user, password)) = &opts.credentials {
             if !broker.tls && !broker.is_loopback() {
                 eprintln!(
@@ -268,7 +275,7 @@ impl Client {
             }
             o.set_credentials(user, password);
         }
-        crate::mqtt::connection_options(
+        crate::transport::mqtt::connection_options(
             &mut o,
             broker,
             opts.ca_file.as_deref(),
@@ -435,7 +442,7 @@ impl Client {
 
 /// Now as an SDK's `__ts`: wall-clock ms, counter 0, our node id.
 fn hlc_now(node: &str) -> String {
-    format!("{:015}:00000:{node}", crate::clock::now_ms())
+    format!("{:015}:00000:{node}", crate::store::clock::now_ms())
 }
 
 /// A reply that is not a store-level outcome: an error.
@@ -451,21 +458,6 @@ fn check(reply: &Reply) -> Result<Resp> {
         Resp::Error(e) => bail!("the state store refused it: {e}"),
         other => Ok(other),
     }
-}
-
-/// What `set` does.
-#[derive(Debug, Clone, Default)]
-pub struct SetOptions {
-    /// Only if the key does not exist.
-    pub nx: bool,
-    /// Only if the key does not exist or holds the same value.
-    pub nex: bool,
-    /// Expires after this many ms.
-    pub px: Option<u64>,
-    /// The fencing token (`__ft`).
-    pub fencing_token: Option<String>,
-    /// `aio-persistence: true`.
-    pub persist: bool,
 }
 
 /// One page of a SCAN: its keys, and the token of the next page if any.
@@ -540,515 +532,4 @@ pub fn parse_scan_page(payload: &[u8]) -> Result<ScanPage> {
         bail!("bytes after a SCAN reply");
     }
     Ok((keys, token))
-}
-
-/// `keys`: every key that matches `pattern`, one per line (escaped), every
-/// page; or one JSON array of them.
-pub async fn keys(
-    c: &mut Client,
-    pattern: &[u8],
-    enc: Encoding,
-    output: Output,
-    out: &mut dyn Write,
-) -> Result<u8> {
-    let mut token: Option<Vec<u8>> = None;
-    let mut listed = 0usize;
-    let mut json = Vec::new();
-    loop {
-        let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
-        if let Some(t) = &token {
-            parts.push(t);
-        }
-        let reply = c.request(&parts, &[]).await?;
-        if reply.status != "200" || reply.payload.first() == Some(&b'-') {
-            check(&reply)?;
-        }
-        let (keys, next) = parse_scan_page(&reply.payload)?;
-        for k in keys {
-            listed += 1;
-            if output == Output::Json {
-                let mut o = serde_json::Map::new();
-                json_field(&mut o, "key", &k, enc);
-                json.push(o.remove("key").unwrap_or_default());
-                continue;
-            }
-            out.write_all(&escape(&k, enc))?;
-            out.write_all(b"\n")?;
-        }
-        out.flush()?;
-        match next {
-            Some(t) if t.is_empty() => bail!("the state store sent an empty SCAN token"),
-            Some(t) => token = Some(t),
-            None => break,
-        }
-    }
-    if output == Output::Json {
-        writeln!(out, "{}", serde_json::Value::Array(json))?;
-    }
-    Ok(if listed == 0 { NOT_APPLIED } else { OK })
-}
-
-/// How the client commands print what they read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Output {
-    /// `get`: the value as it is; `keys` and `watch`: one line each, keys
-    /// and values escaped (see [`escape`]).
-    #[default]
-    Text,
-    /// One JSON document (`get`, `keys`) or one JSON object per line
-    /// (`watch`). Keys and values are strings: UTF-8 as it is, else in a
-    /// `key_base64` / `value_base64` field; with --hex / --base64, strings
-    /// of that encoding.
-    Json,
-}
-
-/// `bytes` as one line's field: with --hex or --base64 in that encoding,
-/// else with a backslash, control characters and bytes that are not UTF-8
-/// written `\\`, `\n`, `\r`, `\t` or `\xHH`, so that a line is one key or
-/// one notification whatever the bytes.
-pub fn escape(bytes: &[u8], enc: Encoding) -> Vec<u8> {
-    if enc != Encoding::Raw {
-        return enc.encode(bytes);
-    }
-    let mut out = Vec::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for ch in chunk.valid().chars() {
-            match ch {
-                '\\' => out.extend_from_slice(b"\\\\"),
-                '\n' => out.extend_from_slice(b"\\n"),
-                '\r' => out.extend_from_slice(b"\\r"),
-                '\t' => out.extend_from_slice(b"\\t"),
-                c if c.is_control() => {
-                    for b in c.to_string().bytes() {
-                        out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
-                    }
-                }
-                c => out.extend_from_slice(c.to_string().as_bytes()),
-            }
-        }
-        for b in chunk.invalid() {
-            out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
-        }
-    }
-    out
-}
-
-/// Puts `bytes` in `object` as `name` (a string: UTF-8 as it is, or in
-/// the --hex / --base64 encoding), or as `<name>_base64` when it is raw
-/// bytes that are not UTF-8.
-pub fn json_field(
-    object: &mut serde_json::Map<String, serde_json::Value>,
-    name: &str,
-    bytes: &[u8],
-    enc: Encoding,
-) {
-    let (name, text) = match (enc, std::str::from_utf8(bytes)) {
-        (Encoding::Raw, Ok(text)) => (name.to_string(), text.to_string()),
-        (Encoding::Raw, Err(_)) => (
-            format!("{name}_base64"),
-            base64::engine::general_purpose::STANDARD.encode(bytes),
-        ),
-        (enc, _) => (
-            name.to_string(),
-            String::from_utf8_lossy(&enc.encode(bytes)).into_owned(),
-        ),
-    };
-    object.insert(name, serde_json::Value::String(text));
-}
-
-/// `get`: the value, alone, on `out` (or a JSON object with its version).
-pub async fn get(
-    c: &mut Client,
-    key: &[u8],
-    enc: Encoding,
-    output: Output,
-    out: &mut dyn Write,
-) -> Result<u8> {
-    let reply = c.request(&[b"GET", key], &[]).await?;
-    match check(&reply)? {
-        Resp::Bulk(v) if output == Output::Json => {
-            let mut o = serde_json::Map::new();
-            json_field(&mut o, "key", key, enc);
-            json_field(&mut o, "value", &v, enc);
-            o.insert("version".into(), reply.version.unwrap_or_default().into());
-            writeln!(out, "{}", serde_json::Value::Object(o))?;
-            Ok(OK)
-        }
-        Resp::Bulk(v) => {
-            out.write_all(&enc.encode(&v))?;
-            if enc != Encoding::Raw {
-                out.write_all(b"\n")?;
-            }
-            Ok(OK)
-        }
-        Resp::Nil => Ok(NOT_APPLIED),
-        other => bail!("unexpected reply {other:?}"),
-    }
-}
-
-/// `set`: prints the new version.
-pub async fn set(
-    c: &mut Client,
-    key: &[u8],
-    value: &[u8],
-    o: &SetOptions,
-    out: &mut dyn Write,
-) -> Result<u8> {
-    let px = o.px.map(|p| p.to_string());
-    let mut parts: Vec<&[u8]> = vec![b"SET", key, value];
-    if o.nx {
-        parts.push(b"NX");
-    } else if o.nex {
-        parts.push(b"NEX");
-    }
-    if let Some(px) = &px {
-        parts.push(b"PX");
-        parts.push(px.as_bytes());
-    }
-    let mut props: Vec<(&str, &str)> = Vec::new();
-    if let Some(ft) = &o.fencing_token {
-        props.push(("__ft", ft));
-    }
-    if o.persist {
-        props.push(("aio-persistence", "true"));
-    }
-    let reply = c.request(&parts, &props).await?;
-    match check(&reply)? {
-        Resp::Ok => {
-            writeln!(out, "{}", reply.version.unwrap_or_default())?;
-            Ok(OK)
-        }
-        Resp::Int(-1) => Ok(NOT_APPLIED),
-        other => bail!("unexpected reply {other:?}"),
-    }
-}
-
-/// `del` (and `vdel` with a value): exit 1 if there was nothing to delete
-/// (or it held another value).
-pub async fn del(
-    c: &mut Client,
-    key: &[u8],
-    value: Option<&[u8]>,
-    fencing_token: Option<&str>,
-) -> Result<u8> {
-    let parts: Vec<&[u8]> = match value {
-        Some(v) => vec![b"VDEL", key, v],
-        None => vec![b"DEL", key],
-    };
-    let props: Vec<(&str, &str)> = fencing_token.map(|ft| ("__ft", ft)).into_iter().collect();
-    match check(&c.request(&parts, &props).await?)? {
-        Resp::Int(1) => Ok(OK),
-        Resp::Int(0 | -1) => Ok(NOT_APPLIED),
-        other => bail!("unexpected reply {other:?}"),
-    }
-}
-
-/// What `watch` watches: exact keys, and the keys that match glob
-/// patterns (found with SCAN at the start and every `rescan`).
-#[derive(Debug, Clone)]
-pub struct WatchSpec {
-    /// Keys registered as they are.
-    pub keys: Vec<Vec<u8>>,
-    /// Glob patterns (SCAN's); the keys they match are registered.
-    pub patterns: Vec<Vec<u8>>,
-    /// How often the patterns are scanned again for new keys.
-    pub rescan: Duration,
-}
-
-/// `watch`: registers for `spec`'s keys, then prints one line per
-/// notification (`<key> SET <value> <version>` or `<key> DELETE <version>`,
-/// escaped; or one JSON object per line) until `count` lines if given. A key
-/// that a pattern matches for the first time at a rescan is registered and
-/// printed as a SET of its value then. When the connection drops it says
-/// so on stderr and connects again (to the next broker of the list),
-/// registering again, until it is stopped.
-pub async fn watch(
-    c: &mut Client,
-    spec: &WatchSpec,
-    enc: Encoding,
-    output: Output,
-    count: Option<u64>,
-    out: &mut dyn Write,
-) -> Result<u8> {
-    let mut watched: std::collections::BTreeSet<Vec<u8>> = spec.keys.iter().cloned().collect();
-    c.subscribe_notifications().await?;
-    register(c, watched.iter()).await?;
-    for key in scan_patterns(c, &spec.patterns).await? {
-        if watched.insert(key.clone()) {
-            register(c, std::iter::once(&key)).await?;
-        }
-    }
-    out.flush()?;
-    let mut rescan = tokio::time::interval(spec.rescan.max(Duration::from_millis(100)));
-    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    rescan.tick().await;
-    let mut seen = 0;
-    while count.is_none_or(|n| seen < n) {
-        let next = tokio::select! {
-            n = c.next_notification(None) => n,
-            _ = rescan.tick(), if !spec.patterns.is_empty() => {
-                match appeared(c, &spec.patterns, &mut watched).await {
-                    Ok(new) => {
-                        for n in new {
-                            out.write_all(&n.line(enc, output))?;
-                            seen += 1;
-                        }
-                        out.flush()?;
-                        continue;
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        match next {
-            Ok(Some(p)) => {
-                let Some(n) = Notification::parse(&p) else {
-                    continue;
-                };
-                out.write_all(&n.line(enc, output))?;
-                out.flush()?;
-                seen += 1;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                eprintln!("statestore: {e:#}; connecting again (changes until then are not seen)");
-                let mut pause = Duration::from_millis(500);
-                loop {
-                    tokio::time::sleep(pause).await;
-                    match reregister(c, &watched).await {
-                        Ok(()) => {
-                            eprintln!("statestore: watching again through {}", c.broker());
-                            break;
-                        }
-                        Err(e) => {
-                            eprintln!("statestore: {e:#}; trying again in {pause:?}");
-                            pause = (pause * 2).min(Duration::from_secs(10));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    Ok(OK)
-}
-
-/// Every key that matches one of `patterns` (every page of each SCAN).
-async fn scan_patterns(c: &mut Client, patterns: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
-    let mut found = Vec::new();
-    for pattern in patterns {
-        let mut token: Option<Vec<u8>> = None;
-        loop {
-            let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
-            if let Some(t) = &token {
-                parts.push(t);
-            }
-            let reply = c.request(&parts, &[]).await?;
-            if reply.status != "200" || reply.payload.first() == Some(&b'-') {
-                check(&reply)?;
-            }
-            let (keys, next) = parse_scan_page(&reply.payload)?;
-            found.extend(keys);
-            match next {
-                Some(t) if !t.is_empty() => token = Some(t),
-                _ => break,
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// The keys `patterns` match now that are not `watched` yet: registered,
-/// and returned as SETs of their values (a key deleted meanwhile is
-/// registered and not returned).
-async fn appeared(
-    c: &mut Client,
-    patterns: &[Vec<u8>],
-    watched: &mut std::collections::BTreeSet<Vec<u8>>,
-) -> Result<Vec<Notification>> {
-    let mut new = Vec::new();
-    for key in scan_patterns(c, patterns).await? {
-        if watched.contains(&key) {
-            continue;
-        }
-        register(c, std::iter::once(&key)).await?;
-        watched.insert(key.clone());
-        let reply = c.request(&[b"GET", &key], &[]).await?;
-        if let Resp::Bulk(value) = check(&reply)? {
-            new.push(Notification {
-                key,
-                value: Some(value),
-                version: reply.version.unwrap_or_default(),
-            });
-        }
-    }
-    Ok(new)
-}
-
-/// Connects again and registers for `keys`.
-async fn reregister(c: &mut Client, keys: &std::collections::BTreeSet<Vec<u8>>) -> Result<()> {
-    c.reconnect().await?;
-    c.subscribe_notifications().await?;
-    register(c, keys.iter()).await
-}
-
-/// Registers for `keys` (KEYNOTIFY); a refusal (the store's bound on one
-/// client's registrations, 1,000) is an error naming it.
-async fn register<'a>(c: &mut Client, keys: impl Iterator<Item = &'a Vec<u8>>) -> Result<()> {
-    for key in keys {
-        let reply = c.request(&[b"KEYNOTIFY", key], &[]).await?;
-        match check(&reply) {
-            Ok(Resp::Ok) => {}
-            Ok(other) => bail!("KEYNOTIFY was not accepted: {other:?}"),
-            Err(e) => {
-                return Err(e.context(format!(
-                    "cannot watch {:?} (a client may watch at most 1,000 keys)",
-                    String::from_utf8_lossy(key)
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A KEYNOTIFY notification.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notification {
-    /// The key that changed.
-    pub key: Vec<u8>,
-    /// Its new value, or `None` when it was deleted (or expired).
-    pub value: Option<Vec<u8>>,
-    /// The version of the change (`__ts`).
-    pub version: String,
-}
-
-impl Notification {
-    /// The notification a PUBLISH carries, if it is one.
-    pub fn parse(p: &Publish) -> Option<Notification> {
-        let topic = std::str::from_utf8(&p.topic).ok()?;
-        let hex = topic.rsplit('/').next()?;
-        let key = Encoding::Hex.decode(hex.as_bytes()).ok()?;
-        let version = p
-            .properties
-            .as_ref()?
-            .user_properties
-            .iter()
-            .find(|(n, _)| n == "__ts")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default();
-        let statestore_guest::resp3::Decoded::Complete(parts, _) =
-            statestore_guest::resp3::decode_request(&p.payload).ok()?
-        else {
-            return None;
-        };
-        let value = match parts.get(1).copied() {
-            Some(b"SET") => Some(parts.get(3)?.to_vec()),
-            Some(b"DELETE") => None,
-            _ => return None,
-        };
-        Some(Notification {
-            key,
-            value,
-            version,
-        })
-    }
-
-    /// Its line: `<key> SET <value> <version>` or `<key> DELETE <version>`
-    /// (escaped), or a JSON object, with the newline.
-    pub fn line(&self, enc: Encoding, output: Output) -> Vec<u8> {
-        if output == Output::Json {
-            let mut o = serde_json::Map::new();
-            json_field(&mut o, "key", &self.key, enc);
-            let op = if self.value.is_some() {
-                "SET"
-            } else {
-                "DELETE"
-            };
-            o.insert("op".into(), op.into());
-            if let Some(v) = &self.value {
-                json_field(&mut o, "value", v, enc);
-            }
-            o.insert("version".into(), self.version.clone().into());
-            let mut line = serde_json::Value::Object(o).to_string().into_bytes();
-            line.push(b'\n');
-            return line;
-        }
-        let mut line = escape(&self.key, enc);
-        match &self.value {
-            Some(v) => {
-                line.extend_from_slice(b" SET ");
-                line.extend_from_slice(&escape(v, enc));
-            }
-            None => line.extend_from_slice(b" DELETE"),
-        }
-        line.push(b' ');
-        line.extend_from_slice(self.version.as_bytes());
-        line.push(b'\n');
-        line
-    }
-}
-
-/// One line for a notification (text, escaped), if `p` is one.
-pub fn notification_line(p: &Publish, enc: Encoding) -> Option<Vec<u8>> {
-    Notification::parse(p).map(|n| n.line(enc, Output::Text))
-}
-
-/// `lock`: takes the lease `name` (waiting up to `wait` for it), runs
-/// `command` with `STATESTORE_FENCING_TOKEN` (the lease's version) and
-/// `STATESTORE_LOCK_HOLDER` in its environment, renews the lease while it
-/// runs, and releases it. Returns the command's exit code (1 if the lease
-/// was not had within `wait`).
-pub async fn lock(
-    c: &mut Client,
-    name: &[u8],
-    ttl: Duration,
-    wait: Duration,
-    command: &[String],
-) -> Result<u8> {
-    let Some((program, args)) = command.split_first() else {
-        bail!("lock needs a command to run (after --)");
-    };
-    let holder = c.id.clone();
-    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-    let acquire = SetOptions {
-        nex: true,
-        px: Some(ttl_ms),
-        ..SetOptions::default()
-    };
-    let deadline = Instant::now() + wait;
-    let token = loop {
-        let mut version = Vec::new();
-        if set(c, name, holder.as_bytes(), &acquire, &mut version).await? == OK {
-            break String::from_utf8_lossy(&version).trim().to_string();
-        }
-        if Instant::now() >= deadline {
-            eprintln!(
-                "statestore: the lock was not had within {} ms (another holds it); the command did not run",
-                wait.as_millis()
-            );
-            return Ok(NOT_APPLIED);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .env("STATESTORE_FENCING_TOKEN", &token)
-        .env("STATESTORE_LOCK_HOLDER", &holder)
-        .spawn()
-        .with_context(|| format!("cannot run {program:?}"))?;
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status?,
-            () = tokio::time::sleep(ttl / 2) => {
-                let mut ignored = Vec::new();
-                if set(c, name, holder.as_bytes(), &acquire, &mut ignored).await? != OK {
-                    tracing::warn!("the lease was lost while the command ran");
-                }
-            }
-        }
-    };
-    let _ = del(c, name, Some(holder.as_bytes()), None).await;
-    Ok(status
-        .code()
-        .and_then(|c| u8::try_from(c).ok())
-        .unwrap_or(ERROR))
 }

@@ -5,7 +5,7 @@
 //! the store publishes goes only to the client that sent the request, and a
 //! notification only to its observer, whoever else holds a matching
 //! subscription (`#`, `clients/+/...`, `$share/...`). That is enforced where
-//! messages are routed ([`crate::queue_bytes::BoundedShared`] and the
+//! messages are routed ([`crate::transport::embedded::queue_bytes::BoundedShared`] and the
 //! embedded transport). What is left to refuse is *forgery*: no client may
 //! publish into the store's streams of another client.
 //!

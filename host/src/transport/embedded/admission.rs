@@ -5,7 +5,7 @@
 //! Connections before their CONNECT are bounded inside rmqtt
 //! (`rmqtt::pre_connect`); connections at once per address in the
 //! authentication hook; a session's queued bytes, and all sessions' bytes
-//! together, in [`crate::queue_bytes`].
+//! together, in [`crate::transport::embedded::queue_bytes`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;

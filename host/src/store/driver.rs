@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::tenant::Tenant;
+use crate::store::tenant::Tenant;
 use crate::{InboundMessage, Output, Runtime};
 
 /// The most requests a transport hands the guest in one call: bounds the
@@ -80,7 +80,7 @@ pub trait Transport {
     fn close(&mut self) -> impl Future<Output = ()>;
 }
 
-pub use crate::clock::now_ms;
+pub use crate::store::clock::now_ms;
 
 /// Something to do to a running tenant between two inputs.
 #[allow(clippy::large_enum_variant)] // rare, and sent once each

@@ -27,10 +27,10 @@ use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::driver::{Control, Input, MAX_BATCH, MAX_BATCH_BYTES, message_bytes};
-use crate::mqtt::{self, BrokerUrl};
 use crate::store::StoreOptions;
-use crate::tenant::Tenant;
+use crate::store::driver::{Control, Input, MAX_BATCH, MAX_BATCH_BYTES, message_bytes};
+use crate::store::tenant::Tenant;
+use crate::transport::mqtt::{self, BrokerUrl};
 use crate::{Output, Runtime};
 
 /// Largest MQTT packet (the protocol maximum): 64 KiB keys and MiB values must pass.
@@ -149,7 +149,7 @@ pub struct ServeOptions {
     /// CA certificate (PEM) for TLS; the system roots if absent.
     pub ca_file: Option<PathBuf>,
     /// Our client certificate, for a broker that asks for one (`mqtts://`).
-    pub client_cert: Option<crate::mqtt::ClientCert>,
+    pub client_cert: Option<crate::transport::mqtt::ClientCert>,
     /// MQTT keep-alive.
     pub keep_alive: Duration,
     /// How long the broker keeps our session (and queued requests) while we are away.
@@ -178,7 +178,7 @@ enum NetEvent {
     DisconnectSent,
 }
 
-pub use crate::driver::now_ms;
+pub use crate::store::driver::now_ms;
 
 /// A connected, subscribed server of one tenant; [`Server::run`] serves
 /// until shutdown.
@@ -272,7 +272,7 @@ impl Server {
     /// Serves requests until `shutdown` completes, then finishes what is in
     /// hand, disconnects cleanly and returns.
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-        crate::driver::drive(
+        crate::store::driver::drive(
             &mut self.tenant,
             &mut self.transport,
             &mut self.control_rx,
@@ -325,7 +325,7 @@ impl ClientTransport {
             }
             mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
         }
-        crate::mqtt::connection_options(
+        crate::transport::mqtt::connection_options(
             &mut mqtt,
             &opts.broker,
             opts.ca_file.as_deref(),
@@ -435,7 +435,7 @@ impl ClientTransport {
     }
 }
 
-impl crate::driver::Transport for ClientTransport {
+impl crate::store::driver::Transport for ClientTransport {
     type Event = NetEvent;
 
     async fn recv(&mut self) -> Option<NetEvent> {

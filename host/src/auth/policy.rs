@@ -582,7 +582,7 @@ userAttributes:
     /// The example file the book shows parses, and says what it says.
     #[test]
     fn the_example_file() {
-        let p = Policy::parse(include_str!("../../examples/authorization.yaml"), false)
+        let p = Policy::parse(include_str!("../../../examples/authorization.yaml"), false)
             .expect("examples/authorization.yaml parses");
         let attrs = p.attributes_of(Some("sensor-1"));
         let sensor = Who {

@@ -1,6 +1,6 @@
 //! Between the guest crate's plain types and the wasmtime bindgen types.
 
-use crate::bindings::wit;
+use crate::runtime::bindings::wit;
 use statestore_guest::types;
 
 pub(crate) fn config(c: &types::Config) -> wit::Config {

@@ -30,12 +30,12 @@ use tracing::{error, info};
 use crate::metrics::TenantMetrics;
 use wasmtime::Engine;
 
-use crate::journal::Journal;
+use crate::runtime::wasm::{EngineOptions, PoolOptions};
 use crate::store::StoreOptions;
-use crate::wasm::{EngineOptions, PoolOptions};
+use crate::store::journal::Journal;
 use crate::{Backend, Config, GuestError, InboundMessage, Output, Runtime, StoreLimits, WasmStore};
 
-pub use crate::wasm::WASM32_MAX_MEMORY;
+pub use crate::runtime::wasm::WASM32_MAX_MEMORY;
 
 /// Which component a tenant runs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -100,7 +100,7 @@ impl Fleet {
         let instances = u32::try_from(tenants.saturating_mul(2).saturating_add(4))
             .context("too many tenants")?;
         let max_memory = max_memory.min(WASM32_MAX_MEMORY);
-        let engine = crate::wasm::engine(&EngineOptions {
+        let engine = crate::runtime::wasm::engine(&EngineOptions {
             pool: Some(PoolOptions {
                 instances,
                 max_memory,
@@ -156,7 +156,7 @@ pub struct Tenant {
     store: WasmStore,
     journal: Option<Journal>,
     faults: u64,
-    clock: std::sync::Arc<dyn crate::clock::Clock>,
+    clock: std::sync::Arc<dyn crate::store::clock::Clock>,
     more_due: bool,
     /// Requests of the current batch still to be handled one at a time,
     /// after the guest failed on the batch.
@@ -461,9 +461,9 @@ impl Tenant {
     }
 
     /// Makes the journal records among `outputs` durable and returns the
-    /// rest (see [`crate::journal::commit`]).
+    /// rest (see [`crate::store::journal::commit`]).
     fn commit(&mut self, outputs: Vec<Output>) -> Result<Vec<Output>> {
-        crate::journal::commit(&mut self.store, self.journal.as_mut(), outputs)
+        crate::store::journal::commit(&mut self.store, self.journal.as_mut(), outputs)
     }
 
     /// Replaces a failed instance: from the journal, or empty if volatile.

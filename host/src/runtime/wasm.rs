@@ -14,8 +14,8 @@ use anyhow::{Context, Result};
 use wasmtime::component::{Component, Linker, ResourceAny};
 use wasmtime::{Engine, Store};
 
-use crate::bindings::{Guest, GuestPre};
-use crate::convert;
+use crate::runtime::bindings::{Guest, GuestPre};
+use crate::runtime::convert;
 use crate::{Backend, Config, GuestError, InboundMessage, Input, Output};
 
 /// A failed call: the guest trapped or hit a limit.
@@ -24,7 +24,7 @@ fn failed(e: wasmtime::Error) -> GuestError {
 }
 
 /// The guest's own error variant, as the guest crate's error.
-fn refused(e: crate::bindings::wit::Error) -> GuestError {
+fn refused(e: crate::runtime::bindings::wit::Error) -> GuestError {
     GuestError::Refused(convert::error(e))
 }
 
@@ -176,7 +176,7 @@ const FULL_POOL_BUDGET: u64 = 32 << 40;
 /// How the pool reserves its memory slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reservation {
-    /// 4 GiB each: no bounds checks in compiled code (a [`crate::tenant::Fleet`]
+    /// 4 GiB each: no bounds checks in compiled code (a [`crate::store::tenant::Fleet`]
     /// of up to about 2,000 tenants fits `FULL_POOL_BUDGET`).
     Full,
     /// The memory cap each: explicit bounds checks, but room for a million
@@ -215,7 +215,7 @@ impl Runtime {
         cache_dir: Option<&std::path::Path>,
     ) -> Result<Runtime> {
         let component = match cache_dir {
-            Some(dir) => crate::cache::load(engine, wasm, dir)?,
+            Some(dir) => crate::runtime::cache::load(engine, wasm, dir)?,
             None => Component::new(engine, wasm)
                 .map_err(anyhow::Error::from)
                 .context("the state store component is not valid")?,

@@ -64,7 +64,7 @@ pub struct QueueBytes {
     /// The same count, for `--metrics`.
     counter: Option<prometheus::IntCounter>,
     /// Drops at the total bound, for `--metrics`.
-    refusals: crate::admission::Refusals,
+    refusals: crate::transport::embedded::admission::Refusals,
 }
 
 #[derive(Debug, Default)]
@@ -81,7 +81,7 @@ impl QueueBytes {
         max: usize,
         max_total: usize,
         counter: Option<prometheus::IntCounter>,
-        refusals: crate::admission::Refusals,
+        refusals: crate::transport::embedded::admission::Refusals,
     ) -> Arc<QueueBytes> {
         Arc::new(QueueBytes {
             max,
@@ -400,7 +400,10 @@ impl Shared for BoundedShared {
 /// `SessionTerminated`.
 /// Also counts the messages delivered, for `$SYS` (one hook per delivery,
 /// not two).
-pub struct QueueHooks(pub Arc<QueueBytes>, pub Arc<crate::sys_topics::Counters>);
+pub struct QueueHooks(
+    pub Arc<QueueBytes>,
+    pub Arc<crate::transport::embedded::sys_topics::Counters>,
+);
 
 #[async_trait::async_trait]
 impl Handler for QueueHooks {

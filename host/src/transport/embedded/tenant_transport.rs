@@ -1,0 +1,220 @@
+//! One tenant's side of the broker: its requests in (bounded in bytes),
+//! its replies and notifications out, each reply to its requester alone.
+
+use super::*;
+
+/// One tenant's side of the broker.
+pub(super) struct BrokerTransport {
+    pub(super) scx: ServerContext,
+    /// Its tenant's index (the store's publishes say whose they are).
+    pub(super) tenant: usize,
+    pub(super) events: mpsc::UnboundedReceiver<BrokerEvent>,
+    pub(super) pending: Option<BrokerEvent>,
+    /// The inbound budget of the requests being handled.
+    pub(super) permits: Vec<OwnedSemaphorePermit>,
+    /// Who sent the requests not answered yet: their replies go to them
+    /// alone.
+    pub(super) requesters: Requesters,
+}
+
+/// The client each request came from, until its reply goes out: a reply is
+/// delivered to its requester alone, whoever else subscribes to its topic.
+/// Found by the reply's correlation data, then its response topic (kept as
+/// a keyed hash: no copy of it per request). Bounded in count and age (a
+/// request that is never answered, say an expired one, is forgotten after
+/// [`Requesters::MAX_AGE`]); a reply whose requester is not known goes to
+/// the client its topic names, if it is an SDK's reply topic, and otherwise
+/// to nobody.
+#[derive(Default)]
+pub(super) struct Requesters {
+    pub(super) waiting: HashMap<Vec<u8>, Vec<Requester>>,
+    pub(super) topics: std::hash::RandomState,
+    pub(super) count: usize,
+    pub(super) swept: Option<Instant>,
+}
+
+/// One request waiting for its reply.
+pub(super) struct Requester {
+    pub(super) topic: u64,
+    pub(super) client: ClientId,
+    pub(super) at: Instant,
+}
+
+impl Requesters {
+    /// Most requests remembered at once.
+    const MAX: usize = 100_000;
+    /// How long an unanswered request is remembered.
+    const MAX_AGE: Duration = Duration::from_secs(120);
+
+    pub(super) fn add(&mut self, m: &InboundMessage) {
+        use std::hash::BuildHasher;
+        let (Some(topic), Some(client)) = (&m.response_topic, &m.client_id) else {
+            return;
+        };
+        self.sweep();
+        if self.count >= Self::MAX {
+            return;
+        }
+        self.count += 1;
+        let key = m.correlation_data.clone().unwrap_or_default();
+        self.waiting.entry(key).or_default().push(Requester {
+            topic: self.topics.hash_one(topic.as_str()),
+            client: ClientId::from(client.as_str()),
+            at: Instant::now(),
+        });
+    }
+
+    /// The requester of the reply `m` (the earliest, if several requests
+    /// share its correlation data and topic), forgotten.
+    pub(super) fn take(&mut self, m: &OutboundMessage) -> Option<ClientId> {
+        use std::hash::BuildHasher;
+        let key: &[u8] = m.correlation_data.as_deref().unwrap_or_default();
+        let topic = self.topics.hash_one(&*m.topic);
+        let waiting = self.waiting.get_mut(key)?;
+        let at = waiting.iter().position(|r| r.topic == topic)?;
+        let client = waiting.remove(at).client;
+        self.count -= 1;
+        if waiting.is_empty() {
+            self.waiting.remove(key);
+        }
+        Some(client)
+    }
+
+    /// Forgets requests older than [`Requesters::MAX_AGE`] (every few
+    /// seconds at most).
+    pub(super) fn sweep(&mut self) {
+        let now = Instant::now();
+        if self
+            .swept
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(5))
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let mut count = 0;
+        self.waiting.retain(|_, waiting| {
+            waiting.retain(|r| now.duration_since(r.at) < Self::MAX_AGE);
+            count += waiting.len();
+            !waiting.is_empty()
+        });
+        self.count = count;
+    }
+}
+
+impl BrokerTransport {
+    pub(super) fn from(&self) -> MsgFrom {
+        system_from(&self.scx, Some(self.tenant))
+    }
+
+    /// Puts a notification straight into `client`'s session, whatever its
+    /// subscriptions (the .NET SDK's filter never matches, spec §2.3).
+    async fn deliver_to(&self, client: &str, m: OutboundMessage) {
+        let entry = {
+            let shared = self.scx.extends.shared().await;
+            if !shared.exist(client) {
+                debug!(client_id = client, "no session to notify");
+                return;
+            }
+            shared.entry(Id::from(self.scx.node.id(), ClientId::from(client)))
+        };
+        if let Err((_, _, reason)) = entry.publish(self.from(), outbound(m)).await {
+            debug!(client_id = client, %reason, "notification not delivered");
+        }
+    }
+
+    async fn kick(&self, client: &str) {
+        kick(&self.scx, client).await;
+    }
+}
+
+impl Transport for BrokerTransport {
+    type Event = BrokerEvent;
+
+    async fn recv(&mut self) -> Option<BrokerEvent> {
+        match self.pending.take() {
+            Some(e) => Some(e),
+            None => self.events.recv().await,
+        }
+    }
+
+    async fn on_event(&mut self, event: BrokerEvent) -> Result<Option<Input>> {
+        Ok(Some(match event {
+            BrokerEvent::Request(first, permit) => {
+                let mut bytes = message_bytes(&first);
+                self.requesters.add(&first);
+                let mut batch = vec![first];
+                // Their budget is given back once the batch is handled.
+                self.permits.extend(permit);
+                while batch.len() < MAX_BATCH
+                    && bytes < MAX_BATCH_BYTES
+                    && let Ok(e) = self.events.try_recv()
+                {
+                    match e {
+                        BrokerEvent::Request(m, permit) => {
+                            bytes += message_bytes(&m);
+                            self.requesters.add(&m);
+                            batch.push(m);
+                            self.permits.extend(permit);
+                        }
+                        other => {
+                            self.pending = Some(other);
+                            break;
+                        }
+                    }
+                }
+                Input::Messages(batch)
+            }
+            BrokerEvent::Gone(id) => Input::ClientGone(id),
+        }))
+    }
+
+    async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
+        for o in outputs {
+            match o {
+                Output::Publish(m) if m.kind == PublishKind::Notification => {
+                    match m.target_client.clone() {
+                        Some(client) => self.deliver_to(&client, m).await,
+                        None => warn!(topic = %m.topic, "notification without a target client"),
+                    }
+                }
+                Output::Publish(m) => {
+                    let requester = match self.requesters.take(&m) {
+                        Some(r) => Some(r),
+                        None => {
+                            let shared = self.scx.extends.shared().await;
+                            crate::auth::isolation::reply_owner(&m.topic, |id| shared.exist(id))
+                                .map(|id| ClientId::from(id.as_str()))
+                        }
+                    };
+                    let Some(requester) = requester else {
+                        debug!(topic = %m.topic, "a reply whose requester is not known is not delivered");
+                        continue;
+                    };
+                    let mut publish = outbound(m);
+                    publish.target_clientid = Some(requester);
+                    SessionState::forwards(&self.scx, self.from(), publish, false, None)
+                        .await
+                        .map_err(|e| anyhow!("publish a reply: {e}"))?;
+                }
+                Output::Violation { client_id, reason } => {
+                    warn!(client_id = client_id.as_deref().unwrap_or("?"), %reason, "protocol violation: disconnecting the client");
+                    if let Some(id) = client_id {
+                        self.kick(&id).await;
+                    }
+                }
+                Output::Journal(_) | Output::More(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The broker acknowledged each request when it was handed over; its
+    /// bytes leave the tenant's inbound budget now.
+    async fn settle(&mut self) -> Result<()> {
+        self.permits.clear();
+        Ok(())
+    }
+
+    /// The server closes the broker once every tenant has stopped.
+    async fn close(&mut self) {}
+}
