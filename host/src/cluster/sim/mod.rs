@@ -441,87 +441,157 @@ fn reply_to(outputs: &[Output], correlation: u64) -> Option<&[u8]> {
 
 /// Runs one seeded simulation; an error says which property broke.
 pub fn run(seed: u64, o: &Options) -> Result<Report> {
-    let mut rng = Rng(seed);
-    let base = Instant::now();
-    let ids: Vec<u64> = (1..=o.replicas as u64).collect();
-    let mut nodes: Vec<Node> = Vec::new();
-    for &id in &ids {
-        nodes.push(Node::new(id, &ids, &mut rng, base)?);
-    }
-    // A replacement under way: the replica being removed, and then the one
-    // joining.
-    let mut removing: Option<u64> = None;
-    let mut joining: Option<u64> = None;
-    // The one joining is a replica that rejoins (removed, added back).
-    let mut readding = false;
-    let mut report = Report::default();
-    // Messages in flight: (deliver at tick, message).
-    let mut net: Vec<(u64, Wire)> = Vec::new();
-    let mut cut: Option<Cut> = None;
-    // Outputs of each applied index, as the first replica made them.
-    let mut outputs_at: HashMap<u64, (Vec<Output>, super::FailedInputs)> = HashMap::new();
-    let mut clients = Clients {
-        hot: vec![Vec::new(); HOT_KEYS],
-        ..Clients::default()
-    };
-    let mut next_corr = 0u64;
-    let mut next_key = 0u64;
-    let mut last_leader = 0u64;
-
+    let mut sim = Sim::new(seed, o)?;
     let total = o.ticks + 3_000; // the tail: faults stop, the cluster settles
     for tick in 0..total {
-        let faults = tick < o.ticks;
+        sim.step(tick)?;
+    }
+    sim.report.acknowledged = sim.clients.acknowledged.len();
+    sim.check_histories()?;
+    sim.check_settled(total)?;
+    Ok(sim.report)
+}
+
+/// The state of one seeded run.
+struct Sim<'o> {
+    seed: u64,
+    o: &'o Options,
+    rng: Rng,
+    base: Instant,
+    /// The founding replicas.
+    ids: Vec<u64>,
+    nodes: Vec<Node>,
+    /// A replacement under way: the replica being removed, and then the
+    /// one joining.
+    removing: Option<u64>,
+    joining: Option<u64>,
+    /// The one joining is a replica that rejoins (removed, added back).
+    readding: bool,
+    report: Report,
+    /// Messages in flight: (deliver at tick, message).
+    net: Vec<(u64, Wire)>,
+    cut: Option<Cut>,
+    /// Outputs of each applied index, as the first replica made them.
+    outputs_at: HashMap<u64, (Vec<Output>, super::FailedInputs)>,
+    clients: Clients,
+    next_corr: u64,
+    next_key: u64,
+    last_leader: u64,
+}
+
+impl<'o> Sim<'o> {
+    fn new(seed: u64, o: &'o Options) -> Result<Sim<'o>> {
+        let mut rng = Rng(seed);
+        let base = Instant::now();
+        let ids: Vec<u64> = (1..=o.replicas as u64).collect();
+        let mut nodes: Vec<Node> = Vec::new();
+        for &id in &ids {
+            nodes.push(Node::new(id, &ids, &mut rng, base)?);
+        }
+        Ok(Sim {
+            seed,
+            o,
+            rng,
+            base,
+            ids,
+            nodes,
+            removing: None,
+            joining: None,
+            readding: false,
+            report: Report::default(),
+            net: Vec::new(),
+            cut: None,
+            outputs_at: HashMap::new(),
+            clients: Clients {
+                hot: vec![Vec::new(); HOT_KEYS],
+                ..Clients::default()
+            },
+            next_corr: 0,
+            next_key: 0,
+            last_leader: 0,
+        })
+    }
+
+    /// One tick: faults, restarts, deliveries, Raft ticks, membership
+    /// changes, client load, then every replica's ready.
+    fn step(&mut self, tick: u64) -> Result<()> {
+        let faults = tick < self.o.ticks;
         let now_ms = T0 + tick * TICK_MS;
-        // Faults.
         if faults {
-            let down = nodes
-                .iter()
-                .filter(|n| n.replica.is_none() && !n.removed)
-                .count();
-            let i = rng.below(nodes.len() as u64) as usize;
-            if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
-                nodes[i].replica = None;
-                nodes[i].router = None;
-                // What it had not synced is gone, but for a torn tail.
-                let torn = rng.below(64) as usize;
-                nodes[i].disk = nodes[i].disk.crash(Some(torn));
-                // Not while the membership changes: a cluster of two
-                // waiting for a replica that waits to be removed is stuck
-                // (as it would be for an operator).
-                if removing.is_none()
-                    && joining.is_none()
-                    && rng.chance(o.damage)
-                    && damage(&nodes[i].disk, &mut rng).is_some()
-                {
-                    report.damaged += 1;
-                    nodes[i].damaged = true;
-                }
-                nodes[i].down_until = tick + 20 + rng.below(200);
-                report.crashes += 1;
-                clients.crashed(i as u64 + 1);
-            }
-            if cut.is_none() && rng.chance(o.partition) {
-                cut = Some(Cut {
-                    replica: rng.below(nodes.len() as u64) + 1,
-                    inbound_only: rng.chance(500),
-                    until: tick + 50 + rng.below(300),
-                });
-            }
-            if rng.chance(2) {
-                // A clock jump on one replica.
-                let i = rng.below(nodes.len() as u64) as usize;
-                nodes[i].skew += rng.below(20_000) as i64 - 10_000;
-            }
+            self.faults(tick);
         } else {
-            cut = None;
+            self.cut = None;
         }
-        if cut.is_some_and(|c| tick >= c.until) {
-            cut = None;
+        if self.cut.is_some_and(|c| tick >= c.until) {
+            self.cut = None;
         }
-        for (i, node) in nodes.iter_mut().enumerate() {
+        self.restarts(tick, now_ms)?;
+        self.deliver(tick);
+        for node in self.nodes.iter_mut() {
+            if let Some(r) = node.replica.as_mut() {
+                r.tick();
+            }
+        }
+        let leader = self.leader();
+        self.membership(tick, leader, faults)?;
+        if faults {
+            self.load(tick, now_ms)?;
+        }
+        self.ready(tick, faults)
+    }
+
+    /// Crashes (with damage to a disk), partitions and clock jumps.
+    fn faults(&mut self, tick: u64) {
+        let o = self.o;
+        let rng = &mut self.rng;
+        let nodes = &mut self.nodes;
+        let down = nodes
+            .iter()
+            .filter(|n| n.replica.is_none() && !n.removed)
+            .count();
+        let i = rng.below(nodes.len() as u64) as usize;
+        if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
+            nodes[i].replica = None;
+            nodes[i].router = None;
+            // What it had not synced is gone, but for a torn tail.
+            let torn = rng.below(64) as usize;
+            nodes[i].disk = nodes[i].disk.crash(Some(torn));
+            // Not while the membership changes: a cluster of two
+            // waiting for a replica that waits to be removed is stuck
+            // (as it would be for an operator).
+            if self.removing.is_none()
+                && self.joining.is_none()
+                && rng.chance(o.damage)
+                && damage(&nodes[i].disk, rng).is_some()
+            {
+                self.report.damaged += 1;
+                nodes[i].damaged = true;
+            }
+            nodes[i].down_until = tick + 20 + rng.below(200);
+            self.report.crashes += 1;
+            self.clients.crashed(i as u64 + 1);
+        }
+        if self.cut.is_none() && rng.chance(o.partition) {
+            self.cut = Some(Cut {
+                replica: rng.below(nodes.len() as u64) + 1,
+                inbound_only: rng.chance(500),
+                until: tick + 50 + rng.below(300),
+            });
+        }
+        if rng.chance(2) {
+            // A clock jump on one replica.
+            let i = rng.below(nodes.len() as u64) as usize;
+            nodes[i].skew += rng.below(20_000) as i64 - 10_000;
+        }
+    }
+
+    /// Replicas whose down time is over start again (a damaged one is
+    /// rejoined, as an operator would).
+    fn restarts(&mut self, tick: u64, now_ms: u64) -> Result<()> {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
             if node.replica.is_none() && !node.removed && tick >= node.down_until {
                 let id = i as u64 + 1;
-                let replica = match start(id, &ids, &node.disk) {
+                let replica = match start(id, &self.ids, &node.disk) {
                     Ok(r) => r,
                     Err(e) if node.damaged && format!("{e:#}").contains("refusing to start") => {
                         // The operator's recovery (`cluster rejoin`): its
@@ -534,21 +604,27 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                         continue;
                     }
                     Err(e) => {
-                        return Err(e.context(format!("seed {seed}: restarting replica {id}")));
+                        return Err(
+                            e.context(format!("seed {}: restarting replica {id}", self.seed))
+                        );
                     }
                 };
                 node.damaged = false;
                 node.replica = Some(replica);
                 // What was in flight to its last life died with its
                 // connections.
-                net.retain(|(_, w)| w.to() != id);
-                node.router = Some(router(id, base, tick));
-                report.restarts += 1;
+                self.net.retain(|(_, w)| w.to() != id);
+                node.router = Some(router(id, self.base, tick));
+                self.report.restarts += 1;
             }
         }
-        // Deliver what is due.
+        Ok(())
+    }
+
+    /// Delivers what is due (unless a cut blocks it).
+    fn deliver(&mut self, tick: u64) {
         let mut due = Vec::new();
-        net.retain(|(at, m)| {
+        self.net.retain(|(at, m)| {
             if *at <= tick {
                 due.push(m.clone());
                 false
@@ -557,18 +633,18 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             }
         });
         for w in due {
-            if cut.is_some_and(|c| c.blocks(&w)) {
+            if self.cut.is_some_and(|c| c.blocks(&w)) {
                 continue;
             }
-            let node = &mut nodes[(w.to() - 1) as usize];
-            let now = node.now(base, tick);
+            let node = &mut self.nodes[(w.to() - 1) as usize];
+            let now = node.now(self.base, tick);
             let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
                 continue;
             };
             match w {
                 Wire::Raft(m) => {
                     if m.get_msg_type() == MessageType::MsgSnapshot {
-                        report.snapshots_sent += 1;
+                        self.report.snapshots_sent += 1;
                     }
                     // A stale or unexpected message is refused by Raft;
                     // that is the network's business, not a failure.
@@ -577,13 +653,11 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
                 Wire::Forward { from, batch, .. } => router.forwarded(now, from, &batch, r),
             }
         }
-        // Ticks.
-        for node in nodes.iter_mut() {
-            if let Some(r) = node.replica.as_mut() {
-                r.tick();
-            }
-        }
-        // The leader.
+    }
+
+    /// The leader of the highest term (0: none), counting changes.
+    fn leader(&mut self) -> u64 {
+        let nodes = &self.nodes;
         let leader = nodes
             .iter()
             .filter_map(|n| n.replica.as_ref())
@@ -591,122 +665,144 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             .map(|r| r.id())
             .max_by_key(|id| nodes[(*id - 1) as usize].replica.as_ref().map(|r| r.term()))
             .unwrap_or(0);
-        if leader != 0 && leader != last_leader {
-            report.leader_changes += 1;
-            last_leader = leader;
+        if leader != 0 && leader != self.last_leader {
+            self.report.leader_changes += 1;
+            self.last_leader = leader;
         }
-        // Replacing a follower: remove it, then add a new replica; as the
-        // operator's tools do, only with a leader whose members are
-        // settled (a new one may not have applied its predecessor's last
-        // change: a removal not yet applied looked like a re-addition done).
+        leader
+    }
+
+    /// Replacing a follower: remove it, then add a new replica; as the
+    /// operator's tools do, only with a leader whose members are settled (a
+    /// new one may not have applied its predecessor's last change: a
+    /// removal not yet applied looked like a re-addition done).
+    fn membership(&mut self, tick: u64, leader: u64, faults: bool) -> Result<()> {
         let settled = leader != 0
-            && nodes[(leader - 1) as usize]
+            && self.nodes[(leader - 1) as usize]
                 .replica
                 .as_ref()
                 .is_some_and(Replica::membership_settled);
-        if settled {
-            let li = (leader - 1) as usize;
-            let voters = nodes[li]
-                .replica
-                .as_ref()
-                .expect("the leader is up")
-                .voters();
-            if let Some(old) = removing {
-                if voters.contains(&old) {
-                    // Proposed again until applied (a lost proposal, a
-                    // new leader); refused while one is in progress.
-                    if tick % 20 == 0 && old != leader {
-                        let r = nodes[li].replica.as_mut().expect("up");
-                        let _ = r.propose_change(&super::Change::Remove(old));
-                    }
-                } else if nodes[(old - 1) as usize].rejoining {
-                    // Removed: it starts (joining), and is added back.
-                    let back = &mut nodes[(old - 1) as usize];
-                    back.rejoining = false;
-                    back.down_until = tick + 1;
-                    removing = None;
-                    joining = Some(old);
-                    readding = true;
+        if !settled {
+            return Ok(());
+        }
+        let li = (leader - 1) as usize;
+        let voters = self.nodes[li]
+            .replica
+            .as_ref()
+            .expect("the leader is up")
+            .voters();
+        if let Some(old) = self.removing {
+            if voters.contains(&old) {
+                // Proposed again until applied (a lost proposal, a new
+                // leader); refused while one is in progress.
+                if tick % 20 == 0 && old != leader {
+                    let r = self.nodes[li].replica.as_mut().expect("up");
+                    let _ = r.propose_change(&super::Change::Remove(old));
+                }
+            } else if self.nodes[(old - 1) as usize].rejoining {
+                // Removed: it starts (joining), and is added back.
+                let back = &mut self.nodes[(old - 1) as usize];
+                back.rejoining = false;
+                back.down_until = tick + 1;
+                self.removing = None;
+                self.joining = Some(old);
+                self.readding = true;
+            } else {
+                // Gone from the membership: down for good; a new one.
+                let gone = &mut self.nodes[(old - 1) as usize];
+                gone.replica = None;
+                gone.router = None;
+                gone.removed = true;
+                self.clients.crashed(old);
+                self.removing = None;
+                let id = self.nodes.len() as u64 + 1;
+                self.nodes
+                    .push(Node::new(id, &[], &mut self.rng, self.base)?);
+                self.joining = Some(id);
+            }
+        } else if let Some(new) = self.joining {
+            if voters.contains(&new) {
+                self.joining = None;
+                if self.readding {
+                    self.readding = false;
+                    self.report.rejoined += 1;
                 } else {
-                    // Gone from the membership: down for good; a new one.
-                    let gone = &mut nodes[(old - 1) as usize];
-                    gone.replica = None;
-                    gone.router = None;
-                    gone.removed = true;
-                    clients.crashed(old);
-                    removing = None;
-                    let id = nodes.len() as u64 + 1;
-                    nodes.push(Node::new(id, &[], &mut rng, base)?);
-                    joining = Some(id);
+                    self.report.replaced += 1;
                 }
-            } else if let Some(new) = joining {
-                if voters.contains(&new) {
-                    joining = None;
-                    if readding {
-                        readding = false;
-                        report.rejoined += 1;
-                    } else {
-                        report.replaced += 1;
-                    }
-                } else if tick % 20 == 0 {
-                    let r = nodes[li].replica.as_mut().expect("up");
-                    let _ = r.propose_change(&super::Change::Add {
-                        id: new,
-                        record: Vec::new(),
-                    });
-                }
-            } else if let Some(i) = nodes.iter().position(|n| n.rejoining) {
-                let id = i as u64 + 1;
-                let r = nodes[li].replica.as_mut().expect("up");
-                if r.propose_change(&super::Change::Remove(id)).is_ok() {
-                    removing = Some(id);
-                }
-            } else if faults && !nodes.iter().any(|n| n.damaged) && rng.chance(o.replace) {
-                let followers: Vec<u64> = voters.iter().copied().filter(|v| *v != leader).collect();
-                if !followers.is_empty() {
-                    let old = followers[rng.below(followers.len() as u64) as usize];
-                    let r = nodes[li].replica.as_mut().expect("up");
-                    if r.propose_change(&super::Change::Remove(old)).is_ok() {
-                        removing = Some(old);
-                    }
+            } else if tick % 20 == 0 {
+                let r = self.nodes[li].replica.as_mut().expect("up");
+                let _ = r.propose_change(&super::Change::Add {
+                    id: new,
+                    record: Vec::new(),
+                });
+            }
+        } else if let Some(i) = self.nodes.iter().position(|n| n.rejoining) {
+            let id = i as u64 + 1;
+            let r = self.nodes[li].replica.as_mut().expect("up");
+            if r.propose_change(&super::Change::Remove(id)).is_ok() {
+                self.removing = Some(id);
+            }
+        } else if faults && !self.nodes.iter().any(|n| n.damaged) && self.rng.chance(self.o.replace)
+        {
+            let followers: Vec<u64> = voters.iter().copied().filter(|v| *v != leader).collect();
+            if !followers.is_empty() {
+                let old = followers[self.rng.below(followers.len() as u64) as usize];
+                let r = self.nodes[li].replica.as_mut().expect("up");
+                if r.propose_change(&super::Change::Remove(old)).is_ok() {
+                    self.removing = Some(old);
                 }
             }
         }
-        // Client load, through any replica that is up (leader or not).
-        let up: Vec<usize> = (0..nodes.len())
-            .filter(|&i| nodes[i].replica.is_some())
+        Ok(())
+    }
+
+    /// Client load, through any replica that is up (leader or not).
+    fn load(&mut self, tick: u64, now_ms: u64) -> Result<()> {
+        let up: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].replica.is_some())
             .collect();
-        if faults && !up.is_empty() && rng.chance(o.load) {
-            let i = up[rng.below(up.len() as u64) as usize];
-            let now = nodes[i].now(base, tick);
-            next_corr += 1;
-            let corr = next_corr;
-            let (op, msg) =
-                client_request(&mut rng, corr, now_ms, tick, &mut next_key, &mut clients);
-            clients.pending.insert(corr, (op, i as u64 + 1));
-            let node = &mut nodes[i];
-            let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
-                unreachable!("up");
-            };
-            let mut fx = Effects::default();
-            router.requests(now, vec![msg], r, &mut fx)?;
-            carry_out(
-                seed,
-                tick,
-                i as u64 + 1,
-                fx,
-                o,
-                faults,
-                &mut rng,
-                &mut net,
-                &mut clients,
-                &mut report,
-            )?;
+        if up.is_empty() || !self.rng.chance(self.o.load) {
+            return Ok(());
         }
-        // The routers' ticks (what waited too long is answered; the leader
-        // proposes expiry), then ready: persist, send, apply, publish.
-        for node in nodes.iter_mut() {
-            let now = node.now(base, tick);
+        let i = up[self.rng.below(up.len() as u64) as usize];
+        let now = self.nodes[i].now(self.base, tick);
+        self.next_corr += 1;
+        let corr = self.next_corr;
+        let (op, msg) = client_request(
+            &mut self.rng,
+            corr,
+            now_ms,
+            tick,
+            &mut self.next_key,
+            &mut self.clients,
+        );
+        self.clients.pending.insert(corr, (op, i as u64 + 1));
+        let node = &mut self.nodes[i];
+        let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
+            unreachable!("up");
+        };
+        let mut fx = Effects::default();
+        router.requests(now, vec![msg], r, &mut fx)?;
+        carry_out(
+            self.seed,
+            tick,
+            i as u64 + 1,
+            fx,
+            self.o,
+            true,
+            &mut self.rng,
+            &mut self.net,
+            &mut self.clients,
+            &mut self.report,
+        )
+    }
+
+    /// The routers' ticks (what waited too long is answered; the leader
+    /// proposes expiry), then ready: persist, send, apply, publish.
+    fn ready(&mut self, tick: u64, faults: bool) -> Result<()> {
+        let seed = self.seed;
+        for node in self.nodes.iter_mut() {
+            let now = node.now(self.base, tick);
             let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
                 continue;
             };
@@ -715,117 +811,136 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
             router.tick(now, r, &mut fx)?;
             let (messages, applied) = r.ready()?;
             for m in messages {
-                send(tick, Wire::Raft(m), o, faults, &mut rng, &mut net);
+                send(
+                    tick,
+                    Wire::Raft(m),
+                    self.o,
+                    faults,
+                    &mut self.rng,
+                    &mut self.net,
+                );
             }
             for a in &applied {
                 // Applied again after a restart too: checked for determinism.
-                check_deterministic(&mut outputs_at, id, a)?;
-                clients.applied(seed, id, a)?;
+                check_deterministic(&mut self.outputs_at, id, a)?;
+                self.clients.applied(seed, id, a)?;
                 if a.replayed {
                     continue;
                 }
-                report.applied = report.applied.max(a.index);
+                self.report.applied = self.report.applied.max(a.index);
                 if a.origin == id && is_timer(a) {
-                    report.timeouts += 1;
+                    self.report.timeouts += 1;
                 }
             }
             router.applied(now, applied, r, &mut fx)?;
             let c = router.take_counts();
-            report.index_reads += c.index_reads as usize;
-            report.forwarded += c.forwarded as usize;
-            report.held += c.held as usize;
-            report.resent += c.resent as usize;
-            report.retried += c.retried as usize;
-            report.reads_to_log += c.reads_to_log as usize;
+            self.report.index_reads += c.index_reads as usize;
+            self.report.forwarded += c.forwarded as usize;
+            self.report.held += c.held as usize;
+            self.report.resent += c.resent as usize;
+            self.report.retried += c.retried as usize;
+            self.report.reads_to_log += c.reads_to_log as usize;
             carry_out(
                 seed,
                 tick,
                 id,
                 fx,
-                o,
+                self.o,
                 faults,
-                &mut rng,
-                &mut net,
-                &mut clients,
-                &mut report,
+                &mut self.rng,
+                &mut self.net,
+                &mut self.clients,
+                &mut self.report,
             )?;
         }
+        Ok(())
     }
-    report.acknowledged = clients.acknowledged.len();
-    // Every hot key's history is linearizable.
-    for (k, history) in clients.hot.iter_mut().enumerate() {
-        let mut i = 0;
-        history.retain(|e| {
-            let keep = !clients.void.contains(&(k, i))
-                // A GET never answered changed nothing and said nothing.
-                && (e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
-            i += 1;
-            keep
-        });
-    }
-    for (k, history) in clients.hot.iter().enumerate() {
-        report.hot_ops += history.len();
-        match linear::check(history, LINEAR_BUDGET) {
-            linear::Verdict::Linearizable => {}
-            linear::Verdict::Unknown => report.unknown += 1,
-            linear::Verdict::Not => bail!(
-                "seed {seed}: the history of hot-{k} is not linearizable ({} operations):\n{history:?}",
-                history.len()
-            ),
+
+    /// Every hot key's history is linearizable.
+    fn check_histories(&mut self) -> Result<()> {
+        let seed = self.seed;
+        let clients = &mut self.clients;
+        for (k, history) in clients.hot.iter_mut().enumerate() {
+            let mut i = 0;
+            history.retain(|e| {
+                let keep = !clients.void.contains(&(k, i))
+                    // A GET never answered changed nothing and said nothing.
+                    && (e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
+                i += 1;
+                keep
+            });
         }
-    }
-    // Settled: every replica up, the same index applied, the same state.
-    nodes.retain(|n| !n.removed);
-    let applied: Vec<u64> = nodes
-        .iter()
-        .map(|n| n.replica.as_ref().map_or(0, Replica::applied))
-        .collect();
-    if applied.iter().any(|a| *a != applied[0]) {
-        let states: Vec<String> = nodes
-            .iter()
-            .map(|n| match &n.replica {
-                Some(r) => format!("{:?} voters {:?}", r.status(), r.voters()),
-                None => format!(
-                    "down (removed {}, damaged {}, rejoining {}, until {})",
-                    n.removed, n.damaged, n.rejoining, n.down_until
+        for (k, history) in clients.hot.iter().enumerate() {
+            self.report.hot_ops += history.len();
+            match linear::check(history, LINEAR_BUDGET) {
+                linear::Verdict::Linearizable => {}
+                linear::Verdict::Unknown => self.report.unknown += 1,
+                linear::Verdict::Not => bail!(
+                    "seed {seed}: the history of hot-{k} is not linearizable ({} operations):\n{history:?}",
+                    history.len()
                 ),
-            })
+            }
+        }
+        Ok(())
+    }
+
+    /// Settled: every replica up, the same index applied, the same state,
+    /// and every acknowledged key in it with its value.
+    fn check_settled(&mut self, total: u64) -> Result<()> {
+        let seed = self.seed;
+        let (removing, joining) = (self.removing, self.joining);
+        let nodes = &mut self.nodes;
+        nodes.retain(|n| !n.removed);
+        let applied: Vec<u64> = nodes
+            .iter()
+            .map(|n| n.replica.as_ref().map_or(0, Replica::applied))
             .collect();
-        bail!(
-            "seed {seed}: after settling, the replicas applied {applied:?}; removing {removing:?}, joining {joining:?}:\n{}",
-            states.join("\n")
-        );
-    }
-    let mut snapshots = Vec::new();
-    for n in nodes.iter_mut() {
-        let r = n.replica.as_mut().expect("up after settling");
-        snapshots.push(r.store_mut().snapshot()?);
-    }
-    if snapshots.iter().any(|s| *s != snapshots[0]) {
-        bail!(
-            "seed {seed}: replicas at index {} hold different states",
-            applied[0]
-        );
-    }
-    // Every acknowledged key is in that state, with its value.
-    let mut check = nodes[0].replica.as_mut().expect("up").store_mut().clone();
-    for &n in &clients.acknowledged {
-        let m = request(
-            &[b"GET", key(n).as_bytes()],
-            u64::MAX - n,
-            T0 + total * TICK_MS,
-        );
-        let out = check.handle_messages(&[m], T0 + total * TICK_MS)?;
-        let v = format!("value-{n}");
-        let want = format!("${}\r\n{v}\r\n", v.len());
-        if reply_to(&out, u64::MAX - n) != Some(want.as_bytes()) {
+        if applied.iter().any(|a| *a != applied[0]) {
+            let states: Vec<String> = nodes
+                .iter()
+                .map(|n| match &n.replica {
+                    Some(r) => format!("{:?} voters {:?}", r.status(), r.voters()),
+                    None => format!(
+                        "down (removed {}, damaged {}, rejoining {}, until {})",
+                        n.removed, n.damaged, n.rejoining, n.down_until
+                    ),
+                })
+                .collect();
             bail!(
-                "seed {seed}: acknowledged {} is not in the final state",
-                key(n)
+                "seed {seed}: after settling, the replicas applied {applied:?}; removing {removing:?}, joining {joining:?}:\n{}",
+                states.join("\n")
             );
         }
+        let mut snapshots = Vec::new();
+        for n in nodes.iter_mut() {
+            let r = n.replica.as_mut().expect("up after settling");
+            snapshots.push(r.store_mut().snapshot()?);
+        }
+        if snapshots.iter().any(|s| *s != snapshots[0]) {
+            bail!(
+                "seed {seed}: replicas at index {} hold different states",
+                applied[0]
+            );
+        }
+        let mut check = nodes[0].replica.as_mut().expect("up").store_mut().clone();
+        for &n in &self.clients.acknowledged {
+            let m = request(
+                &[b"GET", key(n).as_bytes()],
+                u64::MAX - n,
+                T0 + total * TICK_MS,
+            );
+            let out = check.handle_messages(&[m], T0 + total * TICK_MS)?;
+            let v = format!("value-{n}");
+            let want = format!("${}\r\n{v}\r\n", v.len());
+            if reply_to(&out, u64::MAX - n) != Some(want.as_bytes()) {
+                bail!(
+                    "seed {seed}: acknowledged {} is not in the final state",
+                    key(n)
+                );
+            }
+        }
+        Ok(())
     }
-    Ok(report)
 }
 
 /// Damages a crashed replica's disk as an operator or a failing disk
