@@ -264,211 +264,257 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
     if file.tenants.is_empty() {
         bail!("no [[tenant]] is declared");
     }
-    let mut names = HashSet::new();
-    let mut dirs = HashSet::new();
-    let mut client_ids = HashSet::new();
-    let mut usernames = HashSet::new();
+    let mut seen = Seen::default();
     let mut specs = Vec::new();
     for t in file.tenants {
-        let s = merge(&file.defaults, &t.settings);
-        let name = t.name.clone();
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            bail!("tenant name {name:?}: use 1 to 64 letters, digits, '-' or '_'");
-        }
-        if !names.insert(name.clone()) {
-            bail!("two tenants are called {name:?}");
-        }
-        let ctx = || format!("tenant {name:?}");
-        let persist = match s.persist.as_deref() {
-            Some("all") => Some(Persist::All),
-            Some("flagged") => Some(Persist::Flagged),
-            Some("custom") => Some(Persist::Custom),
-            Some("none") => Some(Persist::None),
-            None => None,
-            Some(other) => bail!(
-                "{}: persist must be all, flagged, custom or none, not {other:?}",
-                ctx()
-            ),
-        };
-        let fsync = match s.fsync.as_deref() {
-            Some("always") | None => Fsync::Always,
-            Some("everysec") => Fsync::Everysec,
-            Some("no") => Fsync::No,
-            Some(other) => bail!(
-                "{}: fsync must be always, everysec or no, not {other:?}",
-                ctx()
-            ),
-        };
-        let data_dir = t
-            .data_dir
-            .clone()
-            .or_else(|| s.data_root.as_ref().map(|r| r.join(&name)))
-            .map(|d| base.join(d));
-        let persist = match (persist, &data_dir) {
-            (Some(p), _) => p,
-            (None, Some(_)) => Persist::All,
-            (None, None) => Persist::None,
-        };
-        if persist != Persist::None && data_dir.is_none() {
-            bail!(
-                "{}: persist = {persist:?} needs data_dir or data_root",
-                ctx()
-            );
-        }
-        if let Some(d) = &data_dir
-            && !dirs.insert(d.clone())
-        {
-            bail!(
-                "{}: data directory {} is another tenant's",
-                ctx(),
-                d.display()
-            );
-        }
-        let persist_keys = s
-            .persist_keys
-            .iter()
-            .flatten()
-            .map(|k| crate::store::parse_key_match(k))
-            .collect::<Result<Vec<_>>>()
-            .with_context(ctx)?;
-        if !persist_keys.is_empty() && persist != Persist::Custom {
-            bail!("{}: persist_keys needs persist = \"custom\"", ctx());
-        }
-        let scan_page = crate::ScanPage {
-            max_keys: s.scan_page_keys.unwrap_or(1000),
-            max_bytes: s.scan_page_kib.unwrap_or(256).saturating_mul(1024),
-        };
-        if scan_page.max_keys == 0 || scan_page.max_bytes == 0 {
-            bail!(
-                "{}: scan_page_keys and scan_page_kib must be at least 1",
-                ctx()
-            );
-        }
-        let sdk_response_topics = match s.response_topics.as_deref() {
-            None | Some("any") => false,
-            Some("sdk") => true,
-            Some(other) => bail!(
-                "{}: response_topics must be any or sdk, not {other:?}",
-                ctx()
-            ),
-        };
-        let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
-        if memory_mib == 0 || memory_mib > (WASM32_MAX_MEMORY >> 20) as u64 {
-            bail!("{}: memory_mib must be 1 to 4096", ctx());
-        }
-        // The keys and values live in the guest's memory, and a snapshot
-        // (taken to truncate the log and to upgrade) is built there too:
-        // a byte quota must leave room for both and for the work of a call.
-        if let Some(max) = s.max_bytes
-            && max.saturating_mul(3) > memory_mib << 20
-        {
-            bail!(
-                "{}: max_bytes = {max} cannot fit memory_mib = {memory_mib}: the keys and values, \
-                 a snapshot of them and the work of a call all live in the guest's memory; \
-                 keep max_bytes at most a third of the cap ({} bytes) or raise memory_mib",
-                ctx(),
-                (memory_mib << 20) / 3
-            );
-        }
-        let call_ms = s.call_ms.unwrap_or(DEFAULT_CALL_MS);
-        if call_ms == 0 {
-            bail!("{}: call_ms must be at least 1", ctx());
-        }
-        let password = match &t.password_file {
-            Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
-            None => None,
-        };
-        for u in &t.usernames {
-            if !usernames.insert(u.clone()) {
-                bail!("{}: user name {u:?} is another tenant's too", ctx());
-            }
-        }
-        if !t.default && t.usernames.is_empty() && t.client_id_prefixes.is_empty() {
-            bail!(
-                "{}: say how its clients are recognised (usernames, client_id_prefixes) or make it the default tenant",
-                ctx()
-            );
-        }
-        let client_id = t
-            .client_id
-            .clone()
-            .unwrap_or_else(|| format!("statestore-{name}"));
-        if !client_ids.insert(client_id.clone()) {
-            bail!("{}: client_id {client_id:?} is another tenant's too", ctx());
-        }
-        let url = match &s.broker {
-            Some(u) => Some(u.parse().map_err(anyhow::Error::msg).with_context(ctx)?),
-            None => None,
-        };
-        let broker_password = match &t.broker_password_file {
-            Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
-            None => None,
-        };
-        specs.push(TenantSpec {
-            default: t.default,
-            matcher: Matcher {
-                usernames: t.usernames,
-                password,
-                client_id_prefixes: t.client_id_prefixes,
-            },
-            store: StoreOptions {
-                node_id: s.node_id.clone().unwrap_or_else(|| "StateStore".into()),
-                server_client_id: server_client_id.to_string(),
-                persist,
-                data_dir,
-                fsync,
-                snapshots: SnapshotPolicy {
-                    max_log_bytes: s
-                        .snapshot_log_mib
-                        .unwrap_or(64)
-                        .saturating_mul(1 << 20)
-                        .max(1),
-                    max_interval: Duration::from_secs(s.snapshot_interval.unwrap_or(300).max(1)),
-                    ..SnapshotPolicy::default()
-                },
-                quota: Quota {
-                    max_keys: s.max_keys,
-                    // Unset: a third of the memory cap, so that every
-                    // tenant's keys, registrations and cached replies fit it.
-                    max_bytes: Some(s.max_bytes.unwrap_or((memory_mib << 20) / 3)),
-                    // Unset: 64 KiB (what one key costs a SCAN pattern).
-                    max_key_bytes: Some(s.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES)),
-                    max_value_bytes: s.max_value_bytes,
-                },
-                clock: crate::store::clock::system(),
-                on_damage: Default::default(),
-                memory_journal: s.memory_journal.unwrap_or(true),
-                persist_keys,
-                scan_page,
-                sdk_response_topics,
-                authorization: None,
-            },
-            limits: StoreLimits {
-                memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),
-                call_ms: Some(call_ms),
-            },
-            component: match &s.component {
-                Some(p) => ComponentSource::File(base.join(p)),
-                None => ComponentSource::BuiltIn,
-            },
-            broker: TenantBroker {
-                url,
-                client_id,
-                username: t.broker_username,
-                password: broker_password,
-            },
-            name,
-        });
+        specs.push(tenant_spec(
+            t,
+            &file.defaults,
+            base,
+            server_client_id,
+            &mut seen,
+        )?);
     }
     if specs.iter().filter(|t| t.default).count() > 1 {
         bail!("more than one tenant has default = true");
     }
     Ok(specs)
+}
+
+/// What the tenants before the one being read took: no two may share a
+/// name, a data directory, a client id or a user name.
+#[derive(Default)]
+struct Seen {
+    names: HashSet<String>,
+    dirs: HashSet<PathBuf>,
+    client_ids: HashSet<String>,
+    usernames: HashSet<String>,
+}
+
+/// One `[[tenant]]`, over `defaults`.
+fn tenant_spec(
+    t: TenantEntry,
+    defaults: &Settings,
+    base: &Path,
+    server_client_id: &str,
+    seen: &mut Seen,
+) -> Result<TenantSpec> {
+    let s = merge(defaults, &t.settings);
+    let name = t.name.clone();
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        bail!("tenant name {name:?}: use 1 to 64 letters, digits, '-' or '_'");
+    }
+    if !seen.names.insert(name.clone()) {
+        bail!("two tenants are called {name:?}");
+    }
+    let ctx = || format!("tenant {name:?}");
+    let (persist, fsync, data_dir, persist_keys) = storage_of(&t, &s, &name, base, seen)?;
+    let scan_page = crate::ScanPage {
+        max_keys: s.scan_page_keys.unwrap_or(1000),
+        max_bytes: s.scan_page_kib.unwrap_or(256).saturating_mul(1024),
+    };
+    if scan_page.max_keys == 0 || scan_page.max_bytes == 0 {
+        bail!(
+            "{}: scan_page_keys and scan_page_kib must be at least 1",
+            ctx()
+        );
+    }
+    let sdk_response_topics = match s.response_topics.as_deref() {
+        None | Some("any") => false,
+        Some("sdk") => true,
+        Some(other) => bail!(
+            "{}: response_topics must be any or sdk, not {other:?}",
+            ctx()
+        ),
+    };
+    let (memory_mib, call_ms) = limits_of(&s, &name)?;
+    let password = match &t.password_file {
+        Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
+        None => None,
+    };
+    for u in &t.usernames {
+        if !seen.usernames.insert(u.clone()) {
+            bail!("{}: user name {u:?} is another tenant's too", ctx());
+        }
+    }
+    if !t.default && t.usernames.is_empty() && t.client_id_prefixes.is_empty() {
+        bail!(
+            "{}: say how its clients are recognised (usernames, client_id_prefixes) or make it the default tenant",
+            ctx()
+        );
+    }
+    let client_id = t
+        .client_id
+        .clone()
+        .unwrap_or_else(|| format!("statestore-{name}"));
+    if !seen.client_ids.insert(client_id.clone()) {
+        bail!("{}: client_id {client_id:?} is another tenant's too", ctx());
+    }
+    let url = match &s.broker {
+        Some(u) => Some(u.parse().map_err(anyhow::Error::msg).with_context(ctx)?),
+        None => None,
+    };
+    let broker_password = match &t.broker_password_file {
+        Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
+        None => None,
+    };
+    Ok(TenantSpec {
+        default: t.default,
+        matcher: Matcher {
+            usernames: t.usernames,
+            password,
+            client_id_prefixes: t.client_id_prefixes,
+        },
+        store: StoreOptions {
+            node_id: s.node_id.clone().unwrap_or_else(|| "StateStore".into()),
+            server_client_id: server_client_id.to_string(),
+            persist,
+            data_dir,
+            fsync,
+            snapshots: SnapshotPolicy {
+                max_log_bytes: s
+                    .snapshot_log_mib
+                    .unwrap_or(64)
+                    .saturating_mul(1 << 20)
+                    .max(1),
+                max_interval: Duration::from_secs(s.snapshot_interval.unwrap_or(300).max(1)),
+                ..SnapshotPolicy::default()
+            },
+            quota: Quota {
+                max_keys: s.max_keys,
+                // Unset: a third of the memory cap, so that every
+                // tenant's keys, registrations and cached replies fit it.
+                max_bytes: Some(s.max_bytes.unwrap_or((memory_mib << 20) / 3)),
+                // Unset: 64 KiB (what one key costs a SCAN pattern).
+                max_key_bytes: Some(s.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES)),
+                max_value_bytes: s.max_value_bytes,
+            },
+            clock: crate::store::clock::system(),
+            on_damage: Default::default(),
+            memory_journal: s.memory_journal.unwrap_or(true),
+            persist_keys,
+            scan_page,
+            sdk_response_topics,
+            authorization: None,
+        },
+        limits: StoreLimits {
+            memory_bytes: Some(usize::try_from(memory_mib << 20).unwrap_or(WASM32_MAX_MEMORY)),
+            call_ms: Some(call_ms),
+        },
+        component: match &s.component {
+            Some(p) => ComponentSource::File(base.join(p)),
+            None => ComponentSource::BuiltIn,
+        },
+        broker: TenantBroker {
+            url,
+            client_id,
+            username: t.broker_username,
+            password: broker_password,
+        },
+        name,
+    })
+}
+
+/// Where and how a tenant keeps its keys: `persist`, `fsync`, its data
+/// directory (its own, or `data_root`'s `<name>`) and `persist_keys`.
+fn storage_of(
+    t: &TenantEntry,
+    s: &Settings,
+    name: &str,
+    base: &Path,
+    seen: &mut Seen,
+) -> Result<(Persist, Fsync, Option<PathBuf>, Vec<crate::KeyMatch>)> {
+    let ctx = || format!("tenant {name:?}");
+    let persist = match s.persist.as_deref() {
+        Some("all") => Some(Persist::All),
+        Some("flagged") => Some(Persist::Flagged),
+        Some("custom") => Some(Persist::Custom),
+        Some("none") => Some(Persist::None),
+        None => None,
+        Some(other) => bail!(
+            "{}: persist must be all, flagged, custom or none, not {other:?}",
+            ctx()
+        ),
+    };
+    let fsync = match s.fsync.as_deref() {
+        Some("always") | None => Fsync::Always,
+        Some("everysec") => Fsync::Everysec,
+        Some("no") => Fsync::No,
+        Some(other) => bail!(
+            "{}: fsync must be always, everysec or no, not {other:?}",
+            ctx()
+        ),
+    };
+    let data_dir = t
+        .data_dir
+        .clone()
+        .or_else(|| s.data_root.as_ref().map(|r| r.join(name)))
+        .map(|d| base.join(d));
+    let persist = match (persist, &data_dir) {
+        (Some(p), _) => p,
+        (None, Some(_)) => Persist::All,
+        (None, None) => Persist::None,
+    };
+    if persist != Persist::None && data_dir.is_none() {
+        bail!(
+            "{}: persist = {persist:?} needs data_dir or data_root",
+            ctx()
+        );
+    }
+    if let Some(d) = &data_dir
+        && !seen.dirs.insert(d.clone())
+    {
+        bail!(
+            "{}: data directory {} is another tenant's",
+            ctx(),
+            d.display()
+        );
+    }
+    let persist_keys = s
+        .persist_keys
+        .iter()
+        .flatten()
+        .map(|k| crate::store::parse_key_match(k))
+        .collect::<Result<Vec<_>>>()
+        .with_context(ctx)?;
+    if !persist_keys.is_empty() && persist != Persist::Custom {
+        bail!("{}: persist_keys needs persist = \"custom\"", ctx());
+    }
+    Ok((persist, fsync, data_dir, persist_keys))
+}
+
+/// A tenant's memory cap (MiB) and longest call (ms), checked against its
+/// byte quota.
+fn limits_of(s: &Settings, name: &str) -> Result<(u64, u64)> {
+    let ctx = || format!("tenant {name:?}");
+    let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
+    if memory_mib == 0 || memory_mib > (WASM32_MAX_MEMORY >> 20) as u64 {
+        bail!("{}: memory_mib must be 1 to 4096", ctx());
+    }
+    // The keys and values live in the guest's memory, and a snapshot
+    // (taken to truncate the log and to upgrade) is built there too:
+    // a byte quota must leave room for both and for the work of a call.
+    if let Some(max) = s.max_bytes
+        && max.saturating_mul(3) > memory_mib << 20
+    {
+        bail!(
+            "{}: max_bytes = {max} cannot fit memory_mib = {memory_mib}: the keys and values, \
+             a snapshot of them and the work of a call all live in the guest's memory; \
+             keep max_bytes at most a third of the cap ({} bytes) or raise memory_mib",
+            ctx(),
+            (memory_mib << 20) / 3
+        );
+    }
+    let call_ms = s.call_ms.unwrap_or(DEFAULT_CALL_MS);
+    if call_ms == 0 {
+        bail!("{}: call_ms must be at least 1", ctx());
+    }
+    Ok((memory_mib, call_ms))
 }
 
 /// Keys a `[[tenant]]` may have besides those of `[defaults]`.

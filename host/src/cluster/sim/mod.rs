@@ -695,7 +695,7 @@ impl<'o> Sim<'o> {
             if voters.contains(&old) {
                 // Proposed again until applied (a lost proposal, a new
                 // leader); refused while one is in progress.
-                if tick % 20 == 0 && old != leader {
+                if tick.is_multiple_of(20) && old != leader {
                     let r = self.nodes[li].replica.as_mut().expect("up");
                     let _ = r.propose_change(&super::Change::Remove(old));
                 }
@@ -729,7 +729,7 @@ impl<'o> Sim<'o> {
                 } else {
                     self.report.replaced += 1;
                 }
-            } else if tick % 20 == 0 {
+            } else if tick.is_multiple_of(20) {
                 let r = self.nodes[li].replica.as_mut().expect("up");
                 let _ = r.propose_change(&super::Change::Add {
                     id: new,
