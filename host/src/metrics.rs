@@ -108,50 +108,8 @@ impl Metrics {
     pub fn new() -> Result<Arc<Metrics>> {
         let r = Registry::new();
         let t = &["tenant"];
-        let connections = IntGauge::new(
-            "statestore_connections",
-            "MQTT client connections to the embedded broker",
-        )?;
-        r.register(Box::new(connections.clone()))?;
-        let queue_dropped = IntCounter::new(
-            "statestore_queue_dropped_total",
-            "Messages the embedded broker dropped for a session that held --max-queued-size",
-        )?;
-        r.register(Box::new(queue_dropped.clone()))?;
-        let broker_refused = counter(
-            &r,
-            "statestore_broker_refused_total",
-            "What the embedded broker refused at one of its limits or rules, by reason: \
-             login_rate (a CONNECT from an address past --max-failed-logins, not judged), \
-             sessions (a new session past --max-sessions or --max-sessions-per-address), \
-             queued_total (a message past --max-queued-total, dropped for one session), \
-             pre_connect (a connection closed at accept: past --max-pending-connections or \
-             --max-pending-per-address), handshake_timeout (no CONNECT within \
-             --handshake-timeout of accept), withheld (a message not delivered: the \
-             rules in force do not let its subscriber read the topic), \
-             connections_per_address (a CONNECT past --max-connections-per-address), \
-             retained (a retained PUBLISH past --max-retained or --max-retained-size), \
-             bad_credentials (a wrong user name or password, or none where one is needed), \
-             not_authorized (a CONNECT no rule allows, a client id another user holds, or \
-             a will topic it may not publish to)",
-            &["reason"],
-        )?;
-        // What build serves, and the process's own (CPU, memory, files).
-        let build = IntGaugeVec::new(
-            Opts::new(
-                "statestore_build_info",
-                "1, labelled with this build's version and the sha256 of its built-in component",
-            ),
-            &["version", "component_sha256"],
-        )?;
-        r.register(Box::new(build.clone()))?;
-        build
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), &builtin_component_sha256()])
-            .set(1);
-        #[cfg(target_os = "linux")]
-        r.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))?;
+        let (connections, queue_dropped, broker_refused) = broker_families(&r)?;
+        process_families(&r)?;
         Ok(Arc::new(Metrics {
             requests: counter(
                 &r,
@@ -755,6 +713,60 @@ mod tests {
             }
         }
     }
+}
+
+/// The embedded broker's families: connections, messages dropped at a
+/// session's bound, and what it refused by reason.
+fn broker_families(r: &Registry) -> Result<(IntGauge, IntCounter, IntCounterVec)> {
+    let connections = IntGauge::new(
+        "statestore_connections",
+        "MQTT client connections to the embedded broker",
+    )?;
+    r.register(Box::new(connections.clone()))?;
+    let queue_dropped = IntCounter::new(
+        "statestore_queue_dropped_total",
+        "Messages the embedded broker dropped for a session that held --max-queued-size",
+    )?;
+    r.register(Box::new(queue_dropped.clone()))?;
+    let broker_refused = counter(
+        r,
+        "statestore_broker_refused_total",
+        "What the embedded broker refused at one of its limits or rules, by reason: \
+         login_rate (a CONNECT from an address past --max-failed-logins, not judged), \
+         sessions (a new session past --max-sessions or --max-sessions-per-address), \
+         queued_total (a message past --max-queued-total, dropped for one session), \
+         pre_connect (a connection closed at accept: past --max-pending-connections or \
+         --max-pending-per-address), handshake_timeout (no CONNECT within \
+         --handshake-timeout of accept), withheld (a message not delivered: the \
+         rules in force do not let its subscriber read the topic), \
+         connections_per_address (a CONNECT past --max-connections-per-address), \
+         retained (a retained PUBLISH past --max-retained or --max-retained-size), \
+         bad_credentials (a wrong user name or password, or none where one is needed), \
+         not_authorized (a CONNECT no rule allows, a client id another user holds, or \
+         a will topic it may not publish to)",
+        &["reason"],
+    )?;
+    Ok((connections, queue_dropped, broker_refused))
+}
+
+/// What build serves, and the process's own (CPU, memory, files).
+fn process_families(r: &Registry) -> Result<()> {
+    let build = IntGaugeVec::new(
+        Opts::new(
+            "statestore_build_info",
+            "1, labelled with this build's version and the sha256 of its built-in component",
+        ),
+        &["version", "component_sha256"],
+    )?;
+    r.register(Box::new(build.clone()))?;
+    build
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), &builtin_component_sha256()])
+        .set(1);
+    #[cfg(target_os = "linux")]
+    r.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    Ok(())
 }
 
 /// The sha256 of the component built into this binary, in hex.

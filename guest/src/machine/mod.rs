@@ -86,6 +86,9 @@ pub struct StateMachine {
     read_only: bool,
 }
 
+/// A `__ts` without its node id: (wall clock ms, counter).
+type WallCounter = (u64, u64);
+
 impl StateMachine {
     /// Whether `config` is one a store can be made with (its authorization
     /// rules included).
@@ -656,28 +659,7 @@ impl StateMachine {
                 None
             }
         };
-        // (wall, counter): the node id of a `__ts` plays no part.
-        let timestamp = match props.timestamp.map(Hlc::parse_parts) {
-            None if matches!(command, Command::Set { .. }) => {
-                return Err(Reply::error(ServiceError::TimestampMissing));
-            }
-            None => None,
-            Some(Err(_)) => return Err(Reply::error(ServiceError::TimestampMalformed)),
-            Some(Ok((wall, _, _))) if !self.read_only && hlc::too_far_ahead(wall, now) => {
-                return Err(Reply::error(ServiceError::TimestampSkew));
-            }
-            Some(Ok((wall, counter, _))) => Some((wall, counter)),
-        };
-        let fencing_token = match props.fencing_token.filter(|_| command.is_fenced_write()) {
-            None => None,
-            Some(text) => match Hlc::parse(text) {
-                Err(_) => return Err(Reply::error(ServiceError::TimestampMalformed)),
-                Ok(ft) if ft.too_far_ahead_of(now) => {
-                    return Err(Reply::error(ServiceError::FencingTokenSkew));
-                }
-                Ok(ft) => Some(ft),
-            },
-        };
+        let (timestamp, fencing_token) = self.check_times(&command, props, now)?;
         let observer = match command {
             Command::KeyNotify { key, .. } => match identity {
                 None => {
@@ -708,22 +690,7 @@ impl StateMachine {
             Some(Err(_)) => return Err(Reply::counter_overflow()),
         };
         if let (Command::KeyNotify { key, stop }, Some(client)) = (&command, observer) {
-            let payload = if !*stop {
-                let watcher = notify::Watcher::of(&principal);
-                if self
-                    .registry
-                    .register(client, key, msg.via, &watcher)
-                    .is_err()
-                {
-                    return Err(Reply::error(ServiceError::QuotaExceeded));
-                }
-                resp3::REPLY_OK
-            } else if self.registry.unregister(client, key) {
-                resp3::REPLY_OK
-            } else {
-                resp3::REPLY_NOT_FOUND
-            };
-            return Err(Reply::ok(Bytes::from_static(payload), None));
+            return Err(self.keynotify(client, key, *stop, msg, &principal));
         }
         if let Command::Scan { pattern, token } = command {
             // A read, like GET: not kept by the dedup cache.
@@ -773,6 +740,66 @@ impl StateMachine {
         }
         let cache = !matches!(command, Command::Get { .. });
         Ok((Reply::ok(outcome.reply, outcome.version), cache))
+    }
+
+    /// A request's `__ts` as (wall, counter), and its fencing token if the
+    /// command is a fenced write: checked for form and skew.
+    fn check_times(
+        &self,
+        command: &Command<'_>,
+        props: &RequestProps<'_>,
+        now: u64,
+    ) -> Result<(Option<WallCounter>, Option<Hlc>), Reply> {
+        // (wall, counter): the node id of a `__ts` plays no part.
+        let timestamp = match props.timestamp.map(Hlc::parse_parts) {
+            None if matches!(command, Command::Set { .. }) => {
+                return Err(Reply::error(ServiceError::TimestampMissing));
+            }
+            None => None,
+            Some(Err(_)) => return Err(Reply::error(ServiceError::TimestampMalformed)),
+            Some(Ok((wall, _, _))) if !self.read_only && hlc::too_far_ahead(wall, now) => {
+                return Err(Reply::error(ServiceError::TimestampSkew));
+            }
+            Some(Ok((wall, counter, _))) => Some((wall, counter)),
+        };
+        let fencing_token = match props.fencing_token.filter(|_| command.is_fenced_write()) {
+            None => None,
+            Some(text) => match Hlc::parse(text) {
+                Err(_) => return Err(Reply::error(ServiceError::TimestampMalformed)),
+                Ok(ft) if ft.too_far_ahead_of(now) => {
+                    return Err(Reply::error(ServiceError::FencingTokenSkew));
+                }
+                Ok(ft) => Some(ft),
+            },
+        };
+        Ok((timestamp, fencing_token))
+    }
+
+    /// KEYNOTIFY (or its STOP) of `key` by `client`, as `principal`.
+    fn keynotify(
+        &mut self,
+        client: &str,
+        key: &[u8],
+        stop: bool,
+        msg: &MessageRef<'_>,
+        principal: &Principal<'_>,
+    ) -> Reply {
+        let payload = if !stop {
+            let watcher = notify::Watcher::of(principal);
+            if self
+                .registry
+                .register(client, key, msg.via, &watcher)
+                .is_err()
+            {
+                return Reply::error(ServiceError::QuotaExceeded);
+            }
+            resp3::REPLY_OK
+        } else if self.registry.unregister(client, key) {
+            resp3::REPLY_OK
+        } else {
+            resp3::REPLY_NOT_FOUND
+        };
+        Reply::ok(Bytes::from_static(payload), None)
     }
 
     /// Writes the journal record of a change (ahead of its notifications and reply).

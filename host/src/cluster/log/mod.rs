@@ -254,32 +254,7 @@ impl LogStore {
         let names = disk.list().context("listing the Raft log")?;
         let where_ = disk.describe();
         let anchor = read_anchor(&*disk, &names)?;
-        let mem;
-        let mut snapshot = Snapshot::default();
-        if names.iter().any(|n| n == SNAPSHOT) {
-            let bytes = disk.read(SNAPSHOT).context("reading the Raft snapshot")?;
-            snapshot = Snapshot::parse_from_bytes(&bytes).context("the Raft snapshot")?;
-            mem = MemStorage::new();
-            mem.wl()
-                .apply_snapshot(snapshot.clone())
-                .context("loading the Raft snapshot")?;
-        } else if let Some(a) = anchor
-            && a.snapshot > 0
-        {
-            bail!(
-                "{where_}: raft-snapshot is missing, and raft-state says the log starts from a snapshot at index {}: refusing to start with an empty state; {RECOVER}",
-                a.snapshot
-            );
-        } else if names.iter().any(|n| n == CONF) {
-            let bytes = disk.read(CONF).context("reading raft-conf")?;
-            let conf = ConfState::parse_from_bytes(&bytes).context("raft-conf")?;
-            mem = MemStorage::new_with_conf_state(conf);
-        } else {
-            let conf = ConfState::from((voters.to_vec(), vec![]));
-            disk.write_atomic(CONF, &conf.write_to_bytes()?)
-                .context("writing raft-conf")?;
-            mem = MemStorage::new_with_conf_state(conf);
-        }
+        let (mem, snapshot) = load_base(&*disk, &names, anchor, voters)?;
         let snap_index = snapshot.get_metadata().index;
         if let Some(a) = anchor
             && snap_index < a.snapshot
@@ -289,71 +264,7 @@ impl LogStore {
                 a.snapshot
             );
         }
-        let mut generation = 0;
-        let has_current = names.iter().any(|n| n == CURRENT);
-        if has_current {
-            let bytes = disk.read(CURRENT).context("reading raft-log.current")?;
-            generation = std::str::from_utf8(&bytes)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .context("raft-log.current is not a generation number")?;
-        }
-        if let Some(a) = anchor
-            && a.generation > generation
-        {
-            bail!(
-                "{where_}: {}, and raft-state records generation {} of the Raft log: refusing to start; {RECOVER}",
-                if has_current {
-                    format!("raft-log.current names generation {generation}")
-                } else {
-                    "raft-log.current is missing".to_string()
-                },
-                a.generation
-            );
-        }
-        let name = log_name(generation);
-        let mut torn = None;
-        if names.contains(&name) {
-            let data = disk
-                .read(&name)
-                .with_context(|| format!("reading {name}"))?;
-            let parsed = parse(&data, &name)?;
-            if parsed.good < data.len() {
-                torn = Some((parsed.good, data.len()));
-            }
-            let mut last = mem.last_index()?;
-            let mut core = mem.wl();
-            for (kind, body) in parsed.records {
-                match kind {
-                    KIND_ENTRY => {
-                        let e = Entry::parse_from_bytes(&body).context("a Raft log entry")?;
-                        if e.index <= snap_index {
-                            continue;
-                        }
-                        if e.index > last + 1 {
-                            tracing::warn!(
-                                index = e.index,
-                                expected = last + 1,
-                                "entries after a gap in the Raft log (left by an interrupted snapshot install) are dropped"
-                            );
-                            break;
-                        }
-                        last = e.index;
-                        core.append(&[e]).context("replaying the Raft log")?;
-                    }
-                    KIND_HARD_STATE => {
-                        let mut hs = HardState::parse_from_bytes(&body).context("a HardState")?;
-                        hs.commit = hs.commit.max(snap_index);
-                        core.set_hardstate(hs);
-                    }
-                    k => bail!("{name}: a record of unknown kind {k}"),
-                }
-            }
-        } else if has_current {
-            bail!(
-                "{where_}: {name} is missing (raft-log.current names it): refusing to start with an empty log; {RECOVER}"
-            );
-        }
+        let (generation, name, torn) = replay_generation(&*disk, &names, anchor, &mem, snap_index)?;
         let last = mem.last_index()?;
         if let Some(a) = anchor
             && last < a.last
@@ -818,6 +729,128 @@ impl raft::Storage for LogStore {
         }
         Ok(self.snapshot.clone())
     }
+}
+
+/// The base of the log: its snapshot if there is one (refusing a missing
+/// one that `raft-state` says was there), else its membership (written
+/// from `voters` on a first start).
+fn load_base(
+    disk: &dyn Storage,
+    names: &[String],
+    anchor: Option<Anchor>,
+    voters: &[u64],
+) -> Result<(MemStorage, Snapshot)> {
+    let where_ = disk.describe();
+    let mem;
+    let mut snapshot = Snapshot::default();
+    if names.iter().any(|n| n == SNAPSHOT) {
+        let bytes = disk.read(SNAPSHOT).context("reading the Raft snapshot")?;
+        snapshot = Snapshot::parse_from_bytes(&bytes).context("the Raft snapshot")?;
+        mem = MemStorage::new();
+        mem.wl()
+            .apply_snapshot(snapshot.clone())
+            .context("loading the Raft snapshot")?;
+    } else if let Some(a) = anchor
+        && a.snapshot > 0
+    {
+        bail!(
+            "{where_}: raft-snapshot is missing, and raft-state says the log starts from a snapshot at index {}: refusing to start with an empty state; {RECOVER}",
+            a.snapshot
+        );
+    } else if names.iter().any(|n| n == CONF) {
+        let bytes = disk.read(CONF).context("reading raft-conf")?;
+        let conf = ConfState::parse_from_bytes(&bytes).context("raft-conf")?;
+        mem = MemStorage::new_with_conf_state(conf);
+    } else {
+        let conf = ConfState::from((voters.to_vec(), vec![]));
+        disk.write_atomic(CONF, &conf.write_to_bytes()?)
+            .context("writing raft-conf")?;
+        mem = MemStorage::new_with_conf_state(conf);
+    }
+    Ok((mem, snapshot))
+}
+
+/// Where a torn tail of a log file starts, and the file's length.
+type Torn = (usize, usize);
+
+/// Replays the current generation of the log into `mem` (entries after
+/// the snapshot, hard states), refusing a generation older than the one
+/// `raft-state` records or one that is missing: the generation, its file
+/// name, and where a torn tail starts (and the file's length), if any.
+fn replay_generation(
+    disk: &dyn Storage,
+    names: &[String],
+    anchor: Option<Anchor>,
+    mem: &MemStorage,
+    snap_index: u64,
+) -> Result<(u64, String, Option<Torn>)> {
+    let where_ = disk.describe();
+    let mut generation = 0;
+    let has_current = names.iter().any(|n| n == CURRENT);
+    if has_current {
+        let bytes = disk.read(CURRENT).context("reading raft-log.current")?;
+        generation = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .context("raft-log.current is not a generation number")?;
+    }
+    if let Some(a) = anchor
+        && a.generation > generation
+    {
+        bail!(
+            "{where_}: {}, and raft-state records generation {} of the Raft log: refusing to start; {RECOVER}",
+            if has_current {
+                format!("raft-log.current names generation {generation}")
+            } else {
+                "raft-log.current is missing".to_string()
+            },
+            a.generation
+        );
+    }
+    let name = log_name(generation);
+    let mut torn = None;
+    if names.contains(&name) {
+        let data = disk
+            .read(&name)
+            .with_context(|| format!("reading {name}"))?;
+        let parsed = parse(&data, &name)?;
+        if parsed.good < data.len() {
+            torn = Some((parsed.good, data.len()));
+        }
+        let mut last = mem.last_index()?;
+        let mut core = mem.wl();
+        for (kind, body) in parsed.records {
+            match kind {
+                KIND_ENTRY => {
+                    let e = Entry::parse_from_bytes(&body).context("a Raft log entry")?;
+                    if e.index <= snap_index {
+                        continue;
+                    }
+                    if e.index > last + 1 {
+                        tracing::warn!(
+                            index = e.index,
+                            expected = last + 1,
+                            "entries after a gap in the Raft log (left by an interrupted snapshot install) are dropped"
+                        );
+                        break;
+                    }
+                    last = e.index;
+                    core.append(&[e]).context("replaying the Raft log")?;
+                }
+                KIND_HARD_STATE => {
+                    let mut hs = HardState::parse_from_bytes(&body).context("a HardState")?;
+                    hs.commit = hs.commit.max(snap_index);
+                    core.set_hardstate(hs);
+                }
+                k => bail!("{name}: a record of unknown kind {k}"),
+            }
+        }
+    } else if has_current {
+        bail!(
+            "{where_}: {name} is missing (raft-log.current names it): refusing to start with an empty log; {RECOVER}"
+        );
+    }
+    Ok((generation, name, torn))
 }
 
 #[cfg(test)]
