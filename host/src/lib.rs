@@ -13,6 +13,24 @@
 //! [`Backend`] is implemented by [`WasmStore`] and by [`NativeStore`] (the same
 //! state machine compiled natively), so tests and benchmarks can run the same
 //! inputs through both.
+//!
+//! The parts, each a folder or a file of `src/`:
+//!
+//! - [`runtime`]: wasmtime, the bindings and the precompiled component cache;
+//!   [`Runtime`] and [`WasmStore`] are re-exported here.
+//! - [`store`]: one store and what keeps it: opening it ([`store::StoreOptions`]),
+//!   its [`store::tenant::Tenant`] (restarts, upgrades), the driver loop every
+//!   transport shares ([`store::driver`]), the journal, storage and clock.
+//! - [`transport`]: the embedded broker ([`transport::embedded::EmbeddedServer`])
+//!   and an external one ([`transport::external::Server`]), and the MQTT they share.
+//! - [`auth`]: users, authorization rules, the isolation of the store's streams.
+//! - [`cluster`]: replication on raft-rs, its sans-IO router and its simulation.
+//! - [`config`], [`metrics`], [`process`]: what a server is set up with.
+//! - [`client`], [`mod@bench`]: the libraries of the client commands and of `bench`.
+//!
+//! A host embedding the component needs [`Runtime`], [`WasmStore`] (or
+//! [`NativeStore`]) through [`Backend`], the message types re-exported below,
+//! and, for a complete server, [`store::driver`] with one of the transports.
 
 pub mod auth;
 pub mod bench;
