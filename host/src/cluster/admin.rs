@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result};
 
 use super::file::ClusterFile;
 use super::net::{self, Credentials};
+use super::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
@@ -17,24 +18,17 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// What one replica said to `status`: `key=value` lines.
-type StatusMap = std::collections::BTreeMap<String, String>;
-
 /// Asks every replica of `file`, and every member they name that the file
 /// does not, for its status.
 async fn statuses(
     file: &ClusterFile,
     who: &Credentials,
-) -> Vec<(u64, SocketAddr, Result<StatusMap>)> {
-    async fn ask(addr: SocketAddr, id: u64, who: &Credentials) -> Result<StatusMap> {
+) -> Vec<(u64, SocketAddr, Result<ReplicaStatus>)> {
+    async fn ask(addr: SocketAddr, id: u64, who: &Credentials) -> Result<ReplicaStatus> {
         let text = tokio::time::timeout(Duration::from_secs(3), net::status(addr, id, who))
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within 3 s")))?;
-        Ok(text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect())
+        ReplicaStatus::decode(&text)
     }
     let mut out = Vec::new();
     for r in &file.replicas {
@@ -44,10 +38,8 @@ async fn statuses(
     let mut more: Vec<(u64, SocketAddr)> = Vec::new();
     for (_, _, a) in &out {
         let Ok(m) = a else { continue };
-        for peer in m.get("peers").map_or("", String::as_str).split(',') {
-            if let Some((id, addr)) = peer.split_once('@')
-                && let (Ok(id), Ok(addr)) = (id.parse::<u64>(), addr.parse())
-                && !out.iter().any(|(known, _, _)| *known == id)
+        for &(id, addr) in &m.peers {
+            if !out.iter().any(|(known, _, _)| *known == id)
                 && !more.iter().any(|(known, _)| *known == id)
             {
                 more.push((id, addr));
@@ -112,29 +104,30 @@ pub struct StatusReport {
 }
 
 /// Asks every replica and puts their answers together.
-fn report(answers: &[(u64, SocketAddr, Result<StatusMap>)], file: &ClusterFile) -> StatusReport {
-    let num =
-        |m: &StatusMap, k: &str| -> u64 { m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0) };
+fn report(
+    answers: &[(u64, SocketAddr, Result<ReplicaStatus>)],
+    file: &ClusterFile,
+) -> StatusReport {
     let answered = || {
         answers
             .iter()
             .filter_map(|(id, _, a)| Some((*id, a.as_ref().ok()?)))
     };
     let leader = answered()
-        .filter(|(_, m)| m.get("role").map(String::as_str) == Some("leader"))
-        .max_by_key(|(_, m)| num(m, "term"));
+        .filter(|(_, m)| m.leads())
+        .max_by_key(|(_, m)| m.term);
     let last_known = answered()
-        .filter(|(_, m)| m.contains_key("voters"))
-        .max_by_key(|(_, m)| (num(m, "term"), num(m, "applied")));
+        .filter(|(_, m)| !m.voters.is_empty())
+        .max_by_key(|(_, m)| (m.term, m.applied));
     let (members, members_from) = match (leader, last_known) {
-        (Some((_, m)), _) => (voters(m), "leader".to_string()),
-        (None, Some((id, m))) => (voters(m), format!("replica {id}")),
+        (Some((_, m)), _) => (m.voters.clone(), "leader".to_string()),
+        (None, Some((id, m))) => (m.voters.clone(), format!("replica {id}")),
         (None, None) => (
             file.replicas.iter().map(|r| r.id).collect(),
             "file".to_string(),
         ),
     };
-    let leader_applied = leader.map(|(_, m)| num(m, "applied"));
+    let leader_applied = leader.map(|(_, m)| m.applied);
     let replicas: Vec<ReplicaReport> = answers
         .iter()
         .map(|(id, _, a)| {
@@ -144,13 +137,13 @@ fn report(answers: &[(u64, SocketAddr, Result<StatusMap>)], file: &ClusterFile) 
                     id: *id,
                     member,
                     unreachable: None,
-                    role: m.get("role").cloned(),
-                    term: num(m, "term"),
-                    leader: num(m, "leader"),
-                    commit: num(m, "commit"),
-                    applied: num(m, "applied"),
-                    lag: leader_applied.map(|l| l.saturating_sub(num(m, "applied"))),
-                    mqtt: m.get("mqtt").cloned().unwrap_or_default(),
+                    role: Some(m.role.clone()),
+                    term: m.term,
+                    leader: m.leader,
+                    commit: m.commit,
+                    applied: m.applied,
+                    lag: leader_applied.map(|l| l.saturating_sub(m.applied)),
+                    mqtt: m.mqtt.map_or(String::new(), |a| a.to_string()),
                 },
                 Err(e) => ReplicaReport {
                     id: *id,
@@ -181,15 +174,6 @@ fn report(answers: &[(u64, SocketAddr, Result<StatusMap>)], file: &ClusterFile) 
         members_up,
         majority,
     }
-}
-
-/// The `voters` of a replica's status.
-fn voters(m: &StatusMap) -> Vec<u64> {
-    m.get("voters")
-        .map_or("", String::as_str)
-        .split(',')
-        .filter_map(|id| id.parse().ok())
-        .collect()
 }
 
 /// `cluster status`: prints each replica's state (a table, or JSON with
@@ -271,7 +255,8 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
 /// through the replicas' status, followed when a replica names another),
 /// then waits until the leader has applied it (replica `id` is, or is no
 /// longer, a member).
-fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
+fn change(path: &Path, request: ChangeRequest) -> Result<()> {
+    let (id, add) = (request.id(), matches!(request, ChangeRequest::Add { .. }));
     let file = ClusterFile::load(path)?;
     let who = file.operator_credentials()?;
     runtime()?.block_on(async {
@@ -286,18 +271,13 @@ fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
             let leader = answers
                 .iter()
                 .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
-                .filter(|(_, _, m)| m.get("role").map(String::as_str) == Some("leader"))
+                .filter(|(_, _, m)| m.leads())
                 // A leader just elected may not have applied a change its
                 // predecessor committed: its members would mislead.
-                .filter(|(_, _, m)| m.get("settled").map(String::as_str) != Some("0"))
-                .max_by_key(|(_, _, m)| m.get("term").and_then(|t| t.parse::<u64>().ok()));
+                .filter(|(_, _, m)| m.settled)
+                .max_by_key(|(_, _, m)| m.term);
             if let Some((leader, addr, m)) = leader {
-                let voters: Vec<u64> = m
-                    .get("voters")
-                    .map_or("", String::as_str)
-                    .split(',')
-                    .filter_map(|v| v.parse().ok())
-                    .collect();
+                let voters = &m.voters;
                 if voters.contains(&id) == add && proposed.is_none() {
                     let list = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
                     if add {
@@ -315,20 +295,19 @@ fn change(path: &Path, request: &str, id: u64, add: bool) -> Result<()> {
                     return Ok(());
                 }
                 if proposed.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
-                    let answer = net::change(addr, leader, &who, request).await?;
-                    if let Some(ok) = answer.strip_prefix("ok ") {
-                        eprintln!("{ok}");
-                        proposed = Some(tokio::time::Instant::now());
-                    } else if let Some(moving) = answer.strip_prefix("moving ") {
+                    let answer = net::change(addr, leader, &who, &request.encode()).await?;
+                    match ChangeAnswer::decode(&answer) {
+                        ChangeAnswer::Proposed(text) => {
+                            eprintln!("{text}");
+                            proposed = Some(tokio::time::Instant::now());
+                        }
                         // The leader is the one to remove: it hands the
                         // leadership over first; the next leader is asked.
-                        eprintln!("{moving}");
-                    } else if answer.contains("leader=") || answer.contains("in progress") {
+                        ChangeAnswer::Moving(text) => eprintln!("{text}"),
                         // Not (or no longer) the leader, or busy with a
                         // change: ask again.
-                        tracing::debug!(answer, "asking again");
-                    } else {
-                        anyhow::bail!("{}", answer.trim_start_matches("error: "));
+                        ChangeAnswer::AskAgain(text) => tracing::debug!(text, "asking again"),
+                        ChangeAnswer::Refused(text) => anyhow::bail!("{text}"),
                     }
                 }
             }
@@ -379,16 +358,12 @@ pub fn rejoin(path: &Path) -> Result<()> {
 /// `cluster add`: replica `id`, listening for replicas on `raft` (and for
 /// clients on `mqtt`), becomes a member.
 pub fn add(path: &Path, id: u64, raft: SocketAddr, mqtt: Option<SocketAddr>) -> Result<()> {
-    let mut request = format!("add {id} raft={raft}");
-    if let Some(m) = mqtt {
-        request.push_str(&format!(" mqtt={m}"));
-    }
-    change(path, &request, id, true)
+    change(path, ChangeRequest::Add { id, raft, mqtt })
 }
 
 /// `cluster remove`: replica `id` is no longer a member.
 pub fn remove(path: &Path, id: u64) -> Result<()> {
-    change(path, &format!("remove {id}"), id, false)
+    change(path, ChangeRequest::Remove { id })
 }
 
 /// `cluster certs`: makes what is missing of the cluster's certificates in

@@ -49,6 +49,7 @@ pub mod linear;
 pub mod log;
 pub mod net;
 pub mod node;
+pub mod operator;
 pub mod pki;
 pub mod probe;
 mod recover;
@@ -631,9 +632,9 @@ impl<B: Backend> Replica<B> {
     /// Answers the reads of `batch` (the guest's encoding) on the applied
     /// state, at the `now` of the last entry applied: what they would get
     /// as the next entry of the log, without one.
-    pub fn query(&mut self, batch: &[u8]) -> Result<Vec<Output>> {
+    pub fn query(&mut self, batch: &[u8]) -> std::result::Result<Vec<Output>, crate::GuestError> {
         let now = self.applied_now;
-        whole(&mut self.store, batch, |s, b| s.query_wire(b, now)).context("answering reads")
+        whole(&mut self.store, batch, |s, b| s.query_wire(b, now))
     }
 
     /// Makes what was written to the log durable ([`Durability::Later`]).
@@ -836,19 +837,15 @@ impl<B: Backend> Replica<B> {
                 s.handle_wire(b, now)
             }) {
                 Ok(outputs) => (outputs, Vec::new()),
-                Err(err) => match err.downcast_ref::<crate::GuestError>() {
-                    Some(crate::GuestError::Refused(refused)) => {
-                        // The same on every replica: nothing applied.
-                        tracing::warn!(index = entry.index, error = %refused, "a log entry the guest refuses: skipped");
-                        (Vec::new(), Vec::new())
-                    }
-                    Some(crate::GuestError::Failed(_) | crate::GuestError::BadOutputs(_)) => self
-                        .recover(entry.index, e.batch, now, &err)
-                        .with_context(|| format!("applying log entry {}", entry.index))?,
-                    None => {
-                        return Err(err.context(format!("applying log entry {}", entry.index)));
-                    }
-                },
+                Err(crate::GuestError::Refused(refused)) => {
+                    // The same on every replica: nothing applied.
+                    tracing::warn!(index = entry.index, error = %refused, "a log entry the guest refuses: skipped");
+                    (Vec::new(), Vec::new())
+                }
+                Err(err @ (crate::GuestError::Failed(_) | crate::GuestError::BadOutputs(_))) => {
+                    self.recover(entry.index, e.batch, now, &err)
+                        .with_context(|| format!("applying log entry {}", entry.index))?
+                }
             };
             out.push(Applied {
                 index: entry.index,
@@ -924,7 +921,7 @@ fn whole<B: Backend>(
     store: &mut B,
     batch: &[u8],
     mut call: impl FnMut(&mut B, &[u8]) -> std::result::Result<Vec<Output>, crate::GuestError>,
-) -> Result<Vec<Output>> {
+) -> std::result::Result<Vec<Output>, crate::GuestError> {
     let mut outputs = Vec::new();
     let mut batch = std::borrow::Cow::Borrowed(batch);
     loop {
@@ -936,6 +933,7 @@ fn whole<B: Backend>(
         if handled >= count {
             return Ok(outputs);
         }
+        // Our own encoding: a batch it cannot cut is one the guest refuses.
         batch = std::borrow::Cow::Owned(wire::batch_after(&batch, handled)?);
     }
 }

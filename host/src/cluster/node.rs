@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 pub use super::file::{ClusterFile, ReadPath, ReplicaEntry};
 use super::net::{Links, PeerEvent};
+use super::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 use super::router::{Effects, Limits, Now, Router};
 use super::{Compaction, Durability, LogStore, Replica, Timing};
 use crate::store::clock::Clock;
@@ -386,12 +387,11 @@ impl Node {
                 let _ = reply.send(self.status_text());
             }
             PeerEvent::Change(request, reply) => {
-                let answer = match self.change(&request) {
-                    Ok(Changed::Proposed(text)) => format!("ok {text}"),
-                    Ok(Changed::Moving(text)) => format!("moving {text}"),
-                    Err(e) => format!("error: {e:#}"),
+                let answer = match ChangeRequest::decode(&request) {
+                    Ok(change) => self.change(change),
+                    Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
                 };
-                let _ = reply.send(answer);
+                let _ = reply.send(answer.encode());
             }
         }
         Ok(())
@@ -399,50 +399,44 @@ impl Node {
 
     /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
     /// or `remove <id>`, proposed if this replica leads.
-    fn change(&mut self, request: &str) -> Result<Changed> {
-        let mut words = request.split_whitespace();
-        let verb = words.next().unwrap_or_default();
-        let id: u64 = words
-            .next()
-            .and_then(|w| w.parse().ok())
-            .context("a replica id")?;
+    fn change(&mut self, request: ChangeRequest) -> ChangeAnswer {
         let leader = self.replica.leader();
         if leader != self.replica.id() {
-            bail!("not the leader; leader={leader}");
+            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
         }
-        let change = match verb {
-            "add" => {
-                let record: Vec<&str> = words.collect();
-                let entry = parse_record(id, record.join(" ").as_bytes())?;
-                if self
-                    .replicas
-                    .iter()
-                    .any(|r| r.id != id && r.raft == entry.raft)
-                {
-                    bail!("{} is already a member's address", entry.raft);
+        let change = match &request {
+            ChangeRequest::Add { id, raft, .. } => {
+                if self.replicas.iter().any(|r| r.id != *id && r.raft == *raft) {
+                    return ChangeAnswer::Refused(format!("{raft} is already a member's address"));
                 }
                 super::Change::Add {
-                    id,
-                    record: record.join(" ").into_bytes(),
+                    id: *id,
+                    record: request.record().unwrap_or_default().into_bytes(),
                 }
             }
-            "remove" if id == self.replica.id() => {
+            ChangeRequest::Remove { id } if *id == self.replica.id() => {
                 // A leader does not remove itself: it hands over first.
-                let to = self.successor().context("no other member to lead")?;
+                let Some(to) = self.successor() else {
+                    return ChangeAnswer::Refused("no other member to lead".into());
+                };
                 self.replica.transfer_leader(to);
-                return Ok(Changed::Moving(format!(
+                return ChangeAnswer::Moving(format!(
                     "replica {id} leads: the leadership moves to replica {to} first; leader={to}"
-                )));
+                ));
             }
-            "remove" => super::Change::Remove(id),
-            v => bail!("unknown change {v:?} (add, remove)"),
+            ChangeRequest::Remove { id } => super::Change::Remove(*id),
         };
-        self.replica.propose_change(&change)?;
-        info!(
-            replica = self.replica.id(),
-            request, "membership change proposed"
-        );
-        Ok(Changed::Proposed(format!("proposed: {request}")))
+        let text = request.encode();
+        match self.replica.propose_change(&change) {
+            Ok(()) => {
+                info!(replica = self.replica.id(), request = %text, "membership change proposed");
+                ChangeAnswer::Proposed(format!("proposed: {text}"))
+            }
+            Err(e) if format!("{e:#}").contains("in progress") => {
+                ChangeAnswer::AskAgain(format!("{e:#}"))
+            }
+            Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
+        }
     }
 
     /// The voter (not this replica) most up to date, to take over the
@@ -551,40 +545,26 @@ impl Node {
     /// `key=value` lines, for `cluster status`.
     pub fn status_text(&self) -> String {
         let s = self.replica.status();
-        let matched: Vec<String> = s
-            .matched
-            .iter()
-            .map(|(id, m)| format!("{id}:{m}"))
-            .collect();
-        let mqtt = self
-            .replicas
-            .iter()
-            .find(|r| r.id == s.id)
-            .and_then(|r| r.mqtt)
-            .map_or(String::new(), |a| a.to_string());
-        let voters: Vec<String> = self.replica.voters().iter().map(u64::to_string).collect();
-        let settled = u8::from(self.replica.membership_settled());
-        let peers: Vec<String> = self
-            .replicas
-            .iter()
-            .map(|r| format!("{}@{}", r.id, r.raft))
-            .collect();
-        format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\n",
-            s.id,
-            s.role,
-            s.term,
-            s.leader,
-            s.commit,
-            s.applied,
-            s.last_index,
-            s.snapshot,
-            matched.join(","),
-            mqtt,
-            voters.join(","),
-            peers.join(","),
-            settled,
-        )
+        ReplicaStatus {
+            id: s.id,
+            role: s.role.to_string(),
+            term: s.term,
+            leader: s.leader,
+            commit: s.commit,
+            applied: s.applied,
+            last_index: s.last_index,
+            snapshot: s.snapshot,
+            matched: s.matched.clone(),
+            mqtt: self
+                .replicas
+                .iter()
+                .find(|r| r.id == s.id)
+                .and_then(|r| r.mqtt),
+            voters: self.replica.voters(),
+            peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
+            settled: self.replica.membership_settled(),
+        }
+        .encode()
     }
 
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
@@ -696,15 +676,6 @@ fn random_u64() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
     h.finish()
-}
-
-/// What an operator's membership change did.
-enum Changed {
-    /// Proposed to the cluster.
-    Proposed(String),
-    /// Not yet: this leader is the replica to remove, and hands the
-    /// leadership over first (the operator asks the next leader).
-    Moving(String),
 }
 
 #[cfg(test)]

@@ -76,21 +76,15 @@ impl Probe {
 /// members without it. `None` when no answer says so.
 pub fn removed(me: u64, applied: u64, answers: &[(u64, String)]) -> Option<String> {
     answers.iter().find_map(|(peer, text)| {
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-        };
-        let leads = field("role") == Some("leader");
-        let its_applied: u64 = field("applied")?.parse().ok()?;
-        let voters: Vec<u64> = field("voters")?
-            .split(',')
-            .filter_map(|v| v.parse().ok())
-            .collect();
-        (leads && its_applied >= applied && !voters.is_empty() && !voters.contains(&me)).then(|| {
-            format!(
-                "replica {me} is not a member of the cluster: its leader, replica {peer}, counts the members {voters:?} (it was removed, probably while it was down). It stops; to serve again it must be added back (`statestore cluster add`) with an empty data directory and `join = true`"
-            )
-        })
+        let s = super::operator::ReplicaStatus::decode(text).ok()?;
+        let voters = s.voters.clone();
+        (s.leads() && s.applied >= applied && !voters.is_empty() && !voters.contains(&me)).then(
+            || {
+                format!(
+                    "replica {me} is not a member of the cluster: its leader, replica {peer}, counts the members {voters:?} (it was removed, probably while it was down). It stops; to serve again it must be added back (`statestore cluster add`) with an empty data directory and `join = true`"
+                )
+            },
+        )
     })
 }
 

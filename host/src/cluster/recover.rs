@@ -24,7 +24,7 @@ impl<B: Backend> Replica<B> {
         index: u64,
         batch: &[u8],
         now: u64,
-        cause: &anyhow::Error,
+        cause: &crate::GuestError,
     ) -> Result<(Vec<Output>, FailedInputs)> {
         let why = format!("{cause:#}");
         tracing::error!(index, error = %why, "the guest failed applying a log entry: making it again from the last snapshot and the log, then applying the entry's requests one at a time");
@@ -105,15 +105,12 @@ impl<B: Backend> Replica<B> {
                     .collect(),
             };
             for b in &batches {
-                if let Err(err) = whole(&mut guest, b, |s, b| s.handle_wire(b, at)) {
-                    let refused = matches!(
-                        err.downcast_ref::<crate::GuestError>(),
-                        Some(crate::GuestError::Refused(_))
-                    );
-                    if !refused {
-                        // It passed the first time: failing now is not
-                        // deterministic, and going on could diverge.
-                        return Err(err.context(format!(
+                match whole(&mut guest, b, |s, b| s.handle_wire(b, at)) {
+                    Ok(_) | Err(crate::GuestError::Refused(_)) => {}
+                    // It passed the first time: failing now is not
+                    // deterministic, and going on could diverge.
+                    Err(err) => {
+                        return Err(anyhow::Error::from(err).context(format!(
                             "log entry {} failed when applied again (it had not)",
                             entry.index
                         )));

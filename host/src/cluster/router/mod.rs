@@ -528,13 +528,13 @@ impl Router {
             }
             let outputs = match replica.query(&r.batch) {
                 Ok(outputs) => outputs,
-                Err(e) if matches!(e.downcast_ref(), Some(crate::GuestError::Refused(_))) => {
+                Err(e @ crate::GuestError::Refused(_)) => {
                     // Not ours to stop on (the batch is our own encoding):
                     // its clients retry.
                     warn!(error = %format!("{e:#}"), "reads the guest refused: not answered");
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(anyhow::Error::from(e).context("answering reads")),
             };
             out.extend(
                 outputs
