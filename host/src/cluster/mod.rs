@@ -45,6 +45,7 @@
 pub mod admin;
 pub mod file;
 mod format;
+#[cfg(any(test, feature = "testing"))]
 pub mod linear;
 pub mod log;
 pub mod net;
@@ -54,6 +55,7 @@ pub mod pki;
 pub mod probe;
 mod recover;
 pub mod router;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 
 use anyhow::{Context, Result, bail};
