@@ -32,7 +32,7 @@ use super::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 use super::router::{Effects, Limits, Now, Router};
 use super::{Compaction, Durability, LogStore, Replica, Timing};
 use crate::store::clock::Clock;
-use crate::store::driver::{Input as TransportInput, Transport};
+use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
 use crate::{Config, Input, Output, Runtime, WasmStore};
 
@@ -316,10 +316,10 @@ impl Node {
                     let now = self.now();
                     let mut fx = Effects::default();
                     let mut r = match transport.on_event(event).await? {
-                        Some(TransportInput::Messages(m)) => {
+                        Some(Received::Messages(m)) => {
                             self.router.requests(now, m, &mut self.replica, &mut fx)
                         }
-                        Some(TransportInput::ClientGone(id)) => {
+                        Some(Received::ClientGone(id)) => {
                             self.router.client_gone(now, id, &mut self.replica, &mut fx)
                         }
                         None => Ok(()),

@@ -48,9 +48,9 @@ pub fn message_bytes(m: &InboundMessage) -> usize {
         + 64
 }
 
-/// What a transport hands the state machine.
+/// What a transport received for the state machine.
 #[derive(Debug)]
-pub enum Input {
+pub enum Received {
     /// Requests received together (one call into the guest).
     Messages(Vec<InboundMessage>),
     /// A client went away.
@@ -65,7 +65,7 @@ pub trait Transport {
     /// Must be cancel-safe.
     fn recv(&mut self) -> impl Future<Output = Option<Self::Event>>;
     /// Deals with a raw event; returns the input for the guest, if any.
-    fn on_event(&mut self, event: Self::Event) -> impl Future<Output = Result<Option<Input>>>;
+    fn on_event(&mut self, event: Self::Event) -> impl Future<Output = Result<Option<Received>>>;
     /// Carries out the guest's outputs, in order.
     fn emit(&mut self, outputs: Vec<Output>) -> impl Future<Output = Result<()>>;
     /// The outputs of the last input were emitted (acknowledge its requests).
@@ -232,7 +232,7 @@ async fn serve<T: Transport>(
                 let now = tenant.now_ms();
                 let mut taken = None;
                 let outputs = match input {
-                    Input::Messages(messages) => {
+                    Received::Messages(messages) => {
                         taken = Some((std::time::Instant::now(), messages.len()));
                         if let Some(m) = tenant.metrics() {
                             m.requests(messages.iter().map(|m| m.payload.as_slice()));
@@ -268,7 +268,7 @@ async fn serve<T: Transport>(
                         debug!(tenant = tenant.name(), requests = messages.len(), "handled");
                         outputs
                     }
-                    Input::ClientGone(id) => {
+                    Received::ClientGone(id) => {
                         debug!(tenant = tenant.name(), client_id = %id, "client gone: dropping its KEYNOTIFY registrations");
                         tenant_op!(tenant.client_gone(&id, now))
                     }
@@ -342,7 +342,7 @@ async fn unavailable<T: Transport>(
             () = shutdown.as_mut() => return Ok(()),
             event = transport.recv() => {
                 let Some(event) = event else { return Ok(()) };
-                if let Some(Input::Messages(messages)) = transport.on_event(event).await? {
+                if let Some(Received::Messages(messages)) = transport.on_event(event).await? {
                     let replies = unavailable_replies(tenant, &messages, tenant.now_ms());
                     if let Some(m) = tenant.metrics() {
                         m.requests(messages.iter().map(|m| m.payload.as_slice()));

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::store::StoreOptions;
-use crate::store::driver::{Control, Input, MAX_BATCH, MAX_BATCH_BYTES, message_bytes};
+use crate::store::driver::{Control, MAX_BATCH, MAX_BATCH_BYTES, Received, message_bytes};
 use crate::store::tenant::Tenant;
 use crate::transport::mqtt::{self, BrokerUrl};
 use crate::{Output, Runtime};
@@ -423,15 +423,15 @@ impl ClientTransport {
     }
 
     /// The request (if it is one) or the client event of a received PUBLISH.
-    fn classify(&self, p: &Publish) -> Option<Input> {
+    fn classify(&self, p: &Publish) -> Option<Received> {
         if p.topic.as_ref() == REQUEST_TOPIC.as_bytes() {
-            return Some(Input::Messages(vec![mqtt::inbound(p)]));
+            return Some(Received::Messages(vec![mqtt::inbound(p)]));
         }
         let topic = String::from_utf8_lossy(&p.topic);
         self.opts
             .client_events
             .disconnected_client(&topic, &p.payload)
-            .map(Input::ClientGone)
+            .map(Received::ClientGone)
     }
 }
 
@@ -445,12 +445,12 @@ impl crate::store::driver::Transport for ClientTransport {
         }
     }
 
-    async fn on_event(&mut self, event: NetEvent) -> Result<Option<Input>> {
+    async fn on_event(&mut self, event: NetEvent) -> Result<Option<Received>> {
         match event {
             NetEvent::Publish(first) => {
                 let input = self.classify(&first);
                 self.to_ack.push(first);
-                let Some(Input::Messages(mut batch)) = input else {
+                let Some(Received::Messages(mut batch)) = input else {
                     return Ok(input);
                 };
                 // Take every request already waiting: one call into the guest.
@@ -472,7 +472,7 @@ impl crate::store::driver::Transport for ClientTransport {
                         }
                     }
                 }
-                Ok(Some(Input::Messages(batch)))
+                Ok(Some(Received::Messages(batch)))
             }
             NetEvent::Connected { session_present } => {
                 info!(session_present, "reconnected");

@@ -203,7 +203,7 @@ enum Op {
 /// Keys every client writes, reads and deletes concurrently.
 const HOT_KEYS: usize = 3;
 
-struct Node {
+struct SimReplica {
     replica: Option<Replica<Poisonable>>,
     /// What it does with its clients' requests (the server's own).
     router: Option<Router>,
@@ -222,13 +222,13 @@ struct Node {
     rejoining: bool,
 }
 
-impl Node {
+impl SimReplica {
     /// Replica `id` on a new disk, with the membership `ids` (none: it
     /// joins) and a skewed clock.
-    fn new(id: u64, ids: &[u64], rng: &mut Rng, base: Instant) -> Result<Node> {
+    fn new(id: u64, ids: &[u64], rng: &mut Rng, base: Instant) -> Result<SimReplica> {
         let disk = MemStorage::new();
         let replica = start(id, ids, &disk)?;
-        Ok(Node {
+        Ok(SimReplica {
             replica: Some(replica),
             router: Some(router(id, base, 0)),
             disk,
@@ -460,7 +460,7 @@ struct Sim<'o> {
     base: Instant,
     /// The founding replicas.
     ids: Vec<u64>,
-    nodes: Vec<Node>,
+    nodes: Vec<SimReplica>,
     /// A replacement under way: the replica being removed, and then the
     /// one joining.
     removing: Option<u64>,
@@ -484,9 +484,9 @@ impl<'o> Sim<'o> {
         let mut rng = Rng(seed);
         let base = Instant::now();
         let ids: Vec<u64> = (1..=o.replicas as u64).collect();
-        let mut nodes: Vec<Node> = Vec::new();
+        let mut nodes: Vec<SimReplica> = Vec::new();
         for &id in &ids {
-            nodes.push(Node::new(id, &ids, &mut rng, base)?);
+            nodes.push(SimReplica::new(id, &ids, &mut rng, base)?);
         }
         Ok(Sim {
             seed,
@@ -717,7 +717,7 @@ impl<'o> Sim<'o> {
                 self.removing = None;
                 let id = self.nodes.len() as u64 + 1;
                 self.nodes
-                    .push(Node::new(id, &[], &mut self.rng, self.base)?);
+                    .push(SimReplica::new(id, &[], &mut self.rng, self.base)?);
                 self.joining = Some(id);
             }
         } else if let Some(new) = self.joining {

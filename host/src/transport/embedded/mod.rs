@@ -56,7 +56,7 @@ use tracing::{debug, info, warn};
 use crate::config::Matcher;
 use crate::store::StoreOptions;
 use crate::store::driver::{
-    Control, Input, MAX_BATCH, MAX_BATCH_BYTES, Transport, message_bytes, now_ms,
+    Control, MAX_BATCH, MAX_BATCH_BYTES, Received, Transport, message_bytes, now_ms,
 };
 use crate::store::tenant::Tenant;
 use crate::{Config, InboundMessage, OutboundMessage, Output, PublishKind, Runtime};

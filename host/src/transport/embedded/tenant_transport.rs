@@ -137,7 +137,7 @@ impl Transport for BrokerTransport {
         }
     }
 
-    async fn on_event(&mut self, event: BrokerEvent) -> Result<Option<Input>> {
+    async fn on_event(&mut self, event: BrokerEvent) -> Result<Option<Received>> {
         Ok(Some(match event {
             BrokerEvent::Request(first, permit) => {
                 let mut bytes = message_bytes(&first);
@@ -162,9 +162,9 @@ impl Transport for BrokerTransport {
                         }
                     }
                 }
-                Input::Messages(batch)
+                Received::Messages(batch)
             }
-            BrokerEvent::Gone(id) => Input::ClientGone(id),
+            BrokerEvent::Gone(id) => Received::ClientGone(id),
         }))
     }
 
