@@ -360,13 +360,14 @@ impl Metrics {
         &self.broker_refused
     }
 
-    /// Exports the embedded broker's message counters (read when scraped).
+    /// Exports the embedded broker's message counters: `read` gives the
+    /// PUBLISH packets received and delivered so far, when scraped.
     pub fn broker_counters(
         &self,
-        counters: Arc<crate::transport::embedded::sys_topics::Counters>,
+        read: impl Fn() -> (u64, u64) + Send + Sync + 'static,
     ) -> Result<()> {
         self.registry
-            .register(Box::new(BrokerCollector::new(counters)?))
+            .register(Box::new(BrokerCollector::new(Box::new(read))?))
             .context("registering the broker's counters")
     }
 
@@ -781,17 +782,15 @@ fn builtin_component_sha256() -> String {
 /// The embedded broker's PUBLISH counters, kept as atomics by the broker
 /// (for its `$SYS` tree) and read at each scrape.
 struct BrokerCollector {
-    counters: Arc<crate::transport::embedded::sys_topics::Counters>,
+    read: Box<dyn Fn() -> (u64, u64) + Send + Sync>,
     received: IntCounter,
     delivered: IntCounter,
 }
 
 impl BrokerCollector {
-    fn new(
-        counters: Arc<crate::transport::embedded::sys_topics::Counters>,
-    ) -> Result<BrokerCollector> {
+    fn new(read: Box<dyn Fn() -> (u64, u64) + Send + Sync>) -> Result<BrokerCollector> {
         Ok(BrokerCollector {
-            counters,
+            read,
             received: IntCounter::new(
                 "statestore_broker_messages_received_total",
                 "PUBLISH packets the embedded broker received from clients",
@@ -814,15 +813,15 @@ impl prometheus::core::Collector for BrokerCollector {
     }
 
     fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
-        use std::sync::atomic::Ordering::Relaxed;
         let catch_up = |c: &IntCounter, now: u64| {
             let was = c.get();
             if now > was {
                 c.inc_by(now - was);
             }
         };
-        catch_up(&self.received, self.counters.received.load(Relaxed));
-        catch_up(&self.delivered, self.counters.sent.load(Relaxed));
+        let (received, delivered) = (self.read)();
+        catch_up(&self.received, received);
+        catch_up(&self.delivered, delivered);
         let mut families = self.received.collect();
         families.extend(self.delivered.collect());
         families

@@ -192,9 +192,22 @@ async fn snapshots_of_more_than_128_mib_succeed() {
     let value = |i: u8| vec![i; 15 << 20];
     for i in 0..10u8 {
         let k = format!("v{i}");
+        // 15 MiB through a debug build on a busy machine: a minute at most.
+        let props = c.request_properties();
+        let r = c
+            .call_within(
+                statestore_tests::resp(&[b"SET", k.as_bytes(), &value(i)]),
+                props,
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("a reply within 60 s");
         assert_eq!(
-            text(&c.call(&[b"SET", k.as_bytes(), &value(i)]).await),
-            "+OK\r\n"
+            text(&r),
+            "+OK\r\n",
+            "{k}: status {:?} {:?}",
+            prop(&r, "__stat"),
+            prop(&r, "__stMsg")
         );
     }
     // The snapshot is written in the background.

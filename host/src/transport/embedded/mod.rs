@@ -497,9 +497,16 @@ impl EmbeddedServer {
         })
     }
 
-    /// The broker's PUBLISH counters (for `--metrics`).
-    pub fn counters(&self) -> Arc<crate::transport::embedded::sys_topics::Counters> {
-        self.counters.clone()
+    /// Reads the broker's PUBLISH counters, received and delivered (for
+    /// `--metrics`).
+    pub fn counters(&self) -> impl Fn() -> (u64, u64) + Send + Sync + 'static {
+        let counters = self.counters.clone();
+        move || {
+            (
+                counters.received.load(Ordering::Relaxed),
+                counters.sent.load(Ordering::Relaxed),
+            )
+        }
     }
 
     /// The TLS listener, to reload its certificate (SIGHUP), if there is one.
