@@ -12,8 +12,8 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 
+use crate::mqtt::BrokerUrl;
 use crate::transport::external::MAX_PACKET;
-use crate::transport::mqtt::BrokerUrl;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -103,7 +103,7 @@ async fn connect(
     if let Some((user, password)) = credentials {
         o.set_credentials(user, password);
     }
-    crate::transport::mqtt::connection_options(&mut o, broker, ca_file, None)?;
+    crate::mqtt::connection_options(&mut o, broker, ca_file, None)?;
     let (client, mut eventloop) = AsyncClient::new(o, 64);
     let (tx, rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready) = mpsc::channel::<Result<(), String>>(1);

@@ -40,10 +40,10 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use statestore_guest::types::Quota;
 
+use crate::mqtt::BrokerUrl;
 use crate::store::StoreOptions;
 use crate::store::journal::{Fsync, SnapshotPolicy};
 use crate::store::tenant::{ComponentSource, WASM32_MAX_MEMORY};
-use crate::transport::mqtt::BrokerUrl;
 use crate::{Persist, StoreLimits};
 
 /// Default longest key of a tenant, bytes.

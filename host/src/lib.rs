@@ -25,6 +25,8 @@
 //!   and an external one ([`transport::external::Server`]), and the MQTT they share.
 //! - [`auth`]: users, authorization rules, the isolation of the store's streams.
 //! - [`cluster`]: replication on raft-rs, its sans-IO router and its simulation.
+//! - [`mqtt`]: MQTT 5 properties to and from the guest's types, broker URLs,
+//!   TLS options (shared by the transports, the config and the client).
 //! - [`config`], [`metrics`], [`process`]: what a server is set up with.
 //! - [`client`], [`mod@bench`]: the libraries of the client commands and of `bench`.
 //!
@@ -38,6 +40,7 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod metrics;
+pub mod mqtt;
 pub mod process;
 pub mod runtime;
 pub mod store;

@@ -15,10 +15,10 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use statestore::mqtt::BrokerUrl;
 use statestore::store::StoreOptions;
 use statestore::transport::embedded::{EmbeddedOptions, EmbeddedServer};
 use statestore::transport::external::{ClientEvents, ServeOptions, Server};
-use statestore::transport::mqtt::BrokerUrl;
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::{mpsc, oneshot};
 

@@ -242,7 +242,7 @@ async fn mosquitto_disconnect_events_drop_registrations() {
 #[tokio::test]
 async fn serves_through_a_tls_listener() {
     let (broker, tls_port, cert) = Mosquitto::start_tls();
-    let url = statestore::transport::mqtt::BrokerUrl {
+    let url = statestore::mqtt::BrokerUrl {
         host: "localhost".into(),
         port: tls_port,
         tls: true,
@@ -276,7 +276,7 @@ async fn serves_through_a_tls_listener() {
 async fn serves_through_a_broker_that_requires_a_client_certificate() {
     let pki = TestPki::new("mtls-broker");
     let (broker, tls_port) = Mosquitto::start_tls_requiring_certificates(&pki);
-    let url = statestore::transport::mqtt::BrokerUrl {
+    let url = statestore::mqtt::BrokerUrl {
         host: "localhost".into(),
         port: tls_port,
         tls: true,
@@ -290,7 +290,7 @@ async fn serves_through_a_broker_that_requires_a_client_certificate() {
     )
     .await;
     assert!(refused.is_err(), "connected without a client certificate");
-    opts.client_cert = Some(statestore::transport::mqtt::ClientCert {
+    opts.client_cert = Some(statestore::mqtt::ClientCert {
         cert: pki.client_cert.clone(),
         key: pki.client_key.clone(),
     });

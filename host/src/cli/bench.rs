@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use statestore::config;
-use statestore::transport::mqtt::BrokerUrl;
+use statestore::mqtt::BrokerUrl;
 
 use super::units::parse_duration_secs;
 use super::{parse_url, runtime, shutdown_signal};

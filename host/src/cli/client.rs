@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use statestore::client::{self, Client, ClientOptions, Encoding, Output};
 use statestore::config;
-use statestore::transport::mqtt::BrokerUrl;
+use statestore::mqtt::BrokerUrl;
 
 use super::units::parse_duration_ms;
 use super::{client_cert, parse_url, runtime};

@@ -24,7 +24,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use statestore::transport::mqtt::BrokerUrl;
+use statestore::mqtt::BrokerUrl;
 
 /// The MQTT broker state store: the key-value service of Azure IoT Operations,
 /// as one WebAssembly component served by a native host.
@@ -176,8 +176,8 @@ fn parse_url(s: &str) -> Result<BrokerUrl, String> {
 fn client_cert(
     cert: &Option<PathBuf>,
     key: &Option<PathBuf>,
-) -> Option<statestore::transport::mqtt::ClientCert> {
-    Some(statestore::transport::mqtt::ClientCert {
+) -> Option<statestore::mqtt::ClientCert> {
+    Some(statestore::mqtt::ClientCert {
         cert: cert.clone()?,
         key: key.clone()?,
     })

@@ -25,7 +25,7 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use statestore_guest::rpc::{REQUEST_TOPIC, STORE_ID};
 use tokio::sync::mpsc;
 
-use crate::transport::mqtt::BrokerUrl;
+use crate::mqtt::BrokerUrl;
 
 mod commands;
 mod output;
@@ -113,7 +113,7 @@ pub struct ClientOptions {
     /// CA certificate (PEM) for `mqtts://`; the system roots if absent.
     pub ca_file: Option<PathBuf>,
     /// Our client certificate, for a broker that asks for one (`mqtts://`).
-    pub client_cert: Option<crate::transport::mqtt::ClientCert>,
+    pub client_cert: Option<crate::mqtt::ClientCert>,
     /// How long to wait for the broker and for each reply.
     pub timeout: Duration,
 }
@@ -275,7 +275,7 @@ impl Client {
             }
             o.set_credentials(user, password);
         }
-        crate::transport::mqtt::connection_options(
+        crate::mqtt::connection_options(
             &mut o,
             broker,
             opts.ca_file.as_deref(),

@@ -27,10 +27,10 @@ use statestore_guest::rpc::REQUEST_TOPIC;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::mqtt::{self, BrokerUrl};
 use crate::store::StoreOptions;
 use crate::store::driver::{Control, MAX_BATCH, MAX_BATCH_BYTES, Received, message_bytes};
 use crate::store::tenant::Tenant;
-use crate::transport::mqtt::{self, BrokerUrl};
 use crate::{Output, Runtime};
 
 /// Largest MQTT packet (the protocol maximum): 64 KiB keys and MiB values must pass.
@@ -149,7 +149,7 @@ pub struct ServeOptions {
     /// CA certificate (PEM) for TLS; the system roots if absent.
     pub ca_file: Option<PathBuf>,
     /// Our client certificate, for a broker that asks for one (`mqtts://`).
-    pub client_cert: Option<crate::transport::mqtt::ClientCert>,
+    pub client_cert: Option<crate::mqtt::ClientCert>,
     /// MQTT keep-alive.
     pub keep_alive: Duration,
     /// How long the broker keeps our session (and queued requests) while we are away.
@@ -325,7 +325,7 @@ impl ClientTransport {
             }
             mqtt.set_credentials(user, opts.password.clone().unwrap_or_default());
         }
-        crate::transport::mqtt::connection_options(
+        crate::mqtt::connection_options(
             &mut mqtt,
             &opts.broker,
             opts.ca_file.as_deref(),

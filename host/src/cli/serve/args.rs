@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use statestore::KeyMatch;
+use statestore::mqtt::BrokerUrl;
 use statestore::store::journal::Fsync;
 use statestore::transport::external::ClientEvents;
-use statestore::transport::mqtt::BrokerUrl;
 
 use crate::cli::parse_url;
 use crate::cli::units::{parse_duration_ms, parse_duration_secs, parse_size_kib, parse_size_mib};

@@ -12,10 +12,10 @@ use std::pin::Pin;
 
 use anyhow::{Context, Result};
 use statestore::config::TenantSpec;
+use statestore::mqtt::BrokerUrl;
 use statestore::store::tenant::{Fleet, Tenant, WASM32_MAX_MEMORY, component_hash};
 use statestore::transport::embedded::{EmbeddedServer, Route};
 use statestore::transport::external::Server;
-use statestore::transport::mqtt::BrokerUrl;
 
 pub use args::ServeArgs;
 use options::{

@@ -360,7 +360,7 @@ pub fn broker_options(
 /// The options of our connection to --broker (`store`: the tenant's).
 pub fn external_options(
     args: &ServeArgs,
-    broker: statestore::transport::mqtt::BrokerUrl,
+    broker: statestore::mqtt::BrokerUrl,
     tenant: &TenantSpec,
 ) -> statestore::transport::external::ServeOptions {
     statestore::transport::external::ServeOptions {
