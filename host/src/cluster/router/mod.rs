@@ -3,7 +3,7 @@
 //! held while no leader is known; reads get a read index; what was sent and
 //! not applied is sent again to a new leader; and every request gets at
 //! most one answer. The server ([`super::node`]) and the simulation
-//! ([`super::sim`]) drive the same [`Router`]: they hand it events with the
+//! (`super::sim`) drive the same [`Router`]: they hand it events with the
 //! time ([`Now`]) and carry out its [`Effects`] (forwards to the leader,
 //! replies to publish).
 //!
