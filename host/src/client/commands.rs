@@ -35,15 +35,7 @@ pub async fn keys(
     let mut listed = 0usize;
     let mut json = Vec::new();
     loop {
-        let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
-        if let Some(t) = &token {
-            parts.push(t);
-        }
-        let reply = c.request(&parts, &[]).await?;
-        if reply.status != "200" || reply.payload.first() == Some(&b'-') {
-            check(&reply)?;
-        }
-        let (keys, next) = parse_scan_page(&reply.payload)?;
+        let (keys, next) = scan_page(c, pattern, token.as_deref()).await?;
         for k in keys {
             listed += 1;
             if output == Output::Json {
@@ -57,7 +49,6 @@ pub async fn keys(
         }
         out.flush()?;
         match next {
-            Some(t) if t.is_empty() => bail!("the state store sent an empty SCAN token"),
             Some(t) => token = Some(t),
             None => break,
         }

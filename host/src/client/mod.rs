@@ -483,6 +483,22 @@ pub(crate) fn connect_error(e: &rumqttc::v5::ConnectionError) -> String {
     }
 }
 
+/// One page of `SCAN pattern [token]`: its keys and the next page's
+/// token (an empty one, which the protocol never sends, is an error).
+async fn scan_page(c: &mut Client, pattern: &[u8], token: Option<&[u8]>) -> Result<ScanPage> {
+    let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
+    parts.extend(token);
+    let reply = c.request(&parts, &[]).await?;
+    if reply.status != "200" || reply.payload.first() == Some(&b'-') {
+        check(&reply)?;
+    }
+    let (keys, next) = parse_scan_page(&reply.payload)?;
+    if next.as_ref().is_some_and(Vec::is_empty) {
+        bail!("the state store sent an empty SCAN token");
+    }
+    Ok((keys, next))
+}
+
 /// A SCAN reply: the page's keys, and the token of the next page if any
 /// (spec §12: `*1\r\n*<k>\r\n<keys>` or `*2\r\n*<k>\r\n<keys><token>`),
 /// refused as the SDK refuses it when it is anything else.

@@ -104,19 +104,11 @@ async fn scan_patterns(c: &mut Client, patterns: &[Vec<u8>]) -> Result<Vec<Vec<u
     for pattern in patterns {
         let mut token: Option<Vec<u8>> = None;
         loop {
-            let mut parts: Vec<&[u8]> = vec![b"SCAN", pattern];
-            if let Some(t) = &token {
-                parts.push(t);
-            }
-            let reply = c.request(&parts, &[]).await?;
-            if reply.status != "200" || reply.payload.first() == Some(&b'-') {
-                check(&reply)?;
-            }
-            let (keys, next) = parse_scan_page(&reply.payload)?;
+            let (keys, next) = scan_page(c, pattern, token.as_deref()).await?;
             found.extend(keys);
             match next {
-                Some(t) if !t.is_empty() => token = Some(t),
-                _ => break,
+                Some(t) => token = Some(t),
+                None => break,
             }
         }
     }
