@@ -1,12 +1,12 @@
 //! The tenant config file (`statestore serve --config FILE`, TOML).
 //!
 //! ```toml
-//! [defaults]                    # every tenant starts from these
+//! [defaults]                    # every tenant starts from these (unset: the serve flags')
 //! memory_mib = 64               # linear memory cap of its guest
 //! call_ms = 1000                # longest one call into its guest may run
 //! max_keys = 100000             # quota: keys ...
 //! max_bytes = 16777216          #   ... and bytes of keys and values (default and most: a third of memory_mib)
-//! max_key_bytes = 65536         # longest key a SET may create (default 65536)
+//! max_key_bytes = 65536         # longest key a SET may create
 //! max_value_bytes = 4194304     # longest value a SET may write
 //! data_root = "/var/lib/statestore"   # each tenant in data_root/<name>
 //! persist = "all"               # all | flagged | custom | none
@@ -46,13 +46,61 @@ use crate::store::journal::{Fsync, SnapshotPolicy};
 use crate::store::tenant::{ComponentSource, WASM32_MAX_MEMORY};
 use crate::{Persist, StoreLimits};
 
-/// Default longest key of a tenant, bytes.
-pub const DEFAULT_MAX_KEY_BYTES: u32 = 64 << 10;
+/// What every tenant starts from before `[defaults]` and its own table
+/// change it: the `serve` flags (and the file's `[serve]` table). Its
+/// `Default` is the flags' defaults, so a tenant of a config file and the
+/// one store of a process without one get the same limits unless told
+/// otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantDefaults {
+    /// Linear memory cap of a guest, MiB (`--memory`).
+    pub memory_mib: u64,
+    /// Longest one call into a guest may run, ms (`--call-timeout`).
+    pub call_ms: u64,
+    /// Byte quota (`--max-bytes`); unset: a third of the tenant's memory.
+    pub max_bytes: Option<u64>,
+    /// Longest key a SET may create (`--max-key`).
+    pub max_key_bytes: u32,
+    /// Longest value a SET may write (`--max-value`).
+    pub max_value_bytes: u32,
+    /// When appended records reach the disk (`--fsync`).
+    pub fsync: Fsync,
+    /// Journal bytes that trigger a snapshot (`--snapshot-log`).
+    pub snapshot_log_bytes: u64,
+    /// Longest time between snapshots (`--snapshot-interval`).
+    pub snapshot_interval: Duration,
+    /// Whether a volatile store keeps a journal in memory
+    /// (not `--no-memory-journal`).
+    pub memory_journal: bool,
+    /// The most one SCAN page holds (`--scan-page-keys`, `--scan-page-size`).
+    pub scan_page: crate::ScanPage,
+    /// Answer only `clients/<requester>/...` topics (`--response-topics sdk`).
+    pub sdk_response_topics: bool,
+    /// The HLC node id of versions (`--node-id`).
+    pub node_id: String,
+}
 
-/// Default linear memory cap of a tenant from a config file, MiB.
-pub const DEFAULT_MEMORY_MIB: u64 = 256;
-/// Default longest call into a guest, ms.
-pub const DEFAULT_CALL_MS: u64 = 1000;
+impl Default for TenantDefaults {
+    fn default() -> TenantDefaults {
+        TenantDefaults {
+            memory_mib: 1024,
+            call_ms: 1000,
+            max_bytes: None,
+            max_key_bytes: 64 << 10,
+            max_value_bytes: 16 << 20,
+            fsync: Fsync::Always,
+            snapshot_log_bytes: 64 << 20,
+            snapshot_interval: Duration::from_secs(300),
+            memory_journal: true,
+            scan_page: crate::ScanPage {
+                max_keys: 1000,
+                max_bytes: 256 << 10,
+            },
+            sdk_response_topics: false,
+            node_id: "StateStore".into(),
+        }
+    }
+}
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
@@ -168,13 +216,18 @@ pub struct TenantSpec {
 
 /// Reads and checks a config file. `server_client_id` is the `__srcId` of
 /// replies in the embedded mode.
-pub fn load(path: &Path, server_client_id: &str) -> Result<Vec<TenantSpec>> {
+pub fn load(
+    path: &Path,
+    server_client_id: &str,
+    defaults: &TenantDefaults,
+) -> Result<Vec<TenantSpec>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the config file {}", path.display()))?;
     parse(
         &text,
         path.parent().unwrap_or(Path::new(".")),
         server_client_id,
+        defaults,
     )
     .with_context(|| format!("in the config file {}", path.display()))
 }
@@ -256,8 +309,14 @@ fn line_of(text: &str, table: Option<&str>, key: &str) -> usize {
     0
 }
 
-/// Parses config text; relative paths are taken from `base`.
-pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<TenantSpec>> {
+/// Parses config text; relative paths are taken from `base`, and what
+/// neither `[defaults]` nor a tenant says from `inherited`.
+pub fn parse(
+    text: &str,
+    base: &Path,
+    server_client_id: &str,
+    inherited: &TenantDefaults,
+) -> Result<Vec<TenantSpec>> {
     let raw: toml::Table = toml::from_str(text)?;
     check_keys(&raw, text)?;
     let file: File = toml::from_str(text)?;
@@ -270,6 +329,7 @@ pub fn parse(text: &str, base: &Path, server_client_id: &str) -> Result<Vec<Tena
         specs.push(tenant_spec(
             t,
             &file.defaults,
+            inherited,
             base,
             server_client_id,
             &mut seen,
@@ -295,6 +355,7 @@ struct Seen {
 fn tenant_spec(
     t: TenantEntry,
     defaults: &Settings,
+    inherited: &TenantDefaults,
     base: &Path,
     server_client_id: &str,
     seen: &mut Seen,
@@ -313,10 +374,13 @@ fn tenant_spec(
         bail!("two tenants are called {name:?}");
     }
     let ctx = || format!("tenant {name:?}");
-    let (persist, fsync, data_dir, persist_keys) = storage_of(&t, &s, &name, base, seen)?;
+    let (persist, fsync, data_dir, persist_keys) =
+        storage_of(&t, &s, inherited.fsync, &name, base, seen)?;
     let scan_page = crate::ScanPage {
-        max_keys: s.scan_page_keys.unwrap_or(1000),
-        max_bytes: s.scan_page_kib.unwrap_or(256).saturating_mul(1024),
+        max_keys: s.scan_page_keys.unwrap_or(inherited.scan_page.max_keys),
+        max_bytes: s
+            .scan_page_kib
+            .map_or(inherited.scan_page.max_bytes, |k| k.saturating_mul(1024)),
     };
     if scan_page.max_keys == 0 || scan_page.max_bytes == 0 {
         bail!(
@@ -325,14 +389,15 @@ fn tenant_spec(
         );
     }
     let sdk_response_topics = match s.response_topics.as_deref() {
-        None | Some("any") => false,
+        None => inherited.sdk_response_topics,
+        Some("any") => false,
         Some("sdk") => true,
         Some(other) => bail!(
             "{}: response_topics must be any or sdk, not {other:?}",
             ctx()
         ),
     };
-    let (memory_mib, call_ms) = limits_of(&s, &name)?;
+    let (memory_mib, call_ms) = limits_of(&s, inherited, &name)?;
     let password = match &t.password_file {
         Some(p) => Some(read_secret(&base.join(p)).with_context(ctx)?),
         None => None,
@@ -371,7 +436,7 @@ fn tenant_spec(
             client_id_prefixes: t.client_id_prefixes,
         },
         store: StoreOptions {
-            node_id: s.node_id.clone().unwrap_or_else(|| "StateStore".into()),
+            node_id: s.node_id.clone().unwrap_or_else(|| inherited.node_id.clone()),
             server_client_id: server_client_id.to_string(),
             persist,
             data_dir,
@@ -379,24 +444,30 @@ fn tenant_spec(
             snapshots: SnapshotPolicy {
                 max_log_bytes: s
                     .snapshot_log_mib
-                    .unwrap_or(64)
-                    .saturating_mul(1 << 20)
+                    .map_or(inherited.snapshot_log_bytes, |m| m.saturating_mul(1 << 20))
                     .max(1),
-                max_interval: Duration::from_secs(s.snapshot_interval.unwrap_or(300).max(1)),
+                max_interval: s
+                    .snapshot_interval
+                    .map_or(inherited.snapshot_interval, Duration::from_secs)
+                    .max(Duration::from_secs(1)),
                 ..SnapshotPolicy::default()
             },
             quota: Quota {
                 max_keys: s.max_keys,
-                // Unset: a third of the memory cap, so that every
-                // tenant's keys, registrations and cached replies fit it.
-                max_bytes: Some(s.max_bytes.unwrap_or((memory_mib << 20) / 3)),
-                // Unset: 64 KiB (what one key costs a SCAN pattern).
-                max_key_bytes: Some(s.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES)),
-                max_value_bytes: s.max_value_bytes,
+                // Unset: a third of the memory cap (in whole MiB, as
+                // for the flags), so that every tenant's keys,
+                // registrations and cached replies fit it.
+                max_bytes: Some(
+                    s.max_bytes
+                        .or(inherited.max_bytes)
+                        .unwrap_or(((memory_mib / 3) << 20).max(1)),
+                ),
+                max_key_bytes: Some(s.max_key_bytes.unwrap_or(inherited.max_key_bytes)),
+                max_value_bytes: Some(s.max_value_bytes.unwrap_or(inherited.max_value_bytes)),
             },
             clock: crate::store::clock::system(),
             on_damage: Default::default(),
-            memory_journal: s.memory_journal.unwrap_or(true),
+            memory_journal: s.memory_journal.unwrap_or(inherited.memory_journal),
             persist_keys,
             scan_page,
             sdk_response_topics,
@@ -425,6 +496,7 @@ fn tenant_spec(
 fn storage_of(
     t: &TenantEntry,
     s: &Settings,
+    inherited_fsync: Fsync,
     name: &str,
     base: &Path,
     seen: &mut Seen,
@@ -442,7 +514,8 @@ fn storage_of(
         ),
     };
     let fsync = match s.fsync.as_deref() {
-        Some("always") | None => Fsync::Always,
+        None => inherited_fsync,
+        Some("always") => Fsync::Always,
         Some("everysec") => Fsync::Everysec,
         Some("no") => Fsync::No,
         Some(other) => bail!(
@@ -490,16 +563,16 @@ fn storage_of(
 
 /// A tenant's memory cap (MiB) and longest call (ms), checked against its
 /// byte quota.
-fn limits_of(s: &Settings, name: &str) -> Result<(u64, u64)> {
+fn limits_of(s: &Settings, inherited: &TenantDefaults, name: &str) -> Result<(u64, u64)> {
     let ctx = || format!("tenant {name:?}");
-    let memory_mib = s.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
+    let memory_mib = s.memory_mib.unwrap_or(inherited.memory_mib);
     if memory_mib == 0 || memory_mib > (WASM32_MAX_MEMORY >> 20) as u64 {
         bail!("{}: memory_mib must be 1 to 4096", ctx());
     }
     // The keys and values live in the guest's memory, and a snapshot
     // (taken to truncate the log and to upgrade) is built there too:
     // a byte quota must leave room for both and for the work of a call.
-    if let Some(max) = s.max_bytes
+    if let Some(max) = s.max_bytes.or(inherited.max_bytes)
         && max.saturating_mul(3) > memory_mib << 20
     {
         bail!(
@@ -510,7 +583,7 @@ fn limits_of(s: &Settings, name: &str) -> Result<(u64, u64)> {
             (memory_mib << 20) / 3
         );
     }
-    let call_ms = s.call_ms.unwrap_or(DEFAULT_CALL_MS);
+    let call_ms = s.call_ms.unwrap_or(inherited.call_ms);
     if call_ms == 0 {
         bail!("{}: call_ms must be at least 1", ctx());
     }
@@ -616,14 +689,24 @@ mod tests {
     use super::*;
 
     fn parse_ok(text: &str) -> Vec<TenantSpec> {
-        match parse(text, Path::new("/base"), "statestore") {
+        match parse(
+            text,
+            Path::new("/base"),
+            "statestore",
+            &TenantDefaults::default(),
+        ) {
             Ok(s) => s,
             Err(e) => panic!("{e:#}"),
         }
     }
 
     fn parse_err(text: &str) -> String {
-        match parse(text, Path::new("/base"), "statestore") {
+        match parse(
+            text,
+            Path::new("/base"),
+            "statestore",
+            &TenantDefaults::default(),
+        ) {
             Ok(_) => panic!("accepted:\n{text}"),
             Err(e) => format!("{e:#}"),
         }
@@ -653,7 +736,7 @@ mod tests {
         );
         let a = &specs[0];
         assert_eq!(a.limits.memory_bytes, Some(8 << 20));
-        assert_eq!(a.limits.call_ms, Some(DEFAULT_CALL_MS));
+        assert_eq!(a.limits.call_ms, Some(1000));
         assert_eq!(a.store.quota.max_keys, Some(10));
         assert_eq!(a.store.data_dir.as_deref(), Some(Path::new("/base/data/a")));
         assert_eq!(a.store.persist, Persist::All);

@@ -24,7 +24,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("node_id", "the store's HLC node id (default mosquitto)"),
     (
         "memory_mib",
-        "the guest's memory, MiB (16 to 4096; default 256)",
+        "the guest's memory, MiB (16 to 4096; default 1024, as serve --memory)",
     ),
     (
         "max_bytes_mib",
@@ -106,16 +106,20 @@ pub struct PluginOptions {
 }
 
 impl Default for PluginOptions {
+    /// The limits of `statestore serve`'s defaults; the journal syncs once a
+    /// second (mosquitto's thread must not wait for the disk) and the node
+    /// id names mosquitto.
     fn default() -> Self {
+        let serve = statestore::config::TenantDefaults::default();
         PluginOptions {
             data_dir: None,
             fsync: Fsync::Everysec,
             node_id: "mosquitto".into(),
-            memory_bytes: 256 << 20,
-            max_bytes: (256 << 20) / 3,
-            max_value_bytes: 16 << 20,
-            max_key_bytes: 64 << 10,
-            call_ms: 1000,
+            memory_bytes: usize::try_from(serve.memory_mib << 20).unwrap_or(usize::MAX),
+            max_bytes: (serve.memory_mib << 20) / 3,
+            max_value_bytes: serve.max_value_bytes,
+            max_key_bytes: serve.max_key_bytes,
+            call_ms: serve.call_ms,
             cache_dir: None,
             component: None,
             metrics: None,

@@ -235,13 +235,14 @@ pub struct ServeArgs {
     pub node_id: String,
 
     /// Linear memory cap of the store's guest (16MiB to 4GiB; a bare number
-    /// is MiB; without --config: tenants have `memory_mib`). A guest that
+    /// is MiB; with --config: what a tenant has unless it sets `memory_mib`).
+    /// A guest that
     /// needs more fails and restarts from its journal.
     #[arg(help_heading = "Limits", long, alias = "memory-mib", value_name = "SIZE", default_value = "1GiB", value_parser = parse_size_mib)]
     pub memory: u64,
 
     /// Most bytes of keys and values the store holds (a bare number is MiB;
-    /// without --config); a SET that would create a key past it gets the
+    /// with --config: each tenant's unless it sets `max_bytes`); a SET that would create a key past it gets the
     /// quota error. Default and most: a third of --memory (the state, a
     /// snapshot of it and the work of a call all live in the guest's
     /// memory).
@@ -249,19 +250,19 @@ pub struct ServeArgs {
     pub max_bytes: Option<u64>,
 
     /// Longest value a SET may write (at most 1GiB; a bare number is MiB;
-    /// without --config: tenants have `max_value_bytes`).
+    /// with --config: each tenant's unless it sets `max_value_bytes`).
     #[arg(help_heading = "Limits", long, alias = "max-value-mib", value_name = "SIZE", default_value = "16MiB", value_parser = parse_size_mib)]
     pub max_value: u64,
 
     /// Longest key a SET may create (at most 64MiB; a bare number is KiB;
-    /// without --config: tenants have `max_key_bytes`). It bounds what
+    /// with --config: each tenant's unless it sets `max_key_bytes`). It bounds what
     /// matching one key against a SCAN pattern can cost.
     #[arg(help_heading = "Limits", long, alias = "max-key-kib", value_name = "SIZE", default_value = "64KiB", value_parser = parse_size_kib)]
     pub max_key: u64,
 
     /// Longest time one call into the guest may run before the call is
-    /// stopped and the store restarted (a bare number is ms; without
-    /// --config: tenants have `call_ms`).
+    /// stopped and the store restarted (a bare number is ms; with
+    /// --config: each tenant's unless it sets `call_ms`).
     #[arg(help_heading = "Limits", long, alias = "call-ms", value_name = "DURATION", default_value = "1s", value_parser = parse_duration_ms)]
     pub call_timeout: Duration,
 

@@ -77,6 +77,26 @@ pub fn cli_tenant(args: &ServeArgs, password: Option<String>) -> TenantSpec {
     }
 }
 
+/// What a tenant of a config file inherits from the flags: the limits and
+/// storage settings the one store of a process without a config file has.
+pub fn tenant_defaults(args: &ServeArgs) -> config::TenantDefaults {
+    let spec = cli_tenant(args, None);
+    config::TenantDefaults {
+        memory_mib: args.memory >> 20,
+        call_ms: spec.limits.call_ms.unwrap_or(u64::MAX),
+        max_bytes: args.max_bytes,
+        max_key_bytes: spec.store.quota.max_key_bytes.unwrap_or(u32::MAX),
+        max_value_bytes: spec.store.quota.max_value_bytes.unwrap_or(u32::MAX),
+        fsync: spec.store.fsync,
+        snapshot_log_bytes: spec.store.snapshots.max_log_bytes,
+        snapshot_interval: spec.store.snapshots.max_interval,
+        memory_journal: spec.store.memory_journal,
+        scan_page: spec.store.scan_page,
+        sdk_response_topics: spec.store.sdk_response_topics,
+        node_id: spec.store.node_id,
+    }
+}
+
 /// `--max-bytes`, or a third of `--memory` (in whole MiB).
 pub fn max_bytes(args: &ServeArgs) -> u64 {
     args.max_bytes.unwrap_or(((args.memory >> 20) / 3) << 20)
@@ -158,7 +178,7 @@ pub fn tenant_specs_without_policy(
     let tenants = args.config.as_ref().filter(|_| has_tenants(args));
     match tenants {
         Some(path) => {
-            let mut specs = config::load(path, &args.client_id)?;
+            let mut specs = config::load(path, &args.client_id, &tenant_defaults(args))?;
             for spec in &mut specs {
                 // Broker credentials default to the command line's.
                 if spec.broker.username.is_none() {
@@ -377,5 +397,41 @@ pub fn external_options(
         client_events: args.client_events,
         store: tenant.store.clone(),
         shared_group: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: super::ServeArgs,
+    }
+
+    /// A config file's tenant and the one store of a process without a
+    /// config file start from the same limits: the flags' defaults.
+    #[test]
+    fn tenants_inherit_the_defaults_of_the_flags() {
+        let args = Serve::parse_from(["serve"]).args;
+        assert_eq!(
+            super::tenant_defaults(&args),
+            statestore::config::TenantDefaults::default()
+        );
+        let args = Serve::parse_from(["serve", "--memory", "64MiB", "--max-value", "1KiB"]).args;
+        let inherited = super::tenant_defaults(&args);
+        let specs = statestore::config::parse(
+            "[[tenant]]\nname = \"a\"\ndefault = true\n[[tenant]]\nname = \"b\"\nusernames = [\"b\"]\nmemory_mib = 30\n",
+            std::path::Path::new("."),
+            "statestore",
+            &inherited,
+        )
+        .expect("parse");
+        assert_eq!(specs[0].limits.memory_bytes, Some(64 << 20));
+        assert_eq!(specs[0].store.quota.max_bytes, Some(21 << 20));
+        assert_eq!(specs[0].store.quota.max_value_bytes, Some(1024));
+        assert_eq!(specs[1].limits.memory_bytes, Some(30 << 20));
+        assert_eq!(specs[1].store.quota.max_bytes, Some(10 << 20));
     }
 }
