@@ -23,7 +23,7 @@ pub struct ClientCert {
 /// `mqtts://` (trusting `ca_file`, else the system's roots, and proving
 /// who we are with `client_cert` if given), and no Nagle delay (without it
 /// every round trip waits ~40 ms for delayed ACKs).
-pub fn connection_options(
+pub(crate) fn connection_options(
     o: &mut rumqttc::v5::MqttOptions,
     broker: &BrokerUrl,
     ca_file: Option<&std::path::Path>,

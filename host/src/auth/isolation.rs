@@ -5,7 +5,7 @@
 //! the store publishes goes only to the client that sent the request, and a
 //! notification only to its observer, whoever else holds a matching
 //! subscription (`#`, `clients/+/...`, `$share/...`). That is enforced where
-//! messages are routed ([`crate::transport::embedded::queue_bytes::BoundedShared`] and the
+//! messages are routed (the embedded broker's `BoundedShared` and the
 //! embedded transport). What is left to refuse is *forgery*: no client may
 //! publish into the store's streams of another client.
 //!
@@ -149,7 +149,7 @@ fn notification_filter_is_own(client: &str, rest: &[&str]) -> bool {
 /// The client a reply on `topic` is meant for when nothing else says so:
 /// the owner a reply stream names, if that is a connected client's id
 /// (`connected` says), as is or in hexadecimal.
-pub fn reply_owner(topic: &str, connected: impl Fn(&str) -> bool) -> Option<String> {
+pub(crate) fn reply_owner(topic: &str, connected: impl Fn(&str) -> bool) -> Option<String> {
     let Some(Stream::Replies(owner)) = stream(topic) else {
         return None;
     };

@@ -55,7 +55,7 @@ async fn statuses(
 
 /// One replica, as `cluster status` reports it.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct ReplicaReport {
+pub(crate) struct ReplicaReport {
     /// Its id.
     pub id: u64,
     /// Whether it is a member (as the membership below has it).
@@ -84,7 +84,7 @@ pub struct ReplicaReport {
 
 /// What `cluster status` found.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     /// Every replica asked: the file's, and members they named.
     pub replicas: Vec<ReplicaReport>,
     /// The leader, if one answered.

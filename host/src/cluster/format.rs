@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 
 /// The format version of an entry this build writes and reads.
-pub const ENTRY_VERSION: u8 = 1;
+pub(crate) const ENTRY_VERSION: u8 = 1;
 
 /// An entry of the log, as proposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +19,7 @@ pub struct EntryRef<'a> {
 }
 
 /// Encodes an entry of `batch`, inputs in the guest's batch encoding.
-pub fn encode_entry(origin: u64, now: u64, batch: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_entry(origin: u64, now: u64, batch: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(17 + batch.len());
     out.push(ENTRY_VERSION);
     out.extend_from_slice(&origin.to_le_bytes());
@@ -29,7 +29,7 @@ pub fn encode_entry(origin: u64, now: u64, batch: &[u8]) -> Vec<u8> {
 }
 
 /// Decodes an entry (its batch is left to the guest).
-pub fn decode_entry(data: &[u8]) -> Result<EntryRef<'_>> {
+pub(crate) fn decode_entry(data: &[u8]) -> Result<EntryRef<'_>> {
     let Some((&version, rest)) = data.split_first() else {
         bail!("an empty log entry");
     };
@@ -66,7 +66,7 @@ pub(super) struct SnapshotData<'a> {
 /// The address records of the replicas added while running (the
 /// context of their conf change), by id: what the other replicas reach
 /// them at. The founding replicas' are in the cluster files.
-pub type Members = std::collections::BTreeMap<u64, Vec<u8>>;
+pub(crate) type Members = std::collections::BTreeMap<u64, Vec<u8>>;
 
 pub(super) fn encode_snapshot(applied_now: u64, members: &Members, guest: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(13 + guest.len());

@@ -43,16 +43,16 @@
 //! linearizability checker the simulation and the tests use).
 
 pub mod admin;
-pub mod file;
+pub(crate) mod file;
 mod format;
 #[cfg(any(test, feature = "testing"))]
 pub mod linear;
-pub mod log;
-pub mod net;
+pub(crate) mod log;
+pub(crate) mod net;
 pub mod node;
-pub mod operator;
-pub mod pki;
-pub mod probe;
+pub(crate) mod operator;
+pub(crate) mod pki;
+pub(crate) mod probe;
 mod recover;
 pub mod router;
 #[cfg(any(test, feature = "testing"))]
@@ -62,7 +62,8 @@ use anyhow::{Context, Result, bail};
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
-pub use format::{ENTRY_VERSION, EntryRef, Members, decode_entry, encode_entry};
+pub use format::EntryRef;
+pub(crate) use format::{Members, decode_entry, encode_entry};
 use format::{decode_snapshot, encode_snapshot};
 pub use log::LogStore;
 use statestore_guest::wire;
@@ -88,7 +89,7 @@ pub struct Applied {
 }
 
 /// Inputs the guest failed on (each a batch of one), and why.
-pub type FailedInputs = Vec<(Vec<u8>, String)>;
+pub(crate) type FailedInputs = Vec<(Vec<u8>, String)>;
 
 /// Election timing, in ticks.
 #[derive(Debug, Clone, Copy)]
@@ -143,7 +144,7 @@ impl Default for Compaction {
 }
 
 /// Makes a replica's guest: empty (`None`) or from a snapshot.
-pub type MakeStore<B> = Box<dyn FnMut(Option<&[u8]>) -> Result<B> + Send>;
+pub(crate) type MakeStore<B> = Box<dyn FnMut(Option<&[u8]>) -> Result<B> + Send>;
 
 /// A change of membership to propose ([`Replica::propose_change`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,7 +26,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use super::file::{ClusterFile, ReadPath, ReplicaEntry};
+pub use super::file::ClusterFile;
+pub use super::file::{ReadPath, ReplicaEntry};
 use super::net::{Links, PeerEvent};
 use super::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 use super::router::{Effects, Limits, Now, Router};
@@ -37,11 +38,11 @@ use crate::store::journal::Fsync;
 use crate::{Config, Input, Output, Runtime, WasmStore};
 
 /// A tick of a replica's Raft clock.
-pub const TICK: Duration = Duration::from_millis(50);
+pub(crate) const TICK: Duration = Duration::from_millis(50);
 
 /// Raft timing, in ticks: heartbeats every 100 ms, elections after 0.5 to
 /// 1 s without a leader.
-pub const TIMING: Timing = Timing {
+pub(crate) const TIMING: Timing = Timing {
     heartbeat: 2,
     election_min: 10,
     election_max: 20,

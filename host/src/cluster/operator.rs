@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 
 /// A replica's state, as `cluster status` shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplicaStatus {
+pub(crate) struct ReplicaStatus {
     /// Its id.
     pub id: u64,
     /// `leader`, `follower`, `candidate` or `pre-candidate`.
@@ -133,7 +133,7 @@ impl ReplicaStatus {
 
 /// A membership change an operator asks the leader for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChangeRequest {
+pub(crate) enum ChangeRequest {
     /// Replica `id` becomes a member, reached at `raft` (its clients at `mqtt`).
     Add {
         /// Its id.
@@ -213,7 +213,7 @@ impl ChangeRequest {
 
 /// What a replica answers a [`ChangeRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChangeAnswer {
+pub(crate) enum ChangeAnswer {
     /// Proposed to the cluster (applied once committed).
     Proposed(String),
     /// Not yet: this leader is the replica to remove, and hands the

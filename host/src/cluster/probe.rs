@@ -18,7 +18,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(2);
 type Answers = Vec<(u64, String)>;
 
 /// Asks the peers, now and then, while no leader is known.
-pub struct Probe {
+pub(crate) struct Probe {
     who: super::net::Credentials,
     leaderless_since: Option<Instant>,
     asked_at: Option<Instant>,

@@ -175,7 +175,7 @@ const FULL_POOL_BUDGET: u64 = 32 << 40;
 
 /// How the pool reserves its memory slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reservation {
+pub(crate) enum Reservation {
     /// 4 GiB each: no bounds checks in compiled code (a [`crate::store::tenant::Fleet`]
     /// of up to about 2,000 tenants fits `FULL_POOL_BUDGET`).
     Full,
@@ -186,7 +186,7 @@ pub enum Reservation {
 
 /// The reservation of a pool of `instances` instances (two memory slots
 /// each).
-pub fn pool_reservation(instances: u32) -> Reservation {
+pub(crate) fn pool_reservation(instances: u32) -> Reservation {
     let slots = u64::from(instances) * 2;
     if slots.saturating_mul(FULL_RESERVATION + FULL_GUARD) <= FULL_POOL_BUDGET {
         Reservation::Full

@@ -32,11 +32,11 @@ pub const MAX_BATCH: usize = 256;
 
 /// The most bytes of requests a transport hands the guest in one call
 /// (a first request of any size is taken alone).
-pub const MAX_BATCH_BYTES: usize = 8 << 20;
+pub(crate) const MAX_BATCH_BYTES: usize = 8 << 20;
 
 /// What a request weighs in a batch: its payload and the fields the guest
 /// reads.
-pub fn message_bytes(m: &InboundMessage) -> usize {
+pub(crate) fn message_bytes(m: &InboundMessage) -> usize {
     m.payload.len()
         + m.topic.len()
         + m.response_topic.as_ref().map_or(0, String::len)

@@ -104,7 +104,7 @@ pub fn parse_key_match(entry: &str) -> Result<KeyMatch> {
 }
 
 /// The most log a memory journal keeps before it takes a snapshot.
-pub const MEMORY_JOURNAL_LOG: u64 = 16 << 20;
+pub(crate) const MEMORY_JOURNAL_LOG: u64 = 16 << 20;
 
 /// Instantiates the store, recovering it from its data directory if durable.
 pub fn open(runtime: &Runtime, opts: &StoreOptions) -> Result<(WasmStore, Option<Journal>)> {

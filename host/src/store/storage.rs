@@ -73,7 +73,7 @@ pub trait LogFile: Send + std::fmt::Debug {
 /// file 0600 (the data is the clients'), including files an older build left
 /// readable.
 #[derive(Debug)]
-pub struct DirStorage {
+pub(crate) struct DirStorage {
     dir: PathBuf,
     lock: Mutex<Option<File>>,
 }
@@ -589,6 +589,7 @@ impl Storage for MemStorage {
 
 /// The conformance suite every [`Storage`] passes: call each check with a
 /// fresh, empty storage (see the tests below and `tests/tests/durability.rs`).
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance {
     use super::Storage;
     use std::io;

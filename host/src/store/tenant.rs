@@ -514,7 +514,7 @@ impl Tenant {
 
 /// The cause label of a guest restart: memory (it reached its cap),
 /// deadline (its CPU deadline), trap (a panic or another trap), other.
-pub fn cause_kind(memory_refused: bool, e: &GuestError) -> &'static str {
+pub(crate) fn cause_kind(memory_refused: bool, e: &GuestError) -> &'static str {
     if memory_refused {
         return "memory";
     }

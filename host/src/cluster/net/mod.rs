@@ -50,7 +50,7 @@ const CHANGE_REQUEST: u8 = 5;
 const CHANGE: u8 = 6;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
-pub const MAX_FRAME: usize = 1 << 30;
+pub(crate) const MAX_FRAME: usize = 1 << 30;
 
 /// How long a link may stay silent before its hello (then it is closed).
 /// A replica and the operator's tools send it as soon as they connect.
@@ -70,14 +70,14 @@ const PENDING_PER_ADDRESS: usize = if cfg!(test) { 4 } else { 16 };
 const HELLO_MAX: usize = 4096;
 
 /// The longest secret a hello can carry.
-pub const MAX_SECRET: usize = HELLO_MAX - 9;
+pub(crate) const MAX_SECRET: usize = HELLO_MAX - 9;
 
 /// Frames waiting for one peer, at most.
 const QUEUE: usize = 4096;
 
 /// What the links hand the replica.
 #[derive(Debug)]
-pub enum PeerEvent {
+pub(crate) enum PeerEvent {
     /// A Raft message.
     Raft(Message),
     /// Requests a follower received, for the leader to propose.

@@ -47,7 +47,7 @@ use recover::{Repair, recover, recover_with_repairs};
 
 const WAL_MAGIC: &[u8; 8] = b"STSTWAL\0";
 /// The WAL format this build writes and reads.
-pub const WAL_VERSION: u32 = 1;
+pub(crate) const WAL_VERSION: u32 = 1;
 const HEADER_LEN: u64 = 12;
 
 /// When appended records reach the disk.
@@ -251,7 +251,7 @@ pub struct Journal {
 }
 
 /// The first wait after a failed snapshot, by default.
-pub const SNAPSHOT_BACKOFF_MIN: Duration = Duration::from_secs(1);
+pub(crate) const SNAPSHOT_BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// The longest wait between snapshot attempts after failures.
 pub const SNAPSHOT_BACKOFF_MAX: Duration = Duration::from_secs(300);
 

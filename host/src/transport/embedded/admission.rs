@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 /// What the broker refused at a bound or a rule, by reason, for
 /// `--metrics` (`statestore_broker_refused_total{reason}`).
 #[derive(Debug, Clone, Default)]
-pub struct Refusals(Option<prometheus::IntCounterVec>);
+pub(crate) struct Refusals(Option<prometheus::IntCounterVec>);
 
 impl Refusals {
     /// Counting into `metric`, if there is one.
@@ -43,7 +43,7 @@ const MAX_TRACKED: usize = 65_536;
 /// judges at most `max` guesses a minute however many connections it
 /// opens, and a refusal holds no handshake slot (no sleeping).
 #[derive(Debug)]
-pub struct LoginThrottle {
+pub(crate) struct LoginThrottle {
     max: u32,
     buckets: Mutex<HashMap<IpAddr, Bucket>>,
 }
@@ -197,6 +197,7 @@ impl Sessions {
     }
 
     /// Sessions held now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.held
             .lock()
@@ -206,6 +207,7 @@ impl Sessions {
     }
 
     /// Whether none are held.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -213,7 +215,7 @@ impl Sessions {
 
 /// How long a connection has from accept to send its whole CONNECT, by
 /// default.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,7 @@ use rmqtt::fitter::{DefaultFitter, Fitter, FitterManager};
 use rmqtt::types::{ConnectInfo, Disconnect, FitterType, Id, ListenerConfig};
 
 /// Makes [`OneAndAHalf`] fitters.
-pub struct Manager;
+pub(crate) struct Manager;
 
 impl FitterManager for Manager {
     fn create(&self, conn_info: Arc<ConnectInfo>, id: Id, cfg: ListenerConfig) -> FitterType {
@@ -22,7 +22,7 @@ impl FitterManager for Manager {
 }
 
 /// rmqtt's fitter with the keep-alive wait of MQTT 5.
-pub struct OneAndAHalf(DefaultFitter);
+pub(crate) struct OneAndAHalf(DefaultFitter);
 
 /// Seconds to wait for a client whose keep-alive is `keep_alive` seconds.
 pub fn wait(keep_alive: u16) -> u16 {

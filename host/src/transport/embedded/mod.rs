@@ -23,15 +23,15 @@
 //! clients. A tenant with a password makes the broker refuse its user names
 //! without it.
 
-pub mod admission;
+pub(crate) mod admission;
 mod hooks;
-pub mod keep_alive;
+pub(crate) mod keep_alive;
 mod listeners;
-pub mod queue_bytes;
-pub mod retained;
+pub(crate) mod queue_bytes;
+pub(crate) mod retained;
 mod router;
-pub mod shared_groups;
-pub mod sys_topics;
+pub(crate) mod shared_groups;
+pub(crate) mod sys_topics;
 mod tenant_transport;
 
 use std::collections::HashMap;
@@ -83,7 +83,7 @@ pub struct BrokerLimits {
     /// is dropped past it.
     pub max_queued: usize,
     /// Most bytes one session holds, queued or unacknowledged
-    /// ([`crate::transport::embedded::queue_bytes`]); a message past it is dropped for that
+    /// (`transport::embedded::queue_bytes`); a message past it is dropped for that
     /// session.
     pub max_queued_bytes: usize,
     /// Most connections at once.

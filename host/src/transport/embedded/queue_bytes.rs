@@ -40,7 +40,7 @@ const OVER_BUDGET: &str = "the session's queue holds its limit of bytes (--max-q
 const OVERHEAD: usize = 128;
 
 /// What one message weighs in a session's queue.
-pub fn weight(p: &Publish) -> usize {
+pub(crate) fn weight(p: &Publish) -> usize {
     let props = p.properties.as_ref().map_or(0, |props| {
         props.correlation_data.as_ref().map_or(0, |c| c.len())
             + props.content_type.as_ref().map_or(0, |c| c.len())
@@ -56,7 +56,7 @@ pub fn weight(p: &Publish) -> usize {
 
 /// The bytes each session holds, and the limits: per session and in all.
 #[derive(Debug)]
-pub struct QueueBytes {
+pub(crate) struct QueueBytes {
     max: usize,
     max_total: usize,
     held: Mutex<Held>,
@@ -143,23 +143,26 @@ impl QueueBytes {
     }
 
     /// Bytes `client`'s session holds now.
+    #[cfg(test)]
     pub fn of(&self, client: &str) -> usize {
         self.held().by_client.get(client).copied().unwrap_or(0)
     }
 
     /// Bytes all sessions hold now.
+    #[cfg(test)]
     pub fn total(&self) -> usize {
         self.held().total
     }
 
     /// Messages dropped because a session, or all of them, held the limit.
+    #[cfg(test)]
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 }
 
 /// rmqtt's routing with [`QueueBytes`] admission before each session.
-pub struct BoundedShared {
+pub(crate) struct BoundedShared {
     inner: Box<dyn Shared>,
     scx: ServerContext,
     bytes: Arc<QueueBytes>,
@@ -400,7 +403,7 @@ impl Shared for BoundedShared {
 /// `SessionTerminated`.
 /// Also counts the messages delivered, for `$SYS` (one hook per delivery,
 /// not two).
-pub struct QueueHooks(
+pub(crate) struct QueueHooks(
     pub Arc<QueueBytes>,
     pub Arc<crate::transport::embedded::sys_topics::Counters>,
 );

@@ -16,7 +16,7 @@ use rmqtt::types::{
 
 /// Round robin over a group's connected members.
 #[derive(Debug, Default)]
-pub struct RoundRobin {
+pub(crate) struct RoundRobin {
     next: AtomicUsize,
 }
 
@@ -31,7 +31,7 @@ type Member = (
 
 /// The member to give the next message to: the next connected one in
 /// turn, or, if none is connected, the next one.
-pub fn choose(turn: usize, members: &[Member]) -> Option<(usize, IsOnline)> {
+pub(crate) fn choose(turn: usize, members: &[Member]) -> Option<(usize, IsOnline)> {
     if members.is_empty() {
         return None;
     }

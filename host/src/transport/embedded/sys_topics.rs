@@ -23,11 +23,11 @@ use rmqtt::types::{ClientId, CodecPublish, From, Id, Publish};
 use tracing::debug;
 
 /// How often the tree is published.
-pub const INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 
 /// The counts behind the tree, kept by the broker's hooks.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Clients connected now.
     pub connected: AtomicI64,
     /// PUBLISH packets received from clients.
@@ -37,7 +37,7 @@ pub struct Counters {
 }
 
 /// The topics and their values now.
-pub fn tree(counters: &Counters, started: Instant) -> Vec<(&'static str, String)> {
+pub(crate) fn tree(counters: &Counters, started: Instant) -> Vec<(&'static str, String)> {
     vec![
         (
             "$SYS/broker/version",
