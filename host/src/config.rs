@@ -436,7 +436,10 @@ fn tenant_spec(
             client_id_prefixes: t.client_id_prefixes,
         },
         store: StoreOptions {
-            node_id: s.node_id.clone().unwrap_or_else(|| inherited.node_id.clone()),
+            node_id: s
+                .node_id
+                .clone()
+                .unwrap_or_else(|| inherited.node_id.clone()),
             server_client_id: server_client_id.to_string(),
             persist,
             data_dir,

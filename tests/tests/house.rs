@@ -1,8 +1,9 @@
 //! The repository explains itself: the book's Layout chapter names every
 //! Rust source file (itself, or a folder holding it) and nothing that is
 //! not there, every link between the README and the book's pages leads to
-//! a page and a heading that exist, and no source or document refers to a
-//! tracker's issue by number (the code says what it does and why instead).
+//! a page and a heading that exist, no source or document refers to a
+//! tracker's issue by number (the code says what it does and why instead),
+//! and no source file or function is too long to read.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -333,4 +334,68 @@ fn heading_ids_are_mdbooks() {
         "the-embedded-broker-as-an-mqtt-5-broker"
     );
     assert_eq!(heading_id("Listing keys: SCAN"), "listing-keys-scan");
+}
+
+/// Where each function of a rustfmt-formatted file starts and how many
+/// lines it spans (to the closing brace at its own indentation).
+fn function_spans(text: &str) -> Vec<(usize, usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut spans = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        let mut words = body.split_whitespace().peekable();
+        while words
+            .peek()
+            .is_some_and(|w| w.starts_with("pub") || ["async", "const", "unsafe"].contains(w))
+        {
+            words.next();
+        }
+        if words.next() != Some("fn") || body.ends_with(';') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + 1..].iter().position(|l| *l == close) {
+            spans.push((i + 1, end + 2, body.to_string()));
+        }
+    }
+    spans
+}
+
+/// The sources stay small enough to read: no file of a crate's `src` over
+/// 1,000 lines, no function over 150.
+#[test]
+fn no_source_file_or_function_is_too_long() {
+    let mut sources = Vec::new();
+    for dir in ["host/src", "guest/src", "plugins", "tests/src"] {
+        files(&root().join(dir), &[".rs"], &mut sources);
+    }
+    assert!(sources.len() > 50, "found {} sources", sources.len());
+    let mut long = Vec::new();
+    for path in &sources {
+        if !relative(path).contains("/src/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).expect("read a source");
+        let n = text.lines().count();
+        if n > 1000 {
+            long.push(format!("{}: {n} lines", relative(path)));
+        }
+        for (at, len, head) in function_spans(&text) {
+            if len > 150 {
+                long.push(format!("{}:{at}: {len} lines: {head}", relative(path)));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these:\n{}", long.join("\n"));
+}
+
+#[test]
+fn function_spans_are_measured() {
+    let text = "fn a() {\n    x();\n}\n\nimpl B {\n    pub(crate) async fn c(\n        d: u8,\n    ) {\n        e();\n    }\n    fn f();\n}\n";
+    let spans: Vec<(usize, usize)> = function_spans(text)
+        .into_iter()
+        .map(|(at, len, _)| (at, len))
+        .collect();
+    assert_eq!(spans, vec![(1, 3), (6, 5)]);
 }

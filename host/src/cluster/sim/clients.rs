@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Result, bail};
 
-use super::{Op, Report, key, linear, parse_bulk};
-use crate::Output;
+use super::{HOT_KEYS, Op, Report, Rng, key, linear, parse_bulk, poison, request};
 use crate::cluster::Applied;
+use crate::{InboundMessage, Output};
 
 /// What a request's client knows: the requests waiting for their answer,
 /// and every answer given, checked.
@@ -186,5 +186,75 @@ impl Clients {
             }
         }
         Ok(())
+    }
+}
+
+/// A client's next request (correlation `corr`), and what the client
+/// expects of it.
+pub(super) fn client_request(
+    rng: &mut Rng,
+    corr: u64,
+    now_ms: u64,
+    tick: u64,
+    next_key: &mut u64,
+    clients: &mut Clients,
+) -> (Op, InboundMessage) {
+    match rng.below(20) {
+        12.. => {
+            let k = rng.below(HOT_KEYS as u64) as usize;
+            let name = format!("hot-{k}");
+            let (op, parts): (linear::Op, Vec<Vec<u8>>) = match rng.below(5) {
+                0 | 1 => {
+                    *next_key += 1;
+                    let v = format!("v{next_key}").into_bytes();
+                    (
+                        linear::Op::Set(v.clone()),
+                        vec![b"SET".to_vec(), name.clone().into_bytes(), v],
+                    )
+                }
+                2 | 3 => (
+                    linear::Op::Get(None),
+                    vec![b"GET".to_vec(), name.clone().into_bytes()],
+                ),
+                _ => (
+                    linear::Op::Del(None),
+                    vec![b"DEL".to_vec(), name.clone().into_bytes()],
+                ),
+            };
+            clients.hot[k].push(linear::Event {
+                op,
+                call: tick,
+                ret: None,
+            });
+            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+            (
+                Op::Hot(k, clients.hot[k].len() - 1),
+                request(&refs, corr, now_ms),
+            )
+        }
+        0..=5 => {
+            *next_key += 1;
+            let n = *next_key;
+            let (k, v) = (key(n), format!("value-{n}"));
+            (
+                Op::Set(n),
+                request(&[b"SET", k.as_bytes(), v.as_bytes()], corr, now_ms),
+            )
+        }
+        6..=10 if !clients.acknowledged.is_empty() => {
+            let n = clients.acknowledged[rng.below(clients.acknowledged.len() as u64) as usize];
+            (
+                Op::Get(n),
+                request(&[b"GET", key(n).as_bytes()], corr, now_ms),
+            )
+        }
+        _ if rng.chance(100) => (
+            Op::Poison,
+            request(&[b"SET", poison::POISON, b"v"], corr, now_ms),
+        ),
+        _ => (
+            Op::Ttl,
+            request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
+        ),
     }
 }

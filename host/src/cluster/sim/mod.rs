@@ -36,13 +36,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use std::sync::Arc;
 
-use raft::prelude::{Message, MessageType};
+use raft::prelude::MessageType;
 use statestore_guest::rpc::REQUEST_TOPIC;
 
 mod clients;
+mod network;
 mod poison;
 
-use clients::Clients;
+use clients::{Clients, client_request};
+use network::{Cut, Wire, carry_out, send};
 use poison::Poisonable;
 
 use super::file::ReadPath;
@@ -279,93 +281,6 @@ fn router(id: u64, base: Instant, tick: u64) -> Router {
         next_read,
         at,
     )
-}
-
-/// What travels between replicas.
-#[derive(Debug, Clone)]
-enum Wire {
-    Raft(Message),
-    /// Requests `from` forwards to the leader `to`.
-    Forward {
-        from: u64,
-        to: u64,
-        batch: Vec<u8>,
-    },
-}
-
-impl Wire {
-    fn from(&self) -> u64 {
-        match self {
-            Wire::Raft(m) => m.from,
-            Wire::Forward { from, .. } => *from,
-        }
-    }
-    fn to(&self) -> u64 {
-        match self {
-            Wire::Raft(m) => m.to,
-            Wire::Forward { to, .. } => *to,
-        }
-    }
-}
-
-/// A replica cut off: from everyone, or only from what is sent to it.
-#[derive(Debug, Clone, Copy)]
-struct Cut {
-    replica: u64,
-    /// Only what is sent to it is lost (it still sends): a leader that
-    /// cannot hear its followers steps down, but its entries reach them.
-    inbound_only: bool,
-    until: u64,
-}
-
-impl Cut {
-    fn blocks(&self, w: &Wire) -> bool {
-        w.to() == self.replica || (!self.inbound_only && w.from() == self.replica)
-    }
-}
-
-/// Carries out what replica `origin`'s router asked for: forwards go on
-/// the network, replies to their clients.
-#[allow(clippy::too_many_arguments)]
-fn carry_out(
-    seed: u64,
-    tick: u64,
-    origin: u64,
-    fx: Effects,
-    o: &Options,
-    faults: bool,
-    rng: &mut Rng,
-    net: &mut Vec<(u64, Wire)>,
-    clients: &mut Clients,
-    report: &mut Report,
-) -> Result<()> {
-    for (to, batch) in fx.forwards {
-        send(
-            tick,
-            Wire::Forward {
-                from: origin,
-                to,
-                batch,
-            },
-            o,
-            faults,
-            rng,
-            net,
-        );
-    }
-    for out in &fx.replies {
-        clients.answer(seed, tick, origin, out, report)?;
-    }
-    Ok(())
-}
-
-/// Puts `w` on the network: lost, or delayed (which reorders).
-fn send(tick: u64, w: Wire, o: &Options, faults: bool, rng: &mut Rng, net: &mut Vec<(u64, Wire)>) {
-    if faults && rng.chance(o.loss) {
-        return;
-    }
-    let delay = 1 + if faults { rng.below(o.max_delay) } else { 0 };
-    net.push((tick + delay, w));
 }
 
 fn config() -> Config {
@@ -971,76 +886,6 @@ fn damage(disk: &MemStorage, rng: &mut Rng) -> Option<&'static str> {
             .remove("raft-snapshot")
             .ok()
             .map(|()| "snapshot deleted"),
-    }
-}
-
-/// A client's next request (correlation `corr`), and what the client
-/// expects of it.
-fn client_request(
-    rng: &mut Rng,
-    corr: u64,
-    now_ms: u64,
-    tick: u64,
-    next_key: &mut u64,
-    clients: &mut Clients,
-) -> (Op, InboundMessage) {
-    match rng.below(20) {
-        12.. => {
-            let k = rng.below(HOT_KEYS as u64) as usize;
-            let name = format!("hot-{k}");
-            let (op, parts): (linear::Op, Vec<Vec<u8>>) = match rng.below(5) {
-                0 | 1 => {
-                    *next_key += 1;
-                    let v = format!("v{next_key}").into_bytes();
-                    (
-                        linear::Op::Set(v.clone()),
-                        vec![b"SET".to_vec(), name.clone().into_bytes(), v],
-                    )
-                }
-                2 | 3 => (
-                    linear::Op::Get(None),
-                    vec![b"GET".to_vec(), name.clone().into_bytes()],
-                ),
-                _ => (
-                    linear::Op::Del(None),
-                    vec![b"DEL".to_vec(), name.clone().into_bytes()],
-                ),
-            };
-            clients.hot[k].push(linear::Event {
-                op,
-                call: tick,
-                ret: None,
-            });
-            let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-            (
-                Op::Hot(k, clients.hot[k].len() - 1),
-                request(&refs, corr, now_ms),
-            )
-        }
-        0..=5 => {
-            *next_key += 1;
-            let n = *next_key;
-            let (k, v) = (key(n), format!("value-{n}"));
-            (
-                Op::Set(n),
-                request(&[b"SET", k.as_bytes(), v.as_bytes()], corr, now_ms),
-            )
-        }
-        6..=10 if !clients.acknowledged.is_empty() => {
-            let n = clients.acknowledged[rng.below(clients.acknowledged.len() as u64) as usize];
-            (
-                Op::Get(n),
-                request(&[b"GET", key(n).as_bytes()], corr, now_ms),
-            )
-        }
-        _ if rng.chance(100) => (
-            Op::Poison,
-            request(&[b"SET", poison::POISON, b"v"], corr, now_ms),
-        ),
-        _ => (
-            Op::Ttl,
-            request(&[b"SET", b"ttl", b"v", b"PX", b"300"], corr, now_ms),
-        ),
     }
 }
 
