@@ -134,6 +134,18 @@ impl Deref for SessionState {
     }
 }
 
+/// What woke the session loop.
+enum Event {
+    KeepAlive,
+    DeliverTimeout,
+    Deliver(Option<Option<(From, Publish)>>),
+    Message(Option<Message>),
+    Packet(crate::Result<Option<Packet>>),
+    /// Nothing else was ready (and any hold on a PUBACK is over): write out
+    /// what is buffered.
+    Idle,
+}
+
 impl SessionState {
     #[inline]
     pub(crate) fn new(
@@ -343,6 +355,15 @@ impl SessionState {
 
         tokio::pin!(deliver_timeout_delay);
 
+        //Packets are written into the connection's buffer and flushed when
+        //the loop has nothing else ready, so the packets that become ready
+        //together (a PUBACK and the deliveries queued meanwhile, PUBACKs of
+        //several PUBLISHes read at once) leave in one write. A PUBACK of a
+        //PUBLISH to the `ack_hold` topic (a request whose reply comes back
+        //on this connection) waits for the next delivery, at most the hold's
+        //`max`, so that it and the reply leave together.
+        let hold = state.scx.ack_hold.clone();
+        let mut hold_until: Option<Instant> = None;
         loop {
             log::debug!("{:?} tokio::select! loop", state.id);
             deliver_timeout_delay.as_mut().reset(
@@ -354,57 +375,85 @@ impl SessionState {
                         .get_timeout()
                         .unwrap_or_else(|| Duration::from_secs(120)),
             );
+            let has_credit = state.out_inflight().read().await.has_credit();
+            let unflushed = sink.has_unflushed();
+            if !unflushed {
+                hold_until = None;
+            }
 
-            tokio::select! {
-                 _ = &mut keep_alive_delay => {
-                    return Err(Reason::ConnectKeepaliveTimeout)
-                },
+            let event = {
+                let next = async {
+                    tokio::select! {
+                        _ = &mut keep_alive_delay => Event::KeepAlive,
+                        _ = &mut deliver_timeout_delay => Event::DeliverTimeout,
+                        deliver_packet = deliver_queue_rx.next(), if has_credit => Event::Deliver(deliver_packet),
+                        msg = state.rx.next() => Event::Message(msg),
+                        pkt = sink.recv() => Event::Packet(pkt),
+                    }
+                };
+                let idle = async {
+                    if let Some(until) = hold_until {
+                        tokio::time::sleep_until(until).await;
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    event = next => event,
+                    _ = idle, if unflushed => Event::Idle,
+                }
+            };
 
-                _ = &mut deliver_timeout_delay => {
-                    while let Some(iflt_msg) = state.out_inflight().write().await.pop_front_timeout(){
+            match event {
+                Event::Idle => {
+                    hold_until = None;
+                    sink.flush().await?;
+                }
+                Event::KeepAlive => return Err(Reason::ConnectKeepaliveTimeout),
+                Event::DeliverTimeout => {
+                    while let Some(iflt_msg) = state.out_inflight().write().await.pop_front_timeout() {
                         log::debug!("{:?} has timeout message in inflight: {:?}", state.id, iflt_msg);
                         state.reforward(iflt_msg).await?;
                     }
-                },
-
-                deliver_packet = deliver_queue_rx.next(), if state.out_inflight().read().await.has_credit() => {
+                }
+                Event::Deliver(deliver_packet) => {
                     log::debug!("{:?} deliver_packet: {:?}", state.id, deliver_packet);
                     match deliver_packet {
                         Some(Some((from, p))) => {
                             state.deliver(sink, from, p).await?;
-                        },
+                            hold_until = None;
+                        }
                         Some(None) => {
                             log::warn!("{:?} No messages received from the delivery queue", state.id);
-                        },
-                        None => {
-                            return Err("Message delivery queue is closed".into())
                         }
+                        None => return Err("Message delivery queue is closed".into()),
                     }
                 }
-
-                msg = state.rx.next() => {
+                Event::Message(msg) => {
                     log::debug!("{:?} msg: {:?}", state.id, msg);
                     if let Some(msg) = msg {
                         #[cfg(feature = "debug")]
                         state.scx.stats.debug_session_channels.dec();
                         state.process_message(sink, msg, deliver_queue_tx, flags).await?;
-                    }else{
+                    } else {
                         return Err("No message received from the Rx".into());
                     }
                 }
-
-                pkt = sink.recv() => {
+                Event::Packet(pkt) => {
                     log::debug!("{:?} pkt: {:?}", state.id, pkt);
                     keep_alive_delay.as_mut().reset(Instant::now() + keep_alive_interval);
                     match pkt? {
                         Some(pkt) => {
+                            let held = hold.as_ref().filter(|h| h.holds(&pkt));
                             state.process_mqtt_message(sink, pkt, flags).await?;
                             //[MQTT-3.14.4] After a DISCONNECT the server closes the
                             //connection; it does not wait for the client to.
                             if flags.contains(StateFlags::DisconnectReceived) {
                                 return Ok(());
                             }
-                        },
+                            if let Some(h) = held {
+                                hold_until.get_or_insert_with(|| Instant::now() + h.max);
+                            }
+                        }
                         None => {
                             return Err(Reason::ConnectRemoteClose);
                         }

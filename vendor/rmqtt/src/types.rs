@@ -1442,6 +1442,29 @@ where
         Ok(())
     }
 
+    /// Whether packets were written into the connection's buffer
+    /// ([`Sink::publish`], [`Sink::send_publish_ack`]) and not yet flushed
+    /// to the socket: the session loop flushes them when it has nothing else
+    /// ready, so packets that become ready together leave in one write.
+    #[inline]
+    pub(crate) fn has_unflushed(&self) -> bool {
+        match self {
+            Sink::V3(s) => !s.io.write_buffer().is_empty(),
+            Sink::V5(s) => !s.io.write_buffer().is_empty(),
+        }
+    }
+
+    /// Writes out what [`Sink::has_unflushed`].
+    #[inline]
+    pub(crate) async fn flush(&mut self) -> Result<()> {
+        match self {
+            Sink::V3(s) => s.flush().await,
+            Sink::V5(s) => s.flush().await,
+        }
+    }
+
+    /// Writes a PUBLISH into the connection's buffer; the session loop
+    /// flushes it ([`Sink::has_unflushed`]).
     #[inline]
     pub(crate) async fn publish(
         &mut self,
@@ -1451,7 +1474,8 @@ where
     ) -> Result<()> {
         match self {
             Sink::V3(s) => {
-                s.send_publish(p.take()).await?;
+                feed(&mut s.io, codec::MqttPacket::V3(codec::v3::Packet::Publish(p.take())), s.cfg.send_timeout)
+                    .await?;
             }
             Sink::V5(s) => {
                 let (topic, alias) = {
@@ -1468,12 +1492,15 @@ where
                     properties.message_expiry_interval = message_expiry_interval;
                     properties.topic_alias = alias;
                 }
-                s.send_publish(p.take()).await?;
+                feed(&mut s.io, codec::MqttPacket::V5(codec::v5::Packet::Publish(p.take())), s.cfg.send_timeout)
+                    .await?;
             }
         }
         Ok(())
     }
 
+    /// Writes a PUBACK into the connection's buffer; the session loop
+    /// flushes it ([`Sink::has_unflushed`]).
     #[inline]
     pub(crate) async fn send_publish_ack(
         &mut self,
@@ -1482,7 +1509,8 @@ where
     ) -> Result<()> {
         match self {
             Sink::V3(s) => {
-                s.send_publish_ack(packet_id).await?;
+                let ack = codec::v3::Packet::PublishAck { packet_id };
+                feed(&mut s.io, codec::MqttPacket::V3(ack), s.cfg.send_timeout).await?;
             }
             Sink::V5(s) => {
                 let ack = PublishAckV5 {
@@ -1491,7 +1519,8 @@ where
                     properties: pubres.properties,
                     reason_string: pubres.reason_string,
                 };
-                s.send_publish_ack(ack).await?;
+                feed(&mut s.io, codec::MqttPacket::V5(codec::v5::Packet::PublishAck(ack)), s.cfg.send_timeout)
+                    .await?;
             }
         }
         Ok(())
@@ -3029,4 +3058,24 @@ fn test_reason() {
 
     let reasons = Reason::Reasons(vec![Reason::ConnectKicked(false), Reason::MessageExpiration]);
     assert_eq!(reasons.to_string(), "Kicked,MessageExpiration");
+}
+
+/// Encodes `packet` into the connection's write buffer without flushing it
+/// (the buffer is written out by itself only when it passes the codec's
+/// backpressure boundary).
+async fn feed<S>(io: &mut S, packet: codec::MqttPacket, send_timeout: Duration) -> Result<()>
+where
+    S: futures::Sink<codec::MqttPacket, Error = codec::error::EncodeError> + Unpin,
+{
+    use futures::SinkExt;
+    let encode = |e| MqttError::SendPacket(codec::error::SendPacketError::Encode(e));
+    if send_timeout.is_zero() {
+        io.feed(packet).await.map_err(encode)?;
+        return Ok(());
+    }
+    match tokio::time::timeout(send_timeout, io.feed(packet)).await {
+        Ok(r) => r.map_err(encode)?,
+        Err(_) => return Err(MqttError::WriteTimeout.into()),
+    }
+    Ok(())
 }

@@ -71,6 +71,11 @@ use tenant_transport::{BrokerTransport, Requesters};
 /// `$` ids are refused): routing a request copy to it drops the copy.
 const CONSUMED: &str = "$statestore/consumed";
 
+/// The longest a store request's PUBACK waits for its reply (they then
+/// leave in one write): about what a volatile store takes to answer under
+/// load; a request that takes longer (an fsync) is acked without its reply.
+const ACK_HOLD: Duration = Duration::from_millis(1);
+
 /// What the embedded broker lets clients make it hold:
 /// every default is a bound, and every one is a `serve` option.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -652,6 +657,12 @@ async fn broker_context(
             Some(limits.connect_timeout),
             Some(on_refuse),
         ))
+        // A request's PUBACK waits (at most ACK_HOLD) for its reply, so
+        // that both reach the client in one write.
+        .ack_hold(rmqtt::context::AckHold {
+            topic: statestore_guest::rpc::REQUEST_TOPIC.to_string(),
+            max: ACK_HOLD,
+        })
         .build()
         .await;
     let retained = Arc::new(crate::transport::embedded::retained::Retained::open(
