@@ -122,16 +122,18 @@ pub struct ServerContextBuilder {
 }
 
 /// The PUBACK of a QoS 1 PUBLISH to `topic` (a request whose reply is
-/// delivered on the same connection) waits up to `max` for the session's
-/// next delivery, so that the two leave in one write: one system call and
-/// one wake-up of the client instead of two. The client's request is acked
-/// no later than `max` after it was handled.
+/// delivered on the same connection) waits for the session's next delivery
+/// while the session's task lets the runtime's other tasks run, at most
+/// `yields` times, so that the two leave in one write: one system call and
+/// one wake-up of the client instead of two. A responder that is a task of
+/// the same runtime, woken by the request, usually answers within the
+/// first; one that takes longer finds the PUBACK already sent.
 #[derive(Clone, Debug)]
 pub struct AckHold {
     /// The exact topic name of such requests.
     pub topic: String,
-    /// The longest a PUBACK waits.
-    pub max: std::time::Duration,
+    /// How many times the session yields before it sends the PUBACK alone.
+    pub yields: u32,
 }
 
 impl AckHold {

@@ -144,6 +144,9 @@ enum Event {
     /// Nothing else was ready (and any hold on a PUBACK is over): write out
     /// what is buffered.
     Idle,
+    /// Nothing else was ready while a PUBACK is held: the loop let the
+    /// runtime's other tasks run once.
+    Yielded,
 }
 
 impl SessionState {
@@ -360,10 +363,12 @@ impl SessionState {
         //together (a PUBACK and the deliveries queued meanwhile, PUBACKs of
         //several PUBLISHes read at once) leave in one write. A PUBACK of a
         //PUBLISH to the `ack_hold` topic (a request whose reply comes back
-        //on this connection) waits for the next delivery, at most the hold's
-        //`max`, so that it and the reply leave together.
+        //on this connection) waits for the next delivery while the loop lets
+        //the runtime's other tasks run, at most the hold's `yields` times
+        //(no timer: arming one per request costs a wake-up of the timer
+        //driver), so that it and the reply leave together.
         let hold = state.scx.ack_hold.clone();
-        let mut hold_until: Option<Instant> = None;
+        let mut hold_left: u32 = 0;
         loop {
             log::debug!("{:?} tokio::select! loop", state.id);
             deliver_timeout_delay.as_mut().reset(
@@ -378,7 +383,7 @@ impl SessionState {
             let has_credit = state.out_inflight().read().await.has_credit();
             let unflushed = sink.has_unflushed();
             if !unflushed {
-                hold_until = None;
+                hold_left = 0;
             }
 
             let event = {
@@ -392,22 +397,25 @@ impl SessionState {
                     }
                 };
                 let idle = async {
-                    if let Some(until) = hold_until {
-                        tokio::time::sleep_until(until).await;
+                    if hold_left > 0 {
+                        tokio::task::yield_now().await;
+                        Event::Yielded
+                    } else {
+                        Event::Idle
                     }
                 };
                 tokio::select! {
                     biased;
                     event = next => event,
-                    _ = idle, if unflushed => Event::Idle,
+                    event = idle, if unflushed => event,
                 }
             };
 
             match event {
                 Event::Idle => {
-                    hold_until = None;
                     sink.flush().await?;
                 }
+                Event::Yielded => hold_left -= 1,
                 Event::KeepAlive => return Err(Reason::ConnectKeepaliveTimeout),
                 Event::DeliverTimeout => {
                     while let Some(iflt_msg) = state.out_inflight().write().await.pop_front_timeout() {
@@ -420,7 +428,7 @@ impl SessionState {
                     match deliver_packet {
                         Some(Some((from, p))) => {
                             state.deliver(sink, from, p).await?;
-                            hold_until = None;
+                            hold_left = 0;
                         }
                         Some(None) => {
                             log::warn!("{:?} No messages received from the delivery queue", state.id);
@@ -451,7 +459,7 @@ impl SessionState {
                                 return Ok(());
                             }
                             if let Some(h) = held {
-                                hold_until.get_or_insert_with(|| Instant::now() + h.max);
+                                hold_left = hold_left.max(h.yields);
                             }
                         }
                         None => {

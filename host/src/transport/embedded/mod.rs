@@ -71,10 +71,12 @@ use tenant_transport::{BrokerTransport, Requesters};
 /// `$` ids are refused): routing a request copy to it drops the copy.
 const CONSUMED: &str = "$statestore/consumed";
 
-/// The longest a store request's PUBACK waits for its reply (they then
-/// leave in one write): about what a volatile store takes to answer under
-/// load; a request that takes longer (an fsync) is acked without its reply.
-const ACK_HOLD: Duration = Duration::from_millis(1);
+/// How many times a store request's session lets the runtime's other tasks
+/// run while its PUBACK waits for the reply (they then leave in one write):
+/// the store's driver, woken by the request, usually answers within the
+/// first; a request that takes longer (an fsync) is acked without its
+/// reply.
+const ACK_HOLD_YIELDS: u32 = 4;
 
 /// What the embedded broker lets clients make it hold:
 /// every default is a bound, and every one is a `serve` option.
@@ -657,11 +659,12 @@ async fn broker_context(
             Some(limits.connect_timeout),
             Some(on_refuse),
         ))
-        // A request's PUBACK waits (at most ACK_HOLD) for its reply, so
-        // that both reach the client in one write.
+        // A request's PUBACK waits (while its session yields at most
+        // ACK_HOLD_YIELDS times) for its reply, so that both reach the
+        // client in one write.
         .ack_hold(rmqtt::context::AckHold {
             topic: statestore_guest::rpc::REQUEST_TOPIC.to_string(),
-            max: ACK_HOLD,
+            yields: ACK_HOLD_YIELDS,
         })
         .build()
         .await;
