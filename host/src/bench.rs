@@ -176,8 +176,13 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
         report.requests += r.requests;
         report.timeouts += r.timeouts;
         report.latencies_us.extend(r.latencies_us);
+        // The load's time is its longest client's: connecting, and
+        // deleting what it wrote afterwards, are not part of it.
+        report.elapsed = report.elapsed.max(r.elapsed);
     }
-    report.elapsed = start.elapsed();
+    if report.elapsed.is_zero() {
+        report.elapsed = start.elapsed();
+    }
     report.latencies_us.sort_unstable();
     Ok(report)
 }
