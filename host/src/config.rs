@@ -80,6 +80,13 @@ pub struct TenantDefaults {
     pub node_id: String,
 }
 
+/// The byte quota of a store whose memory cap is `memory_mib` and which
+/// sets none: a third of the cap, in whole MiB (the keys and values, a
+/// snapshot of them and the work of a call all live in the guest's memory).
+pub fn default_max_bytes(memory_mib: u64) -> u64 {
+    ((memory_mib / 3) << 20).max(1)
+}
+
 impl Default for TenantDefaults {
     fn default() -> TenantDefaults {
         TenantDefaults {
@@ -463,7 +470,7 @@ fn tenant_spec(
                 max_bytes: Some(
                     s.max_bytes
                         .or(inherited.max_bytes)
-                        .unwrap_or(((memory_mib / 3) << 20).max(1)),
+                        .unwrap_or(default_max_bytes(memory_mib)),
                 ),
                 max_key_bytes: Some(s.max_key_bytes.unwrap_or(inherited.max_key_bytes)),
                 max_value_bytes: Some(s.max_value_bytes.unwrap_or(inherited.max_value_bytes)),

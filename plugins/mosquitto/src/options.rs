@@ -116,7 +116,7 @@ impl Default for PluginOptions {
             fsync: Fsync::Everysec,
             node_id: "mosquitto".into(),
             memory_bytes: usize::try_from(serve.memory_mib << 20).unwrap_or(usize::MAX),
-            max_bytes: (serve.memory_mib << 20) / 3,
+            max_bytes: statestore::config::default_max_bytes(serve.memory_mib),
             max_value_bytes: serve.max_value_bytes,
             max_key_bytes: serve.max_key_bytes,
             call_ms: serve.call_ms,
@@ -218,7 +218,9 @@ impl PluginOptions {
                 }
             }
         }
-        o.max_bytes = max_bytes.unwrap_or(o.memory_bytes as u64 / 3);
+        o.max_bytes = max_bytes.unwrap_or(statestore::config::default_max_bytes(
+            o.memory_bytes as u64 >> 20,
+        ));
         if o.max_bytes > o.memory_bytes as u64 / 3 {
             bail!(
                 "plugin_opt_max_bytes_mib: at most a third of plugin_opt_memory_mib ({} MiB)",

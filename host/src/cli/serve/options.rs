@@ -99,7 +99,8 @@ pub fn tenant_defaults(args: &ServeArgs) -> config::TenantDefaults {
 
 /// `--max-bytes`, or a third of `--memory` (in whole MiB).
 pub fn max_bytes(args: &ServeArgs) -> u64 {
-    args.max_bytes.unwrap_or(((args.memory >> 20) / 3) << 20)
+    args.max_bytes
+        .unwrap_or(config::default_max_bytes(args.memory >> 20))
 }
 
 /// The TLS listener the flags ask for.
