@@ -82,6 +82,21 @@ fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// Starts a `watch` and returns once it has registered (its stderr says
+/// so), with its stderr collected.
+fn watching(mut w: std::process::Command) -> std::process::Child {
+    w.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = w.spawn().expect("watch");
+    let log = statestore_tests::process::capture_stderr(&mut child);
+    statestore_tests::process::wait_for(&log, "statestore: watching ", Duration::from_secs(30));
+    child
+}
+
+/// A watcher's output once it has ended (within a minute).
+fn ended(watcher: std::process::Child) -> Output {
+    statestore_tests::process::output_within(watcher, Duration::from_secs(60))
+}
+
 fn scenario(store: &Store) {
     // set prints the version; get prints the value alone.
     let o = store.run(&["set", "greeting", "hello world"]);
@@ -129,16 +144,13 @@ fn scenario(store: &Store) {
 fn watch_and_lock(store: &Store) {
     // watch: one line per change, until --count.
     let mut w = bin();
-    w.args(["watch", "--broker", &store.url, "--count", "3", "w1", "w2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let watcher = w.spawn().expect("watch");
-    std::thread::sleep(Duration::from_millis(700));
+    w.args(["watch", "--broker", &store.url, "--count", "3", "w1", "w2"]);
+    let watcher = watching(w);
     let v1 = store.run(&["set", "w1", "one"]);
     store.run(&["set", "other", "ignored"]);
     let v2 = store.run(&["set", "w2", "two"]);
     assert_eq!(code(&store.run(&["del", "w1"])), 0);
-    let out = watcher.wait_with_output().expect("watch ends");
+    let out = ended(watcher);
     assert_eq!(code(&out), 0, "{out:?}");
     let text = String::from_utf8(out.stdout).expect("utf-8");
     let lines: Vec<&str> = text.lines().collect();
@@ -510,25 +522,22 @@ fn several_keys_json_and_escaped_lines() {
     let spawn = |extra: &[&str]| {
         let mut w = bin();
         w.args(["watch", "--broker", &store.url, "--count", "2", "w/k"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        w.spawn().expect("watch")
+            .args(extra);
+        watching(w)
     };
     let text = spawn(&[]);
     let json = spawn(&["-o", "json"]);
-    std::thread::sleep(Duration::from_millis(800));
     let v1 = store.run_with(&["set", "w/k"], Some(b"two\nlines \xff\\"));
     assert_eq!(code(&v1), 0, "{v1:?}");
     assert_eq!(code(&store.run(&["del", "w/k"])), 0);
     let v1 = String::from_utf8_lossy(&v1.stdout).trim().to_string();
-    let out = text.wait_with_output().expect("watch ends");
+    let out = ended(text);
     let lines = String::from_utf8(out.stdout).expect("utf-8");
     let lines: Vec<&str> = lines.lines().collect();
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(lines[0], format!("w/k SET two\\nlines \\xff\\\\ {v1}"));
     assert!(lines[1].starts_with("w/k DELETE "), "{lines:?}");
-    let out = json.wait_with_output().expect("watch ends");
+    let out = ended(json);
     let objects: Vec<serde_json::Value> = out
         .stdout
         .split(|b| *b == b'\n')
@@ -588,14 +597,14 @@ fn several_brokers_and_a_watch_that_reconnects() {
         .stderr(Stdio::piped());
     let mut watcher = w.spawn().expect("watch");
     let log = statestore_tests::process::capture_stderr(&mut watcher);
-    std::thread::sleep(Duration::from_millis(800));
+    statestore_tests::process::wait_for(&log, "watching 1 keys", Duration::from_secs(30));
     server.kill9();
     statestore_tests::process::wait_for(&log, "connecting again", Duration::from_secs(10));
     let _server = serve();
     statestore_tests::process::wait_for(&log, "watching again", Duration::from_secs(30));
     let set = run(&["set", "r", "after"]);
     assert_eq!(code(&set), 0, "{set:?}");
-    let out = watcher.wait_with_output().expect("watch ends");
+    let out = ended(watcher);
     assert_eq!(code(&out), 0, "{out:?}");
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(line.starts_with("r SET after "), "{line}");
@@ -689,20 +698,20 @@ fn watch_takes_patterns() {
     assert_eq!(code(&store.run(&["set", "q/a", "1"])), 0);
     let mut w = bin();
     w.args(["watch", "--broker", &store.url, "--count", "3"])
-        .args(["--pattern", "p/*", "--rescan", "200ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let watcher = w.spawn().expect("watch");
-    std::thread::sleep(Duration::from_millis(800));
+        .args(["--pattern", "p/*", "--rescan", "200ms"]);
+    let mut watcher = watching(w);
+    // Its lines as they come, so the DEL waits until a rescan found p/new.
+    let lines = statestore_tests::process::capture_stdout(&mut watcher);
     let v = |o: Output| String::from_utf8_lossy(&o.stdout).trim().to_string();
     let v1 = v(store.run(&["set", "p/a", "2"]));
     store.run(&["set", "q/a", "2"]);
     let v2 = v(store.run(&["set", "p/new", "3"]));
-    std::thread::sleep(Duration::from_millis(800));
+    statestore_tests::process::wait_for(&lines, "p/new SET", Duration::from_secs(30));
     assert_eq!(code(&store.run(&["del", "p/new"])), 0);
-    let out = watcher.wait_with_output().expect("watch ends");
+    let out = ended(watcher);
     assert_eq!(code(&out), 0, "{out:?}");
-    let text = String::from_utf8(out.stdout).expect("utf-8");
+    statestore_tests::process::wait_for(&lines, "p/new DELETE", Duration::from_secs(5));
+    let text = lines.lock().expect("lines").clone();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
     assert_eq!(lines[0], format!("p/a SET 2 {v1}"));
@@ -711,4 +720,47 @@ fn watch_takes_patterns() {
     // Neither keys nor a pattern: refused.
     let o = store.run(&["watch"]);
     assert_eq!(code(&o), 2, "{o:?}");
+}
+
+/// A notification that arrives while the client waits for a reply of its
+/// own (a `watch` rescanning) is kept for `next_notification`, not taken
+/// for a stray reply and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_during_a_request_is_kept() {
+    use statestore::client::{Client, ClientOptions};
+    let store = embedded();
+    let opts = |id: &str| ClientOptions {
+        brokers: vec![store.url.parse().expect("url")],
+        client_id: id.into(),
+        credentials: None,
+        ca_file: None,
+        client_cert: None,
+        timeout: Duration::from_secs(10),
+    };
+    let mut watcher = Client::connect(&opts("kept-watcher"))
+        .await
+        .expect("connect");
+    watcher.subscribe_notifications().await.expect("subscribe");
+    let r = watcher.request(&[b"KEYNOTIFY", b"kept"], &[]).await;
+    assert_eq!(r.expect("KEYNOTIFY").status, "200");
+    let mut writer = Client::connect(&opts("kept-writer"))
+        .await
+        .expect("connect");
+    let r = writer.request(&[b"SET", b"kept", b"v"], &[]).await;
+    assert_eq!(r.expect("SET").status, "200");
+    // The notification was sent before the writer's reply, so it reaches
+    // the watcher's connection before the reply to this GET does.
+    let r = watcher.request(&[b"GET", b"kept"], &[]).await;
+    assert_eq!(r.expect("GET").status, "200");
+    let n = watcher
+        .next_notification(Some(Duration::from_secs(5)))
+        .await;
+    let n = n
+        .expect("connected")
+        .expect("the notification is still there");
+    let n = statestore::client::Notification::parse(&n).expect("a notification");
+    assert_eq!(
+        (&n.key[..], n.value.as_deref()),
+        (&b"kept"[..], Some(&b"v"[..]))
+    );
 }

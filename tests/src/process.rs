@@ -7,8 +7,17 @@ use std::time::{Duration, Instant};
 
 /// Collects a child's stderr in the background.
 pub fn capture_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    collect(child.stderr.take().expect("piped stderr"))
+}
+
+/// Collects a child's stdout in the background.
+pub fn capture_stdout(child: &mut Child) -> Arc<Mutex<String>> {
+    collect(child.stdout.take().expect("piped stdout"))
+}
+
+/// Reads `pipe` to its end into a shared string, on a thread.
+fn collect(mut pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));
-    let mut pipe = child.stderr.take().expect("piped stderr");
     let sink = log.clone();
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
@@ -34,6 +43,26 @@ pub fn wait_for(log: &Mutex<String>, text: &str, limit: Duration) {
             log.lock().expect("log lock")
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for `child` to exit and collects its output; kills it and panics
+/// if it has not exited within `limit`.
+pub fn output_within(child: Child, limit: Duration) -> std::process::Output {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait for the child"),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            let out = rx.recv().map(|o| o.ok());
+            panic!("the child did not exit within {limit:?}: {out:?}");
+        }
     }
 }
 

@@ -182,6 +182,10 @@ pub struct Client {
     opts: ClientOptions,
     /// Which of `opts.brokers` we are connected to.
     at: usize,
+    /// Messages that are not replies (notifications) which arrived while a
+    /// request waited for its reply: [`Client::next_notification`] returns
+    /// them first, so a `watch` that sends a SCAN misses nothing meanwhile.
+    pending: std::collections::VecDeque<Publish>,
 }
 
 /// One MQTT connection of a [`Client`].
@@ -213,6 +217,7 @@ impl Client {
             next: 0,
             opts: opts.clone(),
             at,
+            pending: std::collections::VecDeque::new(),
         })
     }
 
@@ -383,7 +388,10 @@ impl Client {
                 .ok_or_else(|| anyhow!("the connection to the broker was lost"))?;
             let props = p.properties.clone().unwrap_or_default();
             if props.correlation_data.as_deref() != Some(&correlation[..]) {
-                continue; // a notification, or a late reply
+                if !p.topic.ends_with(b"/response") {
+                    self.pending.push_back(p); // a notification: kept for later
+                }
+                continue; // or a late reply
             }
             let prop = |name: &str| {
                 props
@@ -418,6 +426,9 @@ impl Client {
 
     /// The next message that is not a reply, if one comes within `wait`.
     pub async fn next_notification(&mut self, wait: Option<Duration>) -> Result<Option<Publish>> {
+        if let Some(p) = self.pending.pop_front() {
+            return Ok(Some(p));
+        }
         loop {
             let p = match wait {
                 Some(w) => match tokio::time::timeout(w, self.rx.recv()).await {

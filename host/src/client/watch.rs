@@ -25,7 +25,8 @@ pub struct WatchSpec {
 /// notification (`<key> SET <value> <version>` or `<key> DELETE <version>`,
 /// escaped; or one JSON object per line) until `count` lines if given. A key
 /// that a pattern matches for the first time at a rescan is registered and
-/// printed as a SET of its value then. When the connection drops it says
+/// printed as a SET of its value then. Once registered it says so on stderr
+/// (`watching N keys through <broker>`). When the connection drops it says
 /// so on stderr and connects again (to the next broker of the list),
 /// registering again, until it is stopped.
 pub async fn watch(
@@ -45,6 +46,11 @@ pub async fn watch(
         }
     }
     out.flush()?;
+    eprintln!(
+        "statestore: watching {} keys through {}",
+        watched.len(),
+        c.broker()
+    );
     let mut rescan = tokio::time::interval(spec.rescan.max(Duration::from_millis(100)));
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     rescan.tick().await;
