@@ -266,7 +266,9 @@ async fn one_client(
     let start = Instant::now();
     let mut rng: u64 =
         0x2545_F491_4F6C_DD1D ^ (link.id.len() as u64 * 7919) ^ u64::from(std::process::id());
-    let mut written = vec![false; opts.keys];
+    // The keys SET, for the cleanup: as many as requests at most, whatever
+    // `--keys` says (it may be 2^64 - 1, so that no key repeats).
+    let mut written = std::collections::BTreeSet::new();
     let key = |k: usize| format!("{}{c}-{k}", opts.prefix);
     let mut n: u64 = 0;
     while n < max && start.elapsed() < opts.duration {
@@ -278,7 +280,9 @@ async fn one_client(
         let payload = if get {
             statestore_guest::resp3::request(&[b"GET", key(k).as_bytes()])
         } else {
-            written[k] = true;
+            if opts.cleanup {
+                written.insert(k);
+            }
             statestore_guest::resp3::request(&[b"SET", key(k).as_bytes(), &value])
         };
         match link.round_trip(payload).await? {
@@ -289,7 +293,7 @@ async fn one_client(
     }
     let elapsed = start.elapsed();
     if opts.cleanup && opts.topic == REQUEST_TOPIC {
-        for (k, _) in written.iter().enumerate().filter(|(_, w)| **w) {
+        for &k in &written {
             let del = statestore_guest::resp3::request(&[b"DEL", key(k).as_bytes()]);
             if link.round_trip(del).await?.is_none() {
                 bail!("no reply to a DEL of the cleanup within 10 s");

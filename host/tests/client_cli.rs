@@ -661,6 +661,22 @@ fn bench_cleans_up_and_bench_and_echo_log_in() {
     let kept = with(&password, &["keys", "b2/*"]);
     assert_eq!(code(&kept), 0, "{kept:?}");
     assert!(String::from_utf8_lossy(&kept.stdout).lines().count() > 1);
+    // Keys that never repeat (--keys 2^64 - 1): the cleanup still finds them.
+    let o = with(
+        &password,
+        &[
+            &bench[..5],
+            &["--keys", "18446744073709551615", "--max-requests", "50"],
+            &["--prefix", "b3/"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("requests=50 "),
+        "{o:?}"
+    );
+    assert_eq!(code(&with(&password, &["keys", "b3/*"])), 1, "cleaned up");
     // A wrong password: said at once, by bench and by echo.
     for args in [&bench[..], &["echo"][..]] {
         let started = std::time::Instant::now();
