@@ -631,6 +631,23 @@ impl RawClient {
             .expect("suback")
     }
 
+    /// Subscribes at `qos` with subscription identifier `id`, and waits for
+    /// the SUBACK; whether it was granted.
+    pub async fn subscribe_with_id(&mut self, filter: &str, qos: QoS, id: usize) -> bool {
+        let props = rumqttc::v5::mqttbytes::v5::SubscribeProperties {
+            id: Some(id),
+            user_properties: Vec::new(),
+        };
+        self.client
+            .subscribe_with_properties(filter, qos, props)
+            .await
+            .expect("subscribe");
+        tokio::time::timeout(Duration::from_secs(5), self.subacks.recv())
+            .await
+            .expect("suback in time")
+            .expect("suback")
+    }
+
     /// This client's response topic.
     pub fn response_topic(&self) -> String {
         format!(

@@ -216,6 +216,57 @@ async fn requests_are_consumed_by_the_store() {
     store.stop().await;
 }
 
+/// A reply reaches its requester by the requester's own subscriptions, as
+/// any message would: one copy, at the highest QoS of the subscriptions
+/// that match its topic, with every one of their identifiers; and when
+/// none matches, it is put into the requester's session all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_follows_its_requesters_own_subscriptions() {
+    use rumqttc::v5::mqttbytes::QoS;
+    let store = Embedded::start().await;
+    let mut c = RawClient::connect(store.port, "overlapping").await;
+    assert!(
+        c.subscribe_with_id("clients/overlapping/r", QoS::AtMostOnce, 1)
+            .await
+    );
+    assert!(
+        c.subscribe_with_id("clients/overlapping/#", QoS::AtLeastOnce, 2)
+            .await
+    );
+    // Another client's subscriptions to the topic change nothing.
+    let mut other = RawClient::connect(store.port, "other").await;
+    let _ = other.try_subscribe("clients/overlapping/r").await;
+    let mut props = c.request_properties();
+    props.response_topic = Some("clients/overlapping/r".into());
+    let reply = c
+        .call_with(resp(&[b"SET", b"k", b"v"]), props)
+        .await
+        .expect("a reply");
+    assert_eq!(text(&reply), "+OK\r\n");
+    assert_eq!(reply.qos, QoS::AtLeastOnce, "the highest matching QoS");
+    let mut ids = reply
+        .properties
+        .expect("properties")
+        .subscription_identifiers;
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2], "every matching subscription's identifier");
+    assert!(
+        c.recv(Duration::from_millis(300)).await.is_none(),
+        "one copy"
+    );
+    assert!(other.recv(Duration::from_millis(300)).await.is_none());
+    // No subscription matches: the reply comes anyway.
+    let mut bare = RawClient::connect(store.port, "bare").await;
+    let mut props = bare.request_properties();
+    props.response_topic = Some("clients/bare/unsubscribed".into());
+    let reply = bare
+        .call_with(resp(&[b"GET", b"k"]), props)
+        .await
+        .expect("a reply with no subscription");
+    assert_eq!(text(&reply), "$1\r\nv\r\n");
+    store.stop().await;
+}
+
 /// The store's traffic is private with no rules file, by delivery: a
 /// snoop may subscribe to anything (`#`, `clients/+/...`, the victim's own
 /// topics, a shared subscription), and still gets none of another client's

@@ -463,7 +463,7 @@ fn check_filter(f: &str) -> Result<()> {
 }
 
 /// Whether the topic name `topic` matches the filter `filter`.
-fn matches(filter: &str, topic: &str) -> bool {
+pub(crate) fn matches(filter: &str, topic: &str) -> bool {
     // Wildcards at the first level do not match `$` topics.
     if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
         return false;

@@ -192,6 +192,51 @@ fn direct(target: &ClientId, publish: &Publish) -> SubRelation {
     (publish.topic.clone(), target.clone(), opts, None, None)
 }
 
+impl BoundedShared {
+    /// The relation by which a message for `target` alone (a reply)
+    /// reaches it through its own subscriptions, read from its session
+    /// rather than by walking the topic tree and every subscriber of the
+    /// topic: the same as [`matches`] keeping `target`'s relation. One
+    /// relation for all its matching (non-shared) subscriptions, at the
+    /// highest of their QoS, with all their subscription identifiers;
+    /// empty if none matches. A shared subscription of `target` is not
+    /// used (a group's member is chosen by the group, and the message is
+    /// for `target` whichever it would be). `None` when its session is
+    /// not here or has an MQTT 3 subscription: then [`matches`] decides.
+    async fn own_relations(&self, target: &ClientId, publish: &Publish) -> Option<SubRelations> {
+        let session = self
+            .inner
+            .entry(Id::from(self.scx.node.id(), target.clone()))
+            .session()?;
+        let subs = session.subscriptions().await.ok()?;
+        let subs = subs.read().await;
+        let mut mine: Option<SubRelation> = None;
+        for (filter, opts) in subs.iter() {
+            if opts.is_v3() {
+                return None;
+            }
+            if opts.has_shared_group() || !crate::auth::policy::matches(filter, &publish.topic) {
+                continue;
+            }
+            match &mut mine {
+                None => {
+                    let ids = opts.subscription_identifier().map(|id| vec![id]);
+                    mine = Some((filter.clone(), target.clone(), opts.clone(), ids, None));
+                }
+                Some((_, _, first, ids, _)) => {
+                    if let Some(id) = opts.subscription_identifier() {
+                        ids.get_or_insert_with(Vec::new).push(id);
+                    }
+                    if opts.qos() > first.qos() {
+                        first.set_qos(opts.qos());
+                    }
+                }
+            }
+        }
+        Some(mine.into_iter().collect())
+    }
+}
+
 /// The subscriptions on this node that `publish` reaches, one relation per
 /// client; each at the highest QoS of that client's matching (non-shared)
 /// subscriptions, as MQTT 5 asks (MQTT-3.3.4-2): rmqtt keeps the first
@@ -267,11 +312,14 @@ impl Shared for BoundedShared {
             // else's match (privacy by delivery); put straight into its
             // session if none of them matches (its reply is never lost).
             Some(target) if from.is_system() => {
-                let mut mine: SubRelations = matches(&**router, &self.scx, &from, &publish)
-                    .await
-                    .into_iter()
-                    .filter(|r| r.1 == *target)
-                    .collect();
+                let mut mine = match self.own_relations(target, &publish).await {
+                    Some(mine) => mine,
+                    None => matches(&**router, &self.scx, &from, &publish)
+                        .await
+                        .into_iter()
+                        .filter(|r| r.1 == *target)
+                        .collect(),
+                };
                 if mine.is_empty() {
                     mine.push(direct(target, &publish));
                 }
