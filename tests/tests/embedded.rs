@@ -213,6 +213,26 @@ async fn requests_are_consumed_by_the_store() {
         snoop.recv(Duration::from_millis(500)).await.is_none(),
         "other subscribers do not get requests"
     );
+    // Nor later: a request sent with the retain flag is not kept.
+    let props = c.request_properties();
+    let corr = props.correlation_data.clone();
+    c.client
+        .publish_with_properties(
+            REQUEST_TOPIC,
+            rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+            true,
+            resp(&[b"SET", b"k", b"retained"]),
+            props,
+        )
+        .await
+        .expect("publish");
+    let reply = c.recv(Duration::from_secs(10)).await.expect("a reply");
+    assert_eq!(reply.properties.and_then(|p| p.correlation_data), corr);
+    let mut late = RawClient::connect(store.port, "late-snoop").await;
+    late.subscribe(REQUEST_TOPIC).await;
+    if let Some(m) = late.recv(Duration::from_millis(500)).await {
+        panic!("a request was kept as a retained message: {}", text(&m));
+    }
     store.stop().await;
 }
 

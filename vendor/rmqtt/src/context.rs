@@ -119,6 +119,10 @@ pub struct ServerContextBuilder {
 
     /// PUBACKs that wait for the reply they precede.
     pub ack_hold: Option<AckHold>,
+
+    /// The target client id by which a `message_publish` hook says it has
+    /// consumed a PUBLISH: such a message is not routed, retained or stored.
+    pub consumed_target: Option<crate::types::ClientId>,
 }
 
 /// The PUBACK of a QoS 1 PUBLISH to `topic` (a request whose reply is
@@ -174,6 +178,7 @@ impl ServerContextBuilder {
             circuit_breaker_config: CircuitBreakerConfig::default(),
             pre_connect: Arc::new(crate::pre_connect::PreConnect::default()),
             ack_hold: None,
+            consumed_target: None,
         }
     }
 
@@ -181,6 +186,15 @@ impl ServerContextBuilder {
     /// default).
     pub fn ack_hold(mut self, hold: AckHold) -> Self {
         self.ack_hold = Some(hold);
+        self
+    }
+
+    /// The target client id (`Publish::target_clientid`) by which a
+    /// `message_publish` hook marks a PUBLISH it has consumed (none by
+    /// default): after the publish ACL check, such a message is
+    /// acknowledged and goes no further (not routed, retained or stored).
+    pub fn consumed_target(mut self, target: crate::types::ClientId) -> Self {
+        self.consumed_target = Some(target);
         self
     }
 
@@ -309,6 +323,7 @@ impl ServerContextBuilder {
                 circuit_breaker_config: self.circuit_breaker_config,
                 pre_connect: self.pre_connect,
                 ack_hold: self.ack_hold,
+                consumed_target: self.consumed_target,
             }),
         }
         .config()
@@ -372,6 +387,10 @@ pub struct ServerContextInner {
 
     /// PUBACKs that wait for the reply they precede.
     pub ack_hold: Option<AckHold>,
+
+    /// The target client id by which a `message_publish` hook says it has
+    /// consumed a PUBLISH: such a message is not routed, retained or stored.
+    pub consumed_target: Option<crate::types::ClientId>,
 }
 
 impl Deref for ServerContext {

@@ -1205,6 +1205,11 @@ impl SessionState {
             };
         }
 
+        // Consumed by a message_publish hook: nothing more to do with it.
+        if publish.target_clientid.is_some() && publish.target_clientid == self.scx.consumed_target {
+            return Ok(PublishResult::success());
+        }
+
         let message_storage_available = {
             #[cfg(feature = "msgstore")]
             {

@@ -68,7 +68,8 @@ use statestore_guest::{HostReply, StateMachine};
 use tenant_transport::{BrokerTransport, Requesters};
 
 /// A client id no client can have (MQTT client ids are never this long and
-/// `$` ids are refused): routing a request copy to it drops the copy.
+/// `$` ids are refused): the store's hook sends a request it took to it,
+/// and the broker (`consumed_target`) then takes it no further.
 const CONSUMED: &str = "$statestore/consumed";
 
 /// How many times a store request's session lets the runtime's other tasks
@@ -666,6 +667,9 @@ async fn broker_context(
             topic: statestore_guest::rpc::REQUEST_TOPIC.to_string(),
             yields: ACK_HOLD_YIELDS,
         })
+        // A request the store's hook took goes no further: not routed
+        // (nobody else gets it), not retained.
+        .consumed_target(ClientId::from(CONSUMED))
         .build()
         .await;
     let retained = Arc::new(crate::transport::embedded::retained::Retained::open(
