@@ -625,6 +625,11 @@ impl RawClient {
             .subscribe(filter, QoS::AtLeastOnce)
             .await
             .expect("subscribe");
+        self.suback().await
+    }
+
+    /// Whether the next SUBACK (within 5 s) granted the subscription.
+    async fn suback(&mut self) -> bool {
         tokio::time::timeout(Duration::from_secs(5), self.subacks.recv())
             .await
             .expect("suback in time")
@@ -642,10 +647,7 @@ impl RawClient {
             .subscribe_with_properties(filter, qos, props)
             .await
             .expect("subscribe");
-        tokio::time::timeout(Duration::from_secs(5), self.subacks.recv())
-            .await
-            .expect("suback in time")
-            .expect("suback")
+        self.suback().await
     }
 
     /// This client's response topic.
