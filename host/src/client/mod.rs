@@ -388,7 +388,7 @@ impl Client {
                 .ok_or_else(|| anyhow!("the connection to the broker was lost"))?;
             let props = p.properties.clone().unwrap_or_default();
             if props.correlation_data.as_deref() != Some(&correlation[..]) {
-                if !p.topic.ends_with(b"/response") {
+                if !is_reply(&p) {
                     self.pending.push_back(p); // a notification: kept for later
                 }
                 continue; // or a late reply
@@ -438,7 +438,7 @@ impl Client {
                 None => self.rx.recv().await,
             };
             let p = p.ok_or_else(|| anyhow!("the connection to the broker was lost"))?;
-            if p.topic.ends_with(b"/response") {
+            if is_reply(&p) {
                 continue;
             }
             return Ok(Some(p));
@@ -449,6 +449,11 @@ impl Client {
     pub async fn close(self) {
         let _ = self.client.disconnect().await;
     }
+}
+
+/// Whether `p` came on a response topic (a reply, not a notification).
+fn is_reply(p: &Publish) -> bool {
+    p.topic.ends_with(b"/response")
 }
 
 /// Now as an SDK's `__ts`: wall-clock ms, counter 0, our node id.
