@@ -219,6 +219,52 @@ async fn the_default_mode_is_a_complete_broker() {
     assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
 }
 
+/// The threads of a process named like tokio's workers.
+fn tokio_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process's threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "tokio-rt-worker")
+        .count()
+}
+
+/// --threads: one (the default) serves everything on the main thread, more
+/// on a pool of that many workers; both serve and stop cleanly; 0 is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_on_one_thread_or_a_pool() {
+    let o = run(&["serve", "--threads", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(stderr(&o).contains("--threads"), "{}", stderr(&o));
+    for (threads, workers) in [(None, 0), (Some("3"), 3)] {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut cmd = statestore();
+        cmd.args(["serve", "--listen", &listen]);
+        if let Some(n) = threads {
+            cmd.args(["--threads", n]);
+        }
+        let mut child = Reaped(
+            cmd.stderr(Stdio::piped())
+                .spawn()
+                .expect("start statestore"),
+        );
+        let log = capture_stderr(&mut child);
+        wait_for(
+            &log,
+            "embedded MQTT broker listening",
+            Duration::from_secs(30),
+        );
+        assert_eq!(tokio_workers(child.id()), workers, "--threads {threads:?}");
+        let status = set_get_then_sigterm(port, &mut child).await;
+        assert!(
+            status.success(),
+            "exit {status}: {}",
+            log.lock().expect("log lock")
+        );
+    }
+}
+
 #[test]
 fn bench_and_echo_run_against_a_real_store() {
     let port = free_port();

@@ -44,7 +44,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "--authorization with --broker: the store checks keys; Connect, Publish and Subscribe are the broker's to check"
         );
     }
-    let rt = server_runtime()?;
+    // One thread: a request and its reply never cross threads.
+    let rt = server_runtime(&args, 1)?;
     // Metrics first, so that /readyz says "starting" during recovery.
     let metrics = rt.block_on(start_metrics(&args))?;
     let max_memory = specs

@@ -335,12 +335,19 @@ pub fn users(
     })
 }
 
-/// The tokio runtime of a server: two workers.
-pub fn server_runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
+/// The tokio runtime of a server (--threads, else `default_threads`): one
+/// thread runs everything on the thread that calls `block_on`; more, a pool
+/// of that many workers.
+pub fn server_runtime(args: &ServeArgs, default_threads: u16) -> Result<tokio::runtime::Runtime> {
+    let mut builder = match args.threads.unwrap_or(default_threads) {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n.into());
+            b
+        }
+    };
+    Ok(builder.enable_all().build()?)
 }
 
 /// Starts the metrics endpoint of --metrics, if any.
