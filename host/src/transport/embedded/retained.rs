@@ -169,26 +169,33 @@ impl Retained {
             return Ok(());
         };
         let (items, _) = self.inner.get_all_paginated(0, usize::MAX).await?;
-        let now = unix_ms();
-        let saved: Vec<Saved> = items
-            .into_iter()
-            // `$SYS` is published anew by each run.
-            .filter(|(topic, _, _)| !topic.starts_with('$'))
-            .map(|(topic, r, left)| {
-                Saved::of(&topic, &r.publish, left.map(|l| now + l.as_millis() as u64))
-            })
-            .collect();
-        let text = serde_json::to_vec(&saved)?;
-        let tmp = file.with_extension("json.tmp");
-        let write = || -> Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&text)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, file)?;
-            Ok(())
-        };
-        write().with_context(|| format!("cannot write {}", file.display()))
+        let file = file.clone();
+        // Encoded, written and synced on a blocking thread: up to
+        // --max-retained-size of them would hold up the broker's thread.
+        tokio::task::spawn_blocking(move || {
+            let now = unix_ms();
+            let saved: Vec<Saved> = items
+                .into_iter()
+                // `$SYS` is published anew by each run.
+                .filter(|(topic, _, _)| !topic.starts_with('$'))
+                .map(|(topic, r, left)| {
+                    Saved::of(&topic, &r.publish, left.map(|l| now + l.as_millis() as u64))
+                })
+                .collect();
+            let tmp = file.with_extension("json.tmp");
+            let write = || -> Result<()> {
+                use std::io::Write;
+                let text = serde_json::to_vec(&saved)?;
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&text)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &file)?;
+                Ok(())
+            };
+            write().with_context(|| format!("cannot write {}", file.display()))
+        })
+        .await
+        .context("the retained messages' writer stopped")?
     }
 }
 
