@@ -26,6 +26,15 @@ pub struct ServeArgs {
     )]
     pub listen: SocketAddr,
 
+    /// Threads that serve connections and run the stores [default: 1; 2 on
+    /// a cluster replica]. One thread runs everything: no hand-offs between
+    /// threads, the least CPU per request and the most requests a second on a
+    /// small machine (BENCHMARKS.md). More let TLS connections, many clients
+    /// and several tenants use more cores, and keep a replica's links served
+    /// while its log syncs. Each tenant's store is one guest either way.
+    #[arg(help_heading = "Network", long, env = "STATESTORE_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+
     /// Serve through this broker instead of the embedded one:
     /// mqtt://HOST:PORT, or mqtts://HOST:PORT for TLS.
     /// (`STATESTORE_SERVE_BROKER`: the client commands' `STATESTORE_BROKER`
@@ -404,15 +413,6 @@ pub struct ServeArgs {
     /// ($STATESTORE_CACHE_DIR, $XDG_CACHE_HOME/statestore or ~/.cache/statestore).
     #[arg(help_heading = "Component and config file", long)]
     pub no_cache: bool,
-
-    /// Threads that serve connections and run the stores [default: 1; 2 on
-    /// a cluster replica]. One thread runs everything: no hand-offs between
-    /// threads, the least CPU per request and the most requests a second on a
-    /// small machine (BENCHMARKS.md). More let TLS connections, many clients
-    /// and several tenants use more cores, and keep a replica's links served
-    /// while its log syncs. Each tenant's store is one guest either way.
-    #[arg(help_heading = "Network", long, env = "STATESTORE_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub threads: Option<u16>,
 }
 
 /// `--response-topics` values.
