@@ -55,6 +55,11 @@ pub struct BenchReport {
     pub latencies_us: Vec<u32>,
     /// Requests that got no reply within 10 s.
     pub timeouts: u64,
+    /// Requests answered with an error (a RESP3 error: refused, over a
+    /// quota...), counted in `requests` too.
+    pub errors: u64,
+    /// The first of those errors, as the store said it.
+    pub first_error: Option<String>,
 }
 
 impl BenchReport {
@@ -75,14 +80,15 @@ impl BenchReport {
     /// One line: `ops/s p50 p99 p99.9`.
     pub fn line(&self) -> String {
         format!(
-            "requests={} seconds={:.2} ops_per_s={:.0} p50_us={} p99_us={} p999_us={} timeouts={}",
+            "requests={} seconds={:.2} ops_per_s={:.0} p50_us={} p99_us={} p999_us={} timeouts={} errors={}",
             self.requests,
             self.elapsed.as_secs_f64(),
             self.rate(),
             self.quantile_us(0.5),
             self.quantile_us(0.99),
             self.quantile_us(0.999),
-            self.timeouts
+            self.timeouts,
+            self.errors
         )
     }
 }
@@ -174,11 +180,15 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
         elapsed: Duration::ZERO,
         latencies_us: Vec::new(),
         timeouts: 0,
+        errors: 0,
+        first_error: None,
     };
     for t in tasks {
         let r = t.await??;
         report.requests += r.requests;
         report.timeouts += r.timeouts;
+        report.errors += r.errors;
+        report.first_error = report.first_error.or(r.first_error);
         report.latencies_us.extend(r.latencies_us);
         // The load's time is its longest client's: connecting, and
         // deleting what it wrote afterwards, are not part of it.
@@ -201,7 +211,7 @@ struct Link {
 impl Link {
     /// Sends one request and waits for its reply: `Some(latency)`, or
     /// `None` if none came within 10 s.
-    async fn round_trip(&mut self, payload: Vec<u8>) -> Result<Option<Duration>> {
+    async fn round_trip(&mut self, payload: Vec<u8>) -> Result<Option<(Duration, Bytes)>> {
         self.sent += 1;
         let corr = Bytes::from(self.sent.to_be_bytes().repeat(2));
         let props = PublishProperties {
@@ -231,15 +241,15 @@ impl Link {
                     .and_then(|x| x.correlation_data.as_ref())
                     == Some(&corr)
                 {
-                    return true;
+                    return Some(p.payload);
                 }
             }
-            false
+            None
         })
         .await;
         match got {
-            Ok(true) => Ok(Some(sent.elapsed())),
-            Ok(false) => bail!("the connection closed"),
+            Ok(Some(reply)) => Ok(Some((sent.elapsed(), reply))),
+            Ok(None) => bail!("the connection closed"),
             Err(_) => Ok(None),
         }
     }
@@ -264,6 +274,8 @@ async fn one_client(
     let value = vec![b'v'; opts.value_size];
     let mut lat = Vec::new();
     let mut timeouts = 0;
+    let mut errors = 0;
+    let mut first_error = None;
     let start = Instant::now();
     let mut rng: u64 =
         0x2545_F491_4F6C_DD1D ^ (link.id.len() as u64 * 7919) ^ u64::from(std::process::id());
@@ -287,7 +299,15 @@ async fn one_client(
             statestore_guest::resp3::request(&[b"SET", key(k).as_bytes(), &value])
         };
         match link.round_trip(payload).await? {
-            Some(d) => lat.push(u32::try_from(d.as_micros()).unwrap_or(u32::MAX)),
+            Some((d, reply)) => {
+                lat.push(u32::try_from(d.as_micros()).unwrap_or(u32::MAX));
+                if reply.first() == Some(&b'-') {
+                    errors += 1;
+                    first_error.get_or_insert_with(|| {
+                        String::from_utf8_lossy(&reply).trim_end().to_string()
+                    });
+                }
+            }
             None => timeouts += 1,
         }
         n += 1;
@@ -307,6 +327,8 @@ async fn one_client(
         elapsed,
         latencies_us: lat,
         timeouts,
+        errors,
+        first_error,
     })
 }
 

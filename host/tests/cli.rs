@@ -271,7 +271,7 @@ fn bench_and_echo_run_against_a_real_store() {
     let listen = format!("127.0.0.1:{port}");
     let mut store = Reaped(
         statestore()
-            .args(["serve", "--listen", &listen])
+            .args(["serve", "--listen", &listen, "--max-value", "1KiB"])
             .stderr(Stdio::piped())
             .spawn()
             .expect("serve"),
@@ -295,8 +295,34 @@ fn bench_and_echo_run_against_a_real_store() {
     assert!(o.status.success(), "{}", stderr(&o));
     let line = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
-        line.contains("requests=200 ") && line.contains("timeouts=0"),
+        line.contains("requests=200 ") && line.contains("timeouts=0 errors=0"),
         "{line}"
+    );
+    // Refused requests are counted and said, and fail the command.
+    let o = run(&[
+        "bench",
+        "--broker",
+        &url,
+        "--clients",
+        "1",
+        "--max-requests",
+        "10",
+        "--get-ratio",
+        "0",
+        "--value-size",
+        "2048",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("errors=10"),
+        "{o:?}"
+    );
+    assert!(
+        stderr(&o).contains(
+            "10 of 10 requests were answered with an error (counted in the figures above); the first: -ERR"
+        ),
+        "{}",
+        stderr(&o)
     );
     // The echo baseline on the same broker.
     let mut echo = Reaped(

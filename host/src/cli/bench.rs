@@ -101,6 +101,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     };
     let report = runtime()?.block_on(statestore::bench::run(opts))?;
     println!("{}", report.line());
+    if let Some(first) = &report.first_error {
+        anyhow::bail!(
+            "{} of {} requests were answered with an error (counted in the figures above); the first: {first}",
+            report.errors,
+            report.requests
+        );
+    }
     Ok(())
 }
 
