@@ -209,7 +209,7 @@ struct Link {
 }
 
 impl Link {
-    /// Sends one request and waits for its reply: `Some(latency)`, or
+    /// Sends one request and waits for its reply: `Some((latency, reply))`, or
     /// `None` if none came within 10 s.
     async fn round_trip(&mut self, payload: Vec<u8>) -> Result<Option<(Duration, Bytes)>> {
         self.sent += 1;
