@@ -192,33 +192,6 @@ fn broker_and_listen_are_exclusive() {
     assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_mode_is_a_complete_broker() {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut child = Reaped(
-        statestore()
-            .args(["serve", "--listen", &listen])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start statestore"),
-    );
-    let log = capture_stderr(&mut child);
-    wait_for(
-        &log,
-        "embedded MQTT broker listening",
-        Duration::from_secs(30),
-    );
-    let status = set_get_then_sigterm(port, &mut child).await;
-    assert!(
-        status.success(),
-        "exit {status}: {}",
-        log.lock().expect("log lock")
-    );
-    // The port is free again.
-    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
-}
-
 /// The threads of a process named like tokio's workers.
 fn tokio_workers(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -228,11 +201,11 @@ fn tokio_workers(pid: u32) -> usize {
         .count()
 }
 
-/// --threads: one (the default) serves everything on the main thread, more
-/// on a pool of that many workers; both serve and stop cleanly; 0 is
-/// refused.
+/// The default mode is a complete broker that serves and stops cleanly,
+/// freeing its port; on one thread (the default: no tokio workers) or a pool
+/// of `--threads` workers; `--threads 0` is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serves_on_one_thread_or_a_pool() {
+async fn the_default_mode_is_a_complete_broker() {
     let o = run(&["serve", "--threads", "0"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(stderr(&o).contains("--threads"), "{}", stderr(&o));
@@ -262,6 +235,8 @@ async fn serves_on_one_thread_or_a_pool() {
             "exit {status}: {}",
             log.lock().expect("log lock")
         );
+        // The port is free again.
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
     }
 }
 
