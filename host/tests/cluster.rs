@@ -1851,12 +1851,16 @@ fn current_log(data: &Path) -> PathBuf {
     data.join(format!("raft-log.{}", g.trim()))
 }
 
-/// Where each record of a Raft log file ends (`u32 len | u32 crc | len bytes`).
+/// Where each record of a Raft log file ends (`u32 len | u32 crc | len
+/// bytes`), up to the zeros the file is filled with ahead of its records.
 fn record_ends(data: &[u8]) -> Vec<usize> {
     let mut ends = Vec::new();
     let mut p = 0;
     while p + 8 <= data.len() {
         let len = u32::from_le_bytes(data[p..p + 4].try_into().expect("4")) as usize;
+        if len == 0 {
+            break;
+        }
         p += 8 + len;
         ends.push(p);
     }

@@ -17,8 +17,8 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -67,6 +67,21 @@ pub trait LogFile: Send + std::fmt::Debug {
     fn set_len(&mut self, len: u64) -> io::Result<()>;
     /// Another handle to the same file, to sync it from another thread.
     fn try_clone(&self) -> io::Result<Box<dyn LogFile>>;
+    /// From now on the file grows in zero-filled steps of `step` bytes
+    /// ahead of what is appended: an append then writes over zeros, and
+    /// syncing it does not change the file's length, which makes the sync
+    /// cheaper (no inode update; on this project's test machines an
+    /// overwrite and `fdatasync` took 0.55-0.65x an append and
+    /// `fdatasync`). Whoever reads the file must take an all-zero tail for
+    /// its end ([`zero_tail`]). The zeros are durable with the next sync.
+    fn zero_fill_ahead(&mut self, step: u64);
+}
+
+/// Whether `data` is all zeros: the unused tail of a file written with
+/// [`LogFile::zero_fill_ahead`] (a record never starts with a zero byte
+/// in the formats that use it: their length prefix is never 0).
+pub fn zero_tail(data: &[u8]) -> bool {
+    data.iter().all(|&b| b == 0)
 }
 
 /// A real directory, private to its owner: the directory is 0700 and every
@@ -97,21 +112,63 @@ impl DirStorage {
 }
 
 #[derive(Debug)]
-struct DirFile(File);
+struct DirFile {
+    file: File,
+    /// Where the next append goes.
+    end: u64,
+    /// The file's length: past `end` when zero-filled ahead.
+    len: u64,
+    /// [`LogFile::zero_fill_ahead`]'s step (0: none).
+    step: u64,
+}
+
+impl DirFile {
+    fn new(file: File) -> DirFile {
+        DirFile {
+            file,
+            end: 0,
+            len: 0,
+            step: 0,
+        }
+    }
+}
 
 impl LogFile for DirFile {
     fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.0.write_all(bytes)
+        let end = self.end + bytes.len() as u64;
+        self.file.write_all_at(bytes, self.end)?;
+        self.end = end;
+        if end > self.len {
+            self.len = end;
+            if self.step > 0 {
+                let to = end.div_ceil(self.step) * self.step;
+                static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+                while self.len < to {
+                    let n = (to - self.len).min(ZEROS.len() as u64);
+                    self.file.write_all_at(&ZEROS[..n as usize], self.len)?;
+                    self.len += n;
+                }
+            }
+        }
+        Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
     }
     fn set_len(&mut self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)?;
-        self.0.seek(SeekFrom::Start(len)).map(|_| ())
+        self.file.set_len(len)?;
+        self.end = len;
+        self.len = len;
+        Ok(())
     }
     fn try_clone(&self) -> io::Result<Box<dyn LogFile>> {
-        Ok(Box::new(DirFile(self.0.try_clone()?)))
+        Ok(Box::new(DirFile {
+            file: self.file.try_clone()?,
+            ..*self
+        }))
+    }
+    fn zero_fill_ahead(&mut self, step: u64) {
+        self.step = step;
     }
 }
 
@@ -180,7 +237,7 @@ impl Storage for DirStorage {
             .write(true)
             .mode(0o600)
             .open(self.path(name))?;
-        Ok(Box::new(DirFile(file)))
+        Ok(Box::new(DirFile::new(file)))
     }
 
     fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
@@ -228,6 +285,9 @@ struct MemFile {
     data: Vec<u8>,
     /// How much of `data` a crash keeps.
     synced: usize,
+    /// Zeros at the end of `data` past what was appended (written by
+    /// [`LogFile::zero_fill_ahead`]).
+    unused: usize,
 }
 
 #[derive(Debug, Default)]
@@ -353,20 +413,29 @@ impl MemStorage {
                 continue;
             };
             let mut kept = durable.data[..durable.synced].to_vec();
-            // A torn tail: the unsynced bytes the file had reached, if it
-            // is still the same file.
+            // A torn tail: the unsynced bytes appended after what was
+            // synced (over zeros filled ahead, or past the end), if it is
+            // still the same file.
+            let synced_end = durable.synced.saturating_sub(durable.unused);
             if let (Some(n), Some(cur_id)) = (torn, st.ids.get(name))
                 && cur_id == id
                 && let Some(cur) = st.files.get(name)
-                && cur.data.len() > kept.len()
-                && cur.data.starts_with(&kept)
+                && cur.data.len() - cur.unused > synced_end
+                && cur.data[..synced_end] == kept[..synced_end]
             {
-                let extra = (cur.data.len() - kept.len()).min(n);
-                kept.extend_from_slice(&cur.data[durable.synced..durable.synced + extra]);
+                let to = synced_end + (cur.data.len() - cur.unused - synced_end).min(n);
+                if kept.len() < to {
+                    kept.resize(to, 0);
+                }
+                kept[synced_end..to].copy_from_slice(&cur.data[synced_end..to]);
             }
             let id = after.new_id();
             let synced = kept.len();
-            let file = MemFile { data: kept, synced };
+            let file = MemFile {
+                data: kept,
+                synced,
+                unused: 0,
+            };
             after.files.insert(name.clone(), file.clone());
             after.ids.insert(name.clone(), id);
             after.durable_names.insert(name.clone(), id);
@@ -396,6 +465,8 @@ struct MemLogFile {
     storage: MemStorage,
     name: String,
     id: u64,
+    /// [`LogFile::zero_fill_ahead`]'s step (0: none).
+    step: usize,
 }
 
 impl MemLogFile {
@@ -420,11 +491,24 @@ impl MemLogFile {
 
 impl LogFile for MemLogFile {
     fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let step = self.step;
         self.with(|st, name| {
-            let n = st.take_space(bytes.len())?;
+            let f = st.files.get(name).ok_or_else(|| not_found(name))?;
+            let (len, end) = (f.data.len(), f.data.len() - f.unused);
+            let want = end + bytes.len();
+            let grown = match step {
+                _ if want <= len => len,
+                0 => want,
+                step => want.div_ceil(step) * step,
+            };
+            // A full disk takes what fits, in order: the bytes, then zeros.
+            let granted = st.take_space(grown - len)?;
             let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
-            f.data.extend_from_slice(&bytes[..n]);
-            if n < bytes.len() {
+            f.data.resize(len + granted, 0);
+            let fits = (f.data.len() - end).min(bytes.len());
+            f.data[end..end + fits].copy_from_slice(&bytes[..fits]);
+            f.unused = f.data.len() - end - fits;
+            if fits < bytes.len() || granted < grown - len {
                 return Err(disk_full());
             }
             Ok(())
@@ -450,6 +534,7 @@ impl LogFile for MemLogFile {
             let len = usize::try_from(len).map_err(io::Error::other)?;
             f.data.resize(len, 0);
             f.synced = f.synced.min(len);
+            f.unused = 0;
             Ok(())
         })
     }
@@ -459,7 +544,12 @@ impl LogFile for MemLogFile {
             storage: self.storage.clone(),
             name: self.name.clone(),
             id: self.id,
+            step: self.step,
         }))
+    }
+
+    fn zero_fill_ahead(&mut self, step: u64) {
+        self.step = usize::try_from(step).unwrap_or(usize::MAX);
     }
 }
 
@@ -501,6 +591,7 @@ impl Storage for MemStorage {
             storage: self.clone(),
             name: name.to_string(),
             id,
+            step: 0,
         }))
     }
 
@@ -513,6 +604,7 @@ impl Storage for MemStorage {
         let file = MemFile {
             data: bytes.to_vec(),
             synced: bytes.len(),
+            unused: 0,
         };
         if st.crashes {
             st.durable.insert(id, file.clone());
@@ -531,6 +623,7 @@ impl Storage for MemStorage {
         let id = *st.ids.get(name).ok_or_else(|| not_found(name))?;
         let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
         let len = usize::try_from(len).map_err(io::Error::other)?;
+        f.unused = f.unused.saturating_sub(f.data.len().saturating_sub(len));
         f.data.truncate(len);
         f.synced = f.data.len();
         let copy = f.clone();
@@ -660,6 +753,26 @@ pub mod conformance {
         Ok(())
     }
 
+    /// A file zero-filled ahead reads as what was appended, then zeros up
+    /// to a multiple of the step; appends write over the zeros; `set_len`
+    /// cuts it and the next append goes to the cut.
+    pub fn zero_filled_ahead(s: &dyn Storage) -> io::Result<()> {
+        let mut f = s.create("z.log")?;
+        f.zero_fill_ahead(8);
+        f.append(b"abc")?;
+        assert_eq!(s.read("z.log")?, b"abc\0\0\0\0\0");
+        f.append(b"defgh")?;
+        assert_eq!(s.read("z.log")?, b"abcdefgh");
+        f.append(b"ijklmnopqr")?;
+        f.sync()?;
+        assert_eq!(s.read("z.log")?, b"abcdefghijklmnopqr\0\0\0\0\0\0");
+        f.set_len(4)?;
+        f.append(b"X")?;
+        assert_eq!(s.read("z.log")?, b"abcdX\0\0\0");
+        assert!(super::zero_tail(&s.read("z.log")?[5..]));
+        Ok(())
+    }
+
     /// Every check, on storages made by `fresh` (two may share their files,
     /// for the lock check).
     pub fn all(fresh: &mut dyn FnMut() -> (Box<dyn Storage>, Box<dyn Storage>)) -> io::Result<()> {
@@ -668,6 +781,7 @@ pub mod conformance {
         let (a, b) = fresh();
         exclusive_lock(&*a, &*b)?;
         cloned_handles(&*fresh().0)?;
+        zero_filled_ahead(&*fresh().0)?;
         Ok(())
     }
 }
@@ -682,6 +796,27 @@ mod tests {
             let s = MemStorage::new();
             (Box::new(s.clone()), Box::new(s))
         })
+    }
+
+    /// A crash keeps the zeros synced ahead, and of what was written over
+    /// them since, only a torn tail.
+    #[test]
+    fn a_crash_keeps_synced_zeros_and_tears_what_was_written_over_them() -> io::Result<()> {
+        let s = MemStorage::new();
+        let mut f = s.create("z.log")?;
+        f.zero_fill_ahead(16);
+        f.append(b"one")?;
+        f.sync()?;
+        s.sync_dir()?;
+        f.append(b"two")?;
+        assert_eq!(&s.read("z.log")?[..6], b"onetwo");
+        let mut want = b"one".to_vec();
+        want.resize(16, 0);
+        assert_eq!(s.crash(None).read("z.log")?, want);
+        // A torn tail: part of what was written over the zeros.
+        want[3..5].copy_from_slice(b"tw");
+        assert_eq!(s.crash(Some(2)).read("z.log")?, want);
+        Ok(())
     }
 
     #[test]

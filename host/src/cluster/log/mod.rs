@@ -30,6 +30,12 @@
 //! records. Term and vote are taken from it when the log's are older: a
 //! replica never votes twice in one term.
 //!
+//! Both files are zero-filled ahead of their records
+//! ([`LogFile::zero_fill_ahead`]: `raft-state` once, 68 KiB, the log in
+//! steps of 256 KiB), so a record is written over zeros and syncing it
+//! does not change the file's length: the two syncs of a round are
+//! cheaper. An all-zero tail is the end of a file, not a tear.
+//!
 //! Recovery reads the snapshot, then the current generation's records in
 //! order. A record cut short or failing its checksum at the end of the file
 //! is a torn tail (written, never synced, so never acknowledged): it is cut
@@ -48,7 +54,7 @@ use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, Storage as _};
 
-use crate::store::storage::{LogFile, Storage};
+use crate::store::storage::{LogFile, Storage, zero_tail};
 
 const SNAPSHOT: &str = "raft-snapshot";
 const CURRENT: &str = "raft-log.current";
@@ -61,6 +67,11 @@ const KIND_STATE: u8 = 3;
 
 /// `raft-state` is rewritten with one record once it grows past this.
 const STATE_MAX_BYTES: u64 = 64 << 10;
+/// `raft-state`'s length, zero-filled when it is written: room for
+/// [`STATE_MAX_BYTES`] and the record that passes it.
+const STATE_FILE_BYTES: u64 = STATE_MAX_BYTES + (4 << 10);
+/// A log file grows in zero-filled steps of this.
+const LOG_STEP: u64 = 256 << 10;
 
 /// What the log must hold, kept apart from it (`raft-state`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -183,8 +194,11 @@ fn frame(kind: u8, body: &[u8], out: &mut Vec<u8>) {
 /// What recovery found in a log file.
 struct Parsed {
     records: Vec<(u8, Vec<u8>)>,
-    /// Where the good records end (a torn tail starts there).
+    /// Where the good records end.
     good: usize,
+    /// Whether a torn tail starts at `good` (what follows is not all
+    /// zeros: not the zero-filled room ahead of the records).
+    torn: bool,
 }
 
 fn parse(data: &[u8], name: &str) -> Result<Parsed> {
@@ -192,6 +206,13 @@ fn parse(data: &[u8], name: &str) -> Result<Parsed> {
     let mut p = 0;
     while p < data.len() {
         let bad = |p: usize| -> Result<Parsed> {
+            if zero_tail(&data[p..]) {
+                return Ok(Parsed {
+                    records: Vec::new(),
+                    good: p,
+                    torn: false,
+                });
+            }
             // A bad record with a good one after it is damage, not a tear.
             if next_good(data, p + 1) {
                 bail!(
@@ -201,6 +222,7 @@ fn parse(data: &[u8], name: &str) -> Result<Parsed> {
             Ok(Parsed {
                 records: Vec::new(),
                 good: p,
+                torn: true,
             })
         };
         if data.len() - p < 9 {
@@ -215,7 +237,11 @@ fn parse(data: &[u8], name: &str) -> Result<Parsed> {
         records.push((data[p + 8], data[p + 9..p + 8 + len].to_vec()));
         p += 8 + len;
     }
-    Ok(Parsed { records, good: p })
+    Ok(Parsed {
+        records,
+        good: p,
+        torn: false,
+    })
 }
 
 /// Whether a good record starts anywhere at or after `from`.
@@ -552,6 +578,7 @@ fn new_state_file(disk: &dyn Storage, anchor: &Anchor) -> Result<(Box<dyn LogFil
     let mut buf = Vec::new();
     frame(KIND_STATE, &anchor.encode(), &mut buf);
     let mut file = disk.create(STATE_NEW).context("a new raft-state")?;
+    file.zero_fill_ahead(STATE_FILE_BYTES);
     file.append(&buf).context("writing raft-state")?;
     file.sync().context("syncing raft-state")?;
     disk.rename(STATE_NEW, STATE)
@@ -679,6 +706,7 @@ fn write_generation(
     frame(KIND_HARD_STATE, &hs.write_to_bytes()?, &mut buf);
     let name = log_name(generation);
     let mut file = disk.create(&name).context("a new Raft log")?;
+    file.zero_fill_ahead(LOG_STEP);
     file.append(&buf).context("writing a new Raft log")?;
     file.sync().context("syncing a new Raft log")?;
     disk.sync_dir().context("syncing the data directory")?;
@@ -814,7 +842,7 @@ fn replay_generation(
             .read(&name)
             .with_context(|| format!("reading {name}"))?;
         let parsed = parse(&data, &name)?;
-        if parsed.good < data.len() {
+        if parsed.torn {
             torn = Some((parsed.good, data.len()));
         }
         let mut last = mem.last_index()?;

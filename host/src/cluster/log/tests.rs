@@ -119,7 +119,10 @@ fn any_bytes_in_the_log_open_or_are_refused_never_panic() {
     log.sync().expect("sync");
     let name = log_name(log.generation);
     drop(log);
-    let good = disk.crash(None).read(&name).expect("read");
+    // What was written, and a little of the zeros filled ahead of it.
+    let full = disk.crash(None).read(&name).expect("read");
+    let end = parse(&full, "log").expect("parse").good;
+    let good = full[..(end + 64).min(full.len())].to_vec();
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -252,7 +255,7 @@ fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
                     .iter()
                     .map(|(_, b)| 9 + b.len())
                     .sum();
-                std::fs::write(&p, &data[..data.len() - tail]).expect("cut");
+                std::fs::write(&p, &data[..parsed.good - tail]).expect("cut");
             },
             "was cut short",
         ),
@@ -262,7 +265,8 @@ fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
             |d| {
                 let p = current_log(d);
                 let data = std::fs::read(&p).expect("read");
-                std::fs::write(&p, &data[..data.len() / 2 + 3]).expect("cut");
+                let end = parse(&data, "log").expect("parse").good;
+                std::fs::write(&p, &data[..end / 2 + 3]).expect("cut");
             },
             "cut inside a record",
         ),
@@ -368,4 +372,39 @@ fn a_replaced_tail_is_not_taken_for_a_lost_one() {
         let back = open(&disk.crash(Some(torn))).expect("opens");
         assert!(back.mem.last_index().expect("last") >= 1);
     }
+}
+
+/// The zeros a file is filled with ahead of its records are its end; a
+/// record cut short before them is a torn tail, and one before good
+/// records is damage.
+#[test]
+fn a_zero_filled_tail_is_the_end_not_a_tear() {
+    let mut data = Vec::new();
+    frame(
+        KIND_ENTRY,
+        &entry(1, 1).write_to_bytes().expect("e"),
+        &mut data,
+    );
+    let end = data.len();
+    data.resize(end + 4096, 0);
+    let parsed = parse(&data, "log").expect("parse");
+    assert_eq!(
+        (parsed.records.len(), parsed.good, parsed.torn),
+        (1, end, false)
+    );
+    let mut torn = data.clone();
+    torn[end..end + 6].copy_from_slice(&[9, 0, 0, 0, 1, 2]);
+    let parsed = parse(&torn, "log").expect("parse");
+    assert_eq!(
+        (parsed.records.len(), parsed.good, parsed.torn),
+        (1, end, true)
+    );
+    let mut damaged = data.clone();
+    damaged[4] ^= 1;
+    frame(
+        KIND_ENTRY,
+        &entry(2, 1).write_to_bytes().expect("e"),
+        &mut damaged,
+    );
+    assert!(parse(&damaged, "log").is_err(), "damage, not a tear");
 }
