@@ -74,6 +74,8 @@ pub trait LogFile: Send + std::fmt::Debug {
     /// overwrite and `fdatasync` took 0.55-0.65x an append and
     /// `fdatasync`). Whoever reads the file must take an all-zero tail for
     /// its end ([`zero_tail`]). The zeros are durable with the next sync.
+    /// Best effort: zeros that do not fit (a full disk) are not written,
+    /// and an append fails only when its own bytes do not fit.
     fn zero_fill_ahead(&mut self, step: u64);
 }
 
@@ -131,6 +133,17 @@ impl DirFile {
             step: 0,
         }
     }
+
+    /// Writes zeros from the file's length up to `to`.
+    fn fill_zeros(&mut self, to: u64) -> io::Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        while self.len < to {
+            let n = (to - self.len).min(ZEROS.len() as u64);
+            self.file.write_all_at(&ZEROS[..n as usize], self.len)?;
+            self.len += n;
+        }
+        Ok(())
+    }
 }
 
 impl LogFile for DirFile {
@@ -140,14 +153,15 @@ impl LogFile for DirFile {
         self.end = end;
         if end > self.len {
             self.len = end;
-            if self.step > 0 {
-                let to = end.div_ceil(self.step) * self.step;
-                static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-                while self.len < to {
-                    let n = (to - self.len).min(ZEROS.len() as u64);
-                    self.file.write_all_at(&ZEROS[..n as usize], self.len)?;
-                    self.len += n;
-                }
+            if self.step > 0
+                && self
+                    .fill_zeros(end.div_ceil(self.step) * self.step)
+                    .is_err()
+            {
+                // No room for them: the file ends with the bytes, as if
+                // appended (cutting back needs no space).
+                self.file.set_len(end)?;
+                self.len = end;
             }
         }
         Ok(())
@@ -496,20 +510,27 @@ impl LogFile for MemLogFile {
             let f = st.files.get(name).ok_or_else(|| not_found(name))?;
             let (len, end) = (f.data.len(), f.data.len() - f.unused);
             let want = end + bytes.len();
-            let grown = match step {
-                _ if want <= len => len,
-                0 => want,
-                step => want.div_ceil(step) * step,
-            };
-            // A full disk takes what fits, in order: the bytes, then zeros.
-            let granted = st.take_space(grown - len)?;
+            // The bytes first: a full disk takes what fits of them.
+            let granted = st.take_space(want.saturating_sub(len))?;
             let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
-            f.data.resize(len + granted, 0);
+            if want > len {
+                f.data.resize(len + granted, 0);
+            }
             let fits = (f.data.len() - end).min(bytes.len());
             f.data[end..end + fits].copy_from_slice(&bytes[..fits]);
             f.unused = f.data.len() - end - fits;
-            if fits < bytes.len() || granted < grown - len {
+            if fits < bytes.len() {
                 return Err(disk_full());
+            }
+            // Then zeros ahead, if they all fit.
+            if step > 0 && want > len {
+                let zeros = want.div_ceil(step) * step - want;
+                if st.space.is_none_or(|left| left >= zeros as u64) {
+                    st.take_space(zeros)?;
+                    let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
+                    f.data.resize(want + zeros, 0);
+                    f.unused = zeros;
+                }
             }
             Ok(())
         })
@@ -816,6 +837,22 @@ mod tests {
         // A torn tail: part of what was written over the zeros.
         want[3..5].copy_from_slice(b"tw");
         assert_eq!(s.crash(Some(2)).read("z.log")?, want);
+        Ok(())
+    }
+
+    /// Zeros that do not fit are not written: an append fails only when
+    /// its own bytes do not fit, as without zeros.
+    #[test]
+    fn zeros_ahead_give_way_to_a_full_disk() -> io::Result<()> {
+        let s = MemStorage::new();
+        let mut f = s.create("z.log")?;
+        f.zero_fill_ahead(16);
+        s.set_space(Some(6));
+        f.append(b"abc")?;
+        assert_eq!(s.read("z.log")?, b"abc");
+        f.append(b"def")?;
+        assert!(f.append(b"g").is_err());
+        assert_eq!(s.read("z.log")?, b"abcdef");
         Ok(())
     }
 

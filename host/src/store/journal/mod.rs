@@ -14,6 +14,10 @@
 //! in the background; older files are deleted only once it is durable, so a
 //! crash at any point leaves a readable state.
 //!
+//! A segment is zero-filled ahead of its frames, 64 KiB at a time, so that
+//! syncing a frame does not change the file's length (a cheaper
+//! `fdatasync`); an all-zero tail is the segment's end.
+//!
 //! Recovery stops at the first torn or corrupt frame and reports how many
 //! bytes it dropped; it then writes a fresh snapshot so the damaged tail is
 //! never appended to. A file in a format newer than this build refuses to
@@ -34,7 +38,7 @@ use tracing::{info, warn};
 use statestore_guest::rpc::{Reply, Status};
 
 use crate::store::clock::Clock;
-use crate::store::storage::{DirStorage, LogFile, Storage};
+use crate::store::storage::{DirStorage, LogFile, Storage, zero_tail};
 use crate::{
     Backend, Config, GuestError, OutboundMessage, Output, PublishKind, Runtime, SnapshotScope,
     WasmStore,
@@ -363,11 +367,17 @@ fn read_segment(storage: &dyn Storage, name: &str) -> Result<Segment, JournalErr
         records.push(record.to_vec());
         pos += 8 + len;
     }
+    // The zeros a segment is filled with ahead of its records are its end.
+    let end = if zero_tail(&data[pos..]) {
+        pos
+    } else {
+        data.len()
+    };
     Ok(Segment {
         records,
         good: pos as u64,
-        dropped: (data.len() - pos) as u64,
-        damaged_inside: pos < data.len() && valid_frame_after(&data, pos),
+        dropped: (end - pos) as u64,
+        damaged_inside: pos < end && valid_frame_after(&data, pos),
     })
 }
 
@@ -881,10 +891,16 @@ fn no_space(e: &JournalError) -> bool {
         if matches!(source.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded))
 }
 
+/// A segment grows in zero-filled steps of this ([`LogFile::zero_fill_ahead`]):
+/// an `fdatasync` of records written over zeros does not change the file's
+/// length.
+const SEGMENT_STEP: u64 = 64 << 10;
+
 fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64), JournalError> {
     let name = wal_name(seq);
     let context = || format!("cannot create {name} in {}", storage.describe());
     let mut file = storage.create(&name).doing(context)?;
+    file.zero_fill_ahead(SEGMENT_STEP);
     let mut header = WAL_MAGIC.to_vec();
     header.extend_from_slice(&WAL_VERSION.to_le_bytes());
     file.append(&header)
