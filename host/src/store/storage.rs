@@ -80,8 +80,8 @@ pub trait LogFile: Send + std::fmt::Debug {
 }
 
 /// Whether `data` is all zeros: the unused tail of a file written with
-/// [`LogFile::zero_fill_ahead`] (a record never starts with a zero byte
-/// in the formats that use it: their length prefix is never 0).
+/// [`LogFile::zero_fill_ahead`] (a record of the formats that use it is
+/// never all zeros: its length is never 0).
 pub fn zero_tail(data: &[u8]) -> bool {
     data.iter().all(|&b| b == 0)
 }
