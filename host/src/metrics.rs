@@ -467,7 +467,9 @@ struct Seen {
     calls: u64,
 }
 
-/// One tenant's metrics, resolved once.
+/// One tenant's metrics, resolved once (a clone counts into the same
+/// series).
+#[derive(Clone)]
 pub struct TenantMetrics {
     name: String,
     requests: [IntCounter; VERBS.len()],

@@ -70,7 +70,21 @@ impl Cluster {
     fn with_args(replicas: usize, args: &[&str]) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
         let args = args.iter().map(|a| (*a).to_string()).collect();
-        Cluster::build_with_raft(replicas, None, raft, Vec::new(), args, |_, _, raft| raft)
+        Cluster::build_with_raft(replicas, None, raft, Vec::new(), args, 1, |_, _, raft| raft)
+    }
+
+    /// Replicas of a store in `partitions` partitions.
+    fn with_partitions(replicas: usize, partitions: u32) -> Cluster {
+        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        Cluster::build_with_raft(
+            replicas,
+            None,
+            raft,
+            Vec::new(),
+            Vec::new(),
+            partitions,
+            |_, _, raft| raft,
+        )
     }
 
     fn new(replicas: usize) -> Cluster {
@@ -112,6 +126,7 @@ impl Cluster {
             raft,
             links,
             Vec::new(),
+            1,
             move |i, j, raft| {
                 if i == j { raft } else { ports[i][j] }
             },
@@ -137,7 +152,7 @@ impl Cluster {
         peer: impl Fn(usize, usize, u16) -> u16,
     ) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
-        Cluster::build_with_raft(replicas, broker, raft, links, Vec::new(), peer)
+        Cluster::build_with_raft(replicas, broker, raft, links, Vec::new(), 1, peer)
     }
 
     /// The files (replica `i` names replica `j`'s raft port `peer(i, j,
@@ -149,6 +164,7 @@ impl Cluster {
         raft: Vec<u16>,
         links: Vec<Vec<Option<Proxy>>>,
         args: Vec<String>,
+        partitions: u32,
         peer: impl Fn(usize, usize, u16) -> u16,
     ) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
@@ -162,7 +178,7 @@ impl Cluster {
         let mqtt: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
         let file = |i: usize, peer: &dyn Fn(usize, usize, u16) -> u16| {
             let mut f = format!(
-                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\n",
+                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\npartitions = {partitions}\n",
                 i + 1,
                 i + 1
             );
@@ -755,6 +771,17 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
         }
     }
     let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    let (sets, dels, unsure) = every_acknowledged_write_reads_back(&c.mqtt, &acked).await;
+    eprintln!(
+        "{sets} acknowledged SETs and {dels} DELs checked on every replica ({unsure} DELs unanswered); kills: {kills:?}"
+    );
+}
+
+/// Reads every write `acked` holds from every replica in turn (on the
+/// embedded brokers at `mqtt`): each acknowledged SET with its value and
+/// version, each acknowledged DEL still deleted. Returns how many SETs,
+/// DELs and unanswered DELs there were.
+async fn every_acknowledged_write_reads_back(mqtt: &[u16], acked: &Acked) -> (usize, usize, usize) {
     assert!(
         acked.sets.len() >= 50,
         "writes went on through the kills: {} acknowledged",
@@ -763,9 +790,9 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
     assert!(!acked.deleted.is_empty(), "some DELs were acknowledged");
     // Every acknowledged write, read from every replica in turn.
     let readers = [
-        sdk(c.mqtt[0], "check-0").await,
-        sdk(c.mqtt[1], "check-1").await,
-        sdk(c.mqtt[2], "check-2").await,
+        sdk(mqtt[0], "check-0").await,
+        sdk(mqtt[1], "check-1").await,
+        sdk(mqtt[2], "check-2").await,
     ];
     let mut sets: Vec<_> = acked.sets.iter().collect();
     sets.sort();
@@ -794,15 +821,10 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
             .expect("get");
         assert_eq!(got.response, None, "acknowledged DEL of {key} undone");
     }
-    eprintln!(
-        "{} acknowledged SETs and {} DELs checked on every replica ({} DELs unanswered); kills: {kills:?}",
-        acked.sets.len(),
-        acked.deleted.len(),
-        acked.unsure.len()
-    );
     for r in readers {
         r.close().await;
     }
+    (acked.sets.len(), acked.deleted.len(), acked.unsure.len())
 }
 
 /// Whether `observer` gets a notification for `key` within `wait`
@@ -2272,6 +2294,106 @@ async fn sdk_scenarios_pass_while_a_minority_is_cut_off() {
     let got = reader.call(&[b"GET", b"scan/k00042"]).await;
     assert_eq!(text(&got), "$1\r\nv\r\n", "{status}");
     reader.disconnect().await;
+}
+
+/// Waits until `cluster status` says the partitions are led as `want`
+/// (its `partitions:` line); returns the status.
+fn partitions_led(c: &Cluster, want: &str, within: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let (_, text) = c.status();
+        if text.lines().any(|l| l == want) {
+            return text;
+        }
+        assert!(start.elapsed() < within, "not led as {want:?}:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A store in 4 partitions on 3 replicas: each partition its own Raft
+/// group with its own log, leaderships spread (partition p on the
+/// (p mod 3)-th replica), the unmodified SDK scenarios pass (SCAN walking
+/// the partitions exactly once among them), and under a write load on every
+/// replica the replica leading two partitions is killed and restarted:
+/// every acknowledged write reads back from every replica, the returning
+/// replica takes its partitions back, and the count of partitions cannot
+/// change under a living store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
+    type Scenario = fn(u16) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    macro_rules! scenarios {
+        ($($name:ident),* $(,)?) => {
+            vec![$((
+                stringify!($name),
+                (|port| Box::pin(statestore_tests::scenarios::$name(port))) as Scenario,
+            )),*]
+        };
+    }
+    let mut c = Cluster::with_partitions(3, 4);
+    let spread = "partitions: 4 (the table shows partition 0); replica 1 leads 0,3; replica 2 leads 1; replica 3 leads 2";
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    for i in 0..3 {
+        for p in 0..4 {
+            let state = c
+                .data_dir(i)
+                .join(format!("partition-{p}"))
+                .join("raft-state");
+            assert!(state.is_file(), "{}", state.display());
+        }
+    }
+    let all: Vec<(&str, Scenario)> = statestore_tests::sdk_scenarios!(scenarios);
+    for (name, scenario) in all {
+        eprintln!("{name}");
+        tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[1]))
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let writers: Vec<_> = c
+        .mqtt
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            tokio::spawn(write_load(
+                *port,
+                format!("writer-{i}"),
+                stop.clone(),
+                acked.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Replica 1 leads partitions 0 and 3: they elect new leaders.
+    if let Some(s) = c.servers[0].take() {
+        s.kill9();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = tokio::task::block_in_place(|| c.spawn(0));
+    c.servers[0] = Some(s);
+    // Back and caught up, it takes its partitions back.
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
+    eprintln!("{status}");
+    let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    let (sets, dels, unsure) = every_acknowledged_write_reads_back(&c.mqtt, &acked).await;
+    eprintln!(
+        "{sets} acknowledged SETs and {dels} DELs checked on every replica ({unsure} DELs unanswered)"
+    );
+    // The number of partitions is the store's for life.
+    c.servers[2] = None;
+    let file = std::fs::read_to_string(c.file(2)).expect("file");
+    std::fs::write(c.file(2), file.replace("partitions = 4", "partitions = 2")).expect("file");
+    let log = c.start_refused(2);
+    assert!(
+        log.contains("holds a store in 4 partition(s) and the cluster file says `partitions = 2`"),
+        "{log}"
+    );
 }
 
 /// A first port of `n` consecutive free loopback ports.

@@ -640,7 +640,9 @@ pub async fn cli_and_sdk_read_each_other(port: u16) {
 /// SCAN through the SDK's own pager (`Client::list_keys`, 1.5.0-beta1):
 /// 3,000 keys over several pages while another client sets new keys and
 /// deletes others between pages. Every key present for the whole listing
-/// comes exactly once, in key order, and nothing that does not match.
+/// comes exactly once, and nothing that does not match. (In key order from
+/// one store; a store in partitions lists each partition in key order, one
+/// after the other.)
 pub async fn list_keys_exactly_once_under_writes(port: u16) {
     let lister = Sdk::connect(port, "sdk-lister").await;
     let writer = Sdk::connect(port, "sdk-writer").await;
@@ -696,7 +698,10 @@ pub async fn list_keys_exactly_once_under_writes(port: u16) {
         assert!(pages < 1000, "the listing does not end");
     }
     assert!(pages >= 3, "3,000 keys take several pages ({pages})");
-    assert!(got.windows(2).all(|w| w[0] < w[1]), "key order, no repeats");
+    let mut sorted = got.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), got.len(), "no repeats");
     assert!(got.iter().all(|k| k.starts_with(b"scan/")));
     let got_set: std::collections::BTreeSet<&Vec<u8>> = got.iter().collect();
     for k in &stable {
@@ -707,14 +712,19 @@ pub async fn list_keys_exactly_once_under_writes(port: u16) {
         );
     }
     // An empty pattern is refused by the SDK itself; one that matches
-    // nothing lists nothing.
+    // nothing lists nothing (in one empty page, or one per partition).
     assert!(lister.ss.list_keys(Vec::new(), T).is_err());
     let mut none = lister
         .ss
         .list_keys(b"nothing*".to_vec(), T)
         .expect("a pager");
-    assert_eq!(none.next().await.expect("a page"), Some(Vec::new()));
-    assert_eq!(none.next().await.expect("done"), None);
+    let mut empty_pages = 0;
+    while let Some(page) = none.next().await.expect("a page") {
+        assert_eq!(page, Vec::<Vec<u8>>::new());
+        empty_pages += 1;
+        assert!(empty_pages <= 256, "the listing does not end");
+    }
+    assert!(empty_pages >= 1);
     lister.close().await;
     writer.close().await;
 }

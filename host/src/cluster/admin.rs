@@ -80,6 +80,10 @@ pub(crate) struct ReplicaReport {
     /// Where its embedded broker listens for clients.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub mqtt: String,
+    /// With partitions: the partitions it leads (the columns above are
+    /// partition 0's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub leads: Vec<u32>,
 }
 
 /// What `cluster status` found.
@@ -99,6 +103,8 @@ pub(crate) struct StatusReport {
     pub members_up: usize,
     /// How many members make a majority.
     pub majority: usize,
+    /// How many partitions (Raft groups) the store has.
+    pub partitions: u32,
     /// A leader is known and a majority answered: the cluster takes writes.
     pub healthy: bool,
 }
@@ -144,6 +150,11 @@ fn report(
                     applied: m.applied,
                     lag: leader_applied.map(|l| l.saturating_sub(m.applied)),
                     mqtt: m.mqtt.map_or(String::new(), |a| a.to_string()),
+                    leads: if m.partitions > 1 {
+                        m.leads.clone()
+                    } else {
+                        Vec::new()
+                    },
                 },
                 Err(e) => ReplicaReport {
                     id: *id,
@@ -156,6 +167,7 @@ fn report(
                     applied: 0,
                     lag: None,
                     mqtt: String::new(),
+                    leads: Vec::new(),
                 },
             }
         })
@@ -165,7 +177,13 @@ fn report(
         .filter(|r| r.member && r.unreachable.is_none())
         .count();
     let majority = members.len() / 2 + 1;
+    let partitions = answered()
+        .map(|(_, m)| m.partitions)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     StatusReport {
+        partitions,
         leader: leader.map(|(id, _)| id),
         healthy: leader.is_some() && members_up >= majority,
         replicas,
@@ -226,6 +244,33 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
         "leader" => println!("members: {list}"),
         "file" => println!("members: {list} (as the cluster file lists them: no replica answered)"),
         from => println!("members: {list} (last known, from {from}: no leader answered)"),
+    }
+    if r.partitions > 1 {
+        // The table is partition 0's group; each partition has its own leader.
+        let leads: Vec<String> = r
+            .replicas
+            .iter()
+            .filter(|x| !x.leads.is_empty())
+            .map(|x| {
+                let list: Vec<String> = x.leads.iter().map(u32::to_string).collect();
+                format!("replica {} leads {}", x.id, list.join(","))
+            })
+            .collect();
+        let led: usize = r.replicas.iter().map(|x| x.leads.len()).sum();
+        println!(
+            "partitions: {} (the table shows partition 0); {}{}",
+            r.partitions,
+            if leads.is_empty() {
+                "none led".to_string()
+            } else {
+                leads.join("; ")
+            },
+            if led < r.partitions as usize {
+                format!("; {} without a leader", r.partitions as usize - led)
+            } else {
+                String::new()
+            }
+        );
     }
     if r.healthy {
         println!(
@@ -336,6 +381,12 @@ pub fn rejoin(path: &Path) -> Result<()> {
     if file.replicas.len() < 2 {
         anyhow::bail!(
             "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
+        );
+    }
+    if file.partitions > 1 {
+        anyhow::bail!(
+            "a store in {} partitions cannot rejoin yet (every partition's group would have to remove and add the replica): restore its data directory from a backup",
+            file.partitions
         );
     }
     let disk = crate::store::storage::DirStorage::open(&file.data_dir)

@@ -50,9 +50,18 @@ pub struct ClusterFile {
     /// Only read when its data directory is new.
     #[serde(default)]
     pub join: bool,
+    /// The store in this many key partitions, each its own Raft group on
+    /// every replica (1 to 256; default 1). The same on every replica, and
+    /// fixed for the life of the store (see `super::partition`).
+    #[serde(default = "one")]
+    pub partitions: u32,
     /// Every replica of the cluster, this one included.
     #[serde(rename = "replica")]
     pub replicas: Vec<ReplicaEntry>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One replica in a [`ClusterFile`].
@@ -93,6 +102,13 @@ impl ClusterFile {
     }
 
     fn check(&self) -> Result<()> {
+        let max = super::partition::MAX_PARTITIONS;
+        if !(1..=max).contains(&self.partitions) {
+            bail!(
+                "partitions = {}: a store has 1 to {max} partitions",
+                self.partitions
+            );
+        }
         let n = self.replicas.len();
         if !(1..=7).contains(&n) {
             bail!("{n} replicas: a cluster has 1 to 7 (3 or 5 to survive failures)");

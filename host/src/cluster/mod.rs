@@ -51,6 +51,7 @@ pub(crate) mod log;
 pub(crate) mod net;
 pub mod node;
 pub(crate) mod operator;
+pub mod partition;
 pub(crate) mod pki;
 pub(crate) mod probe;
 mod recover;

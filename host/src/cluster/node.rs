@@ -50,15 +50,25 @@ pub(crate) const TIMING: Timing = Timing {
 
 pub use super::router::Notify;
 
+/// One Raft group of a replica: the whole store, or one partition of it
+/// (`partitions` in the cluster file; see [`super::partition`]).
+struct Group {
+    replica: Replica<WasmStore>,
+    /// What to do with the clients' traffic for it.
+    router: Router,
+}
+
 /// One replica, ready to serve.
 pub struct Node {
-    replica: Replica<WasmStore>,
+    /// Its groups: one per partition, partition `i` at `groups[i]`. The
+    /// membership is group 0's (the same in every group: they start from
+    /// the same cluster file, and membership changes are refused while
+    /// there is more than one).
+    groups: Vec<Group>,
     links: Links,
     events: mpsc::Receiver<PeerEvent>,
     clock: Arc<dyn Clock>,
     fsync: Fsync,
-    /// What to do with the clients' traffic.
-    router: Router,
     /// The replicas that are members, with their addresses (from the cluster
     /// file, or the record they were added with).
     replicas: Vec<ReplicaEntry>,
@@ -73,12 +83,19 @@ pub struct Node {
     heard: std::collections::HashMap<u64, u64>,
     /// Asks the others who the members are while no leader is known.
     probe: super::probe::Probe,
+    /// Store metrics (the guests' sizes summed over the groups).
+    store_metrics: Option<crate::metrics::TenantMetrics>,
+    /// When each peer was last heard from (for moving leaderships to it).
+    alive: std::collections::HashMap<u64, Instant>,
+    /// Ticks until leaderships are looked at again ([`Node::spread_leaders`]).
+    spread_in: u32,
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("replica", &self.replica)
+            .field("replica", &self.groups[0].replica)
+            .field("groups", &self.groups.len())
             .finish_non_exhaustive()
     }
 }
@@ -97,47 +114,89 @@ impl Node {
         notify: Notify,
     ) -> Result<Node> {
         let who = file.credentials()?;
-        let disk = crate::store::storage::DirStorage::open(&file.data_dir).with_context(|| {
+        let root = crate::store::storage::DirStorage::open(&file.data_dir).with_context(|| {
             format!("cannot open the data directory {}", file.data_dir.display())
         })?;
+        let root: Arc<dyn crate::store::storage::Storage> = Arc::new(root);
+        let partitions = file.partitions;
+        check_partitions(&*root, partitions)?;
+        if file.join && partitions > 1 {
+            bail!(
+                "`join = true` with `partitions = {partitions}`: adding a replica to a store in partitions is not supported yet (every partition's group would have to add it)"
+            );
+        }
         let voters: Vec<u64> = if file.join {
             Vec::new()
         } else {
             file.replicas.iter().map(|r| r.id).collect()
         };
-        let disk: Arc<dyn crate::store::storage::Storage> = Arc::new(disk);
-        let log = LogStore::open(disk.clone(), &voters)?;
-        if file.join {
-            let members = raft::Storage::initial_state(&log)
-                .map(|s| s.conf_state.voters)
-                .unwrap_or_default();
-            if !members.is_empty() {
-                warn!(
-                    replica = file.id,
-                    ?members,
-                    "`join = true` is ignored: this data directory already holds the log of a cluster member; remove it from the cluster file (it is read only while the data directory is new; `statestore cluster rejoin` starts a replica over)"
-                );
-            }
-        }
-        let life = new_life(&*disk, clock.now_ms())?;
-        let make_config = config.clone();
-        let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
-            None => runtime.instantiate(&make_config),
-            Some(s) => runtime.restore(&make_config, s),
-        });
+        let life = new_life(&*root, clock.now_ms())?;
         let durability = match fsync {
             Fsync::Always => Durability::Always,
             Fsync::Everysec | Fsync::No => Durability::Later,
         };
+        let via = (notify == Notify::Everywhere).then_some(statestore_guest::Via {
+            replica: file.id,
+            started: life,
+        });
         let started = Instant::now();
-        let replica = Replica::new(
-            file.id,
-            log,
-            make,
-            TIMING,
-            durability,
-            Compaction::default(),
-        )?;
+        let mut groups = Vec::with_capacity(partitions as usize);
+        for p in 0..partitions {
+            let disk = if partitions == 1 {
+                root.clone()
+            } else {
+                let dir = partition_dir(&file.data_dir, p);
+                let disk = crate::store::storage::DirStorage::open(&dir).with_context(|| {
+                    format!("cannot open the partition's directory {}", dir.display())
+                })?;
+                Arc::new(disk) as Arc<dyn crate::store::storage::Storage>
+            };
+            let log = LogStore::open(disk, &voters)?;
+            if file.join && p == 0 {
+                let members = raft::Storage::initial_state(&log)
+                    .map(|s| s.conf_state.voters)
+                    .unwrap_or_default();
+                if !members.is_empty() {
+                    warn!(
+                        replica = file.id,
+                        ?members,
+                        "`join = true` is ignored: this data directory already holds the log of a cluster member; remove it from the cluster file (it is read only while the data directory is new; `statestore cluster rejoin` starts a replica over)"
+                    );
+                }
+            }
+            let make_config = config.clone();
+            let runtime = runtime.clone();
+            let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
+                None => runtime.instantiate(&make_config),
+                Some(s) => runtime.restore(&make_config, s),
+            });
+            let replica = Replica::new(
+                file.id,
+                log,
+                make,
+                TIMING,
+                durability,
+                Compaction::default(),
+            )
+            .with_context(|| {
+                if partitions == 1 {
+                    String::from("opening the replica")
+                } else {
+                    format!("opening partition {p}")
+                }
+            })?;
+            let router = Router::new(
+                file.id,
+                config.clone(),
+                via,
+                file.reads,
+                notify,
+                Limits::default(),
+                random_u64(),
+                Instant::now(),
+            );
+            groups.push(Group { replica, router });
+        }
         let me = file.me();
         let listener = TcpListener::bind(me.raft)
             .await
@@ -146,10 +205,11 @@ impl Node {
         let accept = tokio::spawn(super::net::accept(listener, who.clone(), tx.clone()));
         let peers: Vec<(u64, SocketAddr)> = file.replicas.iter().map(|r| (r.id, r.raft)).collect();
         let links = Links::start(who.clone(), &peers, tx);
-        let status = replica.status();
+        let status = groups[0].replica.status();
         info!(
             replica = file.id,
             replicas = file.replicas.len(),
+            partitions,
             raft = %me.raft,
             data_dir = %file.data_dir.display(),
             term = status.term,
@@ -158,26 +218,11 @@ impl Node {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "replica started"
         );
-        let via = (notify == Notify::Everywhere).then_some(statestore_guest::Via {
-            replica: file.id,
-            started: life,
-        });
-        let router = Router::new(
-            file.id,
-            config,
-            via,
-            file.reads,
-            notify,
-            Limits::default(),
-            random_u64(),
-            Instant::now(),
-        );
         Ok(Node {
-            replica,
+            groups,
             links,
             events,
             fsync,
-            router,
             replicas: file.replicas.clone(),
             file_replicas: file.replicas.clone(),
             changes_seen: None,
@@ -186,6 +231,9 @@ impl Node {
             heard: std::collections::HashMap::new(),
             clock,
             probe: super::probe::Probe::new(who),
+            store_metrics: None,
+            alive: std::collections::HashMap::new(),
+            spread_in: SPREAD_EVERY,
         })
     }
 
@@ -196,31 +244,47 @@ impl Node {
         metrics: crate::metrics::ReplicaMetrics,
         store: crate::metrics::TenantMetrics,
     ) {
-        self.replica.set_log_metrics(store.journal());
-        self.metrics = Some(metrics.clone());
-        self.router.metrics = Some(metrics);
-        self.router.store_metrics = Some(store);
+        for g in &mut self.groups {
+            g.replica.set_log_metrics(store.journal());
+            g.router.metrics = Some(metrics.clone());
+            g.router.store_metrics = Some(store.clone());
+        }
+        self.metrics = Some(metrics);
+        self.store_metrics = Some(store);
         self.refresh_store_metrics(true);
     }
 
-    /// The guest's sizes and counters, if `force` or they are due.
+    /// The guests' sizes and counters (summed over the groups), if `force`
+    /// or they are due.
     fn refresh_store_metrics(&mut self, force: bool) {
-        let Some(m) = &mut self.router.store_metrics else {
+        let Some(m) = &mut self.store_metrics else {
             return;
         };
         if !force && !m.refresh_due() {
             return;
         }
-        let store = self.replica.store_mut();
-        if let Ok(stats) = store.stats() {
-            m.refresh(&stats, store.calls(), store.memory_bytes());
+        let mut sum = statestore_guest::Stats::default();
+        let (mut calls, mut memory) = (0, 0);
+        for g in &mut self.groups {
+            let store = g.replica.store_mut();
+            let Ok(s) = store.stats() else { return };
+            sum.keys += s.keys;
+            sum.bytes += s.bytes;
+            sum.registrations += s.registrations;
+            sum.dedup_entries += s.dedup_entries;
+            sum.dedup_bytes += s.dedup_bytes;
+            sum.dedup_hits += s.dedup_hits;
+            sum.expired += s.expired;
+            calls += store.calls();
+            memory += store.memory_bytes();
         }
+        m.refresh(&sum, calls, memory);
     }
 
     /// Counts the replies and notifications of `outputs`, about to be
     /// published.
     fn published(&self, outputs: &[Output]) {
-        if let Some(m) = &self.router.store_metrics {
+        if let Some(m) = &self.store_metrics {
             m.published(outputs);
         }
     }
@@ -241,7 +305,7 @@ impl Node {
     fn refresh_metrics(&mut self) {
         self.refresh_store_metrics(false);
         let Some(m) = &self.metrics else { return };
-        let s = self.replica.status();
+        let s = self.groups[0].replica.status();
         m.term.set(i64::try_from(s.term).unwrap_or(i64::MAX));
         m.is_leader.set(i64::from(s.role == "leader"));
         m.has_leader.set(i64::from(s.leader != 0));
@@ -269,17 +333,74 @@ impl Node {
         }
     }
 
-    /// Forwards and publishes what the router asks for.
-    async fn carry_out<T: Transport>(&mut self, transport: &mut T, fx: Effects) -> Result<()> {
-        let id = self.replica.id();
+    /// This replica's id.
+    fn id(&self) -> u64 {
+        self.groups[0].replica.id()
+    }
+
+    /// The number of groups (partitions).
+    fn partitions(&self) -> u32 {
+        self.groups.len() as u32
+    }
+
+    /// Forwards and publishes what group `g`'s router asks for (a SCAN
+    /// page of a partition names it, see [`super::partition::reply`]).
+    async fn carry_out<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        g: u32,
+        mut fx: Effects,
+    ) -> Result<()> {
+        let id = self.id();
         for (leader, batch) in fx.forwards {
-            self.links.forward(leader, id, batch);
+            self.links.forward(g, leader, id, batch);
         }
         if !fx.replies.is_empty() {
+            super::partition::replies(&mut fx.replies, g, self.partitions());
             self.published(&fx.replies);
             transport.emit(fx.replies).await?;
         }
         Ok(())
+    }
+
+    /// Requests a client sent: each to its key's partition.
+    async fn requests<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        messages: Vec<crate::InboundMessage>,
+    ) -> Result<()> {
+        let now = self.now();
+        let by_group = super::partition::split(messages, self.partitions());
+        let mut result = Ok(());
+        for (g, messages) in by_group.into_iter().enumerate() {
+            if messages.is_empty() {
+                continue;
+            }
+            let mut fx = Effects::default();
+            let group = &mut self.groups[g];
+            let r = group
+                .router
+                .requests(now, messages, &mut group.replica, &mut fx);
+            self.carry_out(transport, g as u32, fx).await?;
+            result = result.and(r);
+        }
+        result
+    }
+
+    /// A client went away: every group forgets its registrations.
+    async fn client_gone<T: Transport>(&mut self, transport: &mut T, client: String) -> Result<()> {
+        let now = self.now();
+        let mut result = Ok(());
+        for g in 0..self.groups.len() {
+            let mut fx = Effects::default();
+            let group = &mut self.groups[g];
+            let r = group
+                .router
+                .client_gone(now, client.clone(), &mut group.replica, &mut fx);
+            self.carry_out(transport, g as u32, fx).await?;
+            result = result.and(r);
+        }
+        result
     }
 
     /// Serves clients over `transport` until `shutdown` completes.
@@ -314,18 +435,11 @@ impl Node {
                     let Some(event) = event else {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
-                    let now = self.now();
-                    let mut fx = Effects::default();
                     let mut r = match transport.on_event(event).await? {
-                        Some(Received::Messages(m)) => {
-                            self.router.requests(now, m, &mut self.replica, &mut fx)
-                        }
-                        Some(Received::ClientGone(id)) => {
-                            self.router.client_gone(now, id, &mut self.replica, &mut fx)
-                        }
+                        Some(Received::Messages(m)) => self.requests(transport, m).await,
+                        Some(Received::ClientGone(id)) => self.client_gone(transport, id).await,
                         None => Ok(()),
                     };
-                    self.carry_out(transport, fx).await?;
                     transport.settle().await?;
                     // And what the peers sent meanwhile: one ready for both.
                     while r.is_ok() && let Ok(e) = self.events.try_recv() {
@@ -337,9 +451,11 @@ impl Node {
                     Ok(()) => transport.tick().await,
                     Err(e) => Err(e),
                 },
-                _ = sync.tick(), if self.fsync == Fsync::Everysec => self.replica.sync(),
+                _ = sync.tick(), if self.fsync == Fsync::Everysec => {
+                    self.groups.iter_mut().try_for_each(|g| g.replica.sync())
+                }
                 answers = self.probe.answers() => {
-                    match super::probe::removed(self.replica.id(), self.replica.applied(), &answers) {
+                    match super::probe::removed(self.id(), self.groups[0].replica.applied(), &answers) {
                         Some(why) => Err(anyhow::anyhow!(why)),
                         None => Ok(()),
                     }
@@ -352,26 +468,51 @@ impl Node {
                 break Err(e);
             }
         };
-        if let Err(e) = self.replica.sync() {
-            warn!(error = %format!("{e:#}"), "syncing the Raft log at shutdown");
+        for g in &mut self.groups {
+            if let Err(e) = g.replica.sync() {
+                warn!(error = %format!("{e:#}"), "syncing the Raft log at shutdown");
+            }
         }
         self.accept.abort();
         transport.close().await;
         if result.is_ok() {
-            info!(replica = self.replica.id(), "replica stopped");
+            info!(replica = self.id(), "replica stopped");
         }
         result
     }
 
+    /// The group of a peer's frame, if this replica has it.
+    fn group(&mut self, g: u32, from: u64) -> Option<&mut Group> {
+        if g >= self.partitions() {
+            warn!(
+                peer = from,
+                partition = g,
+                partitions = self.partitions(),
+                "a peer sent traffic for a partition this replica does not have: every replica's cluster file must name the same `partitions`"
+            );
+            return None;
+        }
+        Some(&mut self.groups[g as usize])
+    }
+
     fn on_peer(&mut self, event: PeerEvent) -> Result<()> {
         match event {
-            PeerEvent::Raft(m) => {
+            PeerEvent::Raft(g, m) => {
                 self.heard_from(m.from);
-                if let Err(e) = self.replica.step(m) {
+                if self.groups.len() > 1 {
+                    self.alive.insert(m.from, Instant::now());
+                }
+                if let Some(group) = self.group(g, m.from)
+                    && let Err(e) = group.replica.step(m)
+                {
                     tracing::debug!(error = %format!("{e:#}"), "a Raft message refused");
                 }
             }
-            PeerEvent::Forward { origin, batch } => {
+            PeerEvent::Forward {
+                group: g,
+                origin,
+                batch,
+            } => {
                 if !self.replicas.iter().any(|r| r.id == origin) {
                     warn!(
                         origin,
@@ -379,16 +520,27 @@ impl Node {
                     );
                 } else {
                     let now = self.now();
-                    self.router
-                        .forwarded(now, origin, &batch, &mut self.replica);
+                    if let Some(group) = self.group(g, origin) {
+                        group
+                            .router
+                            .forwarded(now, origin, &batch, &mut group.replica);
+                    }
                 }
             }
-            PeerEvent::Unreachable(peer) => self.replica.unreachable(peer),
+            PeerEvent::Unreachable(peer) => {
+                for g in &mut self.groups {
+                    g.replica.unreachable(peer);
+                }
+            }
             PeerEvent::Status(reply) => {
                 let _ = reply.send(self.status_text());
             }
             PeerEvent::Change(request, reply) => {
                 let answer = match ChangeRequest::decode(&request) {
+                    Ok(_) if self.groups.len() > 1 => ChangeAnswer::Refused(format!(
+                        "this store is in {} partitions: membership changes are not supported yet with partitions",
+                        self.groups.len()
+                    )),
                     Ok(change) => self.change(change),
                     Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
                 };
@@ -401,8 +553,9 @@ impl Node {
     /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
     /// or `remove <id>`, proposed if this replica leads.
     fn change(&mut self, request: ChangeRequest) -> ChangeAnswer {
-        let leader = self.replica.leader();
-        if leader != self.replica.id() {
+        let replica = &self.groups[0].replica;
+        let leader = replica.leader();
+        if leader != replica.id() {
             return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
         }
         let change = match &request {
@@ -415,12 +568,12 @@ impl Node {
                     record: request.record().unwrap_or_default().into_bytes(),
                 }
             }
-            ChangeRequest::Remove { id } if *id == self.replica.id() => {
+            ChangeRequest::Remove { id } if *id == replica.id() => {
                 // A leader does not remove itself: it hands over first.
-                let Some(to) = self.successor() else {
+                let Some(to) = successor(replica) else {
                     return ChangeAnswer::Refused("no other member to lead".into());
                 };
-                self.replica.transfer_leader(to);
+                self.groups[0].replica.transfer_leader(to);
                 return ChangeAnswer::Moving(format!(
                     "replica {id} leads: the leadership moves to replica {to} first; leader={to}"
                 ));
@@ -428,9 +581,9 @@ impl Node {
             ChangeRequest::Remove { id } => super::Change::Remove(*id),
         };
         let text = request.encode();
-        match self.replica.propose_change(&change) {
+        match self.groups[0].replica.propose_change(&change) {
             Ok(()) => {
-                info!(replica = self.replica.id(), request = %text, "membership change proposed");
+                info!(replica = self.id(), request = %text, "membership change proposed");
                 ChangeAnswer::Proposed(format!("proposed: {text}"))
             }
             Err(e) if format!("{e:#}").contains("in progress") => {
@@ -440,30 +593,16 @@ impl Node {
         }
     }
 
-    /// The voter (not this replica) most up to date, to take over the
-    /// leadership.
-    fn successor(&self) -> Option<u64> {
-        let me = self.replica.id();
-        let voters = self.replica.voters();
-        self.replica
-            .status()
-            .matched
-            .iter()
-            .filter(|(id, _)| *id != me && voters.contains(id))
-            .max_by_key(|(_, matched)| *matched)
-            .map(|(id, _)| *id)
-    }
-
     /// Keeps `replicas` and the links in step with the membership the
-    /// replica has applied; a replica removed from it stops.
+    /// replica has applied (group 0's); a replica removed from it stops.
     fn sync_members(&mut self) -> Result<()> {
-        let changes = self.replica.changes();
+        let changes = self.groups[0].replica.changes();
         if self.changes_seen == Some(changes) {
             return Ok(());
         }
         self.changes_seen = Some(changes);
-        let voters = self.replica.voters();
-        let me = self.replica.id();
+        let voters = self.groups[0].replica.voters();
+        let me = self.id();
         if voters.is_empty() {
             return Ok(()); // joining: the leader's snapshot brings them
         }
@@ -473,7 +612,7 @@ impl Node {
             );
         }
         let mut known = self.file_replicas.clone();
-        for (id, record) in self.replica.members() {
+        for (id, record) in self.groups[0].replica.members() {
             if known.iter().any(|r| r.id == *id) {
                 continue;
             }
@@ -489,20 +628,23 @@ impl Node {
         // with it: a life of it later than any (proposed by the leader that
         // applied the removal; `replica-started` drops every registration
         // of an earlier life).
-        if self.replica.is_leader() && self.router.via().is_some() {
-            let removed: Vec<u64> = self
-                .replicas
-                .iter()
-                .map(|r| r.id)
-                .filter(|id| !voters.contains(id))
-                .collect();
-            for id in removed {
+        let removed: Vec<u64> = self
+            .replicas
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| !voters.contains(id))
+            .collect();
+        let now = self.clock.now_ms();
+        for group in &mut self.groups {
+            if !group.replica.is_leader() || group.router.via().is_none() {
+                continue;
+            }
+            for &id in &removed {
                 let batch = wire::encode_batch(&[Input::ReplicaStarted(statestore_guest::Via {
                     replica: id,
                     started: u64::MAX,
                 })]);
-                let now = self.clock.now_ms();
-                match self.replica.propose_wire(me, &batch, now) {
+                match group.replica.propose_wire(me, &batch, now) {
                     Ok(_) => info!(
                         replica = me,
                         removed = id,
@@ -543,9 +685,11 @@ impl Node {
         Ok(())
     }
 
-    /// `key=value` lines, for `cluster status`.
+    /// `key=value` lines, for `cluster status` (group 0's state, and with
+    /// partitions the ones this replica leads).
     pub fn status_text(&self) -> String {
-        let s = self.replica.status();
+        let replica = &self.groups[0].replica;
+        let s = replica.status();
         ReplicaStatus {
             id: s.id,
             role: s.role.to_string(),
@@ -561,74 +705,209 @@ impl Node {
                 .iter()
                 .find(|r| r.id == s.id)
                 .and_then(|r| r.mqtt),
-            voters: self.replica.voters(),
+            voters: replica.voters(),
             peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
-            settled: self.replica.membership_settled(),
+            settled: replica.membership_settled(),
+            partitions: self.partitions(),
+            leads: (0..self.partitions())
+                .filter(|&p| self.groups[p as usize].replica.is_leader())
+                .collect(),
         }
         .encode()
     }
 
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
-        self.replica.tick();
-        let me = self.replica.id();
+        for g in &mut self.groups {
+            g.replica.tick();
+        }
+        let me = self.id();
         let peers = self
             .replicas
             .iter()
             .filter(|r| r.id != me)
             .map(|r| (r.id, r.raft))
             .collect();
-        self.probe.tick(
-            self.replica.leader(),
-            self.replica.voters().contains(&me),
-            peers,
-        );
-        if self.replica.is_leader()
-            && !self.replica.voters().contains(&self.replica.id())
-            && let Some(to) = self.successor()
+        let first = &mut self.groups[0].replica;
+        self.probe
+            .tick(first.leader(), first.voters().contains(&me), peers);
+        if first.is_leader()
+            && !first.voters().contains(&me)
+            && let Some(to) = successor(first)
         {
             // Removed while leading (proposed by an earlier leader).
-            self.replica.transfer_leader(to);
+            first.transfer_leader(to);
         }
         self.refresh_metrics();
+        self.spread_leaders();
         let now = self.now();
-        let mut fx = Effects::default();
-        let r = self.router.tick(now, &mut self.replica, &mut fx);
-        self.carry_out(transport, fx).await?;
-        r
+        let mut result = Ok(());
+        for g in 0..self.groups.len() {
+            let mut fx = Effects::default();
+            let group = &mut self.groups[g];
+            let r = group.router.tick(now, &mut group.replica, &mut fx);
+            self.carry_out(transport, g as u32, fx).await?;
+            result = result.and(r);
+        }
+        result
     }
 
     /// Persists, sends, applies; publishes what is this replica's.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
-        // Replies to what was committed go out before this replica's new
-        // entries are synced: they never wait for a later fsync.
-        let links = &self.links;
-        let (applied, rest) = self.replica.ready_apply(&mut |m| links.send(m))?;
-        self.sync_members()?;
-        self.publish(transport, applied).await?;
-        if let Some(rest) = rest {
+        for g in 0..self.groups.len() {
+            let id = g as u32;
+            // Replies to what was committed go out before this replica's
+            // new entries are synced: they never wait for a later fsync.
             let links = &self.links;
-            let applied = self.replica.ready_persist(rest, &mut |m| links.send(m))?;
+            let (applied, rest) = self.groups[g]
+                .replica
+                .ready_apply(&mut |m| links.send(id, m))?;
             self.sync_members()?;
-            self.publish(transport, applied).await?;
+            self.publish(transport, g, applied).await?;
+            if let Some(rest) = rest {
+                let links = &self.links;
+                let applied = self.groups[g]
+                    .replica
+                    .ready_persist(rest, &mut |m| links.send(id, m))?;
+                self.sync_members()?;
+                self.publish(transport, g, applied).await?;
+            }
         }
         Ok(())
     }
 
-    /// Publishes what is this replica's of `applied`, and the answers to
-    /// reads whose index is now applied.
+    /// Publishes what is this replica's of group `g`'s `applied`, and the
+    /// answers to reads whose index is now applied.
     async fn publish<T: Transport>(
         &mut self,
         transport: &mut T,
+        g: usize,
         applied: Vec<super::Applied>,
     ) -> Result<()> {
         let now = self.now();
         let mut fx = Effects::default();
-        let r = self
+        let group = &mut self.groups[g];
+        let r = group
             .router
-            .applied(now, applied, &mut self.replica, &mut fx);
-        self.carry_out(transport, fx).await?;
+            .applied(now, applied, &mut group.replica, &mut fx);
+        self.carry_out(transport, g as u32, fx).await?;
         r
     }
+}
+
+/// How often (in ticks) a replica looks at the partitions it leads.
+const SPREAD_EVERY: u32 = 20;
+
+/// A peer heard from within this long is taken to be up.
+const ALIVE_WITHIN: Duration = Duration::from_millis(500);
+
+impl Node {
+    /// With partitions, spreads their leaderships over the replicas, so
+    /// that writes to different partitions use different machines:
+    /// partition `p`'s place is the `p mod n`-th voter (by id), and a
+    /// replica leading a partition whose place is another replica hands it
+    /// over once that replica is up and has every entry (one hand-over a
+    /// second per replica, so a returning replica takes its share back
+    /// gradually and a down one is never waited for: while a hand-over is
+    /// under way the group takes no proposals).
+    fn spread_leaders(&mut self) {
+        if self.groups.len() < 2 {
+            return;
+        }
+        self.spread_in = self.spread_in.saturating_sub(1);
+        if self.spread_in > 0 {
+            return;
+        }
+        self.spread_in = SPREAD_EVERY;
+        let me = self.id();
+        for (p, g) in self.groups.iter_mut().enumerate() {
+            if !g.replica.is_leader() || !g.replica.membership_settled() {
+                continue;
+            }
+            let mut voters = g.replica.voters();
+            voters.sort_unstable();
+            if voters.is_empty() {
+                continue;
+            }
+            let place = voters[p % voters.len()];
+            let up = self
+                .alive
+                .get(&place)
+                .is_some_and(|t| t.elapsed() < ALIVE_WITHIN);
+            if place == me || !up {
+                continue;
+            }
+            let s = g.replica.status();
+            let caught_up = s
+                .matched
+                .iter()
+                .any(|&(id, matched)| id == place && matched >= s.last_index);
+            if caught_up {
+                info!(
+                    replica = me,
+                    partition = p,
+                    to = place,
+                    "handing the partition's leadership to its place"
+                );
+                g.replica.transfer_leader(place);
+                return;
+            }
+        }
+    }
+}
+
+/// The voter (not this replica) most up to date, to take over the
+/// leadership of `replica`'s group.
+fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
+    let me = replica.id();
+    let voters = replica.voters();
+    replica
+        .status()
+        .matched
+        .iter()
+        .filter(|(id, _)| *id != me && voters.contains(id))
+        .max_by_key(|(_, matched)| *matched)
+        .map(|(id, _)| *id)
+}
+
+/// Where partition `p` of a store in partitions keeps its log.
+fn partition_dir(data_dir: &std::path::Path, p: u32) -> std::path::PathBuf {
+    data_dir.join(format!("partition-{p}"))
+}
+
+/// The file of a data directory that records how many partitions its store
+/// has (absent: one, the layout before partitions).
+const PARTITIONS: &str = "partitions";
+
+/// Checks that the data directory holds a store of `partitions` partitions
+/// (or none yet, which it then records): the count cannot change while the
+/// store lives, since a key's partition depends on it.
+fn check_partitions(root: &dyn crate::store::storage::Storage, partitions: u32) -> Result<()> {
+    let recorded = match root.read(PARTITIONS) {
+        Ok(bytes) => Some(
+            std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .with_context(|| format!("{PARTITIONS} in the data directory is not a number"))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {PARTITIONS}")),
+    };
+    let single = match root.read("raft-state") {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).context("reading raft-state"),
+    };
+    let had = recorded.unwrap_or(if single { 1 } else { partitions });
+    if had != partitions {
+        bail!(
+            "the data directory holds a store in {had} partition(s) and the cluster file says `partitions = {partitions}`: the number of partitions cannot change while a store lives (a key's partition depends on it); put it back, or start a new cluster with empty data directories"
+        );
+    }
+    if partitions > 1 && recorded.is_none() {
+        root.write_atomic(PARTITIONS, partitions.to_string().as_bytes())
+            .with_context(|| format!("writing {PARTITIONS}"))?;
+    }
+    Ok(())
 }
 
 /// The start of this replica's new life (its `via.started`): now, or just

@@ -39,6 +39,11 @@ pub(crate) struct ReplicaStatus {
     /// Whether its membership is settled (as leader: it has applied every
     /// change its predecessors committed).
     pub settled: bool,
+    /// How many partitions (Raft groups) the store has (0 from an older
+    /// build: one).
+    pub partitions: u32,
+    /// The partitions it leads.
+    pub leads: Vec<u32>,
 }
 
 impl ReplicaStatus {
@@ -46,7 +51,7 @@ impl ReplicaStatus {
     pub fn encode(&self) -> String {
         let list = |v: Vec<String>| v.join(",");
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\n",
             self.id,
             self.role,
             self.term,
@@ -70,6 +75,8 @@ impl ReplicaStatus {
                     .collect()
             ),
             u8::from(self.settled),
+            self.partitions,
+            list(self.leads.iter().map(u32::to_string).collect()),
         )
     }
 
@@ -119,6 +126,15 @@ impl ReplicaStatus {
                     }
                 }
                 "settled" => s.settled = v == "1",
+                "partitions" => {
+                    s.partitions = v.parse().with_context(|| format!("partitions={v:?}"))?;
+                }
+                "leads" => {
+                    for p in v.split(',').filter(|p| !p.is_empty()) {
+                        s.leads
+                            .push(p.parse().with_context(|| format!("leads={v:?}"))?);
+                    }
+                }
                 _ => {}
             }
         }
@@ -274,6 +290,8 @@ mod tests {
             voters: vec![1, 2, 3],
             peers: vec![(1, "127.0.0.1:7101".parse().expect("addr"))],
             settled: true,
+            partitions: 4,
+            leads: vec![0, 3],
         };
         assert_eq!(ReplicaStatus::decode(&s.encode()).expect("decode"), s);
         // An older replica's (fewer keys) and a newer one's (more) read.

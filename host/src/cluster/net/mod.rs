@@ -21,6 +21,9 @@
 //!   3 status?   (empty)            4 status    text, `key=value` per line
 //!   5 change?   text: `add <id> raft=<addr> [mqtt=<addr>]` or `remove <id>`
 //!   6 change    text: `ok ...` or `error: ...`
+//!   7 raft in   u32 group, a Raft message of that group (a partition, see
+//!               `super::partition`; group 0's go as kind 1)
+//!   8 forward in  u32 group, u64 origin, batch (group 0's go as kind 2)
 //! ```
 //!
 //! Sending never waits: a frame for a peer whose queue is full is dropped
@@ -48,6 +51,8 @@ const STATUS_REQUEST: u8 = 3;
 const STATUS: u8 = 4;
 const CHANGE_REQUEST: u8 = 5;
 const CHANGE: u8 = 6;
+const RAFT_IN: u8 = 7;
+const FORWARD_IN: u8 = 8;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
 pub(crate) const MAX_FRAME: usize = 1 << 30;
@@ -78,10 +83,12 @@ const QUEUE: usize = 4096;
 /// What the links hand the replica.
 #[derive(Debug)]
 pub(crate) enum PeerEvent {
-    /// A Raft message.
-    Raft(Message),
+    /// A Raft message of a group.
+    Raft(u32, Message),
     /// Requests a follower received, for the leader to propose.
     Forward {
+        /// The group (partition) they are for.
+        group: u32,
         /// The replica that received them (it publishes the replies).
         origin: u64,
         /// In the guest's batch encoding.
@@ -162,8 +169,8 @@ async fn dial(addr: SocketAddr, peer: u64, who: &Credentials) -> Result<Box<dyn 
 /// A frame to send.
 #[derive(Debug)]
 enum Frame {
-    Raft(Message),
-    Forward(u64, Vec<u8>),
+    Raft(u32, Message),
+    Forward(u32, u64, Vec<u8>),
 }
 
 /// The sending side: a queue per peer.
@@ -256,15 +263,16 @@ impl Links {
         self.peers.keys().copied().collect()
     }
 
-    /// Sends a Raft message (dropped if its peer's queue is full).
-    pub fn send(&self, m: Message) {
+    /// Sends a Raft message of `group` (dropped if its peer's queue is
+    /// full).
+    pub fn send(&self, group: u32, m: Message) {
         let to = m.to;
-        self.queue(to, Frame::Raft(m));
+        self.queue(to, Frame::Raft(group, m));
     }
 
-    /// Forwards requests to the leader.
-    pub fn forward(&self, leader: u64, origin: u64, batch: Vec<u8>) {
-        self.queue(leader, Frame::Forward(origin, batch));
+    /// Forwards requests of `group` to its leader.
+    pub fn forward(&self, group: u32, leader: u64, origin: u64, batch: Vec<u8>) {
+        self.queue(leader, Frame::Forward(group, origin, batch));
     }
 
     fn queue(&self, to: u64, f: Frame) {
@@ -331,17 +339,22 @@ async fn outbound(
         let failed = loop {
             let Some(f) = rx.recv().await else { return };
             let bytes = match f {
-                Frame::Raft(m) => match m.write_to_bytes() {
-                    Ok(b) => frame(RAFT, &b),
+                Frame::Raft(group, m) => match m.write_to_bytes() {
+                    Ok(b) if group == 0 => frame(RAFT, &b),
+                    Ok(b) => frame(RAFT_IN, &[group.to_le_bytes().as_slice(), &b].concat()),
                     Err(e) => {
                         warn!(error = %e, "a Raft message that does not encode");
                         continue;
                     }
                 },
-                Frame::Forward(origin, batch) => {
-                    let mut body = origin.to_le_bytes().to_vec();
+                Frame::Forward(group, origin, batch) => {
+                    let mut body = Vec::with_capacity(12 + batch.len());
+                    if group != 0 {
+                        body.extend_from_slice(&group.to_le_bytes());
+                    }
+                    body.extend_from_slice(&origin.to_le_bytes());
                     body.extend_from_slice(&batch);
-                    frame(FORWARD, &body)
+                    frame(if group == 0 { FORWARD } else { FORWARD_IN }, &body)
                 }
             };
             if let Err(e) = w.write_all(&bytes).await {
@@ -487,9 +500,19 @@ async fn inbound(
         let Some((kind, body)) = read_frame(&mut stream).await? else {
             return Ok(());
         };
+        // Group 0's frames carry no group (as before partitions).
+        let (kind, group, body) = match kind {
+            RAFT_IN | FORWARD_IN if body.len() >= 4 => (
+                if kind == RAFT_IN { RAFT } else { FORWARD },
+                u32::from_le_bytes(body[..4].try_into().expect("4")),
+                &body[4..],
+            ),
+            RAFT_IN | FORWARD_IN => bail!("a frame of kind {kind} without its group"),
+            _ => (kind, 0, &body[..]),
+        };
         let event = match kind {
             RAFT => {
-                let m = Message::parse_from_bytes(&body).context("a Raft message")?;
+                let m = Message::parse_from_bytes(body).context("a Raft message")?;
                 if m.from != from || m.to != me.id {
                     warn!(
                         link = from,
@@ -503,7 +526,7 @@ async fn inbound(
                         m.to
                     );
                 }
-                PeerEvent::Raft(m)
+                PeerEvent::Raft(group, m)
             }
             FORWARD if body.len() >= 8 => {
                 let origin = u64::from_le_bytes(body[..8].try_into().expect("8"));
@@ -515,6 +538,7 @@ async fn inbound(
                     bail!("a forward from {origin} on the link of {from}");
                 }
                 PeerEvent::Forward {
+                    group,
                     origin,
                     batch: body[8..].to_vec(),
                 }
@@ -524,7 +548,7 @@ async fn inbound(
                 let asked = if kind == STATUS_REQUEST {
                     PeerEvent::Status(tx)
                 } else {
-                    PeerEvent::Change(String::from_utf8_lossy(&body).into_owned(), tx)
+                    PeerEvent::Change(String::from_utf8_lossy(body).into_owned(), tx)
                 };
                 if events.send(asked).await.is_err() {
                     return Ok(());

@@ -42,7 +42,11 @@ async fn a_link_without_the_secret_is_not_read() {
     );
     send(addr, b"the-right-secret-16", &[forward_frame()]).await;
     match rx.recv().await {
-        Some(PeerEvent::Forward { origin, batch }) => {
+        Some(PeerEvent::Forward {
+            group: 0,
+            origin,
+            batch,
+        }) => {
             assert_eq!((origin, &batch[..]), (2, &b"batch"[..]));
         }
         other => panic!("{other:?}"),
@@ -63,15 +67,49 @@ async fn a_link_silent_for_long_delivers_its_first_frame() {
     links.add(1, addr); // itself: no link
     assert_eq!(links.peers(), [2]);
     tokio::time::sleep(HELLO_WAIT * 3).await;
-    links.forward(2, 1, b"batch".to_vec());
+    links.forward(0, 2, 1, b"batch".to_vec());
     match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
-        Ok(Some(PeerEvent::Forward { origin, batch })) => {
+        Ok(Some(PeerEvent::Forward {
+            group: 0,
+            origin,
+            batch,
+        })) => {
             assert_eq!((origin, &batch[..]), (1, &b"batch"[..]));
         }
         other => panic!("the first frame after a silence: {other:?}"),
     }
     links.remove(2);
     assert!(links.peers().is_empty());
+}
+
+/// Frames of a partition's group arrive tagged with it; group 0's as
+/// before partitions.
+#[tokio::test]
+async fn frames_carry_their_group() {
+    let (addr, mut rx) = listening().await;
+    let (events, _own) = mpsc::channel(16);
+    let links = Links::start(plain(2), &[(1, addr)], events);
+    let mut m = Message::default();
+    (m.from, m.to, m.term) = (2, 1, 3);
+    links.send(5, m.clone());
+    links.forward(7, 1, 2, b"in seven".to_vec());
+    links.send(0, m);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+            Ok(Some(PeerEvent::Raft(group, m))) => got.push(format!("raft {group} {}", m.term)),
+            Ok(Some(PeerEvent::Forward {
+                group,
+                origin,
+                batch,
+            })) => got.push(format!(
+                "forward {group} {origin} {}",
+                String::from_utf8_lossy(&batch)
+            )),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, ["raft 5 3", "forward 7 2 in seven", "raft 0 3"]);
 }
 
 /// Connects to `addr` from the loopback address `from`.
@@ -206,7 +244,7 @@ async fn a_plain_link_speaks_only_for_the_replica_its_hello_names() {
     );
     send(addr, SECRET, &[raft_frame(2, 1)]).await;
     match rx.recv().await {
-        Some(PeerEvent::Raft(m)) => assert_eq!((m.from, m.to, m.term), (2, 1, 7)),
+        Some(PeerEvent::Raft(0, m)) => assert_eq!((m.from, m.to, m.term), (2, 1, 7)),
         other => panic!("{other:?}"),
     }
 }
@@ -273,7 +311,7 @@ async fn tls_links_take_only_the_replica_a_certificate_of_the_cluster_names() {
     )
     .await;
     match rx.recv().await {
-        Some(PeerEvent::Raft(m)) => assert_eq!((m.from, m.to), (2, 1)),
+        Some(PeerEvent::Raft(0, m)) => assert_eq!((m.from, m.to), (2, 1)),
         other => panic!("{other:?}"),
     }
     assert!(matches!(
@@ -320,9 +358,9 @@ async fn a_replica_sends_nothing_to_whoever_holds_a_peers_address_and_what_it_se
     let (events, _own) = mpsc::channel(16);
     let mut links = Links::start(tls(&ours, 1), &[], events);
     links.add(2, impostor);
-    links.forward(2, 1, b"batch".to_vec());
+    links.forward(0, 2, 1, b"batch".to_vec());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    links.forward(2, 1, b"batch".to_vec());
+    links.forward(0, 2, 1, b"batch".to_vec());
     assert!(
         tokio::time::timeout(Duration::from_millis(500), impostor_rx.recv())
             .await
@@ -337,7 +375,7 @@ async fn a_replica_sends_nothing_to_whoever_holds_a_peers_address_and_what_it_se
     let recorder = listener.local_addr().expect("addr");
     let recorded = tokio::spawn(record(listener, Duration::from_millis(500)));
     links.add(2, recorder);
-    links.forward(2, 1, b"batch".to_vec());
+    links.forward(0, 2, 1, b"batch".to_vec());
     let bytes = recorded.await.expect("join");
     assert!(!bytes.is_empty(), "the link connected");
     assert!(
@@ -376,7 +414,7 @@ async fn a_replica_sends_nothing_to_whoever_holds_a_peers_address_and_what_it_se
     let (events, _own2) = mpsc::channel(16);
     let mut two = Links::start(tls(&ours, 2), &[], events);
     two.add(1, tap_addr);
-    two.forward(1, 2, b"batch".to_vec());
+    two.forward(0, 1, 2, b"batch".to_vec());
     match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
         Ok(Some(PeerEvent::Forward { origin: 2, .. })) => {}
         other => panic!("through the tap: {other:?}"),
