@@ -85,6 +85,13 @@ pub struct Options {
     /// its log holds less than `raft-state` records refuses to start, and
     /// rejoins (`statestore cluster rejoin`).
     pub damage: u64,
+    /// The store in this many key partitions: each replica runs one Raft
+    /// group per partition (its own log on its own disk, its own router),
+    /// clients' requests go to their key's partition and SCAN pages are
+    /// rewritten as a server does ([`super::partition`]). With more than
+    /// one, membership changes and rejoins are not simulated (a store in
+    /// partitions refuses them), so neither are replacements or damage.
+    pub partitions: u32,
 }
 
 impl Default for Options {
@@ -99,6 +106,7 @@ impl Default for Options {
             load: 500,
             replace: 1,
             damage: 300,
+            partitions: 1,
         }
     }
 }
@@ -151,6 +159,8 @@ pub struct Report {
     /// Poison requests answered 500 (the guest failed on them on every
     /// replica, which skipped them alike).
     pub poisoned: usize,
+    /// Keys listed by the SCAN of the settled store (each exactly once).
+    pub scanned: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -205,12 +215,19 @@ enum Op {
 /// Keys every client writes, reads and deletes concurrently.
 const HOT_KEYS: usize = 3;
 
-struct SimReplica {
-    replica: Option<Replica<Poisonable>>,
+/// One Raft group of a replica (a partition of the store).
+struct Group {
+    replica: Replica<Poisonable>,
     /// What it does with its clients' requests (the server's own).
-    router: Option<Router>,
-    /// Its disk: what was synced survives a crash, with a torn tail.
-    disk: MemStorage,
+    router: Router,
+}
+
+struct SimReplica {
+    /// Its groups, one per partition, while it is up.
+    up: Option<Vec<Group>>,
+    /// Its disks, one per partition: what was synced survives a crash,
+    /// with a torn tail.
+    disks: Vec<MemStorage>,
     /// Down until this tick.
     down_until: u64,
     /// Its clock's offset from simulated time, ms.
@@ -227,19 +244,40 @@ struct SimReplica {
 impl SimReplica {
     /// Replica `id` on a new disk, with the membership `ids` (none: it
     /// joins) and a skewed clock.
-    fn new(id: u64, ids: &[u64], rng: &mut Rng, base: Instant) -> Result<SimReplica> {
-        let disk = MemStorage::new();
-        let replica = start(id, ids, &disk)?;
+    fn new(
+        id: u64,
+        ids: &[u64],
+        partitions: u32,
+        rng: &mut Rng,
+        base: Instant,
+    ) -> Result<SimReplica> {
+        let disks: Vec<MemStorage> = (0..partitions).map(|_| MemStorage::new()).collect();
+        let mut groups = Vec::new();
+        for disk in &disks {
+            groups.push(Group {
+                replica: start(id, ids, disk)?,
+                router: router(id, base, 0),
+            });
+        }
         Ok(SimReplica {
-            replica: Some(replica),
-            router: Some(router(id, base, 0)),
-            disk,
+            up: Some(groups),
+            disks,
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
             removed: false,
             damaged: false,
             rejoining: false,
         })
+    }
+
+    /// Group 0's replica (the membership's), if up.
+    fn first(&self) -> Option<&Replica<Poisonable>> {
+        self.up.as_ref().map(|g| &g[0].replica)
+    }
+
+    /// See [`SimReplica::first`].
+    fn first_mut(&mut self) -> Option<&mut Replica<Poisonable>> {
+        self.up.as_mut().map(|g| &mut g[0].replica)
     }
 
     /// Its time at `tick`.
@@ -386,8 +424,8 @@ struct Sim<'o> {
     /// Messages in flight: (deliver at tick, message).
     net: Vec<(u64, Wire)>,
     cut: Option<Cut>,
-    /// Outputs of each applied index, as the first replica made them.
-    outputs_at: HashMap<u64, (Vec<Output>, super::FailedInputs)>,
+    /// Outputs of each group's applied index, as the first replica made them.
+    outputs_at: HashMap<(u32, u64), (Vec<Output>, super::FailedInputs)>,
     clients: Clients,
     next_corr: u64,
     next_key: u64,
@@ -401,7 +439,7 @@ impl<'o> Sim<'o> {
         let ids: Vec<u64> = (1..=o.replicas as u64).collect();
         let mut nodes: Vec<SimReplica> = Vec::new();
         for &id in &ids {
-            nodes.push(SimReplica::new(id, &ids, &mut rng, base)?);
+            nodes.push(SimReplica::new(id, &ids, o.partitions, &mut rng, base)?);
         }
         Ok(Sim {
             seed,
@@ -442,10 +480,13 @@ impl<'o> Sim<'o> {
         }
         self.restarts(tick, now_ms)?;
         self.deliver(tick);
-        for node in self.nodes.iter_mut() {
-            if let Some(r) = node.replica.as_mut() {
-                r.tick();
-            }
+        for g in self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.up.as_mut())
+            .flatten()
+        {
+            g.replica.tick();
         }
         let leader = self.leader();
         self.membership(tick, leader, faults)?;
@@ -462,22 +503,24 @@ impl<'o> Sim<'o> {
         let nodes = &mut self.nodes;
         let down = nodes
             .iter()
-            .filter(|n| n.replica.is_none() && !n.removed)
+            .filter(|n| n.up.is_none() && !n.removed)
             .count();
         let i = rng.below(nodes.len() as u64) as usize;
         if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
-            nodes[i].replica = None;
-            nodes[i].router = None;
+            nodes[i].up = None;
             // What it had not synced is gone, but for a torn tail.
-            let torn = rng.below(64) as usize;
-            nodes[i].disk = nodes[i].disk.crash(Some(torn));
+            for disk in &mut nodes[i].disks {
+                let torn = rng.below(64) as usize;
+                *disk = disk.crash(Some(torn));
+            }
             // Not while the membership changes: a cluster of two
             // waiting for a replica that waits to be removed is stuck
             // (as it would be for an operator).
             if self.removing.is_none()
                 && self.joining.is_none()
+                && o.partitions == 1
                 && rng.chance(o.damage)
-                && damage(&nodes[i].disk, rng).is_some()
+                && damage(&nodes[i].disks[0], rng).is_some()
             {
                 self.report.damaged += 1;
                 nodes[i].damaged = true;
@@ -504,32 +547,44 @@ impl<'o> Sim<'o> {
     /// rejoined, as an operator would).
     fn restarts(&mut self, tick: u64, now_ms: u64) -> Result<()> {
         for (i, node) in self.nodes.iter_mut().enumerate() {
-            if node.replica.is_none() && !node.removed && tick >= node.down_until {
+            if node.up.is_none() && !node.removed && tick >= node.down_until {
                 let id = i as u64 + 1;
-                let replica = match start(id, &self.ids, &node.disk) {
-                    Ok(r) => r,
-                    Err(e) if node.damaged && format!("{e:#}").contains("refusing to start") => {
-                        // The operator's recovery (`cluster rejoin`): its
-                        // data directory joins again, keeping the term and
-                        // vote; the leader removes it and adds it back.
-                        super::log::rejoin(&node.disk, now_ms)?;
-                        node.damaged = false;
-                        node.rejoining = true;
-                        node.down_until = u64::MAX;
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(
-                            e.context(format!("seed {}: restarting replica {id}", self.seed))
-                        );
-                    }
-                };
+                let mut groups = Vec::new();
+                for disk in &node.disks {
+                    let replica = match start(id, &self.ids, disk) {
+                        Ok(r) => r,
+                        Err(e)
+                            if node.damaged && format!("{e:#}").contains("refusing to start") =>
+                        {
+                            // The operator's recovery (`cluster rejoin`):
+                            // its data directory joins again, keeping the
+                            // term and vote; the leader removes it and adds
+                            // it back (one partition only: see `damage`).
+                            super::log::rejoin(disk, now_ms)?;
+                            node.damaged = false;
+                            node.rejoining = true;
+                            node.down_until = u64::MAX;
+                            break;
+                        }
+                        Err(e) => {
+                            return Err(
+                                e.context(format!("seed {}: restarting replica {id}", self.seed))
+                            );
+                        }
+                    };
+                    groups.push(Group {
+                        replica,
+                        router: router(id, self.base, tick),
+                    });
+                }
+                if node.rejoining {
+                    continue;
+                }
                 node.damaged = false;
-                node.replica = Some(replica);
+                node.up = Some(groups);
                 // What was in flight to its last life died with its
                 // connections.
                 self.net.retain(|(_, w)| w.to() != id);
-                node.router = Some(router(id, self.base, tick));
                 self.report.restarts += 1;
             }
         }
@@ -553,19 +608,24 @@ impl<'o> Sim<'o> {
             }
             let node = &mut self.nodes[(w.to() - 1) as usize];
             let now = node.now(self.base, tick);
-            let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
+            let Some(groups) = node.up.as_mut() else {
                 continue;
             };
             match w {
-                Wire::Raft(m) => {
+                Wire::Raft(g, m) => {
                     if m.get_msg_type() == MessageType::MsgSnapshot {
                         self.report.snapshots_sent += 1;
                     }
                     // A stale or unexpected message is refused by Raft;
                     // that is the network's business, not a failure.
-                    let _ = r.step(m);
+                    let _ = groups[g as usize].replica.step(m);
                 }
-                Wire::Forward { from, batch, .. } => router.forwarded(now, from, &batch, r),
+                Wire::Forward {
+                    group, from, batch, ..
+                } => {
+                    let g = &mut groups[group as usize];
+                    g.router.forwarded(now, from, &batch, &mut g.replica);
+                }
             }
         }
     }
@@ -575,10 +635,10 @@ impl<'o> Sim<'o> {
         let nodes = &self.nodes;
         let leader = nodes
             .iter()
-            .filter_map(|n| n.replica.as_ref())
+            .filter_map(SimReplica::first)
             .filter(|r| r.is_leader())
             .map(|r| r.id())
-            .max_by_key(|id| nodes[(*id - 1) as usize].replica.as_ref().map(|r| r.term()))
+            .max_by_key(|id| nodes[(*id - 1) as usize].first().map(|r| r.term()))
             .unwrap_or(0);
         if leader != 0 && leader != self.last_leader {
             self.report.leader_changes += 1;
@@ -594,24 +654,19 @@ impl<'o> Sim<'o> {
     fn membership(&mut self, tick: u64, leader: u64, faults: bool) -> Result<()> {
         let settled = leader != 0
             && self.nodes[(leader - 1) as usize]
-                .replica
-                .as_ref()
+                .first()
                 .is_some_and(Replica::membership_settled);
         if !settled {
             return Ok(());
         }
         let li = (leader - 1) as usize;
-        let voters = self.nodes[li]
-            .replica
-            .as_ref()
-            .expect("the leader is up")
-            .voters();
+        let voters = self.nodes[li].first().expect("the leader is up").voters();
         if let Some(old) = self.removing {
             if voters.contains(&old) {
                 // Proposed again until applied (a lost proposal, a new
                 // leader); refused while one is in progress.
                 if tick.is_multiple_of(20) && old != leader {
-                    let r = self.nodes[li].replica.as_mut().expect("up");
+                    let r = self.nodes[li].first_mut().expect("up");
                     let _ = r.propose_change(&super::Change::Remove(old));
                 }
             } else if self.nodes[(old - 1) as usize].rejoining {
@@ -625,14 +680,18 @@ impl<'o> Sim<'o> {
             } else {
                 // Gone from the membership: down for good; a new one.
                 let gone = &mut self.nodes[(old - 1) as usize];
-                gone.replica = None;
-                gone.router = None;
+                gone.up = None;
                 gone.removed = true;
                 self.clients.crashed(old);
                 self.removing = None;
                 let id = self.nodes.len() as u64 + 1;
-                self.nodes
-                    .push(SimReplica::new(id, &[], &mut self.rng, self.base)?);
+                self.nodes.push(SimReplica::new(
+                    id,
+                    &[],
+                    self.o.partitions,
+                    &mut self.rng,
+                    self.base,
+                )?);
                 self.joining = Some(id);
             }
         } else if let Some(new) = self.joining {
@@ -645,7 +704,7 @@ impl<'o> Sim<'o> {
                     self.report.replaced += 1;
                 }
             } else if tick.is_multiple_of(20) {
-                let r = self.nodes[li].replica.as_mut().expect("up");
+                let r = self.nodes[li].first_mut().expect("up");
                 let _ = r.propose_change(&super::Change::Add {
                     id: new,
                     record: Vec::new(),
@@ -653,16 +712,19 @@ impl<'o> Sim<'o> {
             }
         } else if let Some(i) = self.nodes.iter().position(|n| n.rejoining) {
             let id = i as u64 + 1;
-            let r = self.nodes[li].replica.as_mut().expect("up");
+            let r = self.nodes[li].first_mut().expect("up");
             if r.propose_change(&super::Change::Remove(id)).is_ok() {
                 self.removing = Some(id);
             }
-        } else if faults && !self.nodes.iter().any(|n| n.damaged) && self.rng.chance(self.o.replace)
+        } else if faults
+            && self.o.partitions == 1
+            && !self.nodes.iter().any(|n| n.damaged)
+            && self.rng.chance(self.o.replace)
         {
             let followers: Vec<u64> = voters.iter().copied().filter(|v| *v != leader).collect();
             if !followers.is_empty() {
                 let old = followers[self.rng.below(followers.len() as u64) as usize];
-                let r = self.nodes[li].replica.as_mut().expect("up");
+                let r = self.nodes[li].first_mut().expect("up");
                 if r.propose_change(&super::Change::Remove(old)).is_ok() {
                     self.removing = Some(old);
                 }
@@ -674,7 +736,7 @@ impl<'o> Sim<'o> {
     /// Client load, through any replica that is up (leader or not).
     fn load(&mut self, tick: u64, now_ms: u64) -> Result<()> {
         let up: Vec<usize> = (0..self.nodes.len())
-            .filter(|&i| self.nodes[i].replica.is_some())
+            .filter(|&i| self.nodes[i].up.is_some())
             .collect();
         if up.is_empty() || !self.rng.chance(self.o.load) {
             return Ok(());
@@ -692,81 +754,97 @@ impl<'o> Sim<'o> {
             &mut self.clients,
         );
         self.clients.pending.insert(corr, (op, i as u64 + 1));
-        let node = &mut self.nodes[i];
-        let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
-            unreachable!("up");
-        };
-        let mut fx = Effects::default();
-        router.requests(now, vec![msg], r, &mut fx)?;
-        carry_out(
-            self.seed,
-            tick,
-            i as u64 + 1,
-            fx,
-            self.o,
-            true,
-            &mut self.rng,
-            &mut self.net,
-            &mut self.clients,
-            &mut self.report,
-        )
+        let partitions = self.o.partitions;
+        let groups = self.nodes[i].up.as_mut().expect("up");
+        for (g, messages) in super::partition::split(vec![msg], partitions)
+            .into_iter()
+            .enumerate()
+        {
+            if messages.is_empty() {
+                continue;
+            }
+            let group = &mut groups[g];
+            let mut fx = Effects::default();
+            group
+                .router
+                .requests(now, messages, &mut group.replica, &mut fx)?;
+            carry_out(
+                self.seed,
+                tick,
+                i as u64 + 1,
+                (g as u32, partitions),
+                fx,
+                self.o,
+                true,
+                &mut self.rng,
+                &mut self.net,
+                &mut self.clients,
+                &mut self.report,
+            )?;
+        }
+        Ok(())
     }
 
     /// The routers' ticks (what waited too long is answered; the leader
     /// proposes expiry), then ready: persist, send, apply, publish.
     fn ready(&mut self, tick: u64, faults: bool) -> Result<()> {
         let seed = self.seed;
+        let partitions = self.o.partitions;
         for node in self.nodes.iter_mut() {
             let now = node.now(self.base, tick);
-            let (Some(r), Some(router)) = (node.replica.as_mut(), node.router.as_mut()) else {
+            let Some(groups) = node.up.as_mut() else {
                 continue;
             };
-            let id = r.id();
-            let mut fx = Effects::default();
-            router.tick(now, r, &mut fx)?;
-            let (messages, applied) = r.ready()?;
-            for m in messages {
-                send(
+            for (g, Group { replica: r, router }) in groups.iter_mut().enumerate() {
+                let group = g as u32;
+                let id = r.id();
+                let mut fx = Effects::default();
+                router.tick(now, r, &mut fx)?;
+                let (messages, applied) = r.ready()?;
+                for m in messages {
+                    send(
+                        tick,
+                        Wire::Raft(group, m),
+                        self.o,
+                        faults,
+                        &mut self.rng,
+                        &mut self.net,
+                    );
+                }
+                for a in &applied {
+                    // Applied again after a restart too: checked for determinism.
+                    check_deterministic(&mut self.outputs_at, group, id, a)?;
+                    self.clients.applied(seed, id, a)?;
+                    if a.replayed {
+                        continue;
+                    }
+                    self.report.applied = self.report.applied.max(a.index);
+                    if a.origin == id && is_timer(a) {
+                        self.report.timeouts += 1;
+                    }
+                }
+                router.applied(now, applied, r, &mut fx)?;
+                let c = router.take_counts();
+                self.report.index_reads += c.index_reads as usize;
+                self.report.forwarded += c.forwarded as usize;
+                self.report.held += c.held as usize;
+                self.report.resent += c.resent as usize;
+                self.report.retried += c.retried as usize;
+                self.report.reads_to_log += c.reads_to_log as usize;
+                carry_out(
+                    seed,
                     tick,
-                    Wire::Raft(m),
+                    id,
+                    (group, partitions),
+                    fx,
                     self.o,
                     faults,
                     &mut self.rng,
                     &mut self.net,
-                );
+                    &mut self.clients,
+                    &mut self.report,
+                )?;
             }
-            for a in &applied {
-                // Applied again after a restart too: checked for determinism.
-                check_deterministic(&mut self.outputs_at, id, a)?;
-                self.clients.applied(seed, id, a)?;
-                if a.replayed {
-                    continue;
-                }
-                self.report.applied = self.report.applied.max(a.index);
-                if a.origin == id && is_timer(a) {
-                    self.report.timeouts += 1;
-                }
-            }
-            router.applied(now, applied, r, &mut fx)?;
-            let c = router.take_counts();
-            self.report.index_reads += c.index_reads as usize;
-            self.report.forwarded += c.forwarded as usize;
-            self.report.held += c.held as usize;
-            self.report.resent += c.resent as usize;
-            self.report.retried += c.retried as usize;
-            self.report.reads_to_log += c.reads_to_log as usize;
-            carry_out(
-                seed,
-                tick,
-                id,
-                fx,
-                self.o,
-                faults,
-                &mut self.rng,
-                &mut self.net,
-                &mut self.clients,
-                &mut self.report,
-            )?;
         }
         Ok(())
     }
@@ -804,57 +882,157 @@ impl<'o> Sim<'o> {
     fn check_settled(&mut self, total: u64) -> Result<()> {
         let seed = self.seed;
         let (removing, joining) = (self.removing, self.joining);
+        let partitions = self.o.partitions;
         let nodes = &mut self.nodes;
         nodes.retain(|n| !n.removed);
-        let applied: Vec<u64> = nodes
-            .iter()
-            .map(|n| n.replica.as_ref().map_or(0, Replica::applied))
-            .collect();
-        if applied.iter().any(|a| *a != applied[0]) {
-            let states: Vec<String> = nodes
+        for g in 0..partitions as usize {
+            let applied: Vec<u64> = nodes
                 .iter()
-                .map(|n| match &n.replica {
-                    Some(r) => format!("{:?} voters {:?}", r.status(), r.voters()),
-                    None => format!(
-                        "down (removed {}, damaged {}, rejoining {}, until {})",
-                        n.removed, n.damaged, n.rejoining, n.down_until
-                    ),
-                })
+                .map(|n| n.up.as_ref().map_or(0, |up| up[g].replica.applied()))
                 .collect();
-            bail!(
-                "seed {seed}: after settling, the replicas applied {applied:?}; removing {removing:?}, joining {joining:?}:\n{}",
-                states.join("\n")
-            );
+            if applied.iter().any(|a| *a != applied[0]) {
+                let states: Vec<String> = nodes
+                    .iter()
+                    .map(|n| match &n.up {
+                        Some(up) => {
+                            let r = &up[g].replica;
+                            format!("{:?} voters {:?}", r.status(), r.voters())
+                        }
+                        None => format!(
+                            "down (removed {}, damaged {}, rejoining {}, until {})",
+                            n.removed, n.damaged, n.rejoining, n.down_until
+                        ),
+                    })
+                    .collect();
+                bail!(
+                    "seed {seed}: after settling, the replicas applied {applied:?} of partition {g}; removing {removing:?}, joining {joining:?}:\n{}",
+                    states.join("\n")
+                );
+            }
+            let mut snapshots = Vec::new();
+            for n in nodes.iter_mut() {
+                let up = n.up.as_mut().expect("up after settling");
+                snapshots.push(up[g].replica.store_mut().snapshot()?);
+            }
+            if snapshots.iter().any(|s| *s != snapshots[0]) {
+                bail!(
+                    "seed {seed}: replicas at index {} of partition {g} hold different states",
+                    applied[0]
+                );
+            }
         }
-        let mut snapshots = Vec::new();
-        for n in nodes.iter_mut() {
-            let r = n.replica.as_mut().expect("up after settling");
-            snapshots.push(r.store_mut().snapshot()?);
-        }
-        if snapshots.iter().any(|s| *s != snapshots[0]) {
-            bail!(
-                "seed {seed}: replicas at index {} hold different states",
-                applied[0]
-            );
-        }
-        let mut check = nodes[0].replica.as_mut().expect("up").store_mut().clone();
+        let up = nodes[0].up.as_mut().expect("up");
+        let mut guests: Vec<Poisonable> = up
+            .iter_mut()
+            .map(|g| g.replica.store_mut().clone())
+            .collect();
+        let at = T0 + total * TICK_MS;
         for &n in &self.clients.acknowledged {
-            let m = request(
-                &[b"GET", key(n).as_bytes()],
-                u64::MAX - n,
-                T0 + total * TICK_MS,
-            );
-            let out = check.handle_messages(&[m], T0 + total * TICK_MS)?;
+            let got = ask(&mut guests, &[b"GET", key(n).as_bytes()], u64::MAX - n, at)?;
             let v = format!("value-{n}");
             let want = format!("${}\r\n{v}\r\n", v.len());
-            if reply_to(&out, u64::MAX - n) != Some(want.as_bytes()) {
+            if got != want.as_bytes() {
                 bail!(
                     "seed {seed}: acknowledged {} is not in the final state",
                     key(n)
                 );
             }
         }
+        // A SCAN of every key walks the partitions and lists each key of
+        // the settled state exactly once: what each partition lists alone.
+        let listed =
+            scan(&mut guests, at, u64::MAX / 2).map_err(|e| e.context(format!("seed {seed}")))?;
+        let mut want = Vec::new();
+        for g in 0..guests.len() {
+            let mut keys = scan(
+                &mut guests[g..=g],
+                at,
+                u64::MAX / 2 + ((g as u64 + 1) << 32),
+            )?;
+            if keys
+                .iter()
+                .any(|k| super::partition::partition_of(k, partitions) != g as u32)
+            {
+                bail!("seed {seed}: partition {g} holds a key of another partition");
+            }
+            want.append(&mut keys);
+        }
+        let mut sorted = listed.clone();
+        sorted.sort();
+        want.sort();
+        if sorted != want || sorted.windows(2).any(|w| w[0] == w[1]) {
+            bail!(
+                "seed {seed}: a SCAN through {partitions} partition(s) listed {} keys, the partitions hold {}",
+                listed.len(),
+                want.len()
+            );
+        }
+        self.report.scanned += listed.len();
         Ok(())
+    }
+}
+
+/// The reply of a store of `guests.len()` partitions (guest `p` holding
+/// partition `p`) to the request `parts`, routed and rewritten as a
+/// server does.
+fn ask(guests: &mut [Poisonable], parts: &[&[u8]], corr: u64, at: u64) -> Result<Vec<u8>> {
+    let partitions = guests.len() as u32;
+    let m = request(parts, corr, at);
+    let routed = super::partition::route(&m.payload, partitions);
+    let g = routed.partition;
+    let m = InboundMessage {
+        payload: routed.payload.unwrap_or(m.payload),
+        ..m
+    };
+    let mut out = guests[g as usize].handle_messages(&[m], at)?;
+    super::partition::replies(&mut out, g, partitions);
+    Ok(reply_to(&out, corr).unwrap_or_default().to_vec())
+}
+
+/// Every key a SCAN of `*` lists, page after page, through the partitions
+/// (the pages' correlation data counted from `corr`).
+fn scan(guests: &mut [Poisonable], at: u64, corr: u64) -> Result<Vec<Vec<u8>>> {
+    let mut listed = Vec::new();
+    let mut token: Option<Vec<u8>> = None;
+    for page in 0..100_000u64 {
+        let corr = corr + page;
+        let reply = match &token {
+            None => ask(guests, &[b"SCAN", b"*"], corr, at)?,
+            Some(t) => ask(guests, &[b"SCAN", b"*", t], corr, at)?,
+        };
+        let (keys, next) = scan_page(&reply)
+            .ok_or_else(|| anyhow::anyhow!("a SCAN page {:?}", String::from_utf8_lossy(&reply)))?;
+        listed.extend(keys);
+        match next {
+            Some(t) => token = Some(t),
+            None => return Ok(listed),
+        }
+    }
+    bail!("a SCAN that does not end")
+}
+
+/// The keys of a SCAN reply page and its token (`None`: the last page).
+fn scan_page(reply: &[u8]) -> Option<(Vec<Vec<u8>>, Option<Vec<u8>>)> {
+    use statestore_guest::resp3::{Decoded, decode_request};
+    let (more, page) = match reply.strip_prefix(b"*2\r\n") {
+        Some(page) => (true, page),
+        None => (false, reply.strip_prefix(b"*1\r\n")?),
+    };
+    let (keys, used) = if page.starts_with(b"*0\r\n") {
+        (Vec::new(), 4)
+    } else {
+        match decode_request(page).ok()? {
+            Decoded::Complete(items, used) => (items.iter().map(|k| k.to_vec()).collect(), used),
+            Decoded::Partial => return None,
+        }
+    };
+    let rest = &page[used..];
+    if !more {
+        return rest.is_empty().then_some((keys, None));
+    }
+    match decode_request(&[b"*1\r\n".as_slice(), rest].concat()).ok()? {
+        Decoded::Complete(items, n) if n == rest.len() + 4 => Some((keys, Some(items[0].to_vec()))),
+        _ => None,
     }
 }
 
@@ -896,20 +1074,21 @@ fn is_timer(a: &Applied) -> bool {
         .any(|o| matches!(o, Output::Publish(p) if p.correlation_data.is_some()))
 }
 
-/// Every replica makes the same outputs of the same entry.
+/// Every replica makes the same outputs of the same entry of a group.
 fn check_deterministic(
-    seen: &mut HashMap<u64, (Vec<Output>, super::FailedInputs)>,
+    seen: &mut HashMap<(u32, u64), (Vec<Output>, super::FailedInputs)>,
+    group: u32,
     replica: u64,
     a: &Applied,
 ) -> Result<()> {
     let made = (a.outputs.clone(), a.failed.clone());
-    match seen.get(&a.index) {
+    match seen.get(&(group, a.index)) {
         None => {
-            seen.insert(a.index, made);
+            seen.insert((group, a.index), made);
         }
         Some(first) if *first == made => {}
         Some(first) => bail!(
-            "replica {replica} made other outputs of entry {} than another replica:\n{:?}\nvs\n{:?}",
+            "replica {replica} made other outputs of entry {} of partition {group} than another replica:\n{:?}\nvs\n{:?}",
             a.index,
             made,
             first

@@ -11,9 +11,11 @@ use crate::cluster::router::Effects;
 /// What travels between replicas.
 #[derive(Debug, Clone)]
 pub(super) enum Wire {
-    Raft(Message),
-    /// Requests `from` forwards to the leader `to`.
+    /// A Raft message of a group (partition).
+    Raft(u32, Message),
+    /// Requests `from` forwards to the leader `to` of a group.
     Forward {
+        group: u32,
         from: u64,
         to: u64,
         batch: Vec<u8>,
@@ -23,13 +25,13 @@ pub(super) enum Wire {
 impl Wire {
     pub(super) fn from(&self) -> u64 {
         match self {
-            Wire::Raft(m) => m.from,
+            Wire::Raft(_, m) => m.from,
             Wire::Forward { from, .. } => *from,
         }
     }
     pub(super) fn to(&self) -> u64 {
         match self {
-            Wire::Raft(m) => m.to,
+            Wire::Raft(_, m) => m.to,
             Wire::Forward { to, .. } => *to,
         }
     }
@@ -51,14 +53,16 @@ impl Cut {
     }
 }
 
-/// Carries out what replica `origin`'s router asked for: forwards go on
-/// the network, replies to their clients.
+/// Carries out what replica `origin`'s router of `group` asked for:
+/// forwards go on the network, replies (as a partition's are rewritten,
+/// [`crate::cluster::partition::replies`]) to their clients.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn carry_out(
     seed: u64,
     tick: u64,
     origin: u64,
-    fx: Effects,
+    (group, partitions): (u32, u32),
+    mut fx: Effects,
     o: &Options,
     faults: bool,
     rng: &mut Rng,
@@ -70,6 +74,7 @@ pub(super) fn carry_out(
         send(
             tick,
             Wire::Forward {
+                group,
                 from: origin,
                 to,
                 batch,
@@ -80,6 +85,7 @@ pub(super) fn carry_out(
             net,
         );
     }
+    crate::cluster::partition::replies(&mut fx.replies, group, partitions);
     for out in &fx.replies {
         clients.answer(seed, tick, origin, out, report)?;
     }
