@@ -165,6 +165,16 @@ pub enum Change {
 /// entries are still to be persisted ([`Replica::ready_persist`]).
 pub struct Unpersisted(raft::Ready);
 
+/// A ready whose entries are written and not yet synced
+/// ([`Replica::ready_write`]).
+pub struct Unsynced(raft::Ready);
+
+impl std::fmt::Debug for Unsynced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unsynced").finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Unpersisted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Unpersisted")
@@ -705,11 +715,22 @@ impl<B: Backend> Replica<B> {
     /// what had to wait for that, and applies what that committed.
     pub fn ready_persist(
         &mut self,
-        Unpersisted(mut ready): Unpersisted,
+        unpersisted: Unpersisted,
         send: &mut dyn FnMut(Message),
     ) -> Result<Vec<Applied>> {
-        let mut applied = Vec::new();
-        let mut messages = Vec::new();
+        let written = self.ready_write(unpersisted)?;
+        if self.durability == Durability::Always {
+            self.node.mut_store().sync()?;
+        }
+        self.ready_finish(written, send)
+    }
+
+    /// [`Replica::ready_persist`] in three steps, for a replica of many
+    /// groups that syncs their logs together: this one writes the new
+    /// entries and state; then, under [`Durability::Always`], the caller
+    /// syncs the log ([`Replica::log_mut`], [`LogStore::sync`]); then
+    /// [`Replica::ready_finish`].
+    pub fn ready_write(&mut self, Unpersisted(ready): Unpersisted) -> Result<Unsynced> {
         for e in ready.entries() {
             if let Ok(d) = decode_entry(&e.data) {
                 self.log_now = self.log_now.max(d.now);
@@ -720,9 +741,29 @@ impl<B: Backend> Replica<B> {
         if let Some(hs) = ready.hs() {
             log.set_hardstate(hs.clone())?;
         }
-        if self.durability == Durability::Always {
-            log.sync()?;
-        }
+        Ok(Unsynced(ready))
+    }
+
+    /// Whether the log must be synced between [`Replica::ready_write`] and
+    /// [`Replica::ready_finish`].
+    pub fn syncs_each_write(&self) -> bool {
+        self.durability == Durability::Always
+    }
+
+    /// Its log.
+    pub fn log_mut(&mut self) -> &mut LogStore {
+        self.node.mut_store()
+    }
+
+    /// The last step of [`Replica::ready_persist`]: sends what waited for
+    /// the log, and applies what that committed.
+    pub fn ready_finish(
+        &mut self,
+        Unsynced(mut ready): Unsynced,
+        send: &mut dyn FnMut(Message),
+    ) -> Result<Vec<Applied>> {
+        let mut applied = Vec::new();
+        let mut messages = Vec::new();
         messages.extend(ready.take_persisted_messages());
         let mut light = self.node.advance(ready);
         if let Some(commit) = light.commit_index() {

@@ -751,8 +751,12 @@ impl Node {
         result
     }
 
-    /// Persists, sends, applies; publishes what is this replica's.
+    /// Persists, sends, applies; publishes what is this replica's. With
+    /// partitions, every group's new entries are written first and their
+    /// logs synced together (in parallel: one round of syncs for all of
+    /// them, not one after another).
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
+        let mut written = Vec::new();
         for g in 0..self.groups.len() {
             let id = g as u32;
             // Replies to what was committed go out before this replica's
@@ -764,13 +768,27 @@ impl Node {
             self.sync_members()?;
             self.publish(transport, g, applied).await?;
             if let Some(rest) = rest {
-                let links = &self.links;
-                let applied = self.groups[g]
-                    .replica
-                    .ready_persist(rest, &mut |m| links.send(id, m))?;
-                self.sync_members()?;
-                self.publish(transport, g, applied).await?;
+                written.push((g, self.groups[g].replica.ready_write(rest)?));
             }
+        }
+        let logs: Vec<&mut super::LogStore> = self
+            .groups
+            .iter_mut()
+            .enumerate()
+            .filter(|(g, group)| {
+                group.replica.syncs_each_write() && written.iter().any(|(w, _)| w == g)
+            })
+            .map(|(_, group)| group.replica.log_mut())
+            .collect();
+        sync_together(logs)?;
+        for (g, w) in written {
+            let id = g as u32;
+            let links = &self.links;
+            let applied = self.groups[g]
+                .replica
+                .ready_finish(w, &mut |m| links.send(id, m))?;
+            self.sync_members()?;
+            self.publish(transport, g, applied).await?;
         }
         Ok(())
     }
@@ -867,6 +885,30 @@ fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
         .filter(|(id, _)| *id != me && voters.contains(id))
         .max_by_key(|(_, matched)| *matched)
         .map(|(id, _)| *id)
+}
+
+/// Syncs `logs` (each its own file), in parallel when there are several:
+/// the disk sees their flushes at once, not one after another.
+fn sync_together(mut logs: Vec<&mut super::LogStore>) -> Result<()> {
+    match logs.len() {
+        0 => Ok(()),
+        1 => logs[0].sync(),
+        _ => std::thread::scope(|s| {
+            let first = logs.remove(0);
+            let others: Vec<_> = logs
+                .into_iter()
+                .map(|log| s.spawn(move || log.sync()))
+                .collect();
+            let mut result = first.sync();
+            for t in others {
+                let r = t
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a log sync panicked")));
+                result = result.and(r);
+            }
+            result
+        }),
+    }
 }
 
 /// Where partition `p` of a store in partitions keeps its log.

@@ -84,11 +84,16 @@ impl Fleet {
         Fleet::with(tenants, max_memory, cache_dir, false)
     }
 
-    /// A fleet for a replica of a cluster: one tenant, whose calls are
-    /// bounded by fuel, not time, so that a call that fails on one replica
-    /// fails alike on every other ([`crate::EngineOptions::fuel`]).
-    pub fn for_replica(max_memory: usize, cache_dir: Option<PathBuf>) -> Result<Fleet> {
-        Fleet::with(1, max_memory, cache_dir, true)
+    /// A fleet for a replica of a cluster: one guest per partition, whose
+    /// calls are bounded by fuel, not time, so that a call that fails on
+    /// one replica fails alike on every other
+    /// ([`crate::EngineOptions::fuel`]).
+    pub fn for_replica(
+        partitions: usize,
+        max_memory: usize,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<Fleet> {
+        Fleet::with(partitions, max_memory, cache_dir, true)
     }
 
     fn with(

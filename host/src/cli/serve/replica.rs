@@ -41,6 +41,7 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
     // Calls bounded by fuel: a request that fails the guest fails it on
     // every replica alike (a poison entry, skipped by all).
     let mut fleet = Fleet::for_replica(
+        file.partitions as usize,
         spec.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY),
         cache_dir,
     )?;
