@@ -708,15 +708,13 @@ async fn write_load(port: u16, name: String, stop: Arc<AtomicBool>, acked: Arc<M
     sdk.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and_again() {
-    let mut c = Cluster::new(3);
-    c.leader(Duration::from_secs(20));
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Acked::default()));
-    let writers: Vec<_> = c
-        .mqtt
-        .iter()
+/// A [`write_load`] on each replica's broker (`mqtt`), until `stop`.
+fn writers_on_every_replica(
+    mqtt: &[u16],
+    stop: &Arc<AtomicBool>,
+    acked: &Arc<Mutex<Acked>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    mqtt.iter()
         .enumerate()
         .map(|(i, port)| {
             tokio::spawn(write_load(
@@ -726,7 +724,16 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
                 acked.clone(),
             ))
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and_again() {
+    let mut c = Cluster::new(3);
+    c.leader(Duration::from_secs(20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let writers = writers_on_every_replica(&c.mqtt, &stop, &acked);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut kills = Vec::new();
     for round in 0..6 {
@@ -2250,16 +2257,7 @@ async fn a_request_that_fails_the_guest_is_answered_500_and_the_cluster_goes_on(
 /// cut; the third replica, healed, catches up with all of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdk_scenarios_pass_while_a_minority_is_cut_off() {
-    type Scenario = fn(u16) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    macro_rules! scenarios {
-        ($($name:ident),* $(,)?) => {
-            vec![$((
-                stringify!($name),
-                (|port| Box::pin(statestore_tests::scenarios::$name(port))) as Scenario,
-            )),*]
-        };
-    }
-    let all: Vec<(&str, Scenario)> = statestore_tests::sdk_scenarios!(scenarios);
+    let all = sdk_scenarios();
     let c = Cluster::with_links(3).await;
     let leader = c.leader(Duration::from_secs(20));
     let (serving, lone) = ((leader + 1) % 3, (leader + 2) % 3);
@@ -2320,15 +2318,6 @@ fn partitions_led(c: &Cluster, want: &str, within: Duration) -> String {
 /// change under a living store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
-    type Scenario = fn(u16) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    macro_rules! scenarios {
-        ($($name:ident),* $(,)?) => {
-            vec![$((
-                stringify!($name),
-                (|port| Box::pin(statestore_tests::scenarios::$name(port))) as Scenario,
-            )),*]
-        };
-    }
     let mut c = Cluster::with_partitions(3, 4);
     let spread = "partitions: 4 (the table shows partition 0); replica 1 leads 0,3; replica 2 leads 1; replica 3 leads 2";
     tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
@@ -2341,7 +2330,7 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
             assert!(state.is_file(), "{}", state.display());
         }
     }
-    let all: Vec<(&str, Scenario)> = statestore_tests::sdk_scenarios!(scenarios);
+    let all = sdk_scenarios();
     for (name, scenario) in all {
         eprintln!("{name}");
         tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[1]))
@@ -2350,19 +2339,7 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Acked::default()));
-    let writers: Vec<_> = c
-        .mqtt
-        .iter()
-        .enumerate()
-        .map(|(i, port)| {
-            tokio::spawn(write_load(
-                *port,
-                format!("writer-{i}"),
-                stop.clone(),
-                acked.clone(),
-            ))
-        })
-        .collect();
+    let writers = writers_on_every_replica(&c.mqtt, &stop, &acked);
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Replica 1 leads partitions 0 and 3: they elect new leaders.
     if let Some(s) = c.servers[0].take() {
@@ -2394,6 +2371,22 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
         log.contains("holds a store in 4 partition(s) and the cluster file says `partitions = 2`"),
         "{log}"
     );
+}
+
+/// One of the SDK scenarios, against the broker on a port.
+type Scenario = fn(u16) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// Every SDK scenario, by name.
+fn sdk_scenarios() -> Vec<(&'static str, Scenario)> {
+    macro_rules! scenarios {
+        ($($name:ident),* $(,)?) => {
+            vec![$((
+                stringify!($name),
+                (|port| Box::pin(statestore_tests::scenarios::$name(port))) as Scenario,
+            )),*]
+        };
+    }
+    statestore_tests::sdk_scenarios!(scenarios)
 }
 
 /// A first port of `n` consecutive free loopback ports.

@@ -21,15 +21,23 @@ fn budget() -> Duration {
     Duration::from_secs(secs)
 }
 
+/// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
+fn replayed(options: &Options) -> bool {
+    let Some(seed) = std::env::var("STATESTORE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    else {
+        return false;
+    };
+    let report = run(seed, options).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("seed {seed}: {report:?}");
+    true
+}
+
 #[test]
 fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     let options = Options::default();
-    if let Some(seed) = std::env::var("STATESTORE_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        let report = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
-        eprintln!("seed {seed}: {report:?}");
+    if replayed(&options) {
         return;
     }
     let start = Instant::now();
@@ -124,12 +132,7 @@ fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
         partitions: 3,
         ..Options::default()
     };
-    if let Some(seed) = std::env::var("STATESTORE_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        let report = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
-        eprintln!("seed {seed}: {report:?}");
+    if replayed(&options) {
         return;
     }
     let start = Instant::now();

@@ -54,6 +54,7 @@ pub(crate) mod operator;
 pub mod partition;
 pub(crate) mod pki;
 pub(crate) mod probe;
+mod raft_log;
 mod recover;
 pub mod router;
 #[cfg(any(test, feature = "testing"))]
@@ -295,7 +296,7 @@ impl<B: Backend> Replica<B> {
             applied,
             ..Default::default()
         };
-        let logger = slog::Logger::root(RaftLog, slog::o!("replica" => id));
+        let logger = slog::Logger::root(raft_log::RaftLog, slog::o!("replica" => id));
         let node = RawNode::new(&config, log, &logger).context("starting the Raft node")?;
         let mut replica = Replica {
             id,
@@ -710,6 +711,12 @@ impl<B: Backend> Replica<B> {
         Ok((applied, Some(Unpersisted(ready))))
     }
 
+    /// Whether raft-rs has anything for [`Replica::ready_apply`] (messages,
+    /// entries to persist or apply, read states, a snapshot).
+    pub fn has_ready(&self) -> bool {
+        self.node.has_ready()
+    }
+
     /// The second half of [`Replica::ready_sending`]: persists the new
     /// entries and state (synced under [`Durability::Always`]), then sends
     /// what had to wait for that, and applies what that committed.
@@ -905,61 +912,6 @@ impl<B: Backend> Replica<B> {
     }
 }
 
-/// raft-rs's log (slog) into ours (tracing, target `raft`): its errors
-/// and warnings as such, its info (elections, votes, membership) at debug
-/// (`RUST_LOG=raft=debug`), its debug at trace.
-struct RaftLog;
-
-impl slog::Drain for RaftLog {
-    type Ok = ();
-    type Err = slog::Never;
-
-    fn log(
-        &self,
-        record: &slog::Record<'_>,
-        values: &slog::OwnedKVList,
-    ) -> std::result::Result<(), slog::Never> {
-        struct Fields(String);
-        impl slog::Serializer for Fields {
-            fn emit_arguments(
-                &mut self,
-                key: slog::Key,
-                val: &std::fmt::Arguments<'_>,
-            ) -> slog::Result {
-                use std::fmt::Write as _;
-                let _ = write!(self.0, " {key}={val}");
-                Ok(())
-            }
-        }
-        let level = match record.level() {
-            slog::Level::Critical | slog::Level::Error => tracing::Level::ERROR,
-            slog::Level::Warning => tracing::Level::WARN,
-            slog::Level::Info => tracing::Level::DEBUG,
-            slog::Level::Debug | slog::Level::Trace => tracing::Level::TRACE,
-        };
-        let enabled = match level {
-            tracing::Level::ERROR => tracing::enabled!(target: "raft", tracing::Level::ERROR),
-            tracing::Level::WARN => tracing::enabled!(target: "raft", tracing::Level::WARN),
-            tracing::Level::DEBUG => tracing::enabled!(target: "raft", tracing::Level::DEBUG),
-            _ => tracing::enabled!(target: "raft", tracing::Level::TRACE),
-        };
-        if !enabled {
-            return Ok(());
-        }
-        let mut fields = Fields(String::new());
-        let _ = slog::KV::serialize(&record.kv(), record, &mut fields);
-        let _ = slog::KV::serialize(values, record, &mut fields);
-        let text = format!("{}{}", record.msg(), fields.0);
-        match level {
-            tracing::Level::ERROR => tracing::error!(target: "raft", "{text}"),
-            tracing::Level::WARN => tracing::warn!(target: "raft", "{text}"),
-            tracing::Level::DEBUG => tracing::debug!(target: "raft", "{text}"),
-            _ => tracing::trace!(target: "raft", "{text}"),
-        }
-        Ok(())
-    }
-}
-
 /// Every output of `call` on `batch`: a call that stops early (its output
 /// budget) is made again with the rest of the batch, as on every replica.
 fn whole<B: Backend>(
@@ -980,37 +932,5 @@ fn whole<B: Backend>(
         }
         // Our own encoding: a batch it cannot cut is one the guest refuses.
         batch = std::borrow::Cow::Owned(wire::batch_after(&batch, handled)?);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A snapshot keeps the address records of the replicas added while
-    /// running; one of format 1 (none) is still read.
-    #[test]
-    fn snapshots_carry_the_members_added_while_running() {
-        let members = Members::from([(4, b"raft=127.0.0.1:7104".to_vec()), (5, Vec::new())]);
-        let data = encode_snapshot(42, &members, b"guest");
-        let d = decode_snapshot(&data).expect("decode");
-        assert_eq!(
-            (d.applied_now, &d.members, d.guest),
-            (42, &members, &b"guest"[..])
-        );
-        let mut v1 = vec![1];
-        v1.extend_from_slice(&42u64.to_le_bytes());
-        v1.extend_from_slice(b"guest");
-        let d = decode_snapshot(&v1).expect("format 1");
-        assert_eq!(
-            (d.applied_now, d.members.is_empty(), d.guest),
-            (42, true, &b"guest"[..])
-        );
-        // Cut short anywhere, or of an unknown format: an error, never a panic.
-        for n in 0..data.len() {
-            let _ = decode_snapshot(&data[..n]);
-        }
-        assert!(decode_snapshot(&data[..20]).is_err());
-        assert!(decode_snapshot(&[9, 0, 0]).is_err());
     }
 }

@@ -84,7 +84,7 @@ impl Core {
             .clone()
             .or_else(statestore::runtime::cache::default_dir);
         // Calls bounded by fuel (no timer thread to interrupt them).
-        let mut fleet = Fleet::for_replica(options.memory_bytes, cache_dir)?;
+        let mut fleet = Fleet::for_replica(1, options.memory_bytes, cache_dir)?;
         let component = options.component();
         let runtime = fleet
             .runtime_from_bytes(&component.read()?, options.limits())

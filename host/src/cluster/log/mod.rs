@@ -483,6 +483,11 @@ impl LogStore {
         Ok(())
     }
 
+    /// Whether something written is not yet synced.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// Makes everything written so far durable, then records in
     /// `raft-state` what the log now holds.
     pub fn sync(&mut self) -> Result<()> {

@@ -28,10 +28,10 @@ use tracing::{info, warn};
 
 pub use super::file::ClusterFile;
 pub use super::file::{ReadPath, ReplicaEntry};
-use super::net::{Links, PeerEvent};
-use super::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
-use super::router::{Effects, Limits, Now, Router};
-use super::{Compaction, Durability, LogStore, Replica, Timing};
+use crate::cluster::net::{Links, PeerEvent};
+use crate::cluster::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
+use crate::cluster::router::{Effects, Limits, Now, Router};
+use crate::cluster::{Compaction, Durability, LogStore, Replica, Timing};
 use crate::store::clock::Clock;
 use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
@@ -49,6 +49,9 @@ pub(crate) const TIMING: Timing = Timing {
 };
 
 pub use super::router::Notify;
+
+mod partitions;
+use partitions::{SPREAD_EVERY, SYNC_THREADS, check_partitions, partition_dir, sync_together};
 
 /// One Raft group of a replica: the whole store, or one partition of it
 /// (`partitions` in the cluster file; see [`super::partition`]).
@@ -89,6 +92,9 @@ pub struct Node {
     alive: std::collections::HashMap<u64, Instant>,
     /// Ticks until leaderships are looked at again ([`Node::spread_leaders`]).
     spread_in: u32,
+    /// Threads that sync the partitions' logs together (with partitions,
+    /// under `--fsync always`).
+    syncs: Option<rayon::ThreadPool>,
 }
 
 impl std::fmt::Debug for Node {
@@ -197,6 +203,18 @@ impl Node {
             );
             groups.push(Group { replica, router });
         }
+        let syncs = if partitions > 1 && durability == Durability::Always {
+            let threads = (partitions as usize).min(SYNC_THREADS);
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("log-sync-{i}"))
+                    .build()
+                    .context("starting the threads that sync the partitions' logs")?,
+            )
+        } else {
+            None
+        };
         let me = file.me();
         let listener = TcpListener::bind(me.raft)
             .await
@@ -234,6 +252,7 @@ impl Node {
             store_metrics: None,
             alive: std::collections::HashMap::new(),
             spread_in: SPREAD_EVERY,
+            syncs,
         })
     }
 
@@ -758,6 +777,11 @@ impl Node {
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         let mut written = Vec::new();
         for g in 0..self.groups.len() {
+            if !self.groups[g].replica.has_ready() {
+                // Nothing new: no message, entry, read state or snapshot
+                // (with many partitions, most groups most of the time).
+                continue;
+            }
             let id = g as u32;
             // Replies to what was committed go out before this replica's
             // new entries are synced: they never wait for a later fsync.
@@ -780,7 +804,7 @@ impl Node {
             })
             .map(|(_, group)| group.replica.log_mut())
             .collect();
-        sync_together(logs)?;
+        sync_together(self.syncs.as_ref(), logs)?;
         for (g, w) in written {
             let id = g as u32;
             let links = &self.links;
@@ -812,67 +836,6 @@ impl Node {
     }
 }
 
-/// How often (in ticks) a replica looks at the partitions it leads.
-const SPREAD_EVERY: u32 = 20;
-
-/// A peer heard from within this long is taken to be up.
-const ALIVE_WITHIN: Duration = Duration::from_millis(500);
-
-impl Node {
-    /// With partitions, spreads their leaderships over the replicas, so
-    /// that writes to different partitions use different machines:
-    /// partition `p`'s place is the `p mod n`-th voter (by id), and a
-    /// replica leading a partition whose place is another replica hands it
-    /// over once that replica is up and has every entry (one hand-over a
-    /// second per replica, so a returning replica takes its share back
-    /// gradually and a down one is never waited for: while a hand-over is
-    /// under way the group takes no proposals).
-    fn spread_leaders(&mut self) {
-        if self.groups.len() < 2 {
-            return;
-        }
-        self.spread_in = self.spread_in.saturating_sub(1);
-        if self.spread_in > 0 {
-            return;
-        }
-        self.spread_in = SPREAD_EVERY;
-        let me = self.id();
-        for (p, g) in self.groups.iter_mut().enumerate() {
-            if !g.replica.is_leader() || !g.replica.membership_settled() {
-                continue;
-            }
-            let mut voters = g.replica.voters();
-            voters.sort_unstable();
-            if voters.is_empty() {
-                continue;
-            }
-            let place = voters[p % voters.len()];
-            let up = self
-                .alive
-                .get(&place)
-                .is_some_and(|t| t.elapsed() < ALIVE_WITHIN);
-            if place == me || !up {
-                continue;
-            }
-            let s = g.replica.status();
-            let caught_up = s
-                .matched
-                .iter()
-                .any(|&(id, matched)| id == place && matched >= s.last_index);
-            if caught_up {
-                info!(
-                    replica = me,
-                    partition = p,
-                    to = place,
-                    "handing the partition's leadership to its place"
-                );
-                g.replica.transfer_leader(place);
-                return;
-            }
-        }
-    }
-}
-
 /// The voter (not this replica) most up to date, to take over the
 /// leadership of `replica`'s group.
 fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
@@ -885,71 +848,6 @@ fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
         .filter(|(id, _)| *id != me && voters.contains(id))
         .max_by_key(|(_, matched)| *matched)
         .map(|(id, _)| *id)
-}
-
-/// Syncs `logs` (each its own file), in parallel when there are several:
-/// the disk sees their flushes at once, not one after another.
-fn sync_together(mut logs: Vec<&mut super::LogStore>) -> Result<()> {
-    match logs.len() {
-        0 => Ok(()),
-        1 => logs[0].sync(),
-        _ => std::thread::scope(|s| {
-            let first = logs.remove(0);
-            let others: Vec<_> = logs
-                .into_iter()
-                .map(|log| s.spawn(move || log.sync()))
-                .collect();
-            let mut result = first.sync();
-            for t in others {
-                let r = t
-                    .join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a log sync panicked")));
-                result = result.and(r);
-            }
-            result
-        }),
-    }
-}
-
-/// Where partition `p` of a store in partitions keeps its log.
-fn partition_dir(data_dir: &std::path::Path, p: u32) -> std::path::PathBuf {
-    data_dir.join(format!("partition-{p}"))
-}
-
-/// The file of a data directory that records how many partitions its store
-/// has (absent: one, the layout before partitions).
-const PARTITIONS: &str = "partitions";
-
-/// Checks that the data directory holds a store of `partitions` partitions
-/// (or none yet, which it then records): the count cannot change while the
-/// store lives, since a key's partition depends on it.
-fn check_partitions(root: &dyn crate::store::storage::Storage, partitions: u32) -> Result<()> {
-    let recorded = match root.read(PARTITIONS) {
-        Ok(bytes) => Some(
-            std::str::from_utf8(&bytes)
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok())
-                .with_context(|| format!("{PARTITIONS} in the data directory is not a number"))?,
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("reading {PARTITIONS}")),
-    };
-    let single = match root.read("raft-state") {
-        Ok(_) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e).context("reading raft-state"),
-    };
-    let had = recorded.unwrap_or(if single { 1 } else { partitions });
-    if had != partitions {
-        bail!(
-            "the data directory holds a store in {had} partition(s) and the cluster file says `partitions = {partitions}`: the number of partitions cannot change while a store lives (a key's partition depends on it); put it back, or start a new cluster with empty data directories"
-        );
-    }
-    if partitions > 1 && recorded.is_none() {
-        root.write_atomic(PARTITIONS, partitions.to_string().as_bytes())
-            .with_context(|| format!("writing {PARTITIONS}"))?;
-    }
-    Ok(())
 }
 
 /// The start of this replica's new life (its `via.started`): now, or just

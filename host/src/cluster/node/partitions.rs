@@ -1,0 +1,137 @@
+//! What a replica does for a store in partitions: where each partition's
+//! log lives and the count the data directory records, the logs synced
+//! together, and the leaderships spread over the replicas.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use tracing::info;
+
+use super::Node;
+
+/// The most threads syncing partitions' logs at once.
+pub(super) const SYNC_THREADS: usize = 16;
+
+/// How often (in ticks) a replica looks at the partitions it leads.
+pub(super) const SPREAD_EVERY: u32 = 20;
+
+/// A peer heard from within this long is taken to be up.
+pub(super) const ALIVE_WITHIN: Duration = Duration::from_millis(500);
+
+impl Node {
+    /// With partitions, spreads their leaderships over the replicas, so
+    /// that writes to different partitions use different machines:
+    /// partition `p`'s place is the `p mod n`-th voter (by id), and a
+    /// replica leading a partition whose place is another replica hands it
+    /// over once that replica is up and has every entry (one hand-over a
+    /// second per replica, so a returning replica takes its share back
+    /// gradually and a down one is never waited for: while a hand-over is
+    /// under way the group takes no proposals).
+    pub(super) fn spread_leaders(&mut self) {
+        if self.groups.len() < 2 {
+            return;
+        }
+        self.spread_in = self.spread_in.saturating_sub(1);
+        if self.spread_in > 0 {
+            return;
+        }
+        self.spread_in = SPREAD_EVERY;
+        let me = self.id();
+        for (p, g) in self.groups.iter_mut().enumerate() {
+            if !g.replica.is_leader() || !g.replica.membership_settled() {
+                continue;
+            }
+            let mut voters = g.replica.voters();
+            voters.sort_unstable();
+            if voters.is_empty() {
+                continue;
+            }
+            let place = voters[p % voters.len()];
+            let up = self
+                .alive
+                .get(&place)
+                .is_some_and(|t| t.elapsed() < ALIVE_WITHIN);
+            if place == me || !up {
+                continue;
+            }
+            let s = g.replica.status();
+            let caught_up = s
+                .matched
+                .iter()
+                .any(|&(id, matched)| id == place && matched >= s.last_index);
+            if caught_up {
+                info!(
+                    replica = me,
+                    partition = p,
+                    to = place,
+                    "handing the partition's leadership to its place"
+                );
+                g.replica.transfer_leader(place);
+                return;
+            }
+        }
+    }
+}
+
+/// Syncs `logs` (each its own file), in parallel on `pool` when several
+/// have something to sync: the disk sees their flushes at once, not one
+/// after another.
+pub(super) fn sync_together(
+    pool: Option<&rayon::ThreadPool>,
+    logs: Vec<&mut crate::cluster::LogStore>,
+) -> Result<()> {
+    use rayon::prelude::*;
+    let (mut dirty, clean): (Vec<_>, Vec<_>) = logs.into_iter().partition(|l| l.is_dirty());
+    for log in clean {
+        log.sync()?; // at most a `raft-state` record
+    }
+    match (dirty.len(), pool) {
+        (0, _) => Ok(()),
+        (1, _) | (_, None) => dirty.iter_mut().try_for_each(|l| l.sync()),
+        (_, Some(pool)) => pool.install(|| dirty.into_par_iter().try_for_each(|l| l.sync())),
+    }
+}
+
+/// Where partition `p` of a store in partitions keeps its log.
+pub(super) fn partition_dir(data_dir: &std::path::Path, p: u32) -> std::path::PathBuf {
+    data_dir.join(format!("partition-{p}"))
+}
+
+/// The file of a data directory that records how many partitions its store
+/// has (absent: one, the layout before partitions).
+const PARTITIONS: &str = "partitions";
+
+/// Checks that the data directory holds a store of `partitions` partitions
+/// (or none yet, which it then records): the count cannot change while the
+/// store lives, since a key's partition depends on it.
+pub(super) fn check_partitions(
+    root: &dyn crate::store::storage::Storage,
+    partitions: u32,
+) -> Result<()> {
+    let recorded = match root.read(PARTITIONS) {
+        Ok(bytes) => Some(
+            std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .with_context(|| format!("{PARTITIONS} in the data directory is not a number"))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {PARTITIONS}")),
+    };
+    let single = match root.read("raft-state") {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).context("reading raft-state"),
+    };
+    let had = recorded.unwrap_or(if single { 1 } else { partitions });
+    if had != partitions {
+        bail!(
+            "the data directory holds a store in {had} partition(s) and the cluster file says `partitions = {partitions}`: the number of partitions cannot change while a store lives (a key's partition depends on it); put it back, or start a new cluster with empty data directories"
+        );
+    }
+    if partitions > 1 && recorded.is_none() {
+        root.write_atomic(PARTITIONS, partitions.to_string().as_bytes())
+            .with_context(|| format!("writing {PARTITIONS}"))?;
+    }
+    Ok(())
+}
