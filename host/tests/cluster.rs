@@ -2371,6 +2371,22 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
         log.contains("holds a store in 4 partition(s) and the cluster file says `partitions = 2`"),
         "{log}"
     );
+    // Started afresh with another count, it is not linked: it would put
+    // keys in other groups. The others say why.
+    let _ = std::fs::remove_dir_all(c.data_dir(2));
+    let s = tokio::task::block_in_place(|| c.spawn(2));
+    c.servers[2] = Some(s);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let said = |i: usize| {
+        c.servers[i].as_ref().is_some_and(|s| {
+            s.log()
+                .contains("another number of partitions: link closed")
+        })
+    };
+    while !(said(0) && said(1)) {
+        assert!(Instant::now() < deadline, "the others took its links");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// One of the SDK scenarios, against the broker on a port.

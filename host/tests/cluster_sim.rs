@@ -21,6 +21,34 @@ fn budget() -> Duration {
     Duration::from_secs(secs)
 }
 
+/// Adds `r`'s counts to `total`.
+fn add(total: &mut Report, r: &Report) {
+    total.acknowledged += r.acknowledged;
+    total.reads += r.reads;
+    total.crashes += r.crashes;
+    total.leader_changes += r.leader_changes;
+    total.timeouts += r.timeouts;
+    total.applied += r.applied;
+    total.restarts += r.restarts;
+    total.snapshots_sent += r.snapshots_sent;
+    total.hot_ops += r.hot_ops;
+    total.unknown += r.unknown;
+    total.index_reads += r.index_reads;
+    total.replaced += r.replaced;
+    total.refused += r.refused;
+    total.outcome_unknown += r.outcome_unknown;
+    total.damaged += r.damaged;
+    total.forwarded += r.forwarded;
+    total.held += r.held;
+    total.resent += r.resent;
+    total.retried += r.retried;
+    total.reads_to_log += r.reads_to_log;
+    total.rejoined += r.rejoined;
+    total.poisoned += r.poisoned;
+    total.scanned += r.scanned;
+    total.handed_over += r.handed_over;
+}
+
 /// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
 fn replayed(options: &Options) -> bool {
     let Some(seed) = std::env::var("STATESTORE_SIM_SEED")
@@ -46,28 +74,7 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     while runs < 3_000 && start.elapsed() < budget() {
         let seed = 0x5157_0000 + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
-        total.acknowledged += r.acknowledged;
-        total.reads += r.reads;
-        total.crashes += r.crashes;
-        total.leader_changes += r.leader_changes;
-        total.timeouts += r.timeouts;
-        total.applied += r.applied;
-        total.restarts += r.restarts;
-        total.snapshots_sent += r.snapshots_sent;
-        total.hot_ops += r.hot_ops;
-        total.unknown += r.unknown;
-        total.index_reads += r.index_reads;
-        total.replaced += r.replaced;
-        total.refused += r.refused;
-        total.outcome_unknown += r.outcome_unknown;
-        total.damaged += r.damaged;
-        total.forwarded += r.forwarded;
-        total.held += r.held;
-        total.resent += r.resent;
-        total.retried += r.retried;
-        total.reads_to_log += r.reads_to_log;
-        total.rejoined += r.rejoined;
-        total.poisoned += r.poisoned;
+        add(&mut total, &r);
         runs += 1;
     }
     eprintln!("{runs} seeded runs: {total:?}");
@@ -125,7 +132,8 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
 /// per request, determinism, no acknowledged write lost, hot keys
 /// linearizable, the same state once settled) plus: every key lives in its
 /// own partition, and a SCAN through the partitions lists every key of the
-/// settled store exactly once. `STATESTORE_SIM_SEED=<seed>` replays one.
+/// settled store exactly once; leaders hand their partitions over to their
+/// places as a server does, under the same faults. `STATESTORE_SIM_SEED=<seed>` replays one.
 #[test]
 fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
     let options = Options {
@@ -141,15 +149,7 @@ fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
     while runs < 1_000 && start.elapsed() < budget() / 3 {
         let seed = 0x9A27_0000 + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
-        total.acknowledged += r.acknowledged;
-        total.reads += r.reads;
-        total.crashes += r.crashes;
-        total.leader_changes += r.leader_changes;
-        total.hot_ops += r.hot_ops;
-        total.unknown += r.unknown;
-        total.scanned += r.scanned;
-        total.snapshots_sent += r.snapshots_sent;
-        total.forwarded += r.forwarded;
+        add(&mut total, &r);
         runs += 1;
     }
     eprintln!("{runs} seeded runs in 3 partitions: {total:?}");
@@ -162,6 +162,10 @@ fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
     assert!(
         total.hot_ops > 0 && total.unknown * 100 <= runs as usize * 3,
         "{total:?}"
+    );
+    assert!(
+        total.handed_over > runs as usize,
+        "leaderships were handed to their partitions' places under faults: {total:?}"
     );
     assert!(
         total.scanned >= total.acknowledged,

@@ -192,7 +192,7 @@ impl ClusterFile {
             Some(dir) => Some(Tls::load(dir, self.id)?),
             None => None,
         };
-        Ok(Credentials::new(self.id, &self.secret()?, tls))
+        Ok(Credentials::new(self.id, &self.secret()?, tls).with_partitions(self.partitions))
     }
 
     /// The operator's tools' credentials: with TLS, the operator's
@@ -203,7 +203,7 @@ impl ClusterFile {
             Some(dir) => Some(Tls::load(dir, self.id)?),
             None => None,
         };
-        Ok(Credentials::new(0, &self.secret()?, tls))
+        Ok(Credentials::new(0, &self.secret()?, tls).with_partitions(self.partitions))
     }
 
     /// The guest's hash seed: the same on every replica (they must apply

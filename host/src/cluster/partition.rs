@@ -184,6 +184,34 @@ pub fn replies(outputs: &mut [crate::Output], p: u32, count: u32) {
     }
 }
 
+/// Where partition `p`'s leadership belongs among `voters`: the
+/// `p mod n`-th of them by id, so that the partitions' leaders are spread
+/// evenly over the replicas.
+pub fn place(p: u32, voters: &[u64]) -> Option<u64> {
+    let mut sorted = voters.to_vec();
+    sorted.sort_unstable();
+    sorted.get(p as usize % sorted.len().max(1)).copied()
+}
+
+/// Whether the leader `status` of partition `p` (of a store in several)
+/// hands its leadership over now, and to whom: to the partition's
+/// [`place`], once that replica is `up` and has every entry (a hand-over to
+/// one that lags would stall the group's proposals until it caught up or
+/// the hand-over timed out).
+pub fn hand_over(
+    p: u32,
+    voters: &[u64],
+    status: &super::Status,
+    up: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    let to = place(p, voters)?;
+    let caught_up = status
+        .matched
+        .iter()
+        .any(|&(id, matched)| id == to && matched >= status.last_index);
+    (status.role == "leader" && to != status.id && up(to) && caught_up).then_some(to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,5 +425,49 @@ mod tests {
         }
         let want: Vec<Vec<u8>> = keys.iter().flatten().map(|k| k.to_vec()).collect();
         assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn leaderships_go_to_their_place_once_it_has_every_entry() {
+        assert_eq!(place(0, &[3, 1, 2]), Some(1));
+        assert_eq!(place(4, &[3, 1, 2]), Some(2));
+        assert_eq!(place(2, &[]), None);
+        let leader = |matched: Vec<(u64, u64)>| super::super::Status {
+            id: 1,
+            role: "leader".into(),
+            last_index: 10,
+            matched,
+            ..super::super::Status::default()
+        };
+        let all_up = |_| true;
+        // Partition 1's place is replica 2: up and caught up, it takes it.
+        assert_eq!(
+            hand_over(
+                1,
+                &[1, 2, 3],
+                &leader(vec![(1, 10), (2, 10), (3, 9)]),
+                all_up
+            ),
+            Some(2)
+        );
+        // Not while it lags, nor while it is down.
+        assert_eq!(
+            hand_over(1, &[1, 2, 3], &leader(vec![(1, 10), (2, 9)]), all_up),
+            None
+        );
+        assert_eq!(
+            hand_over(1, &[1, 2, 3], &leader(vec![(2, 10)]), |id| id != 2),
+            None
+        );
+        // Already in place, or not the leader: nothing.
+        assert_eq!(
+            hand_over(0, &[1, 2, 3], &leader(vec![(1, 10)]), all_up),
+            None
+        );
+        let follower = super::super::Status {
+            role: "follower".into(),
+            ..leader(vec![(2, 10)])
+        };
+        assert_eq!(hand_over(1, &[1, 2, 3], &follower, all_up), None);
     }
 }

@@ -24,7 +24,15 @@
 //!   7 raft in   u32 group, a Raft message of that group (a partition, see
 //!               `super::partition`; group 0's go as kind 1)
 //!   8 forward in  u32 group, u64 origin, batch (group 0's go as kind 2)
+//!   9 partitions  u32: the sender's store is in that many partitions (sent
+//!               right after the hello by a replica with more than one)
 //! ```
+//!
+//! Replicas whose stores have different numbers of partitions would put a
+//! key in different groups: a link between them is closed at once (a
+//! replica of more than one partition takes a replica's link only if its
+//! first frame after the hello names the same number; one of a single
+//! partition closes a link that names more).
 //!
 //! Sending never waits: a frame for a peer whose queue is full is dropped
 //! (Raft sends again), and the replica is told the peer is unreachable.
@@ -53,6 +61,7 @@ const CHANGE_REQUEST: u8 = 5;
 const CHANGE: u8 = 6;
 const RAFT_IN: u8 = 7;
 const FORWARD_IN: u8 = 8;
+const PARTITIONS: u8 = 9;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
 pub(crate) const MAX_FRAME: usize = 1 << 30;
@@ -111,6 +120,8 @@ pub struct Credentials {
     id: u64,
     secret: Arc<[u8]>,
     tls: Option<Arc<Tls>>,
+    /// The partitions of its store (1 for an operator's tool).
+    partitions: u32,
 }
 
 impl Credentials {
@@ -120,7 +131,13 @@ impl Credentials {
             id: tls.as_ref().map_or(id, Tls::id),
             secret: secret.into(),
             tls: tls.map(Arc::new),
+            partitions: 1,
         }
+    }
+
+    /// The same, for a replica whose store is in `partitions` partitions.
+    pub fn with_partitions(self, partitions: u32) -> Credentials {
+        Credentials { partitions, ..self }
     }
 
     /// The id its hello names.
@@ -333,7 +350,13 @@ async fn outbound(
         // The hello goes at once: a peer closes a link that says nothing
         // for 5 s, and a link between two followers may carry nothing
         // until an election (whose first votes would then be lost).
-        if w.write_all(&hello(who.id, &who.secret)).await.is_err() || w.flush().await.is_err() {
+        if w.write_all(&hello(who.id, &who.secret)).await.is_err()
+            || (who.partitions > 1
+                && w.write_all(&frame(PARTITIONS, &who.partitions.to_le_bytes()))
+                    .await
+                    .is_err())
+            || w.flush().await.is_err()
+        {
             continue;
         }
         let failed = loop {
@@ -496,10 +519,14 @@ async fn inbound(
     .await
     .context("no hello in time")??;
     drop(admitted);
+    let mut first = true;
     loop {
         let Some((kind, body)) = read_frame(&mut stream).await? else {
             return Ok(());
         };
+        if std::mem::take(&mut first) && same_partitions(kind, &body, from, me)? {
+            continue; // its partitions frame
+        }
         // Group 0's frames carry no group (as before partitions).
         let (kind, group, body) = match kind {
             RAFT_IN | FORWARD_IN if body.len() >= 4 => (
@@ -571,6 +598,32 @@ async fn inbound(
     }
 }
 
+/// The first frame after a link's hello: whether its sender's store has as
+/// many partitions as `me`'s (see the top); `Ok(true)` when the frame was
+/// the partitions frame (nothing more to do with it). An operator's tool
+/// need not say.
+fn same_partitions(kind: u8, body: &[u8], from: u64, me: &Credentials) -> Result<bool> {
+    let theirs = match kind {
+        PARTITIONS if body.len() == 4 => u32::from_le_bytes(body[..4].try_into().expect("4")),
+        PARTITIONS => bail!("a partitions frame of {} bytes", body.len()),
+        _ if from == 0 => me.partitions,
+        _ => 1,
+    };
+    if theirs != me.partitions {
+        warn!(
+            peer = from,
+            theirs,
+            ours = me.partitions,
+            "a replica whose store has another number of partitions: link closed (every replica's cluster file must name the same `partitions`)"
+        );
+        bail!(
+            "replica {from} has {theirs} partitions, this one {}",
+            me.partitions
+        );
+    }
+    Ok(kind == PARTITIONS)
+}
+
 /// Asks replica `peer` at `addr` for its status (`cluster status`).
 pub async fn status(addr: SocketAddr, peer: u64, who: &Credentials) -> Result<String> {
     ask(addr, peer, who, STATUS_REQUEST, b"").await
@@ -612,6 +665,10 @@ async fn ask_on(
         CHANGE
     };
     s.write_all(&hello(who.id, &who.secret)).await?;
+    if who.partitions > 1 {
+        s.write_all(&frame(PARTITIONS, &who.partitions.to_le_bytes()))
+            .await?;
+    }
     s.write_all(&frame(kind, body)).await?;
     s.flush().await?;
     match read_frame(&mut s).await? {

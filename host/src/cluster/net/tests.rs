@@ -112,6 +112,51 @@ async fn frames_carry_their_group() {
     assert_eq!(got, ["raft 5 3", "forward 7 2 in seven", "raft 0 3"]);
 }
 
+/// Replicas whose stores have other numbers of partitions put a key in
+/// other groups: no link between them carries anything; the same number
+/// does, and an operator's tool asks any of them.
+#[tokio::test]
+async fn replicas_with_other_numbers_of_partitions_are_not_linked() {
+    for (ours, theirs, linked) in [
+        (4, 4, true),
+        (4, 2, false),
+        (4, 1, false),
+        (1, 2, false),
+        (1, 1, true),
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, mut rx) = mpsc::channel(16);
+        let accepting = tokio::spawn(accept(listener, plain(1).with_partitions(ours), tx));
+        let (events, _own) = mpsc::channel(16);
+        let links = Links::start(plain(2).with_partitions(theirs), &[(1, addr)], events);
+        let mut m = Message::default();
+        (m.from, m.to, m.term) = (2, 1, 3);
+        links.send(0, m);
+        let got = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await;
+        match got {
+            Ok(Some(PeerEvent::Raft(0, m))) => assert!(linked, "{ours} vs {theirs}: {m:?}"),
+            Err(_) => assert!(!linked, "{ours} vs {theirs}: nothing arrived"),
+            other => panic!("{ours} vs {theirs}: {other:?}"),
+        }
+        if ours > 1 {
+            // A tool that says its file's count, and one that does not.
+            let tool = if theirs == ours {
+                plain(0).with_partitions(ours)
+            } else {
+                plain(0)
+            };
+            let asking = tokio::spawn(async move { status(addr, 1, &tool).await });
+            match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+                Ok(Some(PeerEvent::Status(reply))) => reply.send("id=1\n".into()).expect("reply"),
+                other => panic!("an operator's status request: {other:?}"),
+            }
+            assert_eq!(asking.await.expect("task").expect("status"), "id=1\n");
+        }
+        accepting.abort();
+    }
+}
+
 /// Connects to `addr` from the loopback address `from`.
 async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");

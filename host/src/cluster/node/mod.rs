@@ -95,6 +95,9 @@ pub struct Node {
     /// Threads that sync the partitions' logs together (with partitions,
     /// under `--fsync always`).
     syncs: Option<rayon::ThreadPool>,
+    /// When a frame for a partition this replica does not have was last
+    /// reported.
+    warned_partition: Option<Instant>,
 }
 
 impl std::fmt::Debug for Node {
@@ -253,6 +256,7 @@ impl Node {
             alive: std::collections::HashMap::new(),
             spread_in: SPREAD_EVERY,
             syncs,
+            warned_partition: None,
         })
     }
 
@@ -503,12 +507,19 @@ impl Node {
     /// The group of a peer's frame, if this replica has it.
     fn group(&mut self, g: u32, from: u64) -> Option<&mut Group> {
         if g >= self.partitions() {
-            warn!(
-                peer = from,
-                partition = g,
-                partitions = self.partitions(),
-                "a peer sent traffic for a partition this replica does not have: every replica's cluster file must name the same `partitions`"
-            );
+            // Said at most every 10 s: such a peer sends it many times a second.
+            if self
+                .warned_partition
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+            {
+                self.warned_partition = Some(Instant::now());
+                warn!(
+                    peer = from,
+                    partition = g,
+                    partitions = self.partitions(),
+                    "a peer sent traffic for a partition this replica does not have (dropped): every replica's cluster file must name the same `partitions`"
+                );
+            }
             return None;
         }
         Some(&mut self.groups[g as usize])

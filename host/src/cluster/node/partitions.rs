@@ -23,7 +23,8 @@ impl Node {
     /// that writes to different partitions use different machines:
     /// partition `p`'s place is the `p mod n`-th voter (by id), and a
     /// replica leading a partition whose place is another replica hands it
-    /// over once that replica is up and has every entry (one hand-over a
+    /// over once that replica is up and has every entry
+    /// ([`crate::cluster::partition::hand_over`]; one hand-over a
     /// second per replica, so a returning replica takes its share back
     /// gradually and a down one is never waited for: while a hand-over is
     /// under way the group takes no proposals).
@@ -37,36 +38,23 @@ impl Node {
         }
         self.spread_in = SPREAD_EVERY;
         let me = self.id();
+        let alive = &self.alive;
+        let up = |id: u64| alive.get(&id).is_some_and(|t| t.elapsed() < ALIVE_WITHIN);
         for (p, g) in self.groups.iter_mut().enumerate() {
             if !g.replica.is_leader() || !g.replica.membership_settled() {
                 continue;
             }
-            let mut voters = g.replica.voters();
-            voters.sort_unstable();
-            if voters.is_empty() {
-                continue;
-            }
-            let place = voters[p % voters.len()];
-            let up = self
-                .alive
-                .get(&place)
-                .is_some_and(|t| t.elapsed() < ALIVE_WITHIN);
-            if place == me || !up {
-                continue;
-            }
-            let s = g.replica.status();
-            let caught_up = s
-                .matched
-                .iter()
-                .any(|&(id, matched)| id == place && matched >= s.last_index);
-            if caught_up {
+            let voters = g.replica.voters();
+            let hand_over =
+                crate::cluster::partition::hand_over(p as u32, &voters, &g.replica.status(), up);
+            if let Some(to) = hand_over {
                 info!(
                     replica = me,
                     partition = p,
-                    to = place,
+                    to,
                     "handing the partition's leadership to its place"
                 );
-                g.replica.transfer_leader(place);
+                g.replica.transfer_leader(to);
                 return;
             }
         }

@@ -162,6 +162,8 @@ pub struct Report {
     pub poisoned: usize,
     /// Keys listed by the SCAN of the settled store (each exactly once).
     pub scanned: usize,
+    /// Partitions' leaderships handed over to their place.
+    pub handed_over: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -212,6 +214,10 @@ enum Op {
     /// 500 (or 503 / 408), never applied.
     Poison,
 }
+
+/// How often (ticks) leaders of partitions look at their place (a
+/// server's second).
+const SPREAD_TICKS: u64 = 100;
 
 /// Keys every client writes, reads and deletes concurrently.
 const HOT_KEYS: usize = 3;
@@ -491,6 +497,9 @@ impl<'o> Sim<'o> {
         }
         let leader = self.leader();
         self.membership(tick, leader, faults)?;
+        if self.o.partitions > 1 && tick.is_multiple_of(SPREAD_TICKS) {
+            self.spread_leaders(tick);
+        }
         if faults {
             self.load(tick, now_ms)?;
         }
@@ -732,6 +741,37 @@ impl<'o> Sim<'o> {
             }
         }
         Ok(())
+    }
+
+    /// Leaderships handed to their partition's place as a server does
+    /// ([`super::partition::hand_over`]): to a replica that is up, not cut
+    /// off, and has every entry.
+    fn spread_leaders(&mut self, tick: u64) {
+        let up: Vec<u64> = (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].up.is_some())
+            .map(|i| i as u64 + 1)
+            .filter(|id| self.cut.is_none_or(|c| c.replica != *id || tick >= c.until))
+            .collect();
+        for node in self.nodes.iter_mut() {
+            let Some(groups) = node.up.as_mut() else {
+                continue;
+            };
+            for (p, g) in groups.iter_mut().enumerate() {
+                let r = &mut g.replica;
+                if !r.is_leader() {
+                    continue;
+                }
+                let voters = r.voters();
+                if let Some(to) =
+                    super::partition::hand_over(p as u32, &voters, &r.status(), |id| {
+                        up.contains(&id)
+                    })
+                {
+                    r.transfer_leader(to);
+                    self.report.handed_over += 1;
+                }
+            }
+        }
     }
 
     /// Client load, through any replica that is up (leader or not).
