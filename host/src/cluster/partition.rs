@@ -114,39 +114,69 @@ pub fn reply(reply: &[u8], p: u32, count: u32) -> Option<Vec<u8>> {
     if count <= 1 {
         return None;
     }
-    let (more, page) = if let Some(page) = reply.strip_prefix(b"*1\r\n") {
-        (false, page)
-    } else {
-        (true, reply.strip_prefix(b"*2\r\n")?)
-    };
-    let keys_len = if page.starts_with(b"*0\r\n") {
-        4
-    } else {
-        match resp3::decode_request(page) {
-            Ok(resp3::Decoded::Complete(_, used)) => used,
-            _ => return None,
+    let page = ScanPage::read(reply)?;
+    let token: Vec<u8> = match page.token {
+        Some(inner) => {
+            let rest = inner.strip_prefix(b"0;")?;
+            [p.to_string().as_bytes(), b";", rest].concat()
         }
-    };
-    let (keys, rest) = page.split_at(keys_len);
-    let token: Vec<u8> = if more {
-        let inner = match resp3::decode_request(&[b"*1\r\n".as_slice(), rest].concat()) {
-            Ok(resp3::Decoded::Complete(items, used)) if used == rest.len() + 4 => {
-                items[0].to_vec()
-            }
-            _ => return None,
-        };
-        let rest = inner.strip_prefix(b"0;")?;
-        [p.to_string().as_bytes(), b";", rest].concat()
-    } else if p + 1 < count {
-        format!("{};0;", p + 1).into_bytes()
-    } else {
-        return None;
+        None if p + 1 < count => format!("{};0;", p + 1).into_bytes(),
+        None => return None,
     };
     let mut out = Vec::with_capacity(reply.len() + 16);
     out.extend_from_slice(b"*2\r\n");
-    out.extend_from_slice(keys);
+    out.extend_from_slice(page.keys_bytes);
     resp3::push_bulk(&mut out, &token);
     Some(out)
+}
+
+/// A SCAN reply page, read: `*1\r\n*<k>\r\n<keys>` (the last page) or
+/// `*2\r\n*<k>\r\n<keys><token>`.
+#[derive(Debug)]
+pub struct ScanPage<'a> {
+    /// Its keys.
+    pub keys: Vec<&'a [u8]>,
+    /// `*<k>\r\n<keys>` as it stands in the reply.
+    keys_bytes: &'a [u8],
+    /// Its token (`None`: the last page).
+    pub token: Option<Vec<u8>>,
+}
+
+impl<'a> ScanPage<'a> {
+    /// `reply` as a page, if it is one (nothing after it).
+    pub fn read(reply: &'a [u8]) -> Option<ScanPage<'a>> {
+        let (more, page) = match reply.strip_prefix(b"*2\r\n") {
+            Some(page) => (true, page),
+            None => (false, reply.strip_prefix(b"*1\r\n")?),
+        };
+        let (keys, used) = if page.starts_with(b"*0\r\n") {
+            (Vec::new(), 4)
+        } else {
+            match resp3::decode_request(page).ok()? {
+                resp3::Decoded::Complete(items, used) => (items, used),
+                resp3::Decoded::Partial => return None,
+            }
+        };
+        let (keys_bytes, rest) = page.split_at(used);
+        let token = if more {
+            // The token bulk string, read as a request of one element.
+            match resp3::decode_request(&[b"*1\r\n".as_slice(), rest].concat()).ok()? {
+                resp3::Decoded::Complete(items, n) if n == rest.len() + 4 => {
+                    Some(items[0].to_vec())
+                }
+                _ => return None,
+            }
+        } else if rest.is_empty() {
+            None
+        } else {
+            return None;
+        };
+        Some(ScanPage {
+            keys,
+            keys_bytes,
+            token,
+        })
+    }
 }
 
 /// `messages` (a client's requests, as they arrived) by partition: the

@@ -399,12 +399,11 @@ impl Node {
             if messages.is_empty() {
                 continue;
             }
-            let mut fx = Effects::default();
-            let group = &mut self.groups[g];
-            let r = group
-                .router
-                .requests(now, messages, &mut group.replica, &mut fx);
-            self.carry_out(transport, g as u32, fx).await?;
+            let r = self
+                .routed(transport, g, |router, replica, fx| {
+                    router.requests(now, messages, replica, fx)
+                })
+                .await?;
             result = result.and(r);
         }
         result
@@ -415,12 +414,12 @@ impl Node {
         let now = self.now();
         let mut result = Ok(());
         for g in 0..self.groups.len() {
-            let mut fx = Effects::default();
-            let group = &mut self.groups[g];
-            let r = group
-                .router
-                .client_gone(now, client.clone(), &mut group.replica, &mut fx);
-            self.carry_out(transport, g as u32, fx).await?;
+            let client = client.clone();
+            let r = self
+                .routed(transport, g, |router, replica, fx| {
+                    router.client_gone(now, client, replica, fx)
+                })
+                .await?;
             result = result.and(r);
         }
         result
@@ -772,10 +771,11 @@ impl Node {
         let now = self.now();
         let mut result = Ok(());
         for g in 0..self.groups.len() {
-            let mut fx = Effects::default();
-            let group = &mut self.groups[g];
-            let r = group.router.tick(now, &mut group.replica, &mut fx);
-            self.carry_out(transport, g as u32, fx).await?;
+            let r = self
+                .routed(transport, g, |router, replica, fx| {
+                    router.tick(now, replica, fx)
+                })
+                .await?;
             result = result.and(r);
         }
         result
@@ -837,13 +837,26 @@ impl Node {
         applied: Vec<super::Applied>,
     ) -> Result<()> {
         let now = self.now();
+        self.routed(transport, g, |router, replica, fx| {
+            router.applied(now, applied, replica, fx)
+        })
+        .await?
+    }
+
+    /// `call` on group `g`'s router, then its effects carried out: the
+    /// call's own result (the effects are carried out either way; an error
+    /// carrying them out comes first).
+    async fn routed<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        g: usize,
+        call: impl FnOnce(&mut Router, &mut Replica<WasmStore>, &mut Effects) -> Result<()>,
+    ) -> Result<Result<()>> {
         let mut fx = Effects::default();
         let group = &mut self.groups[g];
-        let r = group
-            .router
-            .applied(now, applied, &mut group.replica, &mut fx);
+        let r = call(&mut group.router, &mut group.replica, &mut fx);
         self.carry_out(transport, g as u32, fx).await?;
-        r
+        Ok(r)
     }
 }
 

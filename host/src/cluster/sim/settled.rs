@@ -132,41 +132,13 @@ fn scan(guests: &mut [Poisonable], at: u64, corr: u64) -> Result<Vec<Vec<u8>>> {
             None => ask(guests, &[b"SCAN", b"*"], corr, at)?,
             Some(t) => ask(guests, &[b"SCAN", b"*", t], corr, at)?,
         };
-        let (keys, next) = scan_page(&reply)
+        let page = crate::cluster::partition::ScanPage::read(&reply)
             .ok_or_else(|| anyhow::anyhow!("a SCAN page {:?}", String::from_utf8_lossy(&reply)))?;
-        listed.extend(keys);
-        match next {
+        listed.extend(page.keys.iter().map(|k| k.to_vec()));
+        match page.token {
             Some(t) => token = Some(t),
             None => return Ok(listed),
         }
     }
     bail!("a SCAN that does not end")
-}
-
-/// The keys of a SCAN page, and its token (`None`: the last page).
-type Page = (Vec<Vec<u8>>, Option<Vec<u8>>);
-
-/// A SCAN reply, read.
-fn scan_page(reply: &[u8]) -> Option<Page> {
-    use statestore_guest::resp3::{Decoded, decode_request};
-    let (more, page) = match reply.strip_prefix(b"*2\r\n") {
-        Some(page) => (true, page),
-        None => (false, reply.strip_prefix(b"*1\r\n")?),
-    };
-    let (keys, used) = if page.starts_with(b"*0\r\n") {
-        (Vec::new(), 4)
-    } else {
-        match decode_request(page).ok()? {
-            Decoded::Complete(items, used) => (items.iter().map(|k| k.to_vec()).collect(), used),
-            Decoded::Partial => return None,
-        }
-    };
-    let rest = &page[used..];
-    if !more {
-        return rest.is_empty().then_some((keys, None));
-    }
-    match decode_request(&[b"*1\r\n".as_slice(), rest].concat()).ok()? {
-        Decoded::Complete(items, n) if n == rest.len() + 4 => Some((keys, Some(items[0].to_vec()))),
-        _ => None,
-    }
 }
