@@ -254,6 +254,20 @@ mod tests {
         );
     }
 
+    /// 1 to 256 partitions; none said is one.
+    #[test]
+    fn a_store_has_1_to_256_partitions() {
+        let one = "[[replica]]\nid = 1\nraft = \"127.0.0.1:7101\"\n";
+        assert_eq!(file(one).expect("default").partitions, 1);
+        for (p, ok) in [(0, false), (1, true), (256, true), (257, false)] {
+            let got = file(&format!("partitions = {p}\n{one}"));
+            assert_eq!(got.is_ok(), ok, "partitions = {p}: {got:?}");
+            if let Err(e) = got {
+                assert!(format!("{e:#}").contains("1 to 256 partitions"), "{e:#}");
+            }
+        }
+    }
+
     #[test]
     fn the_secret_fits_a_link() {
         let dir = std::env::temp_dir().join(format!("statestore-secret-{}", std::process::id()));
