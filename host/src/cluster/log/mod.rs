@@ -10,12 +10,18 @@
 //!   raft-log.<gen>     records: u32 len | u32 crc32 | u8 kind | protobuf
 //!                        kind 1: an Entry   kind 2: the HardState
 //!   raft-state         records (same framing), kind 3: what the log must hold
+//!   raft-journal       the replica's round journal, in its data directory
+//!                        (the partitions' logs in folders below it;
+//!                        [`journal`]; under `--fsync always`)
 //! ```
 //!
 //! Records are appended as Raft hands them over; [`LogStore::sync`] makes
 //! them durable, and a replica sends what depends on them (its votes, its
 //! acknowledgements of entries) only after that under `--fsync always` (a
-//! new term or vote is synced under every policy).
+//! new term or vote is synced under every policy). With a round journal
+//! (`--fsync always`) the log hands the same records to the journal
+//! instead ([`LogStore::take_part`]), which makes a whole round of every
+//! group durable with one sync; the log itself is synced at checkpoints.
 //! Compaction (after a snapshot) and installing a leader's snapshot write a
 //! new generation holding what is left, then switch `raft-log.current` to
 //! it: a crash leaves the old generation or the new one.
@@ -23,7 +29,9 @@
 //! `raft-state` is the log's anchor, kept apart so that losing the log does
 //! not lose it: each record (the last good one counts) holds the term and
 //! vote, the commit index, the last index the log held when it was last
-//! synced, the snapshot's index and the current generation. It is appended
+//! synced, the snapshot's index and the current generation, and with a
+//! journal how many bytes of that generation are synced (version 2; a log
+//! without a journal still writes version 1). It is appended
 //! and synced after every sync of the log that changed them, and before
 //! anything shrinks the log (a new leader's entries replacing a tail, a
 //! leader's snapshot), so the log never legitimately ends before what it
@@ -33,8 +41,8 @@
 //! Both files are zero-filled ahead of their records
 //! ([`LogFile::zero_fill_ahead`]: `raft-state` once, 68 KiB, the log in
 //! steps of 256 KiB), so a record is written over zeros and syncing it
-//! does not change the file's length: the two syncs of a round are
-//! cheaper. An all-zero tail is the end of a file, not a tear.
+//! does not change the file's length: syncs are cheaper. An all-zero tail
+//! is the end of a file, not a tear.
 //!
 //! Recovery reads the snapshot, then the current generation's records in
 //! order. A record cut short or failing its checksum at the end of the file
@@ -55,6 +63,11 @@ use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, Storage as _};
 
 use crate::store::storage::{LogFile, Storage, zero_tail};
+
+pub mod journal;
+mod rejoin;
+pub use journal::Part;
+pub use rejoin::rejoin;
 
 const SNAPSHOT: &str = "raft-snapshot";
 const CURRENT: &str = "raft-log.current";
@@ -88,13 +101,24 @@ pub struct Anchor {
     pub snapshot: u64,
     /// The current generation of the log.
     pub generation: u64,
+    /// With a round journal ([`journal`]): how many bytes of the current
+    /// generation are synced; the rest is read from the journal, never from
+    /// the file (unsynced bytes may hold holes after a power loss). `None`:
+    /// the whole file counts (no journal).
+    pub synced: Option<u64>,
 }
 
 impl Anchor {
     const VERSION: u8 = 1;
+    /// The version with [`Anchor::synced`].
+    const VERSION_SYNCED: u8 = 2;
 
     fn encode(&self) -> Vec<u8> {
-        let mut b = vec![Self::VERSION];
+        let version = match self.synced {
+            None => Self::VERSION,
+            Some(_) => Self::VERSION_SYNCED,
+        };
+        let mut b = vec![version];
         for v in [
             self.term,
             self.vote,
@@ -105,11 +129,15 @@ impl Anchor {
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
+        if let Some(synced) = self.synced {
+            b.extend_from_slice(&synced.to_le_bytes());
+        }
         b
     }
 
     fn decode(body: &[u8]) -> Result<Anchor> {
-        if body.len() != 49 || body[0] != Self::VERSION {
+        let synced = body.first() == Some(&Self::VERSION_SYNCED);
+        if !(body.len() == 49 && body[0] == Self::VERSION || body.len() == 57 && synced) {
             bail!(
                 "a raft-state record of {} bytes, version {:?}",
                 body.len(),
@@ -124,6 +152,7 @@ impl Anchor {
             last: v(3),
             snapshot: v(4),
             generation: v(5),
+            synced: synced.then(|| v(6)),
         })
     }
 }
@@ -168,6 +197,14 @@ pub struct LogStore {
     state: Box<dyn LogFile>,
     state_bytes: u64,
     anchor: Anchor,
+    /// Its records go through a round journal too ([`journal`]): it never
+    /// syncs by itself but at a checkpoint ([`LogStore::sync`]), a new
+    /// generation, or before the log shrinks.
+    journaled: bool,
+    /// With a journal: what was written since the last
+    /// [`LogStore::take_part`], and where in the file it starts.
+    pending: Vec<u8>,
+    pending_at: u64,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -251,7 +288,10 @@ fn next_good(data: &[u8], from: usize) -> bool {
         let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
         len > 1
             && data.len() - p - 8 >= len
-            && matches!(data[p + 8], KIND_ENTRY | KIND_HARD_STATE | KIND_STATE)
+            && matches!(
+                data[p + 8],
+                KIND_ENTRY | KIND_HARD_STATE | KIND_STATE | journal::KIND_PART
+            )
             && crc32fast::hash(&data[p + 8..p + 8 + len]) == crc
     })
 }
@@ -267,16 +307,36 @@ impl LogStore {
     /// No `voters` (a replica joining a running cluster): no membership
     /// until the leader's snapshot brings one.
     pub fn open(disk: Arc<dyn Storage>, voters: &[u64]) -> Result<LogStore> {
+        LogStore::open_with(disk, voters, None, false)
+    }
+
+    /// [`LogStore::open`], with what the replica's round journal holds of
+    /// this log (`parts`, in the order written; [`journal::read`]; `None`:
+    /// there is no journal) read after what its file holds; `journaled`:
+    /// its records go through a journal from now on (the caller commits
+    /// them with [`journal::Journal::commit`] before it sends anything that
+    /// depends on them).
+    pub fn open_with(
+        disk: Arc<dyn Storage>,
+        voters: &[u64],
+        parts: Option<&[&Part]>,
+        journaled: bool,
+    ) -> Result<LogStore> {
         disk.lock()
             .with_context(|| format!("{} is in use by another process", disk.describe()))?;
-        let opened = LogStore::open_locked(disk.clone(), voters);
+        let opened = LogStore::open_locked(disk.clone(), voters, parts, journaled);
         if opened.is_err() {
             disk.unlock();
         }
         opened
     }
 
-    fn open_locked(disk: Arc<dyn Storage>, voters: &[u64]) -> Result<LogStore> {
+    fn open_locked(
+        disk: Arc<dyn Storage>,
+        voters: &[u64],
+        parts: Option<&[&Part]>,
+        journaled: bool,
+    ) -> Result<LogStore> {
         let names = disk.list().context("listing the Raft log")?;
         let where_ = disk.describe();
         let anchor = read_anchor(&*disk, &names)?;
@@ -290,7 +350,8 @@ impl LogStore {
                 a.snapshot
             );
         }
-        let (generation, name, torn) = replay_generation(&*disk, &names, anchor, &mem, snap_index)?;
+        let (generation, name, torn) =
+            replay_generation(&*disk, &names, anchor, &mem, snap_index, parts)?;
         let last = mem.last_index()?;
         if let Some(a) = anchor
             && last < a.last
@@ -345,6 +406,7 @@ impl LogStore {
             last,
             snapshot: snap_index,
             generation: generation + 1,
+            synced: journaled.then_some(bytes),
         };
         let (state, state_bytes) = new_state_file(&*disk, &anchor)?;
         Ok(LogStore {
@@ -359,6 +421,9 @@ impl LogStore {
             state,
             state_bytes,
             anchor,
+            journaled,
+            pending: Vec::new(),
+            pending_at: bytes,
         })
     }
 
@@ -372,6 +437,7 @@ impl LogStore {
             last: self.mem.last_index()?,
             snapshot: self.snapshot.get_metadata().index,
             generation: self.generation,
+            synced: self.journaled.then_some(self.bytes),
         })
     }
 
@@ -449,14 +515,14 @@ impl LogStore {
 
     /// Records the hard state (term, vote, commit). A new term or vote is
     /// synced at once, whatever the policy: a replica must not forget it
-    /// voted.
+    /// voted (with a journal, by the round's commit, before any message).
     pub fn set_hardstate(&mut self, hs: HardState) -> Result<()> {
         let mut buf = Vec::new();
         frame(KIND_HARD_STATE, &hs.write_to_bytes()?, &mut buf);
         let voted = hs.term != self.anchor.term || hs.vote != self.anchor.vote;
         self.mem.wl().set_hardstate(hs);
         self.write(&buf, 1)?;
-        if voted {
+        if voted && !self.journaled {
             self.sync()?;
         }
         Ok(())
@@ -476,6 +542,9 @@ impl LogStore {
             .with_context(|| format!("writing the Raft log in {}", self.disk.describe()))?;
         self.bytes += buf.len() as u64;
         self.dirty = true;
+        if self.journaled {
+            self.pending.extend_from_slice(buf);
+        }
         if let Some(m) = &self.metrics {
             m.records.inc_by(records as u64);
             m.bytes.inc_by(buf.len() as u64);
@@ -489,7 +558,8 @@ impl LogStore {
     }
 
     /// Makes everything written so far durable, then records in
-    /// `raft-state` what the log now holds.
+    /// `raft-state` what the log now holds (with a journal: a checkpoint,
+    /// after which the journal need not hold what this log has).
     pub fn sync(&mut self) -> Result<()> {
         if self.dirty {
             let started = std::time::Instant::now();
@@ -502,7 +572,26 @@ impl LogStore {
             }
         }
         let anchor = self.current_anchor()?;
-        self.record(anchor)
+        self.record(anchor)?;
+        self.pending.clear();
+        self.pending_at = self.bytes;
+        Ok(())
+    }
+
+    /// With a journal: what was written since the last call, for the
+    /// journal (none: nothing new).
+    pub fn take_part(&mut self) -> Option<Part> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let bytes = std::mem::take(&mut self.pending);
+        let at = self.pending_at;
+        self.pending_at += bytes.len() as u64;
+        Some(Part {
+            generation: self.generation,
+            at,
+            bytes,
+        })
     }
 
     /// What `raft-state` says.
@@ -569,6 +658,9 @@ impl LogStore {
         self.file = file;
         self.bytes = bytes;
         self.dirty = false;
+        // The new generation holds all of it, synced.
+        self.pending.clear();
+        self.pending_at = bytes;
         if let Err(e) = self.disk.remove(&old) {
             tracing::warn!(file = %old, error = %e, "could not remove an old Raft log");
         }
@@ -590,106 +682,6 @@ fn new_state_file(disk: &dyn Storage, anchor: &Anchor) -> Result<(Box<dyn LogFil
         .context("switching to the new raft-state")?;
     disk.sync_dir().context("syncing the data directory")?;
     Ok((file, buf.len() as u64))
-}
-
-/// The data directory's part of `statestore cluster rejoin`: the replica
-/// whose data directory is `disk` starts again as one joining the cluster
-/// (no membership until the leader's snapshot brings it), with an empty
-/// log, keeping its term and vote: it must never vote twice in one term.
-/// Its log, snapshot and membership are moved aside (renamed
-/// `discarded-<now_ms>.<name>`), never deleted. The cluster's part is to
-/// remove the replica and add it back (the leader keeps what each replica
-/// acknowledged; only a new member starts from nothing). Returns what it
-/// did, for the operator.
-pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
-    disk.lock().with_context(|| {
-        format!(
-            "{} is in use by another process (stop the replica first)",
-            disk.describe()
-        )
-    })?;
-    let names = disk.list().context("listing the data directory")?;
-    let ours = |n: &String| {
-        n == SNAPSHOT
-            || n == CURRENT
-            || n == CONF
-            || n == STATE
-            || n == STATE_NEW
-            || n.starts_with("raft-log.")
-    };
-    if !names.iter().any(ours) {
-        bail!(
-            "{}: no Raft log here: nothing to rejoin (a new replica starts with `join = true` and an empty data directory)",
-            disk.describe()
-        );
-    }
-    // Term and vote: raft-state's, or else the newest any log file still has.
-    let mut hs = HardState::default();
-    match read_anchor(disk, &names) {
-        Ok(Some(a)) => {
-            hs.term = a.term;
-            hs.vote = a.vote;
-        }
-        _ => {
-            let mut found = false;
-            for n in names
-                .iter()
-                .filter(|n| n.starts_with("raft-log.") && *n != CURRENT)
-            {
-                let Ok(data) = disk.read(n) else { continue };
-                let mut p = 0;
-                while p + 9 <= data.len() {
-                    let len = u32::from_le_bytes(data[p..p + 4].try_into().expect("4")) as usize;
-                    let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
-                    if len == 0
-                        || data.len() - p - 8 < len
-                        || crc32fast::hash(&data[p + 8..p + 8 + len]) != crc
-                    {
-                        break;
-                    }
-                    if data[p + 8] == KIND_HARD_STATE
-                        && let Ok(h) = HardState::parse_from_bytes(&data[p + 9..p + 8 + len])
-                        && h.term >= hs.term
-                    {
-                        hs.term = h.term;
-                        hs.vote = h.vote;
-                        found = true;
-                    }
-                    p += 8 + len;
-                }
-            }
-            if !found {
-                bail!(
-                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (docs/src/cluster.md, \"Recovery runbook\")",
-                    disk.describe()
-                );
-            }
-        }
-    }
-    let mut moved = Vec::new();
-    for n in names.iter().filter(|n| ours(n)) {
-        let to = format!("discarded-{now_ms}.{n}");
-        disk.rename(n, &to)
-            .with_context(|| format!("moving {n} aside"))?;
-        moved.push(to);
-    }
-    disk.write_atomic(CONF, &ConfState::default().write_to_bytes()?)
-        .context("writing raft-conf")?;
-    let anchor = Anchor {
-        term: hs.term,
-        vote: hs.vote,
-        ..Anchor::default()
-    };
-    new_state_file(disk, &anchor)?;
-    disk.sync_dir().context("syncing the data directory")?;
-    disk.unlock();
-    Ok(format!(
-        "{}: the replica will join again (term {}, vote {} kept); moved aside: {}",
-        disk.describe(),
-        hs.term,
-        hs.vote,
-        moved.join(", ")
-    ))
 }
 
 /// Writes the entries and hard state of `mem` as generation `generation`,
@@ -816,6 +808,7 @@ fn replay_generation(
     anchor: Option<Anchor>,
     mem: &MemStorage,
     snap_index: u64,
+    parts: Option<&[&Part]>,
 ) -> Result<(u64, String, Option<Torn>)> {
     let where_ = disk.describe();
     let mut generation = 0;
@@ -846,6 +839,23 @@ fn replay_generation(
         let data = disk
             .read(&name)
             .with_context(|| format!("reading {name}"))?;
+        // With a journal, what it says was synced, then the journal's parts.
+        let synced = anchor
+            .filter(|a| a.generation == generation)
+            .and_then(|a| a.synced);
+        if let (Some(synced), None) = (synced, parts) {
+            bail!(
+                "{where_}: {} is missing, and raft-state says only {synced} bytes of {name} were synced: the rest (acknowledged writes) was in it: refusing to start; {RECOVER}",
+                journal::JOURNAL
+            );
+        }
+        let parts: Vec<&Part> = parts
+            .unwrap_or_default()
+            .iter()
+            .copied()
+            .filter(|p| p.generation == generation)
+            .collect();
+        let data = journal::joined(data, synced, &parts, &name, &where_)?;
         let parsed = parse(&data, &name)?;
         if parsed.torn {
             torn = Some((parsed.good, data.len()));

@@ -28,10 +28,11 @@ use tracing::{info, warn};
 
 pub use super::file::ClusterFile;
 pub use super::file::{ReadPath, ReplicaEntry};
+use crate::cluster::log::journal::Journal;
 use crate::cluster::net::{Links, PeerEvent};
 use crate::cluster::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 use crate::cluster::router::{Effects, Limits, Now, Router};
-use crate::cluster::{Compaction, Durability, LogStore, Replica, Timing};
+use crate::cluster::{Compaction, Durability, Replica, Timing};
 use crate::store::clock::Clock;
 use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
@@ -51,7 +52,7 @@ pub(crate) const TIMING: Timing = Timing {
 pub use super::router::Notify;
 
 mod partitions;
-use partitions::{SPREAD_EVERY, SYNC_THREADS, check_partitions, partition_dir, sync_together};
+use partitions::{SPREAD_EVERY, SYNC_THREADS, check_partitions, open_logs};
 
 /// One Raft group of a replica: the whole store, or one partition of it
 /// (`partitions` in the cluster file; see [`super::partition`]).
@@ -95,6 +96,9 @@ pub struct Node {
     /// Threads that sync the partitions' logs together (with partitions,
     /// under `--fsync always`).
     syncs: Option<rayon::ThreadPool>,
+    /// Under `--fsync always`, the round journal: one sync per round for
+    /// every group's log.
+    journal: Option<Journal>,
     /// When a frame for a partition this replica does not have was last
     /// reported.
     warned_partition: Option<Instant>,
@@ -149,30 +153,10 @@ impl Node {
             started: life,
         });
         let started = Instant::now();
+        let always = durability == Durability::Always;
+        let (logs, journal) = open_logs(file, &root, &voters, always)?;
         let mut groups = Vec::with_capacity(partitions as usize);
-        for p in 0..partitions {
-            let disk = if partitions == 1 {
-                root.clone()
-            } else {
-                let dir = partition_dir(&file.data_dir, p);
-                let disk = crate::store::storage::DirStorage::open(&dir).with_context(|| {
-                    format!("cannot open the partition's directory {}", dir.display())
-                })?;
-                Arc::new(disk) as Arc<dyn crate::store::storage::Storage>
-            };
-            let log = LogStore::open(disk, &voters)?;
-            if file.join && p == 0 {
-                let members = raft::Storage::initial_state(&log)
-                    .map(|s| s.conf_state.voters)
-                    .unwrap_or_default();
-                if !members.is_empty() {
-                    warn!(
-                        replica = file.id,
-                        ?members,
-                        "`join = true` is ignored: this data directory already holds the log of a cluster member; remove it from the cluster file (it is read only while the data directory is new; `statestore cluster rejoin` starts a replica over)"
-                    );
-                }
-            }
+        for (p, log) in (0..partitions).zip(logs) {
             let make_config = config.clone();
             let runtime = runtime.clone();
             let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
@@ -256,6 +240,7 @@ impl Node {
             alive: std::collections::HashMap::new(),
             spread_in: SPREAD_EVERY,
             syncs,
+            journal,
             warned_partition: None,
         })
     }
@@ -267,6 +252,9 @@ impl Node {
         metrics: crate::metrics::ReplicaMetrics,
         store: crate::metrics::TenantMetrics,
     ) {
+        if let Some(j) = &mut self.journal {
+            j.set_metrics(store.journal());
+        }
         for g in &mut self.groups {
             g.replica.set_log_metrics(store.journal());
             g.router.metrics = Some(metrics.clone());
@@ -781,10 +769,10 @@ impl Node {
         result
     }
 
-    /// Persists, sends, applies; publishes what is this replica's. With
-    /// partitions, every group's new entries are written first and their
-    /// logs synced together (in parallel: one round of syncs for all of
-    /// them, not one after another).
+    /// Persists, sends, applies; publishes what is this replica's. Every
+    /// group's new entries are written first, then made durable together
+    /// under `--fsync always` (one sync of the round journal for all of
+    /// them), and only then is what depends on them sent.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         let mut written = Vec::new();
         for g in 0..self.groups.len() {
@@ -806,16 +794,11 @@ impl Node {
                 written.push((g, self.groups[g].replica.ready_write(rest)?));
             }
         }
-        let logs: Vec<&mut super::LogStore> = self
-            .groups
-            .iter_mut()
-            .enumerate()
-            .filter(|(g, group)| {
-                group.replica.syncs_each_write() && written.iter().any(|(w, _)| w == g)
-            })
-            .map(|(_, group)| group.replica.log_mut())
-            .collect();
-        sync_together(self.syncs.as_ref(), logs)?;
+        if let Some(journal) = &mut self.journal {
+            // One write and one sync for every group's new records.
+            let logs = self.groups.iter_mut().enumerate();
+            journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
+        }
         for (g, w) in written {
             let id = g as u32;
             let links = &self.links;
@@ -825,7 +808,7 @@ impl Node {
             self.sync_members()?;
             self.publish(transport, g, applied).await?;
         }
-        Ok(())
+        self.checkpoint()
     }
 
     /// Publishes what is this replica's of group `g`'s `applied`, and the

@@ -2,12 +2,16 @@
 //! log lives and the count the data directory records, the logs synced
 //! together, and the leaderships spread over the replicas.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use tracing::info;
 
 use super::Node;
+use crate::cluster::LogStore;
+use crate::cluster::log::journal::{self, Journal};
+use crate::store::storage::{DirStorage, Storage};
 
 /// The most threads syncing partitions' logs at once.
 pub(super) const SYNC_THREADS: usize = 16;
@@ -61,6 +65,23 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Once the round journal is full: every group's log synced (its
+    /// `raft-state` then says how much of it is), and the journal starts
+    /// over.
+    pub(super) fn checkpoint(&mut self) -> Result<()> {
+        let Some(journal) = &mut self.journal else {
+            return Ok(());
+        };
+        if !journal.full() {
+            return Ok(());
+        }
+        let logs = self.groups.iter_mut().map(|g| g.replica.log_mut());
+        sync_together(self.syncs.as_ref(), logs.collect())?;
+        journal.restart()
+    }
+}
+
 /// Syncs `logs` (each its own file), in parallel on `pool` when several
 /// have something to sync: the disk sees their flushes at once, not one
 /// after another.
@@ -78,6 +99,63 @@ pub(super) fn sync_together(
         (1, _) | (_, None) => dirty.iter_mut().try_for_each(|l| l.sync()),
         (_, Some(pool)) => pool.install(|| dirty.into_par_iter().try_for_each(|l| l.sync())),
     }
+}
+
+/// Opens the log of every partition of replica `file.id` (in the data
+/// directory `root`; a new one with the membership `voters`), each with
+/// what the round journal holds of it; then the journal starts afresh
+/// (`always`: the logs' records go through it from now on) or is removed.
+pub(super) fn open_logs(
+    file: &crate::cluster::node::ClusterFile,
+    root: &Arc<dyn Storage>,
+    voters: &[u64],
+    always: bool,
+) -> Result<(Vec<LogStore>, Option<Journal>)> {
+    let partitions = file.partitions;
+    let journaled = journal::read(&**root)?;
+    let stray = journaled.iter().flatten().find(|(g, _)| *g >= partitions);
+    if let Some((g, _)) = stray {
+        bail!(
+            "the round journal in {} holds a part of partition {g}, and the store has {partitions}: refusing to start",
+            file.data_dir.display()
+        );
+    }
+    let mut logs = Vec::with_capacity(partitions as usize);
+    for p in 0..partitions {
+        let disk = if partitions == 1 {
+            root.clone()
+        } else {
+            let dir = partition_dir(&file.data_dir, p);
+            let disk = DirStorage::open(&dir).with_context(|| {
+                format!("cannot open the partition's directory {}", dir.display())
+            })?;
+            Arc::new(disk) as Arc<dyn Storage>
+        };
+        let parts = journal::parts_of(journaled.as_deref(), p);
+        let log = LogStore::open_with(disk, voters, parts.as_deref(), always)?;
+        if file.join && p == 0 {
+            let members = raft::Storage::initial_state(&log)
+                .map(|s| s.conf_state.voters)
+                .unwrap_or_default();
+            if !members.is_empty() {
+                tracing::warn!(
+                    replica = file.id,
+                    ?members,
+                    "`join = true` is ignored: this data directory already holds the log of a cluster member; remove it from the cluster file (it is read only while the data directory is new; `statestore cluster rejoin` starts a replica over)"
+                );
+            }
+        }
+        logs.push(log);
+    }
+    // Every log was written anew and synced: what the journal held is in
+    // them.
+    let journal = if always {
+        Some(Journal::create(root.clone(), journal::CHECKPOINT_BYTES)?)
+    } else {
+        journal::remove(&**root)?;
+        None
+    };
+    Ok((logs, journal))
 }
 
 /// Where partition `p` of a store in partitions keeps its log.

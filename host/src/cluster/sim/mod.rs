@@ -11,9 +11,14 @@
 //!   differently, and none answered 503 ("not applied") is ever applied.
 //! - **A log never silently shrinks**: a crash may also delete, empty or
 //!   cut a replica's log file, point `raft-log.current` at a missing
-//!   generation or delete its snapshot; the replica either finds all it
-//!   had synced or refuses to start, and then rejoins (keeping its term
-//!   and vote). The checks below catch any write that got lost instead.
+//!   generation, delete its snapshot or its round journal; the replica
+//!   either finds all it had synced or refuses to start, and then rejoins
+//!   (keeping its term and vote). The checks below catch any write that
+//!   got lost instead.
+//! - **One sync per round**: each replica makes its groups' records
+//!   durable as a server does, through its round journal
+//!   ([`super::log::journal`]), checkpointed often; a crash keeps what was
+//!   synced and a torn tail of each file.
 //! - **Determinism**: every replica that applies log entry `i` makes
 //!   exactly the outputs every other replica made of it (and itself, after
 //!   a restart).
@@ -42,15 +47,18 @@ use statestore_guest::rpc::REQUEST_TOPIC;
 mod clients;
 mod network;
 mod poison;
+mod round;
 mod settled;
 
 use clients::{Clients, client_request};
-use network::{Cut, Wire, carry_out, send};
+use network::{Cut, Wire, carry_out};
 use poison::Poisonable;
+use round::{Round, damage};
 
 use super::file::ReadPath;
+use super::log::journal::{self, Journal, Part};
 use super::router::{Effects, Limits, Notify, Now, Router};
-use super::{Applied, Compaction, Durability, LogStore, Replica, Timing, linear};
+use super::{Compaction, Durability, LogStore, Replica, Timing, linear};
 use crate::store::storage::MemStorage;
 use crate::{Config, InboundMessage, NativeStore, Output};
 
@@ -233,8 +241,10 @@ struct SimReplica {
     /// Its groups, one per partition, while it is up.
     up: Option<Vec<Group>>,
     /// Its disks, one per partition: what was synced survives a crash,
-    /// with a torn tail.
+    /// with a torn tail. The first holds its round journal too.
     disks: Vec<MemStorage>,
+    /// Its round journal, while it is up.
+    journal: Option<Journal>,
     /// Down until this tick.
     down_until: u64,
     /// Its clock's offset from simulated time, ms.
@@ -262,12 +272,13 @@ impl SimReplica {
         let mut groups = Vec::new();
         for disk in &disks {
             groups.push(Group {
-                replica: start(id, ids, disk)?,
+                replica: start(id, ids, disk, None)?,
                 router: router(id, base, 0),
             });
         }
         Ok(SimReplica {
             up: Some(groups),
+            journal: Some(new_journal(&disks[0])?),
             disks,
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
@@ -339,9 +350,15 @@ const COMPACTION: Compaction = Compaction {
 };
 
 /// Replica `id` over `disk`: a new disk starts with the membership `ids`
-/// (none: it joins), a used one with what it recorded.
-fn start(id: u64, ids: &[u64], disk: &MemStorage) -> Result<Replica<Poisonable>> {
-    let log = LogStore::open(Arc::new(disk.clone()), ids)?;
+/// (none: it joins), a used one with what it recorded and what the round
+/// journal holds of it (`parts`).
+fn start(
+    id: u64,
+    ids: &[u64],
+    disk: &MemStorage,
+    parts: Option<&[&Part]>,
+) -> Result<Replica<Poisonable>> {
+    let log = LogStore::open_with(Arc::new(disk.clone()), ids, parts, true)?;
     let make = Box::new(|snapshot: Option<&[u8]>| {
         Ok(Poisonable::new(match snapshot {
             None => NativeStore::new(config())?,
@@ -349,6 +366,16 @@ fn start(id: u64, ids: &[u64], disk: &MemStorage) -> Result<Replica<Poisonable>>
         }))
     });
     Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)
+}
+
+/// A replica's round journal is checkpointed past this many bytes: often,
+/// so that the simulation crashes around checkpoints too.
+const CHECKPOINT_BYTES: u64 = 16 << 10;
+
+/// A replica's round journal, on its first disk, started afresh (once its
+/// groups were opened with what the last one held).
+fn new_journal(disk: &MemStorage) -> Result<Journal> {
+    Journal::create(Arc::new(disk.clone()), CHECKPOINT_BYTES)
 }
 
 fn key(n: u64) -> String {
@@ -518,6 +545,7 @@ impl<'o> Sim<'o> {
         let i = rng.below(nodes.len() as u64) as usize;
         if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
             nodes[i].up = None;
+            nodes[i].journal = None;
             // What it had not synced is gone, but for a torn tail.
             for disk in &mut nodes[i].disks {
                 let torn = rng.below(64) as usize;
@@ -560,8 +588,10 @@ impl<'o> Sim<'o> {
             if node.up.is_none() && !node.removed && tick >= node.down_until {
                 let id = i as u64 + 1;
                 let mut groups = Vec::new();
-                for disk in &node.disks {
-                    let replica = match start(id, &self.ids, disk) {
+                let journaled = journal::read(&node.disks[0])?;
+                for (p, disk) in node.disks.iter().enumerate() {
+                    let parts = journal::parts_of(journaled.as_deref(), p as u32);
+                    let replica = match start(id, &self.ids, disk, parts.as_deref()) {
                         Ok(r) => r,
                         Err(e)
                             if node.damaged && format!("{e:#}").contains("refusing to start") =>
@@ -592,6 +622,7 @@ impl<'o> Sim<'o> {
                 }
                 node.damaged = false;
                 node.up = Some(groups);
+                node.journal = Some(new_journal(&node.disks[0])?);
                 // What was in flight to its last life died with its
                 // connections.
                 self.net.retain(|(_, w)| w.to() != id);
@@ -691,6 +722,7 @@ impl<'o> Sim<'o> {
                 // Gone from the membership: down for good; a new one.
                 let gone = &mut self.nodes[(old - 1) as usize];
                 gone.up = None;
+                gone.journal = None;
                 gone.removed = true;
                 self.clients.crashed(old);
                 self.removing = None;
@@ -827,64 +859,52 @@ impl<'o> Sim<'o> {
     }
 
     /// The routers' ticks (what waited too long is answered; the leader
-    /// proposes expiry), then ready: persist, send, apply, publish.
+    /// proposes expiry), then ready: persist, send, apply, publish; as a
+    /// server does, every group's new records are made durable together
+    /// (one sync of the round journal) before what depends on them is sent,
+    /// and the journal is checkpointed when full.
     fn ready(&mut self, tick: u64, faults: bool) -> Result<()> {
-        let seed = self.seed;
-        let partitions = self.o.partitions;
+        let mut round = Round {
+            seed: self.seed,
+            tick,
+            o: self.o,
+            faults,
+            rng: &mut self.rng,
+            net: &mut self.net,
+            clients: &mut self.clients,
+            report: &mut self.report,
+            outputs_at: &mut self.outputs_at,
+        };
         for node in self.nodes.iter_mut() {
             let now = node.now(self.base, tick);
-            let Some(groups) = node.up.as_mut() else {
+            let (Some(groups), Some(journal)) = (node.up.as_mut(), node.journal.as_mut()) else {
                 continue;
             };
+            let mut written = Vec::new();
             for (g, Group { replica: r, router }) in groups.iter_mut().enumerate() {
-                let group = g as u32;
-                let id = r.id();
                 let mut fx = Effects::default();
                 router.tick(now, r, &mut fx)?;
-                let (messages, applied) = r.ready()?;
-                for m in messages {
-                    send(
-                        tick,
-                        Wire::Raft(group, m),
-                        self.o,
-                        faults,
-                        &mut self.rng,
-                        &mut self.net,
-                    );
+                let mut messages = Vec::new();
+                let (applied, rest) = r.ready_apply(&mut |m| messages.push(m))?;
+                round.publish(g as u32, now, (messages, applied), r, router, fx)?;
+                if let Some(rest) = rest {
+                    written.push((g, r.ready_write(rest)?));
                 }
-                for a in &applied {
-                    // Applied again after a restart too: checked for determinism.
-                    check_deterministic(&mut self.outputs_at, group, id, a)?;
-                    self.clients.applied(seed, id, a)?;
-                    if a.replayed {
-                        continue;
-                    }
-                    self.report.applied = self.report.applied.max(a.index);
-                    if a.origin == id && is_timer(a) {
-                        self.report.timeouts += 1;
-                    }
+            }
+            let logs = groups.iter_mut().enumerate();
+            journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
+            for (g, w) in written {
+                let Group { replica: r, router } = &mut groups[g];
+                let mut messages = Vec::new();
+                let applied = r.ready_finish(w, &mut |m| messages.push(m))?;
+                let fx = Effects::default();
+                round.publish(g as u32, now, (messages, applied), r, router, fx)?;
+            }
+            if journal.full() {
+                for group in groups.iter_mut() {
+                    group.replica.log_mut().sync()?;
                 }
-                router.applied(now, applied, r, &mut fx)?;
-                let c = router.take_counts();
-                self.report.index_reads += c.index_reads as usize;
-                self.report.forwarded += c.forwarded as usize;
-                self.report.held += c.held as usize;
-                self.report.resent += c.resent as usize;
-                self.report.retried += c.retried as usize;
-                self.report.reads_to_log += c.reads_to_log as usize;
-                carry_out(
-                    seed,
-                    tick,
-                    id,
-                    (group, partitions),
-                    fx,
-                    self.o,
-                    faults,
-                    &mut self.rng,
-                    &mut self.net,
-                    &mut self.clients,
-                    &mut self.report,
-                )?;
+                journal.restart()?;
             }
         }
         Ok(())
@@ -917,65 +937,4 @@ impl<'o> Sim<'o> {
         }
         Ok(())
     }
-}
-
-/// Damages a crashed replica's disk as an operator or a failing disk
-/// might: its current log file deleted, emptied or cut at any byte,
-/// `raft-log.current` naming a generation that is not there, or its
-/// snapshot deleted. What it did, if anything.
-fn damage(disk: &MemStorage, rng: &mut Rng) -> Option<&'static str> {
-    use crate::store::storage::Storage as _;
-    let current = disk.read("raft-log.current").ok()?;
-    let generation: u64 = std::str::from_utf8(&current).ok()?.trim().parse().ok()?;
-    let name = format!("raft-log.{generation}");
-    let len = disk.read(&name).ok()?.len() as u64;
-    match rng.below(5) {
-        0 => disk.remove(&name).ok().map(|()| "log deleted"),
-        1 => disk.truncate(&name, 0).ok().map(|()| "log emptied"),
-        2 => disk
-            .truncate(&name, rng.below(len + 1))
-            .ok()
-            .map(|()| "log cut"),
-        3 => disk
-            .write_atomic(
-                "raft-log.current",
-                (generation + 1 + rng.below(3)).to_string().as_bytes(),
-            )
-            .ok()
-            .map(|()| "a missing generation"),
-        _ => disk
-            .remove("raft-snapshot")
-            .ok()
-            .map(|()| "snapshot deleted"),
-    }
-}
-
-/// Whether an applied entry is a timer entry (no request in it).
-fn is_timer(a: &Applied) -> bool {
-    !a.outputs
-        .iter()
-        .any(|o| matches!(o, Output::Publish(p) if p.correlation_data.is_some()))
-}
-
-/// Every replica makes the same outputs of the same entry of a group.
-fn check_deterministic(
-    seen: &mut HashMap<(u32, u64), (Vec<Output>, super::FailedInputs)>,
-    group: u32,
-    replica: u64,
-    a: &Applied,
-) -> Result<()> {
-    let made = (a.outputs.clone(), a.failed.clone());
-    match seen.get(&(group, a.index)) {
-        None => {
-            seen.insert((group, a.index), made);
-        }
-        Some(first) if *first == made => {}
-        Some(first) => bail!(
-            "replica {replica} made other outputs of entry {} of partition {group} than another replica:\n{:?}\nvs\n{:?}",
-            a.index,
-            made,
-            first
-        ),
-    }
-    Ok(())
 }
