@@ -982,13 +982,43 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
 
 /// External mode: three replicas serve through one mosquitto, sharing the
 /// request topic (`$share/statestore/...`); the SDK talks to the broker.
-/// With one replica killed, the others answer.
+/// An observer gets every change of a key, in order, whichever replica
+/// took it (the leader publishes notifications). With one replica killed,
+/// the others answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_request_topic_of_an_external_broker() {
     let broker = statestore_tests::broker::Mosquitto::start();
     let mut c = Cluster::with_broker(3, Some(broker.port));
     let leader = c.leader(Duration::from_secs(20));
     let a = sdk(broker.port, "ext-writer").await;
+    let observer = sdk(broker.port, "ext-observer").await;
+    let mut obs = observer
+        .ss
+        .observe(b"ext-watched".to_vec(), T)
+        .await
+        .expect("observe through a shared subscription")
+        .response;
+    let mut changes = Vec::new();
+    for i in 0..20 {
+        let value = format!("v{i}").into_bytes();
+        let r =
+            a.ss.set(
+                b"ext-watched".to_vec(),
+                value.clone(),
+                T,
+                None,
+                SetOptions::default(),
+            )
+            .await
+            .expect("set an observed key");
+        changes.push((value, r.version.expect("a version").to_string()));
+    }
+    for (value, version) in &changes {
+        let n = statestore_tests::scenarios::next(&mut obs).await;
+        assert_eq!(n.operation, Operation::Set(value.clone()));
+        assert_eq!(&n.version.to_string(), version);
+    }
+    observer.close().await;
     let mut versions = Vec::new();
     for i in 0..30 {
         let r =

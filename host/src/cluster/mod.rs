@@ -83,12 +83,19 @@ pub struct Applied {
     pub now: u64,
     /// Applied again after a restart: its outputs went out before.
     pub replayed: bool,
+    /// This replica led the term the entry was appended in (in this life):
+    /// it proposed it as leader. Exactly one replica applies an entry so
+    /// (unless it crashes first), and it applies them in log order.
+    pub led: bool,
     /// Every output the guest made of it (the origin publishes them).
     pub outputs: Vec<Output>,
     /// Its inputs the guest failed on (each a batch of one), and why: the
     /// origin answers them 500 (see [`Replica`]'s poison entries).
     pub failed: FailedInputs,
 }
+
+/// How many of the terms it led a replica remembers ([`Applied::led`]).
+const LED_TERMS: usize = 16;
 
 /// Inputs the guest failed on (each a batch of one), and why.
 pub(crate) type FailedInputs = Vec<(Vec<u8>, String)>;
@@ -225,6 +232,9 @@ pub struct Replica<B: Backend> {
     /// Entries up to here were applied before a restart: their outputs
     /// were published then.
     replayed_to: u64,
+    /// The last terms this replica led in this life (a few: the entries
+    /// being applied are of recent terms).
+    led_terms: std::collections::VecDeque<u64>,
     /// Ticks each peer has spent waiting for a snapshot (as leader).
     snapshot_wait: std::collections::HashMap<u64, u32>,
     /// Read indexes Raft confirmed: (context, index), served once applied.
@@ -309,6 +319,7 @@ impl<B: Backend> Replica<B> {
             applied_now,
             log_now: applied_now,
             replayed_to,
+            led_terms: std::collections::VecDeque::new(),
             snapshot_wait: Default::default(),
             read_states: Vec::new(),
             members,
@@ -693,6 +704,15 @@ impl<B: Backend> Replica<B> {
         if !self.node.has_ready() {
             return Ok((applied, None));
         }
+        // A leader's entries are applied after a ready of its term: the
+        // term is known as led by then.
+        let term = self.node.raft.term;
+        if self.is_leader() && self.led_terms.back() != Some(&term) {
+            if self.led_terms.len() == LED_TERMS {
+                self.led_terms.pop_front();
+            }
+            self.led_terms.push_back(term);
+        }
         let mut ready = self.node.ready();
         for m in ready.take_messages() {
             send(m);
@@ -904,6 +924,7 @@ impl<B: Backend> Replica<B> {
                 origin: e.origin,
                 now,
                 replayed: entry.index <= self.replayed_to,
+                led: self.led_terms.contains(&entry.term),
                 outputs,
                 failed,
             });

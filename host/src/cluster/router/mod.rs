@@ -117,8 +117,13 @@ pub enum Notify {
     /// Every replica hands every notification to its embedded broker,
     /// which delivers it if the observer's session is there.
     Everywhere,
-    /// The replica that received the request publishes them (through an
-    /// external broker, which routes them).
+    /// Through an external broker, which routes them: the replica that
+    /// led the term a change was appended in publishes its notifications
+    /// (as it applies them, in log order; so an observer gets a key's
+    /// notifications in order but around a change of leader, when the old
+    /// leader may apply its last entries after the new one has published
+    /// some; a leader that crashes before applying committed entries takes
+    /// their notifications with it).
     Origin,
 }
 
@@ -935,7 +940,12 @@ impl Router {
             for o in a.outputs.into_iter().chain(failed) {
                 let publish = match &o {
                     Output::Publish(m) if m.kind == PublishKind::Notification => {
-                        ours || self.notify == Notify::Everywhere
+                        match self.notify {
+                            Notify::Everywhere => true,
+                            // One publisher at a time: the leader that
+                            // appended the change, in log order.
+                            Notify::Origin => a.led,
+                        }
                     }
                     Output::Publish(m) => ours && self.first_answer(now, m),
                     Output::Violation { .. } => ours,

@@ -26,6 +26,10 @@ pub(super) struct Clients {
     pub(super) hot: Vec<Vec<linear::Event>>,
     /// Hot operations answered 503: never happened.
     pub(super) void: HashSet<(usize, usize)>,
+    /// The version of the last notification of each key an observer got:
+    /// by (the replica whose broker published it, 0 for an external
+    /// broker's, key).
+    pub(super) notified: HashMap<(u64, String), (u64, u64)>,
 }
 
 impl Clients {
@@ -34,20 +38,61 @@ impl Clients {
     pub(super) fn crashed(&mut self, id: u64) {
         self.pending.retain(|_, (_, origin)| *origin != id);
         self.answered.retain(|_, (origin, _, _)| *origin != id);
+        // Its broker's sessions are gone: observers start over.
+        self.notified.retain(|(by, _), _| *by != id);
     }
 
-    /// An answer replica `origin` published.
+    /// A notification replica `origin` published: its observer (on that
+    /// replica's broker with `everywhere`, else on an external broker
+    /// every replica publishes to) gets a key's notifications in the order
+    /// of its versions, checked where the design promises it.
+    fn notification(
+        &mut self,
+        seed: u64,
+        origin: u64,
+        everywhere: bool,
+        p: &crate::OutboundMessage,
+        report: &mut Report,
+    ) -> Result<()> {
+        report.notifications += 1;
+        let key = p.topic.rsplit('/').next().unwrap_or_default().to_string();
+        let version = p
+            .user_property("__ts")
+            .and_then(|ts| {
+                let mut f = ts.split(':');
+                Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+            })
+            .ok_or_else(|| anyhow::anyhow!("seed {seed}: a notification without a version"))?;
+        let by = if everywhere { origin } else { 0 };
+        let last = self.notified.entry((by, key.clone())).or_default();
+        if version <= *last {
+            if everywhere {
+                bail!(
+                    "seed {seed}: replica {origin} notified key {key} of version {version:?} after {:?}",
+                    *last
+                );
+            }
+            report.notify_reordered += 1;
+        }
+        *last = version.max(*last);
+        Ok(())
+    }
+
+    /// An answer (or a notification) replica `origin` published.
     pub(super) fn answer(
         &mut self,
         seed: u64,
         tick: u64,
-        origin: u64,
+        (origin, everywhere): (u64, bool),
         out: &Output,
         report: &mut Report,
     ) -> Result<()> {
         let Output::Publish(p) = out else {
             return Ok(());
         };
+        if p.kind == crate::PublishKind::Notification {
+            return self.notification(seed, origin, everywhere, p, report);
+        }
         let Some(corr) = p
             .correlation_data
             .as_deref()
@@ -155,6 +200,15 @@ impl Clients {
                 report.reads += 1;
             }
             Op::Ttl => {}
+            Op::Watch => {
+                if payload != b"+OK\r\n" {
+                    bail!(
+                        "seed {seed}: KEYNOTIFY got {:?}",
+                        String::from_utf8_lossy(payload)
+                    );
+                }
+                report.watches += 1;
+            }
             Op::Poison => bail!(
                 "seed {seed}: a poison request answered {:?}",
                 String::from_utf8_lossy(payload)
@@ -246,6 +300,13 @@ pub(super) fn client_request(
             (
                 Op::Get(n),
                 request(&[b"GET", key(n).as_bytes()], corr, now_ms),
+            )
+        }
+        _ if rng.chance(150) => {
+            let k = format!("hot-{}", rng.below(HOT_KEYS as u64));
+            (
+                Op::Watch,
+                request(&[b"KEYNOTIFY", k.as_bytes()], corr, now_ms),
             )
         }
         _ if rng.chance(100) => (

@@ -30,6 +30,10 @@
 //!   the linearizability checker reads.
 //! - **Same prefix, same state**: once faults stop and every replica has
 //!   applied the same index, their snapshots are identical.
+//! - **Notifications in order**: clients register KEYNOTIFY on the hot
+//!   keys; with [`Notify::Everywhere`] (the embedded broker) each replica's
+//!   notifications of a key must come in the order of its versions; with
+//!   [`Notify::Origin`] (an external broker) those that do not are counted.
 //!
 //! A failure names its seed; `run(seed, ..)` replays it exactly (the
 //! replicas' election timeouts are fixed per replica, and everything random
@@ -101,6 +105,13 @@ pub struct Options {
     /// one, membership changes and rejoins are not simulated (a store in
     /// partitions refuses them), so neither are replacements or damage.
     pub partitions: u32,
+    /// Who publishes notifications: every replica to its own broker's
+    /// sessions ([`Notify::Everywhere`], the embedded broker: each
+    /// replica's notifications of a key must come in the order of the
+    /// key's versions), or the replica that took the change
+    /// ([`Notify::Origin`], an external broker: counted when they do not,
+    /// [`Report::notify_reordered`]).
+    pub notify: Notify,
 }
 
 impl Default for Options {
@@ -116,6 +127,7 @@ impl Default for Options {
             replace: 1,
             damage: 300,
             partitions: 1,
+            notify: Notify::Origin,
         }
     }
 }
@@ -172,6 +184,16 @@ pub struct Report {
     pub scanned: usize,
     /// Partitions' leaderships handed over to their place.
     pub handed_over: usize,
+    /// KEYNOTIFY registrations answered `+OK`.
+    pub watches: usize,
+    /// Notifications published (each replica's, with
+    /// [`Notify::Everywhere`]).
+    pub notifications: usize,
+    /// With [`Notify::Origin`]: notifications that reached the (external
+    /// broker's) observer after one of a later version of the same key:
+    /// changes taken by different replicas are published as each applies
+    /// them.
+    pub notify_reordered: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -221,6 +243,8 @@ enum Op {
     /// SET of the key that fails the guest ([`poison::POISON`]): answered
     /// 500 (or 503 / 408), never applied.
     Poison,
+    /// KEYNOTIFY of a hot key (by the one client id every request has).
+    Watch,
 }
 
 /// How often (ticks) leaders of partitions look at their place (a
@@ -261,19 +285,13 @@ struct SimReplica {
 impl SimReplica {
     /// Replica `id` on a new disk, with the membership `ids` (none: it
     /// joins) and a skewed clock.
-    fn new(
-        id: u64,
-        ids: &[u64],
-        partitions: u32,
-        rng: &mut Rng,
-        base: Instant,
-    ) -> Result<SimReplica> {
-        let disks: Vec<MemStorage> = (0..partitions).map(|_| MemStorage::new()).collect();
+    fn new(id: u64, ids: &[u64], o: &Options, rng: &mut Rng, base: Instant) -> Result<SimReplica> {
+        let disks: Vec<MemStorage> = (0..o.partitions).map(|_| MemStorage::new()).collect();
         let mut groups = Vec::new();
         for disk in &disks {
             groups.push(Group {
                 replica: start(id, ids, disk, None)?,
-                router: router(id, base, 0),
+                router: router(id, base, 0, o.notify),
             });
         }
         Ok(SimReplica {
@@ -318,7 +336,7 @@ const LIMITS: Limits = Limits {
 
 /// Replica `id`'s router (at `tick`): odd replicas answer reads with a
 /// read index, even ones through the log.
-fn router(id: u64, base: Instant, tick: u64) -> Router {
+fn router(id: u64, base: Instant, tick: u64, notify: Notify) -> Router {
     let path = if id % 2 == 1 {
         ReadPath::Index
     } else {
@@ -327,16 +345,7 @@ fn router(id: u64, base: Instant, tick: u64) -> Router {
     let at = base + Duration::from_millis(tick * TICK_MS);
     // Read contexts of a new life never meet an earlier life's.
     let next_read = (id << 48) | (tick << 16);
-    Router::new(
-        id,
-        config(),
-        None,
-        path,
-        Notify::Origin,
-        LIMITS,
-        next_read,
-        at,
-    )
+    Router::new(id, config(), None, path, notify, LIMITS, next_read, at)
 }
 
 fn config() -> Config {
@@ -473,7 +482,7 @@ impl<'o> Sim<'o> {
         let ids: Vec<u64> = (1..=o.replicas as u64).collect();
         let mut nodes: Vec<SimReplica> = Vec::new();
         for &id in &ids {
-            nodes.push(SimReplica::new(id, &ids, o.partitions, &mut rng, base)?);
+            nodes.push(SimReplica::new(id, &ids, o, &mut rng, base)?);
         }
         Ok(Sim {
             seed,
@@ -614,7 +623,7 @@ impl<'o> Sim<'o> {
                     };
                     groups.push(Group {
                         replica,
-                        router: router(id, self.base, tick),
+                        router: router(id, self.base, tick, self.o.notify),
                     });
                 }
                 if node.rejoining {
@@ -727,13 +736,8 @@ impl<'o> Sim<'o> {
                 self.clients.crashed(old);
                 self.removing = None;
                 let id = self.nodes.len() as u64 + 1;
-                self.nodes.push(SimReplica::new(
-                    id,
-                    &[],
-                    self.o.partitions,
-                    &mut self.rng,
-                    self.base,
-                )?);
+                self.nodes
+                    .push(SimReplica::new(id, &[], self.o, &mut self.rng, self.base)?);
                 self.joining = Some(id);
             }
         } else if let Some(new) = self.joining {

@@ -86,8 +86,9 @@ pub(super) fn carry_out(
         );
     }
     crate::cluster::partition::replies(&mut fx.replies, group, partitions);
+    let everywhere = o.notify == crate::cluster::router::Notify::Everywhere;
     for out in &fx.replies {
-        clients.answer(seed, tick, origin, out, report)?;
+        clients.answer(seed, tick, (origin, everywhere), out, report)?;
     }
     Ok(())
 }
