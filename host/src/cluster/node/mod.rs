@@ -156,6 +156,8 @@ impl Node {
         let always = durability == Durability::Always;
         let (logs, journal) = open_logs(file, &root, &voters, always)?;
         let mut groups = Vec::with_capacity(partitions as usize);
+        // The groups' routers hold requests against the replica's bounds.
+        let bytes = crate::cluster::router::SharedBytes::default();
         for (p, log) in (0..partitions).zip(logs) {
             let make_config = config.clone();
             let runtime = runtime.clone();
@@ -178,7 +180,7 @@ impl Node {
                     format!("opening partition {p}")
                 }
             })?;
-            let router = Router::new(
+            let mut router = Router::new(
                 file.id,
                 config.clone(),
                 via,
@@ -188,6 +190,7 @@ impl Node {
                 random_u64(),
                 Instant::now(),
             );
+            router.share(&bytes);
             groups.push(Group { replica, router });
         }
         let syncs = if partitions > 1 && durability == Durability::Always {

@@ -4,6 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use super::bytes::Count;
 use crate::InboundMessage;
 
 /// A request's identity: its response topic and correlation data.
@@ -18,7 +19,8 @@ pub(super) fn key_of(m: &InboundMessage) -> Option<Key> {
 pub(super) struct Answered {
     keys: HashSet<Key>,
     order: VecDeque<(Instant, Key)>,
-    bytes: usize,
+    /// Its keys' bytes, counted with the other routers' of the replica.
+    pub(super) bytes: Count,
     within: Duration,
     max_bytes: usize,
 }
@@ -28,7 +30,7 @@ impl Answered {
         Answered {
             keys: HashSet::new(),
             order: VecDeque::new(),
-            bytes: 0,
+            bytes: Count::default(),
             within,
             max_bytes,
         }
@@ -37,7 +39,7 @@ impl Answered {
     pub(super) fn insert(&mut self, at: Instant, key: Key) {
         let bytes = key.0.len() + key.1.len();
         if self.keys.insert(key.clone()) {
-            self.bytes += bytes;
+            self.bytes.add(bytes);
             self.order.push_back((at, key));
         }
         self.age(at);
@@ -45,11 +47,13 @@ impl Answered {
 
     pub(super) fn age(&mut self, now: Instant) {
         while let Some((at, _)) = self.order.front() {
-            if now.saturating_duration_since(*at) < self.within && self.bytes <= self.max_bytes {
+            if now.saturating_duration_since(*at) < self.within
+                && self.bytes.all() <= self.max_bytes
+            {
                 break;
             }
             if let Some((_, k)) = self.order.pop_front() {
-                self.bytes -= k.0.len() + k.1.len();
+                self.bytes.sub(k.0.len() + k.1.len());
                 self.keys.remove(&k);
             }
         }
@@ -58,7 +62,7 @@ impl Answered {
     pub(super) fn remove(&mut self, key: &Key) {
         if self.keys.remove(key) {
             self.order.retain(|(_, k)| k != key);
-            self.bytes -= key.0.len() + key.1.len();
+            self.bytes.sub(key.0.len() + key.1.len());
         }
     }
 
@@ -78,11 +82,11 @@ mod tests {
         let mut t = Answered::new(TIMED_OUT_WITHIN, TIMED_OUT_BYTES);
         t.insert(t0, ("a".into(), vec![1]));
         t.insert(t0, ("a".into(), vec![1]));
-        assert_eq!(t.bytes, 2);
+        assert_eq!(t.bytes.all(), 2);
         assert!(t.contains(&("a".into(), vec![1])));
         t.remove(&("a".into(), vec![1]));
         assert!(!t.contains(&("a".into(), vec![1])));
-        assert_eq!(t.bytes, 0);
+        assert_eq!(t.bytes.all(), 0);
         t.insert(t0, ("b".into(), vec![2]));
         t.age(t0 + TIMED_OUT_WITHIN);
         assert!(!t.contains(&("b".into(), vec![2])));
@@ -90,7 +94,7 @@ mod tests {
         for i in 0..20u8 {
             t.insert(t0, (big.clone(), vec![i]));
         }
-        assert!(t.bytes <= TIMED_OUT_BYTES);
+        assert!(t.bytes.all() <= TIMED_OUT_BYTES);
         assert!(!t.contains(&(big.clone(), vec![0])));
         assert!(t.contains(&(big, vec![19])));
     }

@@ -57,9 +57,9 @@ impl Router {
                 (t.at, t.message)
             })
             .collect();
-        self.unapplied_bytes = 0;
+        self.unapplied_bytes.set(0);
         self.unapplied_topics.clear();
-        self.reads_bytes = 0;
+        self.reads_bytes.set(0);
         let mut reads: Vec<(Instant, InboundMessage)> = Vec::new();
         for (_, r) in self.reads.drain() {
             reads.extend(r.messages.into_iter().map(|m| (r.at, m)));
@@ -89,11 +89,11 @@ impl Router {
         if let Held::Requests { messages, .. } = &held {
             self.counts.held += messages.len() as u64;
         }
-        if self.held_bytes + bytes > HOLD_BYTES {
+        if self.held_bytes.all() + bytes > HOLD_BYTES {
             // Past the bound: these get their answer at the next tick.
             warn!("requests waiting for a leader past {HOLD_BYTES} bytes: refused");
         }
-        self.held_bytes += bytes;
+        self.held_bytes.add(bytes);
         self.held.push_back(held);
     }
 
@@ -104,14 +104,14 @@ impl Router {
         let mut unknown = Vec::new();
         while let Some(h) = self.held.front() {
             if now.at.saturating_duration_since(h.since()) < self.limits.hold
-                && self.held_bytes <= HOLD_BYTES
+                && self.held_bytes.all() <= HOLD_BYTES
             {
                 break;
             }
             let Some(h) = self.held.pop_front() else {
                 break;
             };
-            self.held_bytes = self.held_bytes.saturating_sub(h.bytes());
+            self.held_bytes.sub(h.bytes());
             if let Held::Requests { messages, sent, .. } = h {
                 for m in messages {
                     let key = key_of(&m);
@@ -161,5 +161,87 @@ impl Router {
                     .map(Output::Publish),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::super::{Effects, Limits, Notify, Now, Router, SharedBytes};
+    use super::{HOLD_BYTES, Held};
+    use crate::cluster::file::ReadPath;
+    use crate::{Config, InboundMessage, Output};
+
+    fn request(n: u64, bytes: usize) -> InboundMessage {
+        InboundMessage {
+            topic: statestore_guest::rpc::REQUEST_TOPIC.into(),
+            payload: vec![b'x'; bytes],
+            qos: 1,
+            response_topic: Some("clients/held/response".into()),
+            correlation_data: Some(n.to_be_bytes().to_vec()),
+            message_expiry_interval: Some(60),
+            user_properties: vec![
+                ("__ts".into(), "000000000000001:00000:held".into()),
+                ("__protVer".into(), "1.0".into()),
+            ],
+            client_id: Some("held".into()),
+            ..InboundMessage::default()
+        }
+    }
+
+    fn router(id: u64, at: Instant) -> Router {
+        let config = Config::default();
+        let limits = Limits::default();
+        Router::new(
+            id,
+            config,
+            None,
+            ReadPath::Index,
+            Notify::Origin,
+            limits,
+            0,
+            at,
+        )
+    }
+
+    /// Two groups' routers of one replica (a store in partitions) hold
+    /// requests against one bound: past it in all, the next to look
+    /// answers its own at once (503: never sent), as one router would.
+    #[test]
+    fn the_requests_a_replicas_routers_hold_are_bounded_together() {
+        let at = Instant::now();
+        let now = Now { at, ms: 1_000 };
+        let shared = SharedBytes::default();
+        let (mut a, mut b) = (router(1, at), router(1, at));
+        a.share(&shared);
+        b.share(&shared);
+        let big = HOLD_BYTES * 2 / 3;
+        for (n, r) in [(1, &mut a), (2, &mut b)] {
+            r.hold(Held::Requests {
+                at,
+                messages: vec![request(n, big)],
+                sent: false,
+            });
+        }
+        assert!(shared.total() > HOLD_BYTES, "{}", shared.total());
+        let mut fx = Effects::default();
+        b.answer_held(now, &mut fx);
+        let statuses: Vec<&str> = fx
+            .replies
+            .iter()
+            .filter_map(|o| match o {
+                Output::Publish(p) => p.user_property("__stat"),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(statuses, ["503"]);
+        assert!(shared.total() <= HOLD_BYTES);
+        // Alone, either would have been within its bound.
+        let mut fx = Effects::default();
+        a.answer_held(now, &mut fx);
+        assert!(fx.replies.is_empty());
+        drop(a);
+        assert_eq!(shared.total(), 0);
     }
 }

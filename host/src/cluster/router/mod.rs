@@ -31,10 +31,13 @@ use statestore_guest::wire;
 use tracing::{info, warn};
 
 mod answered;
+mod bytes;
 mod hold;
 mod reads;
 
 use answered::{Answered, Key, key_of};
+use bytes::Count;
+pub use bytes::SharedBytes;
 use hold::Held;
 use reads::split_reads;
 
@@ -185,7 +188,7 @@ pub struct Router {
     notify: Notify,
     limits: Limits,
     held: VecDeque<Held>,
-    held_bytes: usize,
+    held_bytes: Count,
     last_timer: Option<Instant>,
     /// The leader and term last seen: a new one (the same replica elected
     /// again in a new term included) gets the requests not yet applied.
@@ -196,7 +199,7 @@ pub struct Router {
     /// the same one after [`Limits::retry_after`]. The replicated dedup
     /// cache answers one applied twice with its first reply.
     unapplied: HashMap<Key, Tracked>,
-    unapplied_bytes: usize,
+    unapplied_bytes: Count,
     /// How many of `unapplied` each response topic has: a read on a topic
     /// with a write in flight goes through the log behind it, so that a
     /// client reads its own writes even when it does not wait for them.
@@ -210,7 +213,7 @@ pub struct Router {
     gone: HashMap<String, Instant>,
     /// Reads waiting for their read index, by context.
     reads: HashMap<u64, PendingRead>,
-    reads_bytes: usize,
+    reads_bytes: Count,
     /// When `unapplied` was last rid of what is too old.
     forgot: Instant,
     /// The next read context: a random start, so that one from before a
@@ -265,15 +268,15 @@ impl Router {
             notify,
             limits,
             held: VecDeque::new(),
-            held_bytes: 0,
+            held_bytes: Count::default(),
             last_timer: None,
             leader_seen: (0, 0),
             unapplied: HashMap::new(),
-            unapplied_bytes: 0,
+            unapplied_bytes: Count::default(),
             unapplied_topics: HashMap::new(),
             gone: HashMap::new(),
             reads: HashMap::new(),
-            reads_bytes: 0,
+            reads_bytes: Count::default(),
             forgot: now,
             next_read,
             timed_out: Answered::new(TIMED_OUT_WITHIN, TIMED_OUT_BYTES),
@@ -283,6 +286,19 @@ impl Router {
             metrics: None,
             store_metrics: None,
         }
+    }
+
+    /// Counts its bytes (of requests held, kept to be sent again and
+    /// waiting for reads, and of its memories of answers) with the other
+    /// routers given `shared`, against the same bounds: a replica of many
+    /// groups holds no more than one would.
+    pub fn share(&mut self, shared: &SharedBytes) {
+        self.held_bytes.share(&shared.held);
+        self.unapplied_bytes.share(&shared.unapplied);
+        self.reads_bytes.share(&shared.reads);
+        self.answered.bytes.share(&shared.answered);
+        self.timed_out.bytes.share(&shared.timed_out);
+        self.resent.bytes.share(&shared.resent);
     }
 
     /// Where this replica's clients are connected, in its guest's terms.
@@ -447,7 +463,7 @@ impl Router {
             .iter()
             .map(crate::store::driver::message_bytes)
             .sum();
-        if self.reads_bytes + bytes > READ_BYTES {
+        if self.reads_bytes.all() + bytes > READ_BYTES {
             self.submit_log(
                 now,
                 Held::Requests {
@@ -465,7 +481,7 @@ impl Router {
         let ctx = self.next_read;
         self.next_read = self.next_read.wrapping_add(1);
         replica.read_index(ctx);
-        self.reads_bytes += bytes;
+        self.reads_bytes.add(bytes);
         self.reads.insert(
             ctx,
             PendingRead {
@@ -489,7 +505,7 @@ impl Router {
         let mut messages = Vec::new();
         for ctx in late {
             if let Some(r) = self.reads.remove(&ctx) {
-                self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
+                self.reads_bytes.sub(r.bytes);
                 messages.extend(r.messages.into_iter().map(|m| (r.at, m)));
             }
         }
@@ -520,7 +536,7 @@ impl Router {
             let Some(r) = self.reads.remove(&ctx) else {
                 continue; // gone through the log meanwhile
             };
-            self.reads_bytes = self.reads_bytes.saturating_sub(r.bytes);
+            self.reads_bytes.sub(r.bytes);
             self.counts.index_reads += r.messages.len() as u64;
             if let Some(metrics) = &self.metrics {
                 metrics
@@ -631,14 +647,14 @@ impl Router {
                 continue;
             }
             let bytes = crate::store::driver::message_bytes(m);
-            if self.unapplied_bytes + bytes > RESEND_BYTES {
+            if self.unapplied_bytes.all() + bytes > RESEND_BYTES {
                 // Past the bound: forget what is too old to send again.
                 self.forget_unapplied(now);
-                if self.unapplied_bytes + bytes > RESEND_BYTES {
+                if self.unapplied_bytes.all() + bytes > RESEND_BYTES {
                     return;
                 }
             }
-            self.unapplied_bytes += bytes;
+            self.unapplied_bytes.add(bytes);
             *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
             self.unapplied.insert(
                 key,
@@ -661,20 +677,20 @@ impl Router {
     }
 
     fn recount(&mut self) {
-        self.unapplied_bytes = 0;
         self.unapplied_topics.clear();
+        let mut bytes = 0;
         for ((topic, _), Tracked { message: m, .. }) in &self.unapplied {
-            self.unapplied_bytes += crate::store::driver::message_bytes(m);
+            bytes += crate::store::driver::message_bytes(m);
             *self.unapplied_topics.entry(topic.clone()).or_default() += 1;
         }
+        self.unapplied_bytes.set(bytes);
     }
 
     /// No longer to be sent again (applied, or answered 408).
     fn untrack(&mut self, key: &Key) -> Option<Tracked> {
         let t = self.unapplied.remove(key)?;
-        self.unapplied_bytes = self
-            .unapplied_bytes
-            .saturating_sub(crate::store::driver::message_bytes(&t.message));
+        self.unapplied_bytes
+            .sub(crate::store::driver::message_bytes(&t.message));
         if let Some(n) = self.unapplied_topics.get_mut(&key.0) {
             *n -= 1;
             if *n == 0 {
@@ -743,7 +759,7 @@ impl Router {
         // Reads waiting for an index from the old leader will not get one:
         // they go through the log too.
         let reads: Vec<PendingRead> = self.reads.drain().map(|(_, r)| r).collect();
-        self.reads_bytes = 0;
+        self.reads_bytes.set(0);
         if let Some(metrics) = &self.metrics {
             let n: usize = reads.iter().map(|r| r.messages.len()).sum();
             metrics.reads.with_label_values(&["log"]).inc_by(n as u64);
@@ -843,7 +859,7 @@ impl Router {
         // Held requests: to the leader once there is one.
         if leader != 0 {
             let held = std::mem::take(&mut self.held);
-            self.held_bytes = 0;
+            self.held_bytes.set(0);
             for h in held {
                 self.submit(now, h, replica, fx)?;
             }

@@ -61,7 +61,7 @@ use round::{Round, damage};
 
 use super::file::ReadPath;
 use super::log::journal::{self, Journal, Part};
-use super::router::{Effects, Limits, Notify, Now, Router};
+use super::router::{Effects, Limits, Notify, Now, Router, SharedBytes};
 use super::{Compaction, Durability, LogStore, Replica, Timing, linear};
 use crate::store::storage::MemStorage;
 use crate::{Config, InboundMessage, NativeStore, Output};
@@ -269,6 +269,8 @@ struct SimReplica {
     disks: Vec<MemStorage>,
     /// Its round journal, while it is up.
     journal: Option<Journal>,
+    /// What its groups' routers hold, counted together.
+    bytes: SharedBytes,
     /// Down until this tick.
     down_until: u64,
     /// Its clock's offset from simulated time, ms.
@@ -287,17 +289,19 @@ impl SimReplica {
     /// joins) and a skewed clock.
     fn new(id: u64, ids: &[u64], o: &Options, rng: &mut Rng, base: Instant) -> Result<SimReplica> {
         let disks: Vec<MemStorage> = (0..o.partitions).map(|_| MemStorage::new()).collect();
+        let bytes = SharedBytes::default();
         let mut groups = Vec::new();
         for disk in &disks {
             groups.push(Group {
                 replica: start(id, ids, disk, None)?,
-                router: router(id, base, 0, o.notify),
+                router: router(id, base, 0, o.notify, &bytes),
             });
         }
         Ok(SimReplica {
             up: Some(groups),
             journal: Some(new_journal(&disks[0])?),
             disks,
+            bytes,
             down_until: 0,
             skew: rng.below(4_000) as i64 - 2_000,
             removed: false,
@@ -336,7 +340,9 @@ const LIMITS: Limits = Limits {
 
 /// Replica `id`'s router (at `tick`): odd replicas answer reads with a
 /// read index, even ones through the log.
-fn router(id: u64, base: Instant, tick: u64, notify: Notify) -> Router {
+/// Replica `id`'s router of a group (started at `tick`), counting its bytes
+/// with the replica's other groups' (`bytes`) as a server's do.
+fn router(id: u64, base: Instant, tick: u64, notify: Notify, bytes: &SharedBytes) -> Router {
     let path = if id % 2 == 1 {
         ReadPath::Index
     } else {
@@ -345,7 +351,9 @@ fn router(id: u64, base: Instant, tick: u64, notify: Notify) -> Router {
     let at = base + Duration::from_millis(tick * TICK_MS);
     // Read contexts of a new life never meet an earlier life's.
     let next_read = (id << 48) | (tick << 16);
-    Router::new(id, config(), None, path, notify, LIMITS, next_read, at)
+    let mut router = Router::new(id, config(), None, path, notify, LIMITS, next_read, at);
+    router.share(bytes);
+    router
 }
 
 fn config() -> Config {
@@ -623,7 +631,7 @@ impl<'o> Sim<'o> {
                     };
                     groups.push(Group {
                         replica,
-                        router: router(id, self.base, tick, self.o.notify),
+                        router: router(id, self.base, tick, self.o.notify, &node.bytes),
                     });
                 }
                 if node.rejoining {
