@@ -51,7 +51,9 @@ pub(crate) const TIMING: Timing = Timing {
 
 pub use super::router::Notify;
 
+mod observers;
 mod partitions;
+use observers::{Gone, Observers};
 use partitions::{SPREAD_EVERY, SYNC_THREADS, check_partitions, open_logs};
 
 /// One Raft group of a replica: the whole store, or one partition of it
@@ -99,6 +101,8 @@ pub struct Node {
     /// Under `--fsync always`, the round journal: one sync per round for
     /// every group's log.
     journal: Option<Journal>,
+    /// Its clients that registered KEYNOTIFY, and in which partitions.
+    observers: Observers,
     /// When a frame for a partition this replica does not have was last
     /// reported.
     warned_partition: Option<Instant>,
@@ -244,6 +248,7 @@ impl Node {
             spread_in: SPREAD_EVERY,
             syncs,
             journal,
+            observers: Observers::default(),
             warned_partition: None,
         })
     }
@@ -384,6 +389,7 @@ impl Node {
         messages: Vec<crate::InboundMessage>,
     ) -> Result<()> {
         let now = self.now();
+        self.observers.note(&messages, self.partitions());
         let by_group = super::partition::split(messages, self.partitions());
         let mut result = Ok(());
         for (g, messages) in by_group.into_iter().enumerate() {
@@ -400,11 +406,18 @@ impl Node {
         result
     }
 
-    /// A client went away: every group forgets its registrations.
+    /// A client went away: the groups where it registered KEYNOTIFY
+    /// through this replica forget its registrations (the others have
+    /// none of it to forget: no entry).
     async fn client_gone<T: Transport>(&mut self, transport: &mut T, client: String) -> Result<()> {
         let now = self.now();
+        let groups: Vec<usize> = match self.observers.gone(&client) {
+            Gone::Nowhere => return Ok(()),
+            Gone::To(partitions) => partitions.into_iter().map(|p| p as usize).collect(),
+            Gone::Everywhere => (0..self.groups.len()).collect(),
+        };
         let mut result = Ok(());
-        for g in 0..self.groups.len() {
+        for g in groups {
             let client = client.clone();
             let r = self
                 .routed(transport, g, |router, replica, fx| {
