@@ -272,3 +272,39 @@ fn a_torn_journal_tail_is_cut_and_damage_or_a_hole_is_refused() {
     let e = super::joined(file, parts[0].1.at.into(), &[&far], &name, "here").expect_err("refused");
     assert!(format!("{e:#}").contains("ends at byte"), "{e:#}");
 }
+
+/// From `--fsync always` to `everysec`: the logs are opened with what the
+/// journal holds, written anew without a journal (whole files count again),
+/// and the journal is removed; they open the same after that.
+#[test]
+fn a_replica_that_stops_journaling_keeps_what_the_journal_held() {
+    let disks = [Disk::new(), Disk::new()];
+    let (mut logs, mut journal) = open(&disks, 1 << 20).expect("open");
+    logs[0].append(&[entry(1, 1), entry(2, 1)]).expect("append");
+    logs[1].append(&[entry(1, 1)]).expect("append");
+    commit(&mut journal, &mut logs);
+    drop(logs);
+    drop(journal);
+    let after = crash(&disks, None);
+    let found = read(&after[0]).expect("read");
+    let plain: Vec<LogStore> = after
+        .iter()
+        .enumerate()
+        .map(|(g, d)| {
+            let mine = parts_of(found.as_deref(), g as u32);
+            LogStore::open_with(Arc::new(d.clone()), &[1, 2, 3], mine.as_deref(), false)
+                .expect("open without a journal")
+        })
+        .collect();
+    super::remove(&after[0]).expect("remove");
+    assert_eq!(terms(&plain[0]), [(1, 1), (2, 1)]);
+    assert_eq!(terms(&plain[1]), [(1, 1)]);
+    assert!(plain.iter().all(|l| l.anchor().synced.is_none()));
+    drop(plain);
+    let again = crash(&after, None);
+    assert!(read(&again[0]).expect("read").is_none(), "removed");
+    for (g, d) in again.iter().enumerate() {
+        let log = LogStore::open(Arc::new(d.clone()), &[1, 2, 3]).expect("open");
+        assert_eq!(log.last_index().expect("last"), [2, 1][g]);
+    }
+}
