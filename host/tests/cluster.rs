@@ -1931,21 +1931,22 @@ fn copy_files(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("dir");
     for e in std::fs::read_dir(from).expect("read dir") {
         let e = e.expect("entry");
-        if e.file_type().expect("type").is_file() {
+        let kind = e.file_type().expect("type");
+        if kind.is_file() {
             std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+        } else if kind.is_dir() {
+            copy_files(&e.path(), &to.join(e.file_name())); // a partition's
         }
     }
 }
 
 /// A one-replica cluster acknowledges 20 SETs (`--fsync always`) and is
-/// killed. Its log deleted or emptied, its round journal deleted or
-/// damaged, or `raft-log.current` naming a generation that is not there;
-/// then, stopped cleanly (its log synced whole), its log cut at a record
-/// boundary or inside a record: each time it refuses to start, saying what
-/// is missing and how to recover (before these checks it started with
-/// some of the 20 keys, without a word or with a false "torn tail").
-/// Intact, it starts with all 20 (and says that a `join = true` left in
-/// its file is ignored).
+/// killed. Its log deleted, emptied, cut at a record boundary or inside a
+/// record, or `raft-log.current` naming a generation that is not there:
+/// each time it refuses to start, saying what is missing and how to
+/// recover (it started with 0, 0, 15, 16 and 0 of the 20 keys, without a
+/// word or with a false "torn tail"). Intact, it starts with all 20 (and
+/// says that a `join = true` left in its file is ignored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
     let mut c = Cluster::new(1);
@@ -1964,77 +1965,17 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
     let pristine = c.dir.join("pristine");
     copy_files(&data, &pristine);
     type Damage = fn(&Path);
-    // Killed: the writes are in the round journal, the log's tail is not
-    // synced (and never read past what raft-state says was).
     let cases: [(&str, Damage, &str); 5] = [
         (
-            "log deleted",
+            "deleted",
             |d| std::fs::remove_file(current_log(d)).expect("rm"),
             "is missing",
         ),
         (
-            "log emptied",
+            "emptied",
             |d| std::fs::write(current_log(d), b"").expect("empty"),
-            "was cut short",
+            "holds no entries",
         ),
-        (
-            "journal deleted",
-            |d| std::fs::remove_file(d.join("raft-journal")).expect("rm"),
-            "raft-journal is missing",
-        ),
-        (
-            "a byte of the journal flipped, good records after it",
-            |d| {
-                let p = d.join("raft-journal");
-                let mut bytes = std::fs::read(&p).expect("read");
-                let first = record_ends(&bytes)[0];
-                bytes[first / 2] ^= 0x20;
-                std::fs::write(&p, &bytes).expect("flip");
-            },
-            "damaged",
-        ),
-        (
-            "a missing generation",
-            |d| std::fs::write(d.join("raft-log.current"), b"9999").expect("current"),
-            "raft-log.9999 is missing",
-        ),
-    ];
-    let refused = |c: &Cluster, pristine: &Path, cases: &[(&str, Damage, &str)]| {
-        for (what, damage, says) in cases {
-            copy_files(pristine, &c.data_dir(0));
-            damage(&c.data_dir(0));
-            let log = c.start_refused(0);
-            assert!(
-                log.contains(says)
-                    && log.contains("refusing to start")
-                    && log.contains("cluster rejoin"),
-                "{what}:\n{log}"
-            );
-        }
-    };
-    refused(&c, &pristine, &cases);
-    // Stopped (SIGTERM): every log synced whole, so a cut anywhere in it
-    // is a loss.
-    copy_files(&pristine, &data);
-    c.servers[0] = Some(c.spawn(0));
-    c.leader(Duration::from_secs(20));
-    let mut server = c.servers[0].take().expect("running");
-    let stopped = std::process::Command::new("kill")
-        .args(["-TERM", &server.pid().to_string()])
-        .status()
-        .expect("kill");
-    assert!(stopped.success());
-    let start = Instant::now();
-    while !server.exited() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "stops on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let synced = c.dir.join("synced");
-    copy_files(&data, &synced);
-    let cuts: [(&str, Damage, &str); 2] = [
         (
             "cut at a record boundary",
             |d| {
@@ -2053,10 +1994,25 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
                 let ends = record_ends(&bytes);
                 std::fs::write(&p, &bytes[..ends[ends.len() * 3 / 4] + 5]).expect("cut");
             },
-            "was cut short",
+            "cut inside a record",
+        ),
+        (
+            "a missing generation",
+            |d| std::fs::write(d.join("raft-log.current"), b"9999").expect("current"),
+            "raft-log.9999 is missing",
         ),
     ];
-    refused(&c, &synced, &cuts);
+    for (what, damage, says) in cases {
+        copy_files(&pristine, &data);
+        damage(&data);
+        let log = c.start_refused(0);
+        assert!(
+            log.contains(says)
+                && log.contains("refusing to start")
+                && log.contains("cluster rejoin"),
+            "{what}:\n{log}"
+        );
+    }
     // Rejoining needs others to rejoin from.
     let (ok, out) = cluster_command(&c.file(0), &["rejoin"]);
     assert!(
@@ -2073,6 +2029,81 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
     let log = c.servers[0].as_ref().expect("running").log();
     assert!(log.contains("`join = true` is ignored"), "{log}");
     let mut client = RawClient::connect(c.mqtt[0], "twenty-back").await;
+    client.subscribe(&client.response_topic()).await;
+    for i in 0..20 {
+        let got = client.call(&[b"GET", format!("key-{i}").as_bytes()]).await;
+        assert_eq!(text(&got), "$1\r\nv\r\n", "key-{i}");
+    }
+    client.disconnect().await;
+}
+
+/// A one-replica cluster whose store is in 2 partitions (so its rounds go
+/// through its round journal) acknowledges 20 SETs and is killed. The
+/// journal deleted or damaged before its last record, or a partition's log
+/// emptied (short of what `raft-state` says was synced): each time it
+/// refuses to start and says what is missing. A partition's log cut past
+/// what was synced is read from the journal: it starts with all 20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_of_partitions_refuses_a_lost_journal_and_reads_past_a_cut_log() {
+    let mut c = Cluster::with_partitions(1, 2);
+    c.leader(Duration::from_secs(20));
+    let mut client = RawClient::connect(c.mqtt[0], "journaled").await;
+    client.subscribe(&client.response_topic()).await;
+    for i in 0..20 {
+        let reply = client
+            .call(&[b"SET", format!("key-{i}").as_bytes(), b"v"])
+            .await;
+        assert_eq!(text(&reply), "+OK\r\n", "{reply:?}");
+    }
+    client.kill();
+    c.servers[0].take().expect("running").kill9();
+    let data = c.data_dir(0);
+    let pristine = c.dir.join("pristine");
+    copy_files(&data, &pristine);
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, &str); 3] = [
+        (
+            "journal deleted",
+            |d| std::fs::remove_file(d.join("raft-journal")).expect("rm"),
+            "raft-journal is missing",
+        ),
+        (
+            "a byte of the journal flipped, good records after it",
+            |d| {
+                let p = d.join("raft-journal");
+                let mut bytes = std::fs::read(&p).expect("read");
+                let first = record_ends(&bytes)[0];
+                bytes[first / 2] ^= 0x20;
+                std::fs::write(&p, &bytes).expect("flip");
+            },
+            "damaged",
+        ),
+        (
+            "a partition's log emptied",
+            |d| std::fs::write(current_log(&d.join("partition-0")), b"").expect("empty"),
+            "was cut short",
+        ),
+    ];
+    for (what, damage, says) in cases {
+        copy_files(&pristine, &data);
+        damage(&data);
+        let log = c.start_refused(0);
+        assert!(
+            log.contains(says) && log.contains("refusing to start"),
+            "{what}:\n{log}"
+        );
+    }
+    // Cut past what was synced: the journal has the rest.
+    copy_files(&pristine, &data);
+    for p in 0..2 {
+        let log = current_log(&data.join(format!("partition-{p}")));
+        let bytes = std::fs::read(&log).expect("read");
+        let ends = record_ends(&bytes);
+        std::fs::write(&log, &bytes[..ends[ends.len() / 2]]).expect("cut");
+    }
+    c.servers[0] = Some(c.spawn(0));
+    c.leader(Duration::from_secs(20));
+    let mut client = RawClient::connect(c.mqtt[0], "journaled-back").await;
     client.subscribe(&client.response_topic()).await;
     for i in 0..20 {
         let got = client.call(&[b"GET", format!("key-{i}").as_bytes()]).await;

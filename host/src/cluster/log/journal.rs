@@ -4,7 +4,9 @@
 //! Under `--fsync always`, every round of a replica (the entries and hard
 //! states its Raft groups have ready) must be durable before it sends what
 //! depends on it. Syncing each group's log and its `raft-state` costs two
-//! syncs per group per round; the journal makes it one for them all: each
+//! syncs per group per round; with partitions, the journal makes it one
+//! for them all (a store of one partition keeps its two: `raft-state`
+//! synced every round notices a log that lost its last round): each
 //! log still appends its records to its own file, unsynced, and hands the
 //! same bytes over ([`LogStore::take_part`]); the round's parts go to
 //! `raft-journal` in one append and one sync ([`Journal::commit`]).

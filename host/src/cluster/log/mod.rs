@@ -10,16 +10,16 @@
 //!   raft-log.<gen>     records: u32 len | u32 crc32 | u8 kind | protobuf
 //!                        kind 1: an Entry   kind 2: the HardState
 //!   raft-state         records (same framing), kind 3: what the log must hold
-//!   raft-journal       the replica's round journal, in its data directory
+//!   raft-journal       a replica's round journal, in its data directory
 //!                        (the partitions' logs in folders below it;
-//!                        [`journal`]; under `--fsync always`)
+//!                        [`journal`]; with partitions, under `--fsync always`)
 //! ```
 //!
 //! Records are appended as Raft hands them over; [`LogStore::sync`] makes
 //! them durable, and a replica sends what depends on them (its votes, its
 //! acknowledgements of entries) only after that under `--fsync always` (a
 //! new term or vote is synced under every policy). With a round journal
-//! (`--fsync always`) the log hands the same records to the journal
+//! (partitions, `--fsync always`) the log hands the same records to the journal
 //! instead ([`LogStore::take_part`]), which makes a whole round of every
 //! group durable with one sync; the log itself is synced at checkpoints.
 //! Compaction (after a snapshot) and installing a leader's snapshot write a
@@ -311,10 +311,10 @@ impl LogStore {
     }
 
     /// [`LogStore::open`], with what the replica's round journal holds of
-    /// this log (`parts`, in the order written; [`journal::read`]; `None`:
+    /// this log (`parts`, in the order written; `journal::read`; `None`:
     /// there is no journal) read after what its file holds; `journaled`:
     /// its records go through a journal from now on (the caller commits
-    /// them with [`journal::Journal::commit`] before it sends anything that
+    /// them with `journal::Journal::commit` before it sends anything that
     /// depends on them).
     pub fn open_with(
         disk: Arc<dyn Storage>,

@@ -157,8 +157,11 @@ impl Node {
             started: life,
         });
         let started = Instant::now();
-        let always = durability == Durability::Always;
-        let (logs, journal) = open_logs(file, &root, &voters, always)?;
+        // One partition keeps syncing its log and `raft-state` itself
+        // (a log that loses any synced byte is noticed); several make
+        // their rounds durable through the round journal.
+        let journaled = durability == Durability::Always && partitions > 1;
+        let (logs, journal) = open_logs(file, &root, &voters, journaled)?;
         let mut groups = Vec::with_capacity(partitions as usize);
         // The groups' routers hold requests against the replica's bounds.
         let bytes = crate::cluster::router::SharedBytes::default();
@@ -786,9 +789,10 @@ impl Node {
     }
 
     /// Persists, sends, applies; publishes what is this replica's. Every
-    /// group's new entries are written first, then made durable together
-    /// under `--fsync always` (one sync of the round journal for all of
-    /// them), and only then is what depends on them sent.
+    /// group's new entries are written first, then made durable under
+    /// `--fsync always` (with partitions, together: one sync of the round
+    /// journal for all of them), and only then is what depends on them
+    /// sent.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         let mut written = Vec::new();
         for g in 0..self.groups.len() {
@@ -814,6 +818,13 @@ impl Node {
             // One write and one sync for every group's new records.
             let logs = self.groups.iter_mut().enumerate();
             journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
+        } else {
+            for (g, _) in &written {
+                let replica = &mut self.groups[*g].replica;
+                if replica.syncs_each_write() {
+                    replica.log_mut().sync()?;
+                }
+            }
         }
         for (g, w) in written {
             let id = g as u32;

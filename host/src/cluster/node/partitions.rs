@@ -104,16 +104,17 @@ pub(super) fn sync_together(
 /// Opens the log of every partition of replica `file.id` (in the data
 /// directory `root`; a new one with the membership `voters`), each with
 /// what the round journal holds of it; then the journal starts afresh
-/// (`always`: the logs' records go through it from now on) or is removed.
+/// (`journaled`: the logs' records go through it from now on) or is
+/// removed.
 pub(super) fn open_logs(
     file: &crate::cluster::node::ClusterFile,
     root: &Arc<dyn Storage>,
     voters: &[u64],
-    always: bool,
+    journaled: bool,
 ) -> Result<(Vec<LogStore>, Option<Journal>)> {
     let partitions = file.partitions;
-    let journaled = journal::read(&**root)?;
-    let stray = journaled.iter().flatten().find(|(g, _)| *g >= partitions);
+    let found = journal::read(&**root)?;
+    let stray = found.iter().flatten().find(|(g, _)| *g >= partitions);
     if let Some((g, _)) = stray {
         bail!(
             "the round journal in {} holds a part of partition {g}, and the store has {partitions}: refusing to start",
@@ -131,8 +132,8 @@ pub(super) fn open_logs(
             })?;
             Arc::new(disk) as Arc<dyn Storage>
         };
-        let parts = journal::parts_of(journaled.as_deref(), p);
-        let log = LogStore::open_with(disk, voters, parts.as_deref(), always)?;
+        let parts = journal::parts_of(found.as_deref(), p);
+        let log = LogStore::open_with(disk, voters, parts.as_deref(), journaled)?;
         if file.join && p == 0 {
             let members = raft::Storage::initial_state(&log)
                 .map(|s| s.conf_state.voters)
@@ -149,7 +150,7 @@ pub(super) fn open_logs(
     }
     // Every log was written anew and synced: what the journal held is in
     // them.
-    let journal = if always {
+    let journal = if journaled {
         Some(Journal::create(root.clone(), journal::CHECKPOINT_BYTES)?)
     } else {
         journal::remove(&**root)?;

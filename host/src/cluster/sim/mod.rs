@@ -11,13 +11,13 @@
 //!   differently, and none answered 503 ("not applied") is ever applied.
 //! - **A log never silently shrinks**: a crash may also delete, empty or
 //!   cut a replica's log file, point `raft-log.current` at a missing
-//!   generation, delete its snapshot or its round journal; the replica
+//!   generation or delete its snapshot; the replica
 //!   either finds all it had synced or refuses to start, and then rejoins
 //!   (keeping its term and vote). The checks below catch any write that
 //!   got lost instead.
-//! - **One sync per round**: each replica makes its groups' records
-//!   durable as a server does, through its round journal
-//!   ([`super::log::journal`]), checkpointed often; a crash keeps what was
+//! - **One sync per round** with partitions: each replica makes its
+//!   groups' records durable as a server does, through its round journal
+//!   (`cluster::log::journal`), checkpointed often; a crash keeps what was
 //!   synced and a torn tail of each file.
 //! - **Determinism**: every replica that applies log entry `i` makes
 //!   exactly the outputs every other replica made of it (and itself, after
@@ -293,13 +293,13 @@ impl SimReplica {
         let mut groups = Vec::new();
         for disk in &disks {
             groups.push(Group {
-                replica: start(id, ids, disk, None)?,
+                replica: start(id, ids, disk, None, o.partitions > 1)?,
                 router: router(id, base, 0, o.notify, &bytes),
             });
         }
         Ok(SimReplica {
             up: Some(groups),
-            journal: Some(new_journal(&disks[0])?),
+            journal: new_journal(&disks[0], o)?,
             disks,
             bytes,
             down_until: 0,
@@ -368,14 +368,16 @@ const COMPACTION: Compaction = Compaction {
 
 /// Replica `id` over `disk`: a new disk starts with the membership `ids`
 /// (none: it joins), a used one with what it recorded and what the round
-/// journal holds of it (`parts`).
+/// journal holds of it (`parts`; `journaled`: its records go through the
+/// journal, as a server's do with partitions).
 fn start(
     id: u64,
     ids: &[u64],
     disk: &MemStorage,
     parts: Option<&[&Part]>,
+    journaled: bool,
 ) -> Result<Replica<Poisonable>> {
-    let log = LogStore::open_with(Arc::new(disk.clone()), ids, parts, true)?;
+    let log = LogStore::open_with(Arc::new(disk.clone()), ids, parts, journaled)?;
     let make = Box::new(|snapshot: Option<&[u8]>| {
         Ok(Poisonable::new(match snapshot {
             None => NativeStore::new(config())?,
@@ -390,9 +392,13 @@ fn start(
 const CHECKPOINT_BYTES: u64 = 16 << 10;
 
 /// A replica's round journal, on its first disk, started afresh (once its
-/// groups were opened with what the last one held).
-fn new_journal(disk: &MemStorage) -> Result<Journal> {
-    Journal::create(Arc::new(disk.clone()), CHECKPOINT_BYTES)
+/// groups were opened with what the last one held), if it has partitions
+/// (one partition syncs its log itself, as a server's does).
+fn new_journal(disk: &MemStorage, o: &Options) -> Result<Option<Journal>> {
+    if o.partitions < 2 {
+        return Ok(None);
+    }
+    Journal::create(Arc::new(disk.clone()), CHECKPOINT_BYTES).map(Some)
 }
 
 fn key(n: u64) -> String {
@@ -608,7 +614,8 @@ impl<'o> Sim<'o> {
                 let journaled = journal::read(&node.disks[0])?;
                 for (p, disk) in node.disks.iter().enumerate() {
                     let parts = journal::parts_of(journaled.as_deref(), p as u32);
-                    let replica = match start(id, &self.ids, disk, parts.as_deref()) {
+                    let journaled = self.o.partitions > 1;
+                    let replica = match start(id, &self.ids, disk, parts.as_deref(), journaled) {
                         Ok(r) => r,
                         Err(e)
                             if node.damaged && format!("{e:#}").contains("refusing to start") =>
@@ -639,7 +646,7 @@ impl<'o> Sim<'o> {
                 }
                 node.damaged = false;
                 node.up = Some(groups);
-                node.journal = Some(new_journal(&node.disks[0])?);
+                node.journal = new_journal(&node.disks[0], self.o)?;
                 // What was in flight to its last life died with its
                 // connections.
                 self.net.retain(|(_, w)| w.to() != id);
@@ -872,9 +879,9 @@ impl<'o> Sim<'o> {
 
     /// The routers' ticks (what waited too long is answered; the leader
     /// proposes expiry), then ready: persist, send, apply, publish; as a
-    /// server does, every group's new records are made durable together
-    /// (one sync of the round journal) before what depends on them is sent,
-    /// and the journal is checkpointed when full.
+    /// server does, every group's new records are made durable (with
+    /// partitions together, one sync of the round journal, checkpointed
+    /// when full) before what depends on them is sent.
     fn ready(&mut self, tick: u64, faults: bool) -> Result<()> {
         let mut round = Round {
             seed: self.seed,
@@ -889,7 +896,7 @@ impl<'o> Sim<'o> {
         };
         for node in self.nodes.iter_mut() {
             let now = node.now(self.base, tick);
-            let (Some(groups), Some(journal)) = (node.up.as_mut(), node.journal.as_mut()) else {
+            let Some(groups) = node.up.as_mut() else {
                 continue;
             };
             let mut written = Vec::new();
@@ -903,8 +910,14 @@ impl<'o> Sim<'o> {
                     written.push((g, r.ready_write(rest)?));
                 }
             }
-            let logs = groups.iter_mut().enumerate();
-            journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
+            if let Some(journal) = node.journal.as_mut() {
+                let logs = groups.iter_mut().enumerate();
+                journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
+            } else {
+                for (g, _) in &written {
+                    groups[*g].replica.log_mut().sync()?;
+                }
+            }
             for (g, w) in written {
                 let Group { replica: r, router } = &mut groups[g];
                 let mut messages = Vec::new();
@@ -912,7 +925,9 @@ impl<'o> Sim<'o> {
                 let fx = Effects::default();
                 round.publish(g as u32, now, (messages, applied), r, router, fx)?;
             }
-            if journal.full() {
+            if let Some(journal) = node.journal.as_mut()
+                && journal.full()
+            {
                 for group in groups.iter_mut() {
                     group.replica.log_mut().sync()?;
                 }

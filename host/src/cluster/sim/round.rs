@@ -10,7 +10,6 @@ use super::network::{Wire, carry_out, send};
 use super::poison::Poisonable;
 use super::{Options, Report, Rng};
 use crate::Output;
-use crate::cluster::log::journal;
 use crate::cluster::router::{Effects, Now, Router};
 use crate::cluster::{Applied, Replica};
 use crate::store::storage::MemStorage;
@@ -83,20 +82,16 @@ impl Round<'_> {
 
 /// Damages a crashed replica's disk as an operator or a failing disk
 /// might: its current log file deleted, emptied or cut at any byte,
-/// `raft-log.current` naming a generation that is not there, its
-/// snapshot deleted, or its round journal deleted. What it did, if anything.
+/// `raft-log.current` naming a generation that is not there, or its
+/// snapshot deleted. What it did, if anything.
 pub(super) fn damage(disk: &MemStorage, rng: &mut Rng) -> Option<&'static str> {
     use crate::store::storage::Storage as _;
     let current = disk.read("raft-log.current").ok()?;
     let generation: u64 = std::str::from_utf8(&current).ok()?.trim().parse().ok()?;
     let name = format!("raft-log.{generation}");
     let len = disk.read(&name).ok()?.len() as u64;
-    match rng.below(6) {
+    match rng.below(5) {
         0 => disk.remove(&name).ok().map(|()| "log deleted"),
-        5 => disk
-            .remove(journal::JOURNAL)
-            .ok()
-            .map(|()| "round journal deleted"),
         1 => disk.truncate(&name, 0).ok().map(|()| "log emptied"),
         2 => disk
             .truncate(&name, rng.below(len + 1))
