@@ -1940,6 +1940,56 @@ fn copy_files(from: &Path, to: &Path) {
     }
 }
 
+/// A way to damage a data directory, what it is, and what the refusal to
+/// start must say.
+type Damage = (&'static str, fn(&Path), &'static str);
+
+/// 20 SETs acknowledged by replica 0 (the only one), which is then
+/// killed: a copy of its data directory as it was left.
+async fn twenty_acknowledged_then_killed(c: &mut Cluster, client_id: &str) -> PathBuf {
+    c.leader(Duration::from_secs(20));
+    let mut client = RawClient::connect(c.mqtt[0], client_id).await;
+    client.subscribe(&client.response_topic()).await;
+    for i in 0..20 {
+        let reply = client
+            .call(&[b"SET", format!("key-{i}").as_bytes(), b"v"])
+            .await;
+        assert_eq!(text(&reply), "+OK\r\n", "{reply:?}");
+    }
+    client.kill();
+    c.servers[0].take().expect("running").kill9();
+    let pristine = c.dir.join("pristine");
+    copy_files(&c.data_dir(0), &pristine);
+    pristine
+}
+
+/// Each of `cases` done to a copy of `pristine`: replica 0 refuses to
+/// start, saying what is missing and how to recover.
+fn each_refused(c: &Cluster, pristine: &Path, cases: &[Damage]) {
+    for (what, damage, says) in cases {
+        copy_files(pristine, &c.data_dir(0));
+        damage(&c.data_dir(0));
+        let log = c.start_refused(0);
+        assert!(
+            log.contains(says)
+                && log.contains("refusing to start")
+                && log.contains("cluster rejoin"),
+            "{what}:\n{log}"
+        );
+    }
+}
+
+/// Replica 0 serves the 20 keys of [`twenty_acknowledged_then_killed`].
+async fn twenty_read_back(c: &Cluster, client_id: &str) {
+    let mut client = RawClient::connect(c.mqtt[0], client_id).await;
+    client.subscribe(&client.response_topic()).await;
+    for i in 0..20 {
+        let got = client.call(&[b"GET", format!("key-{i}").as_bytes()]).await;
+        assert_eq!(text(&got), "$1\r\nv\r\n", "key-{i}");
+    }
+    client.disconnect().await;
+}
+
 /// A one-replica cluster acknowledges 20 SETs (`--fsync always`) and is
 /// killed. Its log deleted, emptied, cut at a record boundary or inside a
 /// record, or `raft-log.current` naming a generation that is not there:
@@ -1950,22 +2000,9 @@ fn copy_files(from: &Path, to: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
     let mut c = Cluster::new(1);
-    c.leader(Duration::from_secs(20));
-    let mut client = RawClient::connect(c.mqtt[0], "twenty").await;
-    client.subscribe(&client.response_topic()).await;
-    for i in 0..20 {
-        let reply = client
-            .call(&[b"SET", format!("key-{i}").as_bytes(), b"v"])
-            .await;
-        assert_eq!(text(&reply), "+OK\r\n", "{reply:?}");
-    }
-    client.kill();
-    c.servers[0].take().expect("running").kill9();
+    let pristine = twenty_acknowledged_then_killed(&mut c, "twenty").await;
     let data = c.data_dir(0);
-    let pristine = c.dir.join("pristine");
-    copy_files(&data, &pristine);
-    type Damage = fn(&Path);
-    let cases: [(&str, Damage, &str); 5] = [
+    let cases: [Damage; 5] = [
         (
             "deleted",
             |d| std::fs::remove_file(current_log(d)).expect("rm"),
@@ -2002,17 +2039,7 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
             "raft-log.9999 is missing",
         ),
     ];
-    for (what, damage, says) in cases {
-        copy_files(&pristine, &data);
-        damage(&data);
-        let log = c.start_refused(0);
-        assert!(
-            log.contains(says)
-                && log.contains("refusing to start")
-                && log.contains("cluster rejoin"),
-            "{what}:\n{log}"
-        );
-    }
+    each_refused(&c, &pristine, &cases);
     // Rejoining needs others to rejoin from.
     let (ok, out) = cluster_command(&c.file(0), &["rejoin"]);
     assert!(
@@ -2028,13 +2055,7 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
     c.leader(Duration::from_secs(20));
     let log = c.servers[0].as_ref().expect("running").log();
     assert!(log.contains("`join = true` is ignored"), "{log}");
-    let mut client = RawClient::connect(c.mqtt[0], "twenty-back").await;
-    client.subscribe(&client.response_topic()).await;
-    for i in 0..20 {
-        let got = client.call(&[b"GET", format!("key-{i}").as_bytes()]).await;
-        assert_eq!(text(&got), "$1\r\nv\r\n", "key-{i}");
-    }
-    client.disconnect().await;
+    twenty_read_back(&c, "twenty-back").await;
 }
 
 /// A one-replica cluster whose store is in 2 partitions (so its rounds go
@@ -2046,22 +2067,9 @@ async fn a_log_that_lost_acknowledged_writes_refuses_to_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_of_partitions_refuses_a_lost_journal_and_reads_past_a_cut_log() {
     let mut c = Cluster::with_partitions(1, 2);
-    c.leader(Duration::from_secs(20));
-    let mut client = RawClient::connect(c.mqtt[0], "journaled").await;
-    client.subscribe(&client.response_topic()).await;
-    for i in 0..20 {
-        let reply = client
-            .call(&[b"SET", format!("key-{i}").as_bytes(), b"v"])
-            .await;
-        assert_eq!(text(&reply), "+OK\r\n", "{reply:?}");
-    }
-    client.kill();
-    c.servers[0].take().expect("running").kill9();
+    let pristine = twenty_acknowledged_then_killed(&mut c, "journaled").await;
     let data = c.data_dir(0);
-    let pristine = c.dir.join("pristine");
-    copy_files(&data, &pristine);
-    type Damage = fn(&Path);
-    let cases: [(&str, Damage, &str); 3] = [
+    let cases: [Damage; 3] = [
         (
             "journal deleted",
             |d| std::fs::remove_file(d.join("raft-journal")).expect("rm"),
@@ -2084,15 +2092,7 @@ async fn a_replica_of_partitions_refuses_a_lost_journal_and_reads_past_a_cut_log
             "was cut short",
         ),
     ];
-    for (what, damage, says) in cases {
-        copy_files(&pristine, &data);
-        damage(&data);
-        let log = c.start_refused(0);
-        assert!(
-            log.contains(says) && log.contains("refusing to start"),
-            "{what}:\n{log}"
-        );
-    }
+    each_refused(&c, &pristine, &cases);
     // Cut past what was synced: the journal has the rest.
     copy_files(&pristine, &data);
     for p in 0..2 {
@@ -2103,13 +2103,7 @@ async fn a_replica_of_partitions_refuses_a_lost_journal_and_reads_past_a_cut_log
     }
     c.servers[0] = Some(c.spawn(0));
     c.leader(Duration::from_secs(20));
-    let mut client = RawClient::connect(c.mqtt[0], "journaled-back").await;
-    client.subscribe(&client.response_topic()).await;
-    for i in 0..20 {
-        let got = client.call(&[b"GET", format!("key-{i}").as_bytes()]).await;
-        assert_eq!(text(&got), "$1\r\nv\r\n", "key-{i}");
-    }
-    client.disconnect().await;
+    twenty_read_back(&c, "journaled-back").await;
 }
 
 /// A follower whose log file was deleted refuses to start; `statestore

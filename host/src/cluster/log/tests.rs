@@ -4,7 +4,7 @@
 use super::*;
 use crate::store::storage::MemStorage as Disk;
 
-fn entry(index: u64, term: u64) -> Entry {
+pub(super) fn entry(index: u64, term: u64) -> Entry {
     Entry {
         index,
         term,
@@ -17,7 +17,7 @@ fn open(disk: &Disk) -> Result<LogStore> {
     LogStore::open(Arc::new(disk.clone()), &[1, 2, 3])
 }
 
-fn hs(term: u64, vote: u64, commit: u64) -> HardState {
+pub(super) fn hs(term: u64, vote: u64, commit: u64) -> HardState {
     HardState {
         term,
         vote,

@@ -133,7 +133,17 @@ pub(super) fn open_logs(
             Arc::new(disk) as Arc<dyn Storage>
         };
         let parts = journal::parts_of(found.as_deref(), p);
-        let log = LogStore::open_with(disk, voters, parts.as_deref(), journaled)?;
+        let log = LogStore::open_with(disk, voters, parts.as_deref(), journaled).map_err(|e| {
+            if partitions > 1 {
+                // What the log's own message advises needs membership
+                // changes, which a store in partitions does not have yet.
+                e.context(format!(
+                    "partition {p} (with partitions, `cluster rejoin` is refused: it would have to change every partition's membership; restore this replica's data directory from a backup, or start the cluster anew)"
+                ))
+            } else {
+                e
+            }
+        })?;
         if file.join && p == 0 {
             let members = raft::Storage::initial_state(&log)
                 .map(|s| s.conf_state.voters)

@@ -5,29 +5,11 @@
 use std::sync::Arc;
 
 use raft::Storage as _;
-use raft::prelude::{Entry, HardState};
 
 use super::super::LogStore;
+use super::super::tests::{entry, hs};
 use super::{Journal, Part, parts_of, read};
 use crate::store::storage::{MemStorage as Disk, Storage as _};
-
-fn entry(index: u64, term: u64) -> Entry {
-    Entry {
-        index,
-        term,
-        data: format!("entry {index}").into_bytes().into(),
-        ..Default::default()
-    }
-}
-
-fn hs(term: u64, vote: u64, commit: u64) -> HardState {
-    HardState {
-        term,
-        vote,
-        commit,
-        ..Default::default()
-    }
-}
 
 /// A replica of `disks.len()` groups, with its journal on the first disk,
 /// opened as a server opens it (the journal read, every log opened with
