@@ -95,11 +95,11 @@ pub struct Node {
     alive: std::collections::HashMap<u64, Instant>,
     /// Ticks until leaderships are looked at again ([`Node::spread_leaders`]).
     spread_in: u32,
-    /// Threads that sync the partitions' logs together (with partitions,
-    /// under `--fsync always`).
+    /// Threads that sync the partitions' logs together at the round
+    /// journal's checkpoints (with partitions, under `--fsync always`).
     syncs: Option<rayon::ThreadPool>,
-    /// Under `--fsync always`, the round journal: one sync per round for
-    /// every group's log.
+    /// With partitions, under `--fsync always`, the round journal: one sync
+    /// per round for every group's log.
     journal: Option<Journal>,
     /// Its clients that registered KEYNOTIFY, and in which partitions.
     observers: Observers,
