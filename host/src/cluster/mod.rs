@@ -68,6 +68,7 @@ pub use format::EntryRef;
 pub(crate) use format::{Members, decode_entry, encode_entry};
 use format::{decode_snapshot, encode_snapshot};
 pub use log::LogStore;
+use log::journal::Journal;
 use statestore_guest::wire;
 
 use crate::{Backend, Input, Output};
@@ -170,11 +171,11 @@ pub enum Change {
 }
 
 /// A Raft `Ready` whose committed entries were applied and whose new
-/// entries are still to be persisted ([`Replica::ready_persist`]).
+/// entries are still to be written ([`Replica::ready_write`]).
 pub struct Unpersisted(raft::Ready);
 
 /// A ready whose entries are written and not yet synced
-/// ([`Replica::ready_write`]).
+/// ([`Replica::ready_write`], then `persist_round`).
 pub struct Unsynced(raft::Ready);
 
 impl std::fmt::Debug for Unsynced {
@@ -668,34 +669,15 @@ impl<B: Backend> Replica<B> {
         self.node.mut_store().sync()
     }
 
-    /// Does what Raft has ready: persists new entries and state, returns the
-    /// messages to send to peers, and applies the committed entries to the
-    /// guest (their outputs, in order).
-    pub fn ready(&mut self) -> Result<(Vec<Message>, Vec<Applied>)> {
-        let mut messages = Vec::new();
-        let applied = self.ready_sending(&mut |m| messages.push(m))?;
-        Ok((messages, applied))
-    }
-
-    /// [`Replica::ready`] handing each message to `send` as soon as it may
-    /// go: a leader's appends before its own write reaches the disk (so
-    /// the followers' writes and its own overlap), the acknowledgements of
-    /// entries only after.
-    pub fn ready_sending(&mut self, send: &mut dyn FnMut(Message)) -> Result<Vec<Applied>> {
-        let (mut applied, rest) = self.ready_apply(send)?;
-        if let Some(rest) = rest {
-            applied.extend(self.ready_persist(rest, send)?);
-        }
-        Ok(applied)
-    }
-
-    /// The first half of [`Replica::ready_sending`]: hands over the
-    /// messages that may go at once, installs a leader's snapshot and
-    /// applies the entries already committed, whose replies may go out
-    /// now, before this replica's new entries reach its disk (a reply
-    /// never waits for the fsync of later requests). The caller must then
-    /// call [`Replica::ready_persist`] with what it returns, before
-    /// anything else.
+    /// Does what Raft has ready, in three steps; this is the first: hands
+    /// over the messages that may go at once (a leader's appends, before
+    /// its own write reaches the disk, so the followers' writes and its own
+    /// overlap), installs a leader's snapshot and applies the entries
+    /// already committed, whose replies may go out now, before this
+    /// replica's new entries reach its disk (a reply never waits for the
+    /// fsync of later requests). The caller must then, before anything
+    /// else, write what it returns ([`Replica::ready_write`]), make it
+    /// durable (`persist_round`), and finish ([`Replica::ready_finish`]).
     pub fn ready_apply(
         &mut self,
         send: &mut dyn FnMut(Message),
@@ -737,26 +719,8 @@ impl<B: Backend> Replica<B> {
         self.node.has_ready()
     }
 
-    /// The second half of [`Replica::ready_sending`]: persists the new
-    /// entries and state (synced under [`Durability::Always`]), then sends
-    /// what had to wait for that, and applies what that committed.
-    pub fn ready_persist(
-        &mut self,
-        unpersisted: Unpersisted,
-        send: &mut dyn FnMut(Message),
-    ) -> Result<Vec<Applied>> {
-        let written = self.ready_write(unpersisted)?;
-        if self.durability == Durability::Always {
-            self.node.mut_store().sync()?;
-        }
-        self.ready_finish(written, send)
-    }
-
-    /// [`Replica::ready_persist`] in three steps, for a replica of many
-    /// groups that syncs their logs together: this one writes the new
-    /// entries and state; then, under [`Durability::Always`], the caller
-    /// syncs the log ([`Replica::log_mut`], [`LogStore::sync`]); then
-    /// [`Replica::ready_finish`].
+    /// The second step of a ready ([`Replica::ready_apply`]): writes the
+    /// new entries and state (not synced: `persist_round` does that).
     pub fn ready_write(&mut self, Unpersisted(ready): Unpersisted) -> Result<Unsynced> {
         for e in ready.entries() {
             if let Ok(d) = decode_entry(&e.data) {
@@ -773,7 +737,7 @@ impl<B: Backend> Replica<B> {
 
     /// Whether the log must be synced between [`Replica::ready_write`] and
     /// [`Replica::ready_finish`].
-    pub fn syncs_each_write(&self) -> bool {
+    fn syncs_each_write(&self) -> bool {
         self.durability == Durability::Always
     }
 
@@ -782,8 +746,8 @@ impl<B: Backend> Replica<B> {
         self.node.mut_store()
     }
 
-    /// The last step of [`Replica::ready_persist`]: sends what waited for
-    /// the log, and applies what that committed.
+    /// The last step of a ready ([`Replica::ready_apply`]): sends what
+    /// waited for the log, and applies what that committed.
     pub fn ready_finish(
         &mut self,
         Unsynced(mut ready): Unsynced,
@@ -931,6 +895,32 @@ impl<B: Backend> Replica<B> {
         }
         Ok(())
     }
+}
+
+/// The middle step of a round of readies of a replica's groups: makes what
+/// [`Replica::ready_write`] wrote durable before anything that depends on it
+/// is sent. With a round journal (partitions, `--fsync always`), every
+/// group's records in one write and one sync; else, under `--fsync always`,
+/// each log that was written (`replicas`: each group's, in order, and
+/// whether it wrote this round).
+pub(crate) fn persist_round<'a, B: Backend + 'a>(
+    journal: Option<&mut Journal>,
+    replicas: impl IntoIterator<Item = (&'a mut Replica<B>, bool)>,
+) -> Result<()> {
+    let mut replicas = replicas.into_iter().enumerate();
+    match journal {
+        Some(journal) => {
+            let logs = replicas.map(|(g, (r, _))| (g as u32, r.log_mut()));
+            journal.commit(logs)?;
+        }
+        None => replicas.try_for_each(|(_, (r, written))| {
+            if written && r.syncs_each_write() {
+                r.log_mut().sync()?;
+            }
+            anyhow::Ok(())
+        })?,
+    }
+    Ok(())
 }
 
 /// Every output of `call` on `batch`: a call that stops early (its output

@@ -247,11 +247,43 @@ impl Journal {
         self.bytes >= self.checkpoint_bytes
     }
 
+    /// Once it is full ([`Journal::full`]): every one of the replica's
+    /// `logs` synced (its `raft-state` then says how much of it is; on
+    /// `pool` when several have something to sync), and the journal starts
+    /// over.
+    pub fn checkpoint(
+        &mut self,
+        pool: Option<&rayon::ThreadPool>,
+        logs: Vec<&mut LogStore>,
+    ) -> Result<()> {
+        if !self.full() {
+            return Ok(());
+        }
+        sync_together(pool, logs)?;
+        self.restart()
+    }
+
     /// Starts over, empty: every log was synced since the last commit.
     pub fn restart(&mut self) -> Result<()> {
         self.file = new_file(&*self.disk)?;
         self.bytes = 0;
         Ok(())
+    }
+}
+
+/// Syncs `logs` (each its own file), in parallel on `pool` when several
+/// have something to sync: the disk sees their flushes at once, not one
+/// after another.
+fn sync_together(pool: Option<&rayon::ThreadPool>, logs: Vec<&mut LogStore>) -> Result<()> {
+    use rayon::prelude::*;
+    let (mut dirty, clean): (Vec<_>, Vec<_>) = logs.into_iter().partition(|l| l.is_dirty());
+    for log in clean {
+        log.sync()?; // at most a `raft-state` record
+    }
+    match (dirty.len(), pool) {
+        (0, _) => Ok(()),
+        (1, _) | (_, None) => dirty.iter_mut().try_for_each(|l| l.sync()),
+        (_, Some(pool)) => pool.install(|| dirty.into_par_iter().try_for_each(|l| l.sync())),
     }
 }
 

@@ -814,18 +814,10 @@ impl Node {
                 written.push((g, self.groups[g].replica.ready_write(rest)?));
             }
         }
-        if let Some(journal) = &mut self.journal {
-            // One write and one sync for every group's new records.
-            let logs = self.groups.iter_mut().enumerate();
-            journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
-        } else {
-            for (g, _) in &written {
-                let replica = &mut self.groups[*g].replica;
-                if replica.syncs_each_write() {
-                    replica.log_mut().sync()?;
-                }
-            }
-        }
+        let mut wrote = vec![false; self.groups.len()];
+        written.iter().for_each(|(g, _)| wrote[*g] = true);
+        let replicas = self.groups.iter_mut().map(|group| &mut group.replica);
+        super::persist_round(self.journal.as_mut(), replicas.zip(wrote))?;
         for (g, w) in written {
             let id = g as u32;
             let links = &self.links;

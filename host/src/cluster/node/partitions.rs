@@ -73,31 +73,8 @@ impl Node {
         let Some(journal) = &mut self.journal else {
             return Ok(());
         };
-        if !journal.full() {
-            return Ok(());
-        }
         let logs = self.groups.iter_mut().map(|g| g.replica.log_mut());
-        sync_together(self.syncs.as_ref(), logs.collect())?;
-        journal.restart()
-    }
-}
-
-/// Syncs `logs` (each its own file), in parallel on `pool` when several
-/// have something to sync: the disk sees their flushes at once, not one
-/// after another.
-pub(super) fn sync_together(
-    pool: Option<&rayon::ThreadPool>,
-    logs: Vec<&mut crate::cluster::LogStore>,
-) -> Result<()> {
-    use rayon::prelude::*;
-    let (mut dirty, clean): (Vec<_>, Vec<_>) = logs.into_iter().partition(|l| l.is_dirty());
-    for log in clean {
-        log.sync()?; // at most a `raft-state` record
-    }
-    match (dirty.len(), pool) {
-        (0, _) => Ok(()),
-        (1, _) | (_, None) => dirty.iter_mut().try_for_each(|l| l.sync()),
-        (_, Some(pool)) => pool.install(|| dirty.into_par_iter().try_for_each(|l| l.sync())),
+        journal.checkpoint(self.syncs.as_ref(), logs.collect())
     }
 }
 

@@ -910,14 +910,10 @@ impl<'o> Sim<'o> {
                     written.push((g, r.ready_write(rest)?));
                 }
             }
-            if let Some(journal) = node.journal.as_mut() {
-                let logs = groups.iter_mut().enumerate();
-                journal.commit(logs.map(|(g, group)| (g as u32, group.replica.log_mut())))?;
-            } else {
-                for (g, _) in &written {
-                    groups[*g].replica.log_mut().sync()?;
-                }
-            }
+            let mut wrote = vec![false; groups.len()];
+            written.iter().for_each(|(g, _)| wrote[*g] = true);
+            let replicas = groups.iter_mut().map(|group| &mut group.replica);
+            super::persist_round(node.journal.as_mut(), replicas.zip(wrote))?;
             for (g, w) in written {
                 let Group { replica: r, router } = &mut groups[g];
                 let mut messages = Vec::new();
@@ -925,13 +921,9 @@ impl<'o> Sim<'o> {
                 let fx = Effects::default();
                 round.publish(g as u32, now, (messages, applied), r, router, fx)?;
             }
-            if let Some(journal) = node.journal.as_mut()
-                && journal.full()
-            {
-                for group in groups.iter_mut() {
-                    group.replica.log_mut().sync()?;
-                }
-                journal.restart()?;
+            if let Some(journal) = node.journal.as_mut() {
+                let logs = groups.iter_mut().map(|g| g.replica.log_mut());
+                journal.checkpoint(None, logs.collect())?;
             }
         }
         Ok(())
