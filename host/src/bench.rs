@@ -42,6 +42,8 @@ pub struct BenchOptions {
     pub prefix: String,
     /// Delete the keys written when done (the store's topic only).
     pub cleanup: bool,
+    /// Client ids `<prefix><n>-<pid>` instead of `bench-<pid>-<n>`.
+    pub client_id_prefix: Option<String>,
 }
 
 /// Results.
@@ -163,7 +165,10 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport> {
     let mut tasks = Vec::new();
     for c in 0..opts.clients {
         let opts = opts.clone();
-        let id = format!("bench-{}-{c}", std::process::id());
+        let id = match &opts.client_id_prefix {
+            Some(prefix) => format!("{prefix}{c}-{}", std::process::id()),
+            None => format!("bench-{}-{c}", std::process::id()),
+        };
         let (client, rx) = connect(
             &opts.broker,
             opts.ca_file.as_deref(),

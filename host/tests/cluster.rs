@@ -73,6 +73,28 @@ impl Cluster {
         Cluster::build_with_raft(replicas, None, raft, Vec::new(), args, 1, |_, _, raft| raft)
     }
 
+    /// Replicas serving the tenants of the config file `config` (its
+    /// text), each store in `partitions` partitions.
+    fn with_tenants(replicas: usize, partitions: u32, config: &str) -> Cluster {
+        let path = std::env::temp_dir().join(format!(
+            "statestore-tenants-{}-{}.toml",
+            std::process::id(),
+            free_port()
+        ));
+        std::fs::write(&path, config).expect("config");
+        let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
+        let args = vec!["--config".to_string(), path.display().to_string()];
+        Cluster::build_with_raft(
+            replicas,
+            None,
+            raft,
+            Vec::new(),
+            args,
+            partitions,
+            |_, _, raft| raft,
+        )
+    }
+
     /// Replicas of a store in `partitions` partitions.
     fn with_partitions(replicas: usize, partitions: u32) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
@@ -241,6 +263,7 @@ impl Cluster {
     fn start_refused(&self, i: usize) -> String {
         let mut child = serve_cluster()
             .arg(self.file(i))
+            .args(&self.args)
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -714,12 +737,22 @@ fn writers_on_every_replica(
     stop: &Arc<AtomicBool>,
     acked: &Arc<Mutex<Acked>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    writers_named("", mqtt, stop, acked)
+}
+
+/// [`writers_on_every_replica`] whose client ids start with `prefix`.
+fn writers_named(
+    prefix: &str,
+    mqtt: &[u16],
+    stop: &Arc<AtomicBool>,
+    acked: &Arc<Mutex<Acked>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     mqtt.iter()
         .enumerate()
         .map(|(i, port)| {
             tokio::spawn(write_load(
                 *port,
-                format!("writer-{i}"),
+                format!("{prefix}writer-{i}"),
                 stop.clone(),
                 acked.clone(),
             ))
@@ -789,6 +822,12 @@ async fn acknowledged_writes_survive_killing_the_leader_and_a_follower_again_and
 /// version, each acknowledged DEL still deleted. Returns how many SETs,
 /// DELs and unanswered DELs there were.
 async fn every_acknowledged_write_reads_back(mqtt: &[u16], acked: &Acked) -> (usize, usize, usize) {
+    reads_back_to("", mqtt, acked).await
+}
+
+/// [`every_acknowledged_write_reads_back`] to readers whose client ids
+/// start with `prefix`.
+async fn reads_back_to(prefix: &str, mqtt: &[u16], acked: &Acked) -> (usize, usize, usize) {
     assert!(
         acked.sets.len() >= 50,
         "writes went on through the kills: {} acknowledged",
@@ -797,9 +836,9 @@ async fn every_acknowledged_write_reads_back(mqtt: &[u16], acked: &Acked) -> (us
     assert!(!acked.deleted.is_empty(), "some DELs were acknowledged");
     // Every acknowledged write, read from every replica in turn.
     let readers = [
-        sdk(mqtt[0], "check-0").await,
-        sdk(mqtt[1], "check-1").await,
-        sdk(mqtt[2], "check-2").await,
+        sdk(mqtt[0], &format!("{prefix}check-0")).await,
+        sdk(mqtt[1], &format!("{prefix}check-1")).await,
+        sdk(mqtt[2], &format!("{prefix}check-2")).await,
     ];
     let mut sets: Vec<_> = acked.sets.iter().collect();
     sets.sort();
@@ -2483,6 +2522,140 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
         c.servers[i].as_ref().is_some_and(|s| {
             s.log()
                 .contains("another number of partitions: link closed")
+        })
+    };
+    while !(said(0) && said(1)) {
+        assert!(Instant::now() < deadline, "the others took its links");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Two tenants (`--config`) on 3 replicas, each store in 2 partitions:
+/// every tenant's partition is a Raft group of its own (4 groups, leaders
+/// spread), with its own log under `tenant-<name>`; a client sees only its
+/// tenant's keys and notifications; the unmodified SDK scenarios pass on
+/// the default tenant; under a write load of both tenants on every replica
+/// the replica leading two groups is killed and restarted, and every
+/// acknowledged write reads back in its own tenant only. The tenants are
+/// the data directory's for life, and a replica serving others is not
+/// linked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
+    let config = "[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n\n[[tenant]]\nname = \"lab\"\ndefault = true\n";
+    let mut c = Cluster::with_tenants(3, 2, config);
+    let spread = "partitions: 4 (the table shows partition 0); replica 1 leads 0,3; replica 2 leads 1; replica 3 leads 2";
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    for i in 0..3 {
+        let dir = c.data_dir(i);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("tenants")).expect("tenants"),
+            "plant\nlab\n"
+        );
+        for tenant in ["plant", "lab"] {
+            for p in 0..2 {
+                let state = dir
+                    .join(format!("tenant-{tenant}"))
+                    .join(format!("partition-{p}"))
+                    .join("raft-state");
+                assert!(state.is_file(), "{}", state.display());
+            }
+        }
+    }
+    // The same key in each tenant, written through different replicas,
+    // read and observed through a third.
+    let mut plant = RawClient::connect(c.mqtt[0], "plant-writer").await;
+    plant.subscribe(&plant.response_topic()).await;
+    let mut lab = RawClient::connect(c.mqtt[1], "lab-writer").await;
+    lab.subscribe(&lab.response_topic()).await;
+    let mut watcher = RawClient::connect(c.mqtt[2], "lab-watcher").await;
+    watcher.subscribe(&watcher.response_topic()).await;
+    let got = watcher.call(&[b"KEYNOTIFY", b"shared-key"]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    let ok = "+OK\r\n";
+    assert_eq!(
+        text(&plant.call(&[b"SET", b"shared-key", b"plant's"]).await),
+        ok
+    );
+    assert_eq!(
+        text(&lab.call(&[b"SET", b"shared-key", b"lab's"]).await),
+        ok
+    );
+    // One notification: the lab's SET, not the plant's.
+    assert!(notified(&mut watcher, b"shared-key", Duration::from_secs(5)).await);
+    assert!(
+        !notified(&mut watcher, b"shared-key", Duration::from_secs(1)).await,
+        "the plant's change was not the lab's to see"
+    );
+    let mut plant_reader = RawClient::connect(c.mqtt[2], "plant-reader").await;
+    plant_reader.subscribe(&plant_reader.response_topic()).await;
+    let got = plant_reader.call(&[b"GET", b"shared-key"]).await;
+    assert_eq!(text(&got), "$7\r\nplant's\r\n");
+    let got = watcher.call(&[b"GET", b"shared-key"]).await;
+    assert_eq!(text(&got), "$5\r\nlab's\r\n");
+    for client in [plant, lab, watcher, plant_reader] {
+        client.disconnect().await;
+    }
+    for (name, scenario) in sdk_scenarios() {
+        eprintln!("{name}");
+        tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[1]))
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked_plant = Arc::new(Mutex::new(Acked::default()));
+    let acked_lab = Arc::new(Mutex::new(Acked::default()));
+    let mut writers = writers_named("plant-", &c.mqtt, &stop, &acked_plant);
+    writers.extend(writers_named("lab-", &c.mqtt, &stop, &acked_lab));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Replica 1 leads groups 0 (the plant's partition 0) and 3 (the
+    // lab's partition 1).
+    if let Some(s) = c.servers[0].take() {
+        s.kill9();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = tokio::task::block_in_place(|| c.spawn(0));
+    c.servers[0] = Some(s);
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
+    eprintln!("{status}");
+    let acked_plant = std::mem::take(&mut *acked_plant.lock().expect("lock"));
+    let acked_lab = std::mem::take(&mut *acked_lab.lock().expect("lock"));
+    let (sets, dels, _) = reads_back_to("plant-", &c.mqtt, &acked_plant).await;
+    eprintln!("plant: {sets} acknowledged SETs and {dels} DELs read back on every replica");
+    let (sets, dels, _) = reads_back_to("lab-", &c.mqtt, &acked_lab).await;
+    eprintln!("lab: {sets} acknowledged SETs and {dels} DELs read back on every replica");
+    // Neither tenant sees the other's keys.
+    let lab_reader = sdk(c.mqtt[2], "lab-stranger").await;
+    for key in acked_plant.sets.keys().take(20) {
+        let got = lab_reader
+            .ss
+            .get(key.as_bytes().to_vec(), T)
+            .await
+            .expect("get");
+        assert_eq!(got.response, None, "the plant's {key} seen by the lab");
+    }
+    lab_reader.close().await;
+    // The tenants (and their order) are the data directory's for life.
+    c.servers[2] = None;
+    let reordered = "[[tenant]]\nname = \"lab\"\ndefault = true\n\n[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n";
+    std::fs::write(&c.args[1], reordered).expect("config");
+    let log = c.start_refused(2);
+    assert!(log.contains("cannot change while it lives"), "{log}");
+    // Started afresh with them in another order, it is not linked: a
+    // tenant's entries would go to another's group. The others say why.
+    let _ = std::fs::remove_dir_all(c.data_dir(2));
+    let s = tokio::task::block_in_place(|| c.spawn(2));
+    c.servers[2] = Some(s);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let said = |i: usize| {
+        c.servers[i].as_ref().is_some_and(|s| {
+            s.log()
+                .contains("a replica serving other tenants: link closed")
         })
     };
     while !(said(0) && said(1)) {

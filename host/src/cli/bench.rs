@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// Leave the keys written in the store.
     #[arg(long)]
     keep: bool,
+    /// Client ids `<PREFIX><n>-<pid>` (client n; default
+    /// `bench-<pid>-<n>`): with `client_id_prefixes` of `<PREFIX><n>-`,
+    /// each client is a tenant's.
+    #[arg(long, value_name = "PREFIX")]
+    client_id_prefix: Option<String>,
     /// Request topic: the state store's by default; an echo responder's for a baseline.
     #[arg(long)]
     topic: Option<String>,
@@ -98,6 +103,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             .prefix
             .unwrap_or_else(|| format!("bench/{}/", std::process::id())),
         cleanup: !args.keep,
+        client_id_prefix: args.client_id_prefix,
     };
     let report = runtime()?.block_on(statestore::bench::run(opts))?;
     println!("{}", report.line());

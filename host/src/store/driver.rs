@@ -64,10 +64,28 @@ pub trait Transport {
     /// The next raw event; `None` once the transport is gone for good.
     /// Must be cancel-safe.
     fn recv(&mut self) -> impl Future<Output = Option<Self::Event>>;
+    /// The next raw event if one is waiting already (a transport serving
+    /// several tenants: what else a replica takes before its next round);
+    /// `None` by default.
+    fn try_recv(&mut self) -> Option<Self::Event> {
+        None
+    }
     /// Deals with a raw event; returns the input for the guest, if any.
     fn on_event(&mut self, event: Self::Event) -> impl Future<Output = Result<Option<Received>>>;
     /// Carries out the guest's outputs, in order.
     fn emit(&mut self, outputs: Vec<Output>) -> impl Future<Output = Result<()>>;
+    /// The tenant whose input [`Transport::on_event`] returned last: a
+    /// transport may serve several tenants' clients (a cluster replica's
+    /// embedded broker with `--config`); one of a single store says 0.
+    fn tenant(&self) -> usize {
+        0
+    }
+    /// Carries out the outputs of tenant `tenant`'s store, in order (see
+    /// [`Transport::tenant`]).
+    fn emit_to(&mut self, tenant: usize, outputs: Vec<Output>) -> impl Future<Output = Result<()>> {
+        debug_assert_eq!(tenant, 0, "a transport of one tenant");
+        self.emit(outputs)
+    }
     /// The outputs of the last input were emitted (acknowledge its requests).
     fn settle(&mut self) -> impl Future<Output = Result<()>>;
     /// Called at each tick of a replica: acknowledge what waited too long

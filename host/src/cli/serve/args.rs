@@ -383,8 +383,15 @@ pub struct ServeArgs {
     /// cluster chapter (docs/src/cluster.md). With
     /// --broker, the replicas share the request topic through one MQTT5
     /// shared subscription (`$share/statestore/...`), each as client
-    /// `<--client-id>-<id>`.
-    #[arg(help_heading = "Cluster", long, value_name = "FILE", env = "STATESTORE_CLUSTER", conflicts_with_all = ["config", "data_dir"])]
+    /// `<--client-id>-<id>`. With --config, every tenant is its own Raft
+    /// group on the replicas (docs/src/cluster.md, "Tenants").
+    #[arg(
+        help_heading = "Cluster",
+        long,
+        value_name = "FILE",
+        env = "STATESTORE_CLUSTER",
+        conflicts_with = "data_dir"
+    )]
     pub cluster: Option<PathBuf>,
 
     /// Serve Prometheus metrics on `http://ADDR/metrics`, with `/healthz`

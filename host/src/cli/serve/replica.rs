@@ -5,12 +5,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use statestore::cluster::node::{ClusterFile, Node, Notify};
+use statestore::cluster::node::{ClusterFile, Node, NodeTenant, Notify, Stores};
+use statestore::config::TenantSpec;
 use statestore::store::tenant::{Fleet, WASM32_MAX_MEMORY};
+use statestore::transport::embedded::Route;
 
 use super::options::{
-    broker_options, check_listeners, cli_tenant, external_options, load_policy, password,
-    server_runtime, start_metrics, users,
+    broker_options, check_listeners, external_options, has_tenants, load_policy, password,
+    server_runtime, start_metrics, tenant_specs, users,
 };
 use super::reload::spawn_users_reloader;
 use super::{ServeArgs, shutdown_signal};
@@ -26,29 +28,29 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         );
     }
     check_listeners(&args, listen)?;
-    let mut spec = cli_tenant(&args, password(&args)?);
-    if let Some(policy) = load_policy(&args)? {
-        spec.store.authorization = Some(policy.store_rules());
+    let named = has_tenants(&args);
+    if named && args.broker.is_some() {
+        anyhow::bail!(
+            "--config with tenants, --cluster and --broker: a replica serves tenants on its embedded broker only (yet); leave out --broker, or serve one store through the broker without --config"
+        );
     }
-    let mut guest = statestore::store::guest_config(&spec.store);
-    // The Raft log is the journal; every replica applies alike.
-    guest.persist = statestore::Persist::None;
-    guest.hash_seed = ClusterFile::hash_seed(&secret);
+    // The tenants of --config, or the one store the flags describe.
+    let specs = tenant_specs(&args, password(&args)?)?;
+    let routes: Vec<(String, Route)> = specs
+        .iter()
+        .filter(|_| named)
+        .map(|s| {
+            let route = Route {
+                matcher: s.matcher.clone(),
+                default: s.default,
+            };
+            (s.name.clone(), route)
+        })
+        .collect();
     // Two threads: the links and the broker keep being served while the
     // loop syncs the log (one thread measured 0.7x the throughput).
     let rt = server_runtime(&args, 2)?;
-    let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
-    // Calls bounded by fuel: a request that fails the guest fails it on
-    // every replica alike (a poison entry, skipped by all).
-    let mut fleet = Fleet::for_replica(
-        file.partitions as usize,
-        spec.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY),
-        cache_dir,
-    )?;
-    let wasm = spec.component.read()?;
-    let runtime = fleet
-        .runtime_from_bytes(&wasm, spec.limits)
-        .with_context(|| format!("cannot load {}", spec.component))?;
+    let stores = replica_stores(&args, &file, &secret, &specs, named)?;
     rt.block_on(async move {
         let metrics = start_metrics(&args).await?;
         let notify = if args.broker.is_some() {
@@ -58,18 +60,19 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         };
         let mut node = Node::open(
             &file,
-            runtime,
-            guest,
+            stores,
             args.fsync,
             statestore::store::clock::system(),
             notify,
         )
         .await?;
         if let Some(m) = &metrics {
-            node.set_metrics(m.replica()?, m.tenant("default"));
+            let stores = node.tenants().iter().map(|t| m.tenant(t)).collect();
+            node.set_metrics(m.replica()?, stores);
             m.set_ready();
         }
         if let Some(broker) = args.broker.clone() {
+            let mut spec = specs.into_iter().next().context("the store's settings")?;
             spec.broker.client_id = format!("{}-{}", args.client_id, file.id);
             let opts = statestore::transport::external::ServeOptions {
                 // No session outlives a replica's connection: the broker
@@ -93,6 +96,7 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             listen,
             &args.client_id,
             node,
+            routes,
             options,
         )
         .await?;
@@ -100,5 +104,56 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             m.broker_counters(server.counters())?;
         }
         server.run(shutdown_signal()).await
+    })
+}
+
+/// The stores a replica serves, each with its component compiled (calls
+/// bounded by fuel: a request that fails the guest fails it on every
+/// replica alike, a poison entry skipped by all) and its guest's config:
+/// the tenants of `specs` if `named`, else the one store of the flags.
+fn replica_stores(
+    args: &super::ServeArgs,
+    file: &ClusterFile,
+    secret: &[u8],
+    specs: &[TenantSpec],
+    named: bool,
+) -> Result<Stores> {
+    let max_memory = specs
+        .iter()
+        .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
+        .max()
+        .unwrap_or(WASM32_MAX_MEMORY);
+    let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
+    let mut fleet = Fleet::for_replica(
+        specs.len() * file.partitions as usize,
+        max_memory,
+        cache_dir,
+    )?;
+    let mut stores = Vec::with_capacity(specs.len());
+    for spec in specs {
+        if named && spec.store.data_dir.is_some() {
+            tracing::info!(
+                tenant = %spec.name,
+                "a tenant's data directory (data_root) is not used in a cluster: its log is in the cluster file's data_dir, under tenant-<name>"
+            );
+        }
+        let mut config = statestore::store::guest_config(&spec.store);
+        // The Raft log is the journal; every replica applies alike.
+        config.persist = statestore::Persist::None;
+        config.hash_seed = ClusterFile::hash_seed(secret);
+        let wasm = spec.component.read()?;
+        let runtime = fleet
+            .runtime_from_bytes(&wasm, spec.limits)
+            .with_context(|| format!("cannot load {}", spec.component))?;
+        stores.push(NodeTenant {
+            name: spec.name.clone(),
+            runtime,
+            config,
+        });
+    }
+    Ok(if named {
+        Stores::Tenants(stores)
+    } else {
+        Stores::One(Box::new(stores.pop().context("the store's settings")?))
     })
 }

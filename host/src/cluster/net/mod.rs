@@ -26,13 +26,17 @@
 //!   8 forward in  u32 group, u64 origin, batch (group 0's go as kind 2)
 //!   9 partitions  u32: the sender's store is in that many partitions (sent
 //!               right after the hello by a replica with more than one)
+//!  10 layout  u32 partitions, u64 tenants: the same, by a replica serving
+//!               tenants (`--config`), with the fingerprint of their names
+//!               in order (their groups' numbers follow that order)
 //! ```
 //!
 //! Replicas whose stores have different numbers of partitions would put a
-//! key in different groups: a link between them is closed at once (a
-//! replica of more than one partition takes a replica's link only if its
-//! first frame after the hello names the same number; one of a single
-//! partition closes a link that names more).
+//! key in different groups, and replicas with different tenants would put
+//! a tenant's entries in another's group: a link between them is closed at
+//! once (a replica takes a replica's link only if its first frame after
+//! the hello names the same layout; none said is one partition and no
+//! tenants).
 //!
 //! Sending never waits: a frame for a peer whose queue is full is dropped
 //! (Raft sends again), and the replica is told the peer is unreachable.
@@ -62,6 +66,7 @@ const CHANGE: u8 = 6;
 const RAFT_IN: u8 = 7;
 const FORWARD_IN: u8 = 8;
 const PARTITIONS: u8 = 9;
+const LAYOUT: u8 = 10;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
 pub(crate) const MAX_FRAME: usize = 1 << 30;
@@ -122,6 +127,8 @@ pub struct Credentials {
     tls: Option<Arc<Tls>>,
     /// The partitions of its store (1 for an operator's tool).
     partitions: u32,
+    /// The fingerprint of its tenants (0: none, the one store).
+    tenants: u64,
 }
 
 impl Credentials {
@@ -132,7 +139,25 @@ impl Credentials {
             secret: secret.into(),
             tls: tls.map(Arc::new),
             partitions: 1,
+            tenants: 0,
         }
+    }
+
+    /// The same, for a replica serving tenants whose names in order have
+    /// the fingerprint `tenants` (not 0).
+    pub fn with_tenants(self, tenants: u64) -> Credentials {
+        Credentials { tenants, ..self }
+    }
+
+    /// The frame that says its store's layout right after its hello, if
+    /// it has more than one partition or tenants.
+    fn layout(&self) -> Option<Vec<u8>> {
+        if self.tenants != 0 {
+            let mut body = self.partitions.to_le_bytes().to_vec();
+            body.extend_from_slice(&self.tenants.to_le_bytes());
+            return Some(frame(LAYOUT, &body));
+        }
+        (self.partitions > 1).then(|| frame(PARTITIONS, &self.partitions.to_le_bytes()))
     }
 
     /// The same, for a replica whose store is in `partitions` partitions.
@@ -350,11 +375,9 @@ async fn outbound(
         // The hello goes at once: a peer closes a link that says nothing
         // for 5 s, and a link between two followers may carry nothing
         // until an election (whose first votes would then be lost).
+        let layout = who.layout().unwrap_or_default();
         if w.write_all(&hello(who.id, &who.secret)).await.is_err()
-            || (who.partitions > 1
-                && w.write_all(&frame(PARTITIONS, &who.partitions.to_le_bytes()))
-                    .await
-                    .is_err())
+            || w.write_all(&layout).await.is_err()
             || w.flush().await.is_err()
         {
             continue;
@@ -524,8 +547,8 @@ async fn inbound(
         let Some((kind, body)) = read_frame(&mut stream).await? else {
             return Ok(());
         };
-        if std::mem::take(&mut first) && same_partitions(kind, &body, from, me)? {
-            continue; // its partitions frame
+        if std::mem::take(&mut first) && same_layout(kind, &body, from, me)? {
+            continue; // its layout frame
         }
         // Group 0's frames carry no group (as before partitions).
         let (kind, group, body) = match kind {
@@ -599,29 +622,41 @@ async fn inbound(
 }
 
 /// The first frame after a link's hello: whether its sender's store has as
-/// many partitions as `me`'s (see the top); `Ok(true)` when the frame was
-/// the partitions frame (nothing more to do with it). An operator's tool
-/// need not say.
-fn same_partitions(kind: u8, body: &[u8], from: u64, me: &Credentials) -> Result<bool> {
-    let theirs = match kind {
-        PARTITIONS if body.len() == 4 => u32::from_le_bytes(body[..4].try_into().expect("4")),
+/// many partitions and the same tenants as `me`'s (see the top);
+/// `Ok(true)` when the frame was the layout frame (nothing more to do with
+/// it). An operator's tool need not say, and knows no tenants.
+fn same_layout(kind: u8, body: &[u8], from: u64, me: &Credentials) -> Result<bool> {
+    let (partitions, tenants) = match kind {
+        PARTITIONS if body.len() == 4 => (u32::from_le_bytes(body[..4].try_into().expect("4")), 0),
         PARTITIONS => bail!("a partitions frame of {} bytes", body.len()),
-        _ if from == 0 => me.partitions,
-        _ => 1,
+        LAYOUT if body.len() == 12 => (
+            u32::from_le_bytes(body[..4].try_into().expect("4")),
+            u64::from_le_bytes(body[4..].try_into().expect("8")),
+        ),
+        LAYOUT => bail!("a layout frame of {} bytes", body.len()),
+        _ if from == 0 => (me.partitions, me.tenants),
+        _ => (1, 0),
     };
-    if theirs != me.partitions {
+    if partitions != me.partitions {
         warn!(
             peer = from,
-            theirs,
+            theirs = partitions,
             ours = me.partitions,
             "a replica whose store has another number of partitions: link closed (every replica's cluster file must name the same `partitions`)"
         );
         bail!(
-            "replica {from} has {theirs} partitions, this one {}",
+            "replica {from} has {partitions} partitions, this one {}",
             me.partitions
         );
     }
-    Ok(kind == PARTITIONS)
+    if from != 0 && tenants != me.tenants {
+        warn!(
+            peer = from,
+            "a replica serving other tenants: link closed (every replica must be started with the same tenants, in the same order, in its --config)"
+        );
+        bail!("replica {from} serves other tenants than this one");
+    }
+    Ok(matches!(kind, PARTITIONS | LAYOUT))
 }
 
 /// Asks replica `peer` at `addr` for its status (`cluster status`).
@@ -665,9 +700,8 @@ async fn ask_on(
         CHANGE
     };
     s.write_all(&hello(who.id, &who.secret)).await?;
-    if who.partitions > 1 {
-        s.write_all(&frame(PARTITIONS, &who.partitions.to_le_bytes()))
-            .await?;
+    if let Some(layout) = who.layout() {
+        s.write_all(&layout).await?;
     }
     s.write_all(&frame(kind, body)).await?;
     s.flush().await?;

@@ -113,33 +113,45 @@ async fn frames_carry_their_group() {
 }
 
 /// Replicas whose stores have other numbers of partitions put a key in
-/// other groups: no link between them carries anything; the same number
-/// does, and an operator's tool asks any of them.
+/// other groups, and replicas serving other tenants (or the same in
+/// another order) put a tenant's entries in another's group: no link
+/// between them carries anything; the same layout does, and an operator's
+/// tool (which knows no tenants) asks any of them.
 #[tokio::test]
-async fn replicas_with_other_numbers_of_partitions_are_not_linked() {
-    for (ours, theirs, linked) in [
-        (4, 4, true),
-        (4, 2, false),
-        (4, 1, false),
-        (1, 2, false),
-        (1, 1, true),
+async fn replicas_with_other_layouts_are_not_linked() {
+    // (our partitions, our tenants, theirs, theirs, linked)
+    for (ours, our_tenants, theirs, their_tenants, linked) in [
+        (4, 0, 4, 0, true),
+        (4, 0, 2, 0, false),
+        (4, 0, 1, 0, false),
+        (1, 0, 2, 0, false),
+        (1, 0, 1, 0, true),
+        (1, 7, 1, 7, true),
+        (1, 7, 1, 8, false),
+        (1, 7, 1, 0, false),
+        (1, 0, 1, 7, false),
+        (2, 7, 2, 7, true),
+        (2, 7, 1, 7, false),
     ] {
+        let case = format!("{ours}/{our_tenants} vs {theirs}/{their_tenants}");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, mut rx) = mpsc::channel(16);
-        let accepting = tokio::spawn(accept(listener, plain(1).with_partitions(ours), tx));
+        let us = plain(1).with_partitions(ours).with_tenants(our_tenants);
+        let accepting = tokio::spawn(accept(listener, us, tx));
         let (events, _own) = mpsc::channel(16);
-        let links = Links::start(plain(2).with_partitions(theirs), &[(1, addr)], events);
+        let them = plain(2).with_partitions(theirs).with_tenants(their_tenants);
+        let links = Links::start(them, &[(1, addr)], events);
         let mut m = Message::default();
         (m.from, m.to, m.term) = (2, 1, 3);
         links.send(0, m);
         let got = tokio::time::timeout(Duration::from_millis(700), rx.recv()).await;
         match got {
-            Ok(Some(PeerEvent::Raft(0, m))) => assert!(linked, "{ours} vs {theirs}: {m:?}"),
-            Err(_) => assert!(!linked, "{ours} vs {theirs}: nothing arrived"),
-            other => panic!("{ours} vs {theirs}: {other:?}"),
+            Ok(Some(PeerEvent::Raft(0, m))) => assert!(linked, "{case}: {m:?}"),
+            Err(_) => assert!(!linked, "{case}: nothing arrived"),
+            other => panic!("{case}: {other:?}"),
         }
-        if ours > 1 {
+        if ours > 1 || our_tenants != 0 {
             // A tool that says its file's count, and one that does not.
             let tool = if theirs == ours {
                 plain(0).with_partitions(ours)
@@ -149,7 +161,7 @@ async fn replicas_with_other_numbers_of_partitions_are_not_linked() {
             let asking = tokio::spawn(async move { status(addr, 1, &tool).await });
             match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
                 Ok(Some(PeerEvent::Status(reply))) => reply.send("id=1\n".into()).expect("reply"),
-                other => panic!("an operator's status request: {other:?}"),
+                other => panic!("{case}: an operator's status request: {other:?}"),
             }
             assert_eq!(asking.await.expect("task").expect("status"), "id=1\n");
         }

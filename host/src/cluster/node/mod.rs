@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use statestore_guest::wire;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -36,7 +35,7 @@ use crate::cluster::{Compaction, Durability, Replica, Timing};
 use crate::store::clock::Clock;
 use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
-use crate::{Config, Input, Output, Runtime, WasmStore};
+use crate::{Output, WasmStore};
 
 /// A tick of a replica's Raft clock.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
@@ -51,13 +50,18 @@ pub(crate) const TIMING: Timing = Timing {
 
 pub use super::router::Notify;
 
+mod members;
 mod observers;
 mod partitions;
+mod tenants;
+use members::successor;
 use observers::{Gone, Observers};
 use partitions::{SPREAD_EVERY, SYNC_THREADS, check_partitions, open_logs};
+pub use tenants::{NodeTenant, Stores, fingerprint};
 
-/// One Raft group of a replica: the whole store, or one partition of it
-/// (`partitions` in the cluster file; see [`super::partition`]).
+/// One Raft group of a replica: a store (the one store, or a tenant's),
+/// or one partition of it (`partitions` in the cluster file; see
+/// [`super::partition`]).
 struct Group {
     replica: Replica<WasmStore>,
     /// What to do with the clients' traffic for it.
@@ -66,11 +70,15 @@ struct Group {
 
 /// One replica, ready to serve.
 pub struct Node {
-    /// Its groups: one per partition, partition `i` at `groups[i]`. The
-    /// membership is group 0's (the same in every group: they start from
-    /// the same cluster file, and membership changes are refused while
-    /// there is more than one).
+    /// Its groups: one per partition of each store, tenant `t`'s partition
+    /// `p` at `groups[t * partitions + p]`. The membership is group 0's
+    /// (the same in every group: they start from the same cluster file,
+    /// and membership changes are refused while there is more than one).
     groups: Vec<Group>,
+    /// The partitions of each store.
+    per: u32,
+    /// Its stores' names: the one store's (`default`), or the tenants'.
+    tenants: Vec<String>,
     links: Links,
     events: mpsc::Receiver<PeerEvent>,
     clock: Arc<dyn Clock>,
@@ -89,8 +97,8 @@ pub struct Node {
     heard: std::collections::HashMap<u64, u64>,
     /// Asks the others who the members are while no leader is known.
     probe: super::probe::Probe,
-    /// Store metrics (the guests' sizes summed over the groups).
-    store_metrics: Option<crate::metrics::TenantMetrics>,
+    /// Each store's metrics (its guests' sizes summed over its groups).
+    store_metrics: Vec<crate::metrics::TenantMetrics>,
     /// When each peer was last heard from (for moving leaderships to it).
     alive: std::collections::HashMap<u64, Instant>,
     /// Ticks until leaderships are looked at again ([`Node::spread_leaders`]).
@@ -101,8 +109,9 @@ pub struct Node {
     /// With partitions, under `--fsync always`, the round journal: one sync
     /// per round for every group's log.
     journal: Option<Journal>,
-    /// Its clients that registered KEYNOTIFY, and in which partitions.
-    observers: Observers,
+    /// Each store's clients that registered KEYNOTIFY, and in which
+    /// partitions.
+    observers: Vec<Observers>,
     /// When a frame for a partition this replica does not have was last
     /// reported.
     warned_partition: Option<Instant>,
@@ -118,28 +127,35 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// Opens replica `file.id`: its log (recovered from its data
-    /// directory), its guest (from the last snapshot, then the log), its
-    /// listener for peers. `config` is the guest's, the same on every
-    /// replica (its hash seed from [`ClusterFile::hash_seed`]).
+    /// Opens replica `file.id`: its logs (recovered from its data
+    /// directory), its stores' guests (from the last snapshot, then the
+    /// log), its listener for peers. A store's config is its guest's, the
+    /// same on every replica (its hash seed from
+    /// [`ClusterFile::hash_seed`]).
     pub async fn open(
         file: &ClusterFile,
-        runtime: Runtime,
-        config: Config,
+        stores: Stores,
         fsync: Fsync,
         clock: Arc<dyn Clock>,
         notify: Notify,
     ) -> Result<Node> {
-        let who = file.credentials()?;
+        let (stores, named) = stores.into_list();
+        let names: Vec<String> = stores.iter().map(|t| t.name.clone()).collect();
+        let mut who = file.credentials()?;
+        if named {
+            who = who.with_tenants(fingerprint(&names));
+        }
         let root = crate::store::storage::DirStorage::open(&file.data_dir).with_context(|| {
             format!("cannot open the data directory {}", file.data_dir.display())
         })?;
         let root: Arc<dyn crate::store::storage::Storage> = Arc::new(root);
         let partitions = file.partitions;
+        tenants::check_tenants(&*root, named.then_some(&names[..]))?;
         check_partitions(&*root, partitions)?;
-        if file.join && partitions > 1 {
+        let count = stores.len() * partitions as usize;
+        if file.join && count > 1 {
             bail!(
-                "`join = true` with `partitions = {partitions}`: adding a replica to a store in partitions is not supported yet (every partition's group would have to add it)"
+                "`join = true` with partitions or tenants: adding a replica to a cluster of several Raft groups is not supported yet (every group would have to add it)"
             );
         }
         let voters: Vec<u64> = if file.join {
@@ -157,17 +173,28 @@ impl Node {
             started: life,
         });
         let started = Instant::now();
-        // One partition keeps syncing its log and `raft-state` itself
-        // (a log that loses any synced byte is noticed); several make
-        // their rounds durable through the round journal.
-        let journaled = durability == Durability::Always && partitions > 1;
-        let (logs, journal) = open_logs(file, &root, &voters, journaled)?;
-        let mut groups = Vec::with_capacity(partitions as usize);
+        // One group keeps syncing its log and `raft-state` itself (a log
+        // that loses any synced byte is noticed); several make their
+        // rounds durable through the round journal.
+        let journaled = durability == Durability::Always && count > 1;
+        let dirs: Vec<_> = stores
+            .iter()
+            .flat_map(|t| {
+                let tenant = named.then_some(t.name.as_str());
+                (0..partitions)
+                    .map(move |p| tenants::group_dir(&file.data_dir, tenant, partitions, p))
+            })
+            .collect();
+        let (logs, journal) = open_logs(file, &root, &dirs, &voters, journaled)?;
+        let mut groups = Vec::with_capacity(count);
         // The groups' routers hold requests against the replica's bounds.
         let bytes = crate::cluster::router::SharedBytes::default();
-        for (p, log) in (0..partitions).zip(logs) {
-            let make_config = config.clone();
-            let runtime = runtime.clone();
+        let each = stores
+            .iter()
+            .flat_map(|t| (0..partitions).map(move |p| (t, p)));
+        for ((store, p), log) in each.zip(logs) {
+            let make_config = store.config.clone();
+            let runtime = store.runtime.clone();
             let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
                 None => runtime.instantiate(&make_config),
                 Some(s) => runtime.restore(&make_config, s),
@@ -180,16 +207,15 @@ impl Node {
                 durability,
                 Compaction::default(),
             )
-            .with_context(|| {
-                if partitions == 1 {
-                    String::from("opening the replica")
-                } else {
-                    format!("opening partition {p}")
-                }
+            .with_context(|| match (named, partitions) {
+                (false, 1) => String::from("opening the replica"),
+                (false, _) => format!("opening partition {p}"),
+                (true, 1) => format!("opening tenant {:?}", store.name),
+                (true, _) => format!("opening partition {p} of tenant {:?}", store.name),
             })?;
             let mut router = Router::new(
                 file.id,
-                config.clone(),
+                store.config.clone(),
                 via,
                 file.reads,
                 notify,
@@ -200,8 +226,8 @@ impl Node {
             router.share(&bytes);
             groups.push(Group { replica, router });
         }
-        let syncs = if partitions > 1 && durability == Durability::Always {
-            let threads = (partitions as usize).min(SYNC_THREADS);
+        let syncs = if journaled {
+            let threads = count.min(SYNC_THREADS);
             Some(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
@@ -225,6 +251,7 @@ impl Node {
             replica = file.id,
             replicas = file.replicas.len(),
             partitions,
+            tenants = if named { names.len() } else { 0 },
             raft = %me.raft,
             data_dir = %file.data_dir.display(),
             term = status.term,
@@ -235,6 +262,9 @@ impl Node {
         );
         Ok(Node {
             groups,
+            per: partitions,
+            observers: names.iter().map(|_| Observers::default()).collect(),
+            tenants: names,
             links,
             events,
             fsync,
@@ -246,67 +276,74 @@ impl Node {
             heard: std::collections::HashMap::new(),
             clock,
             probe: super::probe::Probe::new(who),
-            store_metrics: None,
+            store_metrics: Vec::new(),
             alive: std::collections::HashMap::new(),
             spread_in: SPREAD_EVERY,
             syncs,
             journal,
-            observers: Observers::default(),
             warned_partition: None,
         })
     }
 
-    /// Keeps `metrics` (the replica's) and `store` (the store's, as one
-    /// process has them for its tenant) up to date from now on.
+    /// Its stores' names, in order: the tenants', or the one store's.
+    pub fn tenants(&self) -> &[String] {
+        &self.tenants
+    }
+
+    /// Keeps `metrics` (the replica's) and `stores` (each store's, as one
+    /// process has them for its tenant; in the order of
+    /// [`Node::tenants`]) up to date from now on.
     pub fn set_metrics(
         &mut self,
         metrics: crate::metrics::ReplicaMetrics,
-        store: crate::metrics::TenantMetrics,
+        stores: Vec<crate::metrics::TenantMetrics>,
     ) {
+        assert_eq!(stores.len(), self.tenants.len(), "metrics for each store");
         if let Some(j) = &mut self.journal {
-            j.set_metrics(store.journal());
+            j.set_metrics(stores[0].journal());
         }
-        for g in &mut self.groups {
-            g.replica.set_log_metrics(store.journal());
-            g.router.metrics = Some(metrics.clone());
-            g.router.store_metrics = Some(store.clone());
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            let store = &stores[g / self.per as usize];
+            group.replica.set_log_metrics(store.journal());
+            group.router.metrics = Some(metrics.clone());
+            group.router.store_metrics = Some(store.clone());
         }
         self.metrics = Some(metrics);
-        self.store_metrics = Some(store);
+        self.store_metrics = stores;
         self.refresh_store_metrics(true);
     }
 
-    /// The guests' sizes and counters (summed over the groups), if `force`
-    /// or they are due.
+    /// Each store's guests' sizes and counters (summed over its groups),
+    /// if `force` or they are due.
     fn refresh_store_metrics(&mut self, force: bool) {
-        let Some(m) = &mut self.store_metrics else {
-            return;
-        };
-        if !force && !m.refresh_due() {
-            return;
+        let per = self.per as usize;
+        for (t, m) in self.store_metrics.iter_mut().enumerate() {
+            if !force && !m.refresh_due() {
+                continue;
+            }
+            let mut sum = statestore_guest::Stats::default();
+            let (mut calls, mut memory) = (0, 0);
+            for g in &mut self.groups[t * per..(t + 1) * per] {
+                let store = g.replica.store_mut();
+                let Ok(s) = store.stats() else { return };
+                sum.keys += s.keys;
+                sum.bytes += s.bytes;
+                sum.registrations += s.registrations;
+                sum.dedup_entries += s.dedup_entries;
+                sum.dedup_bytes += s.dedup_bytes;
+                sum.dedup_hits += s.dedup_hits;
+                sum.expired += s.expired;
+                calls += store.calls();
+                memory += store.memory_bytes();
+            }
+            m.refresh(&sum, calls, memory);
         }
-        let mut sum = statestore_guest::Stats::default();
-        let (mut calls, mut memory) = (0, 0);
-        for g in &mut self.groups {
-            let store = g.replica.store_mut();
-            let Ok(s) = store.stats() else { return };
-            sum.keys += s.keys;
-            sum.bytes += s.bytes;
-            sum.registrations += s.registrations;
-            sum.dedup_entries += s.dedup_entries;
-            sum.dedup_bytes += s.dedup_bytes;
-            sum.dedup_hits += s.dedup_hits;
-            sum.expired += s.expired;
-            calls += store.calls();
-            memory += store.memory_bytes();
-        }
-        m.refresh(&sum, calls, memory);
     }
 
-    /// Counts the replies and notifications of `outputs`, about to be
-    /// published.
-    fn published(&self, outputs: &[Output]) {
-        if let Some(m) = &self.store_metrics {
+    /// Counts the replies and notifications of tenant `t`'s `outputs`,
+    /// about to be published.
+    fn published(&self, t: usize, outputs: &[Output]) {
+        if let Some(m) = self.store_metrics.get(t) {
             m.published(outputs);
         }
     }
@@ -360,13 +397,14 @@ impl Node {
         self.groups[0].replica.id()
     }
 
-    /// The number of groups (partitions).
-    fn partitions(&self) -> u32 {
+    /// The number of groups: each store's partitions.
+    fn count(&self) -> u32 {
         self.groups.len() as u32
     }
 
     /// Forwards and publishes what group `g`'s router asks for (a SCAN
-    /// page of a partition names it, see [`super::partition::reply`]).
+    /// page of a partition names it, see [`super::partition::reply`]), to
+    /// the clients of the group's store.
     async fn carry_out<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -378,24 +416,32 @@ impl Node {
             self.links.forward(g, leader, id, batch);
         }
         if !fx.replies.is_empty() {
-            super::partition::replies(&mut fx.replies, g, self.partitions());
-            self.published(&fx.replies);
-            transport.emit(fx.replies).await?;
+            let (t, p) = ((g / self.per) as usize, g % self.per);
+            super::partition::replies(&mut fx.replies, p, self.per);
+            self.published(t, &fx.replies);
+            transport.emit_to(t, fx.replies).await?;
         }
         Ok(())
     }
 
-    /// Requests a client sent: each to its key's partition.
+    /// Requests clients of tenant `t` sent: each to its key's partition
+    /// of the tenant's store.
     async fn requests<T: Transport>(
         &mut self,
         transport: &mut T,
+        t: usize,
         messages: Vec<crate::InboundMessage>,
     ) -> Result<()> {
         let now = self.now();
-        self.observers.note(&messages, self.partitions());
-        let by_group = super::partition::split(messages, self.partitions());
+        let Some(observers) = self.observers.get_mut(t) else {
+            bail!("requests of tenant {t}, which this replica does not serve");
+        };
+        observers.note(&messages, self.per);
+        let by_partition = super::partition::split(messages, self.per);
+        let first = t * self.per as usize;
         let mut result = Ok(());
-        for (g, messages) in by_group.into_iter().enumerate() {
+        for (p, messages) in by_partition.into_iter().enumerate() {
+            let g = first + p;
             if messages.is_empty() {
                 continue;
             }
@@ -409,15 +455,24 @@ impl Node {
         result
     }
 
-    /// A client went away: the groups where it registered KEYNOTIFY
-    /// through this replica forget its registrations (the others have
-    /// none of it to forget: no entry).
-    async fn client_gone<T: Transport>(&mut self, transport: &mut T, client: String) -> Result<()> {
+    /// A client of tenant `t` went away: the groups of its store where it
+    /// registered KEYNOTIFY through this replica forget its registrations
+    /// (the others have none of it to forget: no entry).
+    async fn client_gone<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        t: usize,
+        client: String,
+    ) -> Result<()> {
         let now = self.now();
-        let groups: Vec<usize> = match self.observers.gone(&client) {
+        let Some(observers) = self.observers.get(t) else {
+            bail!("a client of tenant {t}, which this replica does not serve");
+        };
+        let first = t * self.per as usize;
+        let groups: Vec<usize> = match observers.gone(&client) {
             Gone::Nowhere => return Ok(()),
-            Gone::To(partitions) => partitions.into_iter().map(|p| p as usize).collect(),
-            Gone::Everywhere => (0..self.groups.len()).collect(),
+            Gone::To(partitions) => partitions.into_iter().map(|p| first + p as usize).collect(),
+            Gone::Everywhere => (first..first + self.per as usize).collect(),
         };
         let mut result = Ok(());
         for g in groups {
@@ -464,12 +519,16 @@ impl Node {
                     let Some(event) = event else {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
-                    let mut r = match transport.on_event(event).await? {
-                        Some(Received::Messages(m)) => self.requests(transport, m).await,
-                        Some(Received::ClientGone(id)) => self.client_gone(transport, id).await,
-                        None => Ok(()),
-                    };
-                    transport.settle().await?;
+                    let mut taken = 0;
+                    let mut r = self.client_event(transport, event, &mut taken).await;
+                    // What else is waiting (other tenants' requests), up
+                    // to a batch's worth: one ready for all of it.
+                    while r.is_ok()
+                        && taken < crate::store::driver::MAX_BATCH
+                        && let Some(event) = transport.try_recv()
+                    {
+                        r = self.client_event(transport, event, &mut taken).await;
+                    }
                     // And what the peers sent meanwhile: one ready for both.
                     while r.is_ok() && let Ok(e) = self.events.try_recv() {
                         r = self.on_peer(e);
@@ -510,9 +569,31 @@ impl Node {
         result
     }
 
+    /// A client event from the transport, handed to its tenant's groups
+    /// and settled; `taken` counts the requests.
+    async fn client_event<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        event: T::Event,
+        taken: &mut usize,
+    ) -> Result<()> {
+        let input = transport.on_event(event).await?;
+        let t = transport.tenant();
+        let r = match input {
+            Some(Received::Messages(m)) => {
+                *taken += m.len();
+                self.requests(transport, t, m).await
+            }
+            Some(Received::ClientGone(id)) => self.client_gone(transport, t, id).await,
+            None => Ok(()),
+        };
+        transport.settle().await?;
+        r
+    }
+
     /// The group of a peer's frame, if this replica has it.
     fn group(&mut self, g: u32, from: u64) -> Option<&mut Group> {
-        if g >= self.partitions() {
+        if g >= self.count() {
             // Said at most every 10 s: such a peer sends it many times a second.
             if self
                 .warned_partition
@@ -521,9 +602,9 @@ impl Node {
                 self.warned_partition = Some(Instant::now());
                 warn!(
                     peer = from,
-                    partition = g,
-                    partitions = self.partitions(),
-                    "a peer sent traffic for a partition this replica does not have (dropped): every replica's cluster file must name the same `partitions`"
+                    group = g,
+                    groups = self.count(),
+                    "a peer sent traffic for a group this replica does not have (dropped): every replica's cluster file must name the same `partitions`, and every replica must serve the same tenants"
                 );
             }
             return None;
@@ -574,7 +655,7 @@ impl Node {
             PeerEvent::Change(request, reply) => {
                 let answer = match ChangeRequest::decode(&request) {
                     Ok(_) if self.groups.len() > 1 => ChangeAnswer::Refused(format!(
-                        "this store is in {} partitions: membership changes are not supported yet with partitions",
+                        "this cluster has {} Raft groups (partitions or tenants): membership changes are not supported yet with more than one",
                         self.groups.len()
                     )),
                     Ok(change) => self.change(change),
@@ -583,141 +664,6 @@ impl Node {
                 let _ = reply.send(answer.encode());
             }
         }
-        Ok(())
-    }
-
-    /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
-    /// or `remove <id>`, proposed if this replica leads.
-    fn change(&mut self, request: ChangeRequest) -> ChangeAnswer {
-        let replica = &self.groups[0].replica;
-        let leader = replica.leader();
-        if leader != replica.id() {
-            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
-        }
-        let change = match &request {
-            ChangeRequest::Add { id, raft, .. } => {
-                if self.replicas.iter().any(|r| r.id != *id && r.raft == *raft) {
-                    return ChangeAnswer::Refused(format!("{raft} is already a member's address"));
-                }
-                super::Change::Add {
-                    id: *id,
-                    record: request.record().unwrap_or_default().into_bytes(),
-                }
-            }
-            ChangeRequest::Remove { id } if *id == replica.id() => {
-                // A leader does not remove itself: it hands over first.
-                let Some(to) = successor(replica) else {
-                    return ChangeAnswer::Refused("no other member to lead".into());
-                };
-                self.groups[0].replica.transfer_leader(to);
-                return ChangeAnswer::Moving(format!(
-                    "replica {id} leads: the leadership moves to replica {to} first; leader={to}"
-                ));
-            }
-            ChangeRequest::Remove { id } => super::Change::Remove(*id),
-        };
-        let text = request.encode();
-        match self.groups[0].replica.propose_change(&change) {
-            Ok(()) => {
-                info!(replica = self.id(), request = %text, "membership change proposed");
-                ChangeAnswer::Proposed(format!("proposed: {text}"))
-            }
-            Err(e) if format!("{e:#}").contains("in progress") => {
-                ChangeAnswer::AskAgain(format!("{e:#}"))
-            }
-            Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
-        }
-    }
-
-    /// Keeps `replicas` and the links in step with the membership the
-    /// replica has applied (group 0's); a replica removed from it stops.
-    fn sync_members(&mut self) -> Result<()> {
-        let changes = self.groups[0].replica.changes();
-        if self.changes_seen == Some(changes) {
-            return Ok(());
-        }
-        self.changes_seen = Some(changes);
-        let voters = self.groups[0].replica.voters();
-        let me = self.id();
-        if voters.is_empty() {
-            return Ok(()); // joining: the leader's snapshot brings them
-        }
-        if !voters.contains(&me) {
-            bail!(
-                "replica {me} was removed from the cluster (members: {voters:?}): it stops; to serve again it must be added back (`statestore cluster add`) with an empty data directory and `join = true`"
-            );
-        }
-        let mut known = self.file_replicas.clone();
-        for (id, record) in self.groups[0].replica.members() {
-            if known.iter().any(|r| r.id == *id) {
-                continue;
-            }
-            match parse_record(*id, record) {
-                Ok(entry) => known.push(entry),
-                Err(e) => {
-                    warn!(replica = id, error = %format!("{e:#}"), "a member's address record")
-                }
-            }
-        }
-        known.retain(|r| voters.contains(&r.id));
-        // What the clients of a replica that left registered through it goes
-        // with it: a life of it later than any (proposed by the leader that
-        // applied the removal; `replica-started` drops every registration
-        // of an earlier life).
-        let removed: Vec<u64> = self
-            .replicas
-            .iter()
-            .map(|r| r.id)
-            .filter(|id| !voters.contains(id))
-            .collect();
-        let now = self.clock.now_ms();
-        for group in &mut self.groups {
-            if !group.replica.is_leader() || group.router.via().is_none() {
-                continue;
-            }
-            for &id in &removed {
-                let batch = wire::encode_batch(&[Input::ReplicaStarted(statestore_guest::Via {
-                    replica: id,
-                    started: u64::MAX,
-                })]);
-                match group.replica.propose_wire(me, &batch, now) {
-                    Ok(_) => info!(
-                        replica = me,
-                        removed = id,
-                        "the registrations made through a removed replica go"
-                    ),
-                    Err(e) => {
-                        warn!(removed = id, error = %format!("{e:#}"), "the registrations made through a removed replica stay (proposal refused)")
-                    }
-                }
-            }
-        }
-        for r in &known {
-            self.links.add(r.id, r.raft);
-        }
-        for peer in self.links.peers() {
-            if !voters.contains(&peer) {
-                info!(replica = me, peer, "no longer a member: its link is closed");
-                self.links.remove(peer);
-            }
-        }
-        if let Some(m) = &self.metrics {
-            for r in &self.replicas {
-                if !voters.contains(&r.id) {
-                    let _ = m.lag.remove_label_values(&[&r.id.to_string()]);
-                }
-            }
-        }
-        for v in &voters {
-            if !known.iter().any(|r| r.id == *v) {
-                warn!(
-                    replica = me,
-                    member = v,
-                    "no address known for a member (add it to the cluster file)"
-                );
-            }
-        }
-        self.replicas = known;
         Ok(())
     }
 
@@ -744,8 +690,8 @@ impl Node {
             voters: replica.voters(),
             peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
             settled: replica.membership_settled(),
-            partitions: self.partitions(),
-            leads: (0..self.partitions())
+            partitions: self.count(),
+            leads: (0..self.count())
                 .filter(|&p| self.groups[p as usize].replica.is_leader())
                 .collect(),
         }
@@ -862,20 +808,6 @@ impl Node {
     }
 }
 
-/// The voter (not this replica) most up to date, to take over the
-/// leadership of `replica`'s group.
-fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
-    let me = replica.id();
-    let voters = replica.voters();
-    replica
-        .status()
-        .matched
-        .iter()
-        .filter(|(id, _)| *id != me && voters.contains(id))
-        .max_by_key(|(_, matched)| *matched)
-        .map(|(id, _)| *id)
-}
-
 /// The start of this replica's new life (its `via.started`): now, or just
 /// after the last one if the clock went back since (a life must start
 /// after the ones before it, or `replica-started` would not drop their
@@ -894,25 +826,6 @@ fn new_life(disk: &dyn crate::store::storage::Storage, now: u64) -> Result<u64> 
     disk.write_atomic(LIFE, started.to_string().as_bytes())
         .context("writing raft-life")?;
     Ok(started)
-}
-
-/// A replica's address record: `raft=<addr> [mqtt=<addr>]`.
-fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
-    let text = std::str::from_utf8(record).context("an address record that is not UTF-8")?;
-    let mut raft = None;
-    let mut mqtt = None;
-    for word in text.split_whitespace() {
-        match word.split_once('=') {
-            Some(("raft", a)) => raft = Some(a.parse().with_context(|| format!("raft={a}"))?),
-            Some(("mqtt", a)) => mqtt = Some(a.parse().with_context(|| format!("mqtt={a}"))?),
-            _ => bail!("{word:?} in an address record (raft=<addr> [mqtt=<addr>])"),
-        }
-    }
-    Ok(ReplicaEntry {
-        id,
-        raft: raft.context("an address record without raft=<addr>")?,
-        mqtt,
-    })
 }
 
 /// A random u64 from the standard library's hasher keys (seeded by the

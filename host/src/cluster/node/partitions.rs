@@ -78,50 +78,52 @@ impl Node {
     }
 }
 
-/// Opens the log of every partition of replica `file.id` (in the data
-/// directory `root`; a new one with the membership `voters`), each with
-/// what the round journal holds of it; then the journal starts afresh
-/// (`journaled`: the logs' records go through it from now on) or is
-/// removed.
+/// Opens the log of every group of replica `file.id` (group `g`'s in
+/// `dirs[g]`, or the data directory `root` itself; a new one with the
+/// membership `voters`), each with what the round journal holds of it;
+/// then the journal starts afresh (`journaled`: the logs' records go
+/// through it from now on) or is removed.
 pub(super) fn open_logs(
     file: &crate::cluster::node::ClusterFile,
     root: &Arc<dyn Storage>,
+    dirs: &[Option<std::path::PathBuf>],
     voters: &[u64],
     journaled: bool,
 ) -> Result<(Vec<LogStore>, Option<Journal>)> {
-    let partitions = file.partitions;
+    let groups = dirs.len() as u32;
     let found = journal::read(&**root)?;
-    let stray = found.iter().flatten().find(|(g, _)| *g >= partitions);
+    let stray = found.iter().flatten().find(|(g, _)| *g >= groups);
     if let Some((g, _)) = stray {
         bail!(
-            "the round journal in {} holds a part of partition {g}, and the store has {partitions}: refusing to start",
+            "the round journal in {} holds a part of group {g}, and the replica has {groups}: refusing to start",
             file.data_dir.display()
         );
     }
-    let mut logs = Vec::with_capacity(partitions as usize);
-    for p in 0..partitions {
-        let disk = if partitions == 1 {
-            root.clone()
-        } else {
-            let dir = partition_dir(&file.data_dir, p);
-            let disk = DirStorage::open(&dir).with_context(|| {
-                format!("cannot open the partition's directory {}", dir.display())
-            })?;
-            Arc::new(disk) as Arc<dyn Storage>
+    let mut logs = Vec::with_capacity(dirs.len());
+    for (g, dir) in (0..groups).zip(dirs) {
+        let disk = match dir {
+            None => root.clone(),
+            Some(dir) => {
+                let disk = DirStorage::open(dir).with_context(|| {
+                    format!("cannot open the group's directory {}", dir.display())
+                })?;
+                Arc::new(disk) as Arc<dyn Storage>
+            }
         };
-        let parts = journal::parts_of(found.as_deref(), p);
+        let parts = journal::parts_of(found.as_deref(), g);
         let log = LogStore::open_with(disk, voters, parts.as_deref(), journaled).map_err(|e| {
-            if partitions > 1 {
+            if groups > 1 {
                 // What the log's own message advises needs membership
-                // changes, which a store in partitions does not have yet.
+                // changes, which several groups do not have yet.
                 e.context(format!(
-                    "partition {p} (with partitions, `cluster rejoin` is refused: it would have to change every partition's membership; restore this replica's data directory from a backup, or start the cluster anew)"
+                    "the log in {} (with partitions or tenants, `cluster rejoin` is refused: it would have to change every group's membership; restore this replica's data directory from a backup, or start the cluster anew)",
+                    dir.as_deref().unwrap_or(&file.data_dir).display()
                 ))
             } else {
                 e
             }
         })?;
-        if file.join && p == 0 {
+        if file.join && g == 0 {
             let members = raft::Storage::initial_state(&log)
                 .map(|s| s.conf_state.voters)
                 .unwrap_or_default();
@@ -144,11 +146,6 @@ pub(super) fn open_logs(
         None
     };
     Ok((logs, journal))
-}
-
-/// Where partition `p` of a store in partitions keeps its log.
-pub(super) fn partition_dir(data_dir: &std::path::Path, p: u32) -> std::path::PathBuf {
-    data_dir.join(format!("partition-{p}"))
 }
 
 /// The file of a data directory that records how many partitions its store

@@ -15,7 +15,7 @@ use rmqtt::types::{
 use statestore_guest::rpc::REQUEST_TOPIC;
 use tracing::{debug, warn};
 
-use super::{BrokerEvent, CONSUMED, Router, Verified, inbound};
+use super::{CONSUMED, Router, Verified, inbound};
 
 /// The broker hooks: hand requests and disconnects to the tenants' drivers.
 pub(super) struct Hooks {
@@ -460,7 +460,7 @@ impl Hooks {
         if !reason.is_kicked(false) {
             let id = session.id.client_id.to_string();
             if let Some(t) = self.router.tenant_of(username(&session.id), &id) {
-                let _ = self.router.tenants[t].tx.send(BrokerEvent::Gone(id));
+                self.router.tenants[t].gone(id);
             }
         }
         (true, acc)

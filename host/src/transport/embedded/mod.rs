@@ -65,7 +65,7 @@ pub use listeners::TlsReload;
 use listeners::listener_builder;
 use router::{Router, STRANGERS_WAITING, Verified};
 use statestore_guest::{HostReply, StateMachine};
-use tenant_transport::{BrokerTransport, Requesters};
+use tenant_transport::{BrokerTransport, Receiving, ReplicaTransport, Requesters, Side};
 
 /// A client id no client can have (MQTT client ids are never this long and
 /// `$` ids are refused): the store's hook sends a request it took to it,
@@ -229,7 +229,9 @@ enum BrokerEvent {
 /// One tenant's inbound queue: unbounded in count, bounded in bytes by a
 /// semaphore whose permits are bytes.
 struct Inbound {
-    tx: mpsc::UnboundedSender<BrokerEvent>,
+    /// Its tenant's index, which each event carries.
+    tenant: usize,
+    tx: mpsc::UnboundedSender<(usize, BrokerEvent)>,
     budget: Arc<Semaphore>,
     total: usize,
 }
@@ -240,7 +242,14 @@ impl Inbound {
     async fn request(&self, message: InboundMessage) {
         let want = u32::try_from(message_bytes(&message).min(self.total)).unwrap_or(u32::MAX);
         let permit = self.budget.clone().acquire_many_owned(want).await.ok();
-        let _ = self.tx.send(BrokerEvent::Request(message, permit));
+        let _ = self
+            .tx
+            .send((self.tenant, BrokerEvent::Request(message, permit)));
+    }
+
+    /// Says that `client` went away.
+    fn gone(&self, client: String) {
+        let _ = self.tx.send((self.tenant, BrokerEvent::Gone(client)));
     }
 }
 
@@ -304,7 +313,7 @@ fn outbound(m: OutboundMessage) -> Publish {
 pub struct EmbeddedServer {
     scx: ServerContext,
     accept: tokio::task::JoinHandle<()>,
-    tenants: Vec<(Served, BrokerTransport, mpsc::UnboundedReceiver<Control>)>,
+    running: Vec<Running>,
     handles: Vec<TenantHandle>,
     strangers: mpsc::Receiver<InboundMessage>,
     /// For the replies to clients of no tenant.
@@ -315,23 +324,21 @@ pub struct EmbeddedServer {
     counters: Arc<crate::transport::embedded::sys_topics::Counters>,
 }
 
-/// What serves a tenant's clients (one per tenant, moved once: its size
-/// does not matter).
-#[allow(clippy::large_enum_variant)]
-enum Served {
-    /// A store in this process.
-    Tenant(Tenant),
-    /// A replica of a cluster (`serve --cluster`).
-    Replica(Box<crate::cluster::node::Node>),
+/// What serves the clients: each tenant's store in this process, or a
+/// replica of a cluster (`serve --cluster`) for every tenant.
+enum Serving {
+    Tenants(Vec<(Tenant, Route)>),
+    /// The replica, and its tenants' names and routes (in its order).
+    Replica(Box<crate::cluster::node::Node>, Vec<(String, Route)>),
 }
 
-impl Served {
-    fn name(&self) -> &str {
-        match self {
-            Served::Tenant(t) => t.name(),
-            Served::Replica(_) => "default",
-        }
-    }
+/// A loop to run: a tenant's store with its side of the broker, or the
+/// replica with every tenant's (each moved once: its size does not
+/// matter).
+#[allow(clippy::large_enum_variant)]
+enum Running {
+    Tenant(Tenant, BrokerTransport, mpsc::UnboundedReceiver<Control>),
+    Replica(Box<crate::cluster::node::Node>, ReplicaTransport),
 }
 
 impl EmbeddedServer {
@@ -372,33 +379,36 @@ impl EmbeddedServer {
         tenants: Vec<(Tenant, Route)>,
         opts: BrokerOptions,
     ) -> Result<EmbeddedServer> {
-        let served = tenants
-            .into_iter()
-            .map(|(t, r)| (Served::Tenant(t), r))
-            .collect();
-        EmbeddedServer::start_served(listen, server_client_id, served, opts).await
+        let serving = Serving::Tenants(tenants);
+        EmbeddedServer::start_served(listen, server_client_id, serving, opts).await
     }
 
-    /// Starts the broker on `listen` with a replica of a cluster as its
-    /// store (`serve --cluster`): every client is its.
+    /// Starts the broker on `listen` with a replica of a cluster as the
+    /// store of `tenants` (`serve --cluster`; their names and routes, in
+    /// the replica's order of tenants; none: every client is the one
+    /// store's).
     pub async fn start_replica(
         listen: SocketAddr,
         server_client_id: &str,
         node: crate::cluster::node::Node,
+        mut tenants: Vec<(String, Route)>,
         opts: BrokerOptions,
     ) -> Result<EmbeddedServer> {
-        let route = Route {
-            matcher: Matcher::default(),
-            default: true,
-        };
-        let served = vec![(Served::Replica(Box::new(node)), route)];
-        EmbeddedServer::start_served(listen, server_client_id, served, opts).await
+        if tenants.is_empty() {
+            let route = Route {
+                matcher: Matcher::default(),
+                default: true,
+            };
+            tenants.push(("default".into(), route));
+        }
+        let serving = Serving::Replica(Box::new(node), tenants);
+        EmbeddedServer::start_served(listen, server_client_id, serving, opts).await
     }
 
     async fn start_served(
         listen: SocketAddr,
         server_client_id: &str,
-        tenants: Vec<(Served, Route)>,
+        serving: Serving,
         opts: BrokerOptions,
     ) -> Result<EmbeddedServer> {
         let BrokerOptions {
@@ -425,30 +435,59 @@ impl EmbeddedServer {
         let mut routes = Vec::new();
         let mut running = Vec::new();
         let mut handles = Vec::new();
-        for (tenant, route) in tenants {
-            let (tx, events) = mpsc::unbounded_channel();
-            let (control, control_rx) = mpsc::unbounded_channel();
-            let total = limits.inbound_bytes.clamp(1, u32::MAX as usize);
-            senders.push(Inbound {
-                tx,
-                budget: Arc::new(Semaphore::new(total)),
-                total,
-            });
-            routes.push(route);
-            handles.push(TenantHandle {
-                name: tenant.name().to_string(),
-                control,
-            });
-            let transport = BrokerTransport {
-                scx: scx.clone(),
-                tenant: running.len(),
-                events,
-                pending: None,
-                permits: Vec::new(),
-                requesters: Requesters::default(),
-            };
-            running.push((tenant, transport, control_rx));
+        let total = limits.inbound_bytes.clamp(1, u32::MAX as usize);
+        let side = |tenant: usize| Side {
+            scx: scx.clone(),
+            tenant,
+            permits: Vec::new(),
+            requesters: Requesters::default(),
+        };
+        match serving {
+            Serving::Tenants(tenants) => {
+                for (t, (tenant, route)) in tenants.into_iter().enumerate() {
+                    let (tx, events) = mpsc::unbounded_channel();
+                    let (control, control_rx) = mpsc::unbounded_channel();
+                    senders.push(Inbound {
+                        tenant: t,
+                        tx,
+                        budget: Arc::new(Semaphore::new(total)),
+                        total,
+                    });
+                    routes.push(route);
+                    handles.push(TenantHandle {
+                        name: tenant.name().to_string(),
+                        control,
+                    });
+                    let transport = BrokerTransport {
+                        side: side(t),
+                        rx: Receiving::new(events),
+                    };
+                    running.push(Running::Tenant(tenant, transport, control_rx));
+                }
+            }
+            Serving::Replica(node, tenants) => {
+                // One channel: the replica's one loop serves them all.
+                let (tx, events) = mpsc::unbounded_channel();
+                let mut sides = Vec::new();
+                for (t, (_, route)) in tenants.into_iter().enumerate() {
+                    senders.push(Inbound {
+                        tenant: t,
+                        tx: tx.clone(),
+                        budget: Arc::new(Semaphore::new(total)),
+                        total,
+                    });
+                    routes.push(route);
+                    sides.push(side(t));
+                }
+                let transport = ReplicaTransport {
+                    sides,
+                    rx: Receiving::new(events),
+                    current: 0,
+                };
+                running.push(Running::Replica(node, transport));
+            }
         }
+        let routes_len = routes.len();
         let router = std::sync::Arc::new(Router {
             default: routes.iter().position(|r| r.default),
             routes,
@@ -487,11 +526,11 @@ impl EmbeddedServer {
         if let Some(at) = tls_addr {
             info!(listen = %at, client_certificates = tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "embedded MQTT broker listening with TLS");
         }
-        info!(listen = %local_addr, tenants = handles.len(), "embedded MQTT broker listening; serving the state store");
+        info!(listen = %local_addr, tenants = routes_len, "embedded MQTT broker listening; serving the state store");
         Ok(EmbeddedServer {
             scx,
             accept,
-            tenants: running,
+            running,
             handles,
             strangers,
             reply_config: Config {
@@ -540,7 +579,7 @@ impl EmbeddedServer {
         let EmbeddedServer {
             scx,
             mut accept,
-            tenants,
+            running,
             handles: _,
             mut strangers,
             reply_config,
@@ -568,16 +607,19 @@ impl EmbeddedServer {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
-        let runs: Vec<_> = tenants
+        let runs: Vec<_> = running
             .into_iter()
-            .map(|(served, mut transport, mut control)| {
-                let name = served.name().to_string();
+            .map(|running| {
+                let name = match &running {
+                    Running::Tenant(tenant, ..) => tenant.name().to_string(),
+                    Running::Replica(..) => "the replica".to_string(),
+                };
                 let run = move |stopped: std::pin::Pin<
                     Box<dyn std::future::Future<Output = ()> + Send>,
                 >| {
                     Box::pin(async move {
-                        match served {
-                            Served::Tenant(mut tenant) => {
+                        match running {
+                            Running::Tenant(mut tenant, mut transport, mut control) => {
                                 crate::store::driver::drive(
                                     &mut tenant,
                                     &mut transport,
@@ -586,7 +628,9 @@ impl EmbeddedServer {
                                 )
                                 .await
                             }
-                            Served::Replica(node) => node.drive(&mut transport, stopped).await,
+                            Running::Replica(node, mut transport) => {
+                                node.drive(&mut transport, stopped).await
+                            }
                         }
                     })
                         as std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>

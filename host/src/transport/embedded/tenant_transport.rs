@@ -1,20 +1,95 @@
 //! One tenant's side of the broker: its requests in (bounded in bytes),
 //! its replies and notifications out, each reply to its requester alone.
+//! A single process runs one [`BrokerTransport`] per tenant; a cluster
+//! replica serves every tenant's clients from one loop, through one
+//! [`ReplicaTransport`].
 
 use super::*;
 
-/// One tenant's side of the broker.
-pub(super) struct BrokerTransport {
+/// One tenant's side of the broker: where its store's outputs go.
+pub(super) struct Side {
     pub(super) scx: ServerContext,
     /// Its tenant's index (the store's publishes say whose they are).
     pub(super) tenant: usize,
-    pub(super) events: mpsc::UnboundedReceiver<BrokerEvent>,
-    pub(super) pending: Option<BrokerEvent>,
     /// The inbound budget of the requests being handled.
     pub(super) permits: Vec<OwnedSemaphorePermit>,
     /// Who sent the requests not answered yet: their replies go to them
     /// alone.
     pub(super) requesters: Requesters,
+}
+
+/// What the broker's hooks hand over, each event with its tenant: one
+/// tenant's in a single process, every tenant's for a replica.
+pub(super) struct Receiving {
+    pub(super) events: mpsc::UnboundedReceiver<(usize, BrokerEvent)>,
+    pub(super) pending: Option<(usize, BrokerEvent)>,
+}
+
+impl Receiving {
+    pub(super) fn new(events: mpsc::UnboundedReceiver<(usize, BrokerEvent)>) -> Receiving {
+        Receiving {
+            events,
+            pending: None,
+        }
+    }
+
+    async fn recv(&mut self) -> Option<(usize, BrokerEvent)> {
+        match self.pending.take() {
+            Some(e) => Some(e),
+            None => self.events.recv().await,
+        }
+    }
+
+    /// `event` (of `side`'s tenant) as the store's input: a request with
+    /// the requests of the same tenant already waiting behind it, as one
+    /// batch.
+    fn input(&mut self, event: BrokerEvent, side: &mut Side) -> Received {
+        match event {
+            BrokerEvent::Request(first, permit) => {
+                let mut bytes = message_bytes(&first);
+                side.requesters.add(&first);
+                let mut batch = vec![first];
+                // Their budget is given back once the batch is handled.
+                side.permits.extend(permit);
+                while batch.len() < MAX_BATCH
+                    && bytes < MAX_BATCH_BYTES
+                    && let Ok(e) = self.events.try_recv()
+                {
+                    match e {
+                        (t, BrokerEvent::Request(m, permit)) if t == side.tenant => {
+                            bytes += message_bytes(&m);
+                            side.requesters.add(&m);
+                            batch.push(m);
+                            side.permits.extend(permit);
+                        }
+                        other => {
+                            self.pending = Some(other);
+                            break;
+                        }
+                    }
+                }
+                Received::Messages(batch)
+            }
+            BrokerEvent::Gone(id) => Received::ClientGone(id),
+        }
+    }
+}
+
+/// One tenant's side of the broker and its events: a single process's
+/// tenant.
+pub(super) struct BrokerTransport {
+    pub(super) side: Side,
+    pub(super) rx: Receiving,
+}
+
+/// Every tenant's side of the broker, for the one loop of a cluster
+/// replica: the input it hands over is of [`Transport::tenant`], and
+/// outputs go back to the tenant whose store made them.
+pub(super) struct ReplicaTransport {
+    pub(super) sides: Vec<Side>,
+    pub(super) rx: Receiving,
+    /// The tenant of the last input.
+    pub(super) current: usize,
 }
 
 /// The client each request came from, until its reply goes out: a reply is
@@ -101,7 +176,7 @@ impl Requesters {
     }
 }
 
-impl BrokerTransport {
+impl Side {
     pub(super) fn from(&self) -> MsgFrom {
         system_from(&self.scx, Some(self.tenant))
     }
@@ -125,49 +200,8 @@ impl BrokerTransport {
     async fn kick(&self, client: &str) {
         kick(&self.scx, client).await;
     }
-}
 
-impl Transport for BrokerTransport {
-    type Event = BrokerEvent;
-
-    async fn recv(&mut self) -> Option<BrokerEvent> {
-        match self.pending.take() {
-            Some(e) => Some(e),
-            None => self.events.recv().await,
-        }
-    }
-
-    async fn on_event(&mut self, event: BrokerEvent) -> Result<Option<Received>> {
-        Ok(Some(match event {
-            BrokerEvent::Request(first, permit) => {
-                let mut bytes = message_bytes(&first);
-                self.requesters.add(&first);
-                let mut batch = vec![first];
-                // Their budget is given back once the batch is handled.
-                self.permits.extend(permit);
-                while batch.len() < MAX_BATCH
-                    && bytes < MAX_BATCH_BYTES
-                    && let Ok(e) = self.events.try_recv()
-                {
-                    match e {
-                        BrokerEvent::Request(m, permit) => {
-                            bytes += message_bytes(&m);
-                            self.requesters.add(&m);
-                            batch.push(m);
-                            self.permits.extend(permit);
-                        }
-                        other => {
-                            self.pending = Some(other);
-                            break;
-                        }
-                    }
-                }
-                Received::Messages(batch)
-            }
-            BrokerEvent::Gone(id) => Received::ClientGone(id),
-        }))
-    }
-
+    /// Carries out the tenant's store's outputs, in order.
     async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
         for o in outputs {
             match o {
@@ -207,14 +241,80 @@ impl Transport for BrokerTransport {
         }
         Ok(())
     }
+}
+
+impl Transport for BrokerTransport {
+    type Event = (usize, BrokerEvent);
+
+    async fn recv(&mut self) -> Option<(usize, BrokerEvent)> {
+        self.rx.recv().await
+    }
+
+    async fn on_event(&mut self, (_, event): (usize, BrokerEvent)) -> Result<Option<Received>> {
+        Ok(Some(self.rx.input(event, &mut self.side)))
+    }
+
+    async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
+        self.side.emit(outputs).await
+    }
 
     /// The broker acknowledged each request when it was handed over; its
     /// bytes leave the tenant's inbound budget now.
     async fn settle(&mut self) -> Result<()> {
-        self.permits.clear();
+        self.side.permits.clear();
         Ok(())
     }
 
     /// The server closes the broker once every tenant has stopped.
+    async fn close(&mut self) {}
+}
+
+impl Transport for ReplicaTransport {
+    type Event = (usize, BrokerEvent);
+
+    async fn recv(&mut self) -> Option<(usize, BrokerEvent)> {
+        self.rx.recv().await
+    }
+
+    fn try_recv(&mut self) -> Option<(usize, BrokerEvent)> {
+        self.rx
+            .pending
+            .take()
+            .or_else(|| self.rx.events.try_recv().ok())
+    }
+
+    async fn on_event(&mut self, (t, event): (usize, BrokerEvent)) -> Result<Option<Received>> {
+        let Some(side) = self.sides.get_mut(t) else {
+            return Ok(None);
+        };
+        self.current = t;
+        Ok(Some(self.rx.input(event, side)))
+    }
+
+    fn tenant(&self) -> usize {
+        self.current
+    }
+
+    async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
+        self.emit_to(self.current, outputs).await
+    }
+
+    async fn emit_to(&mut self, tenant: usize, outputs: Vec<Output>) -> Result<()> {
+        match self.sides.get_mut(tenant) {
+            Some(side) => side.emit(outputs).await,
+            None => Err(anyhow!(
+                "outputs of tenant {tenant}, which this broker does not serve"
+            )),
+        }
+    }
+
+    /// The last input's bytes leave its tenant's inbound budget.
+    async fn settle(&mut self) -> Result<()> {
+        if let Some(side) = self.sides.get_mut(self.current) {
+            side.permits.clear();
+        }
+        Ok(())
+    }
+
     async fn close(&mut self) {}
 }

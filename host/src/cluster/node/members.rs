@@ -1,0 +1,182 @@
+//! The membership as a replica sees it: an operator's change proposed,
+//! and the replicas, links and registrations kept in step with what group
+//! 0 applied.
+
+use anyhow::{Context as _, Result, bail};
+use statestore_guest::wire;
+use tracing::{info, warn};
+
+use super::{Node, ReplicaEntry};
+use crate::cluster::Replica;
+use crate::cluster::operator::{ChangeAnswer, ChangeRequest};
+use crate::{Input, WasmStore};
+
+impl Node {
+    /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
+    /// or `remove <id>`, proposed if this replica leads.
+    pub(super) fn change(&mut self, request: ChangeRequest) -> ChangeAnswer {
+        let replica = &self.groups[0].replica;
+        let leader = replica.leader();
+        if leader != replica.id() {
+            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
+        }
+        let change = match &request {
+            ChangeRequest::Add { id, raft, .. } => {
+                if self.replicas.iter().any(|r| r.id != *id && r.raft == *raft) {
+                    return ChangeAnswer::Refused(format!("{raft} is already a member's address"));
+                }
+                crate::cluster::Change::Add {
+                    id: *id,
+                    record: request.record().unwrap_or_default().into_bytes(),
+                }
+            }
+            ChangeRequest::Remove { id } if *id == replica.id() => {
+                // A leader does not remove itself: it hands over first.
+                let Some(to) = successor(replica) else {
+                    return ChangeAnswer::Refused("no other member to lead".into());
+                };
+                self.groups[0].replica.transfer_leader(to);
+                return ChangeAnswer::Moving(format!(
+                    "replica {id} leads: the leadership moves to replica {to} first; leader={to}"
+                ));
+            }
+            ChangeRequest::Remove { id } => crate::cluster::Change::Remove(*id),
+        };
+        let text = request.encode();
+        match self.groups[0].replica.propose_change(&change) {
+            Ok(()) => {
+                info!(replica = self.id(), request = %text, "membership change proposed");
+                ChangeAnswer::Proposed(format!("proposed: {text}"))
+            }
+            Err(e) if format!("{e:#}").contains("in progress") => {
+                ChangeAnswer::AskAgain(format!("{e:#}"))
+            }
+            Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
+        }
+    }
+
+    /// Keeps `replicas` and the links in step with the membership the
+    /// replica has applied (group 0's); a replica removed from it stops.
+    pub(super) fn sync_members(&mut self) -> Result<()> {
+        let changes = self.groups[0].replica.changes();
+        if self.changes_seen == Some(changes) {
+            return Ok(());
+        }
+        self.changes_seen = Some(changes);
+        let voters = self.groups[0].replica.voters();
+        let me = self.id();
+        if voters.is_empty() {
+            return Ok(()); // joining: the leader's snapshot brings them
+        }
+        if !voters.contains(&me) {
+            bail!(
+                "replica {me} was removed from the cluster (members: {voters:?}): it stops; to serve again it must be added back (`statestore cluster add`) with an empty data directory and `join = true`"
+            );
+        }
+        let mut known = self.file_replicas.clone();
+        for (id, record) in self.groups[0].replica.members() {
+            if known.iter().any(|r| r.id == *id) {
+                continue;
+            }
+            match parse_record(*id, record) {
+                Ok(entry) => known.push(entry),
+                Err(e) => {
+                    warn!(replica = id, error = %format!("{e:#}"), "a member's address record")
+                }
+            }
+        }
+        known.retain(|r| voters.contains(&r.id));
+        // What the clients of a replica that left registered through it goes
+        // with it: a life of it later than any (proposed by the leader that
+        // applied the removal; `replica-started` drops every registration
+        // of an earlier life).
+        let removed: Vec<u64> = self
+            .replicas
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| !voters.contains(id))
+            .collect();
+        let now = self.clock.now_ms();
+        for group in &mut self.groups {
+            if !group.replica.is_leader() || group.router.via().is_none() {
+                continue;
+            }
+            for &id in &removed {
+                let batch = wire::encode_batch(&[Input::ReplicaStarted(statestore_guest::Via {
+                    replica: id,
+                    started: u64::MAX,
+                })]);
+                match group.replica.propose_wire(me, &batch, now) {
+                    Ok(_) => info!(
+                        replica = me,
+                        removed = id,
+                        "the registrations made through a removed replica go"
+                    ),
+                    Err(e) => {
+                        warn!(removed = id, error = %format!("{e:#}"), "the registrations made through a removed replica stay (proposal refused)")
+                    }
+                }
+            }
+        }
+        for r in &known {
+            self.links.add(r.id, r.raft);
+        }
+        for peer in self.links.peers() {
+            if !voters.contains(&peer) {
+                info!(replica = me, peer, "no longer a member: its link is closed");
+                self.links.remove(peer);
+            }
+        }
+        if let Some(m) = &self.metrics {
+            for r in &self.replicas {
+                if !voters.contains(&r.id) {
+                    let _ = m.lag.remove_label_values(&[&r.id.to_string()]);
+                }
+            }
+        }
+        for v in &voters {
+            if !known.iter().any(|r| r.id == *v) {
+                warn!(
+                    replica = me,
+                    member = v,
+                    "no address known for a member (add it to the cluster file)"
+                );
+            }
+        }
+        self.replicas = known;
+        Ok(())
+    }
+}
+
+/// The voter (not this replica) most up to date, to take over the
+/// leadership of `replica`'s group.
+pub(super) fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
+    let me = replica.id();
+    let voters = replica.voters();
+    replica
+        .status()
+        .matched
+        .iter()
+        .filter(|(id, _)| *id != me && voters.contains(id))
+        .max_by_key(|(_, matched)| *matched)
+        .map(|(id, _)| *id)
+}
+
+/// A replica's address record: `raft=<addr> [mqtt=<addr>]`.
+fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
+    let text = std::str::from_utf8(record).context("an address record that is not UTF-8")?;
+    let mut raft = None;
+    let mut mqtt = None;
+    for word in text.split_whitespace() {
+        match word.split_once('=') {
+            Some(("raft", a)) => raft = Some(a.parse().with_context(|| format!("raft={a}"))?),
+            Some(("mqtt", a)) => mqtt = Some(a.parse().with_context(|| format!("mqtt={a}"))?),
+            _ => bail!("{word:?} in an address record (raft=<addr> [mqtt=<addr>])"),
+        }
+    }
+    Ok(ReplicaEntry {
+        id,
+        raft: raft.context("an address record without raft=<addr>")?,
+        mqtt,
+    })
+}
