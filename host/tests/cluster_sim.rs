@@ -51,6 +51,8 @@ fn add(total: &mut Report, r: &Report) {
     total.watches += r.watches;
     total.notifications += r.notifications;
     total.notify_reordered += r.notify_reordered;
+    total.quiet += r.quiet;
+    total.woke += r.woke;
 }
 
 /// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
@@ -185,6 +187,10 @@ fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
     assert!(
         total.handed_over > runs as usize,
         "leaderships were handed to their partitions' places under faults: {total:?}"
+    );
+    assert!(
+        total.quiet >= runs && total.woke > 0,
+        "idle groups stopped their clocks, and woke for what came: {total:?}"
     );
     assert!(
         total.scanned >= total.acknowledged,

@@ -54,6 +54,7 @@ pub(crate) mod operator;
 pub mod partition;
 pub(crate) mod pki;
 pub(crate) mod probe;
+pub mod quiet;
 mod raft_log;
 mod recover;
 pub mod router;
@@ -251,6 +252,8 @@ pub struct Replica<B: Backend> {
     /// their positions in the entry's batch (skipped when the guest is
     /// made again from the log).
     poisoned: std::collections::BTreeMap<u64, Vec<usize>>,
+    /// Whether its clock is stopped for lack of anything to do.
+    quiet: quiet::Quiet,
 }
 
 impl<B: Backend> std::fmt::Debug for Replica<B> {
@@ -327,6 +330,7 @@ impl<B: Backend> Replica<B> {
             changes: 0,
             compact_now: false,
             poisoned: Default::default(),
+            quiet: Default::default(),
         };
         replica.log_now = replica.log_now.max(replica.newest_now_in_log());
         Ok(replica)
@@ -425,8 +429,13 @@ impl<B: Backend> Replica<B> {
         }
     }
 
-    /// One tick of its logical clock (elections, heartbeats).
+    /// One tick of its logical clock (elections, heartbeats), unless the
+    /// group is quiet.
     pub fn tick(&mut self) {
+        if self.is_quiet() {
+            return;
+        }
+        self.idle_tick();
         self.node.tick();
         if self.is_leader() {
             // A snapshot message that was lost leaves its peer waiting:
@@ -455,6 +464,7 @@ impl<B: Backend> Replica<B> {
 
     /// A Raft message from a peer.
     pub fn step(&mut self, message: Message) -> Result<()> {
+        self.wake_for(message.msg_type);
         self.node.step(message).context("a Raft message")
     }
 
@@ -474,6 +484,7 @@ impl<B: Backend> Replica<B> {
     /// [`Replica::propose`] of a batch already in the guest's encoding (a
     /// follower forwarded it).
     pub fn propose_wire(&mut self, origin: u64, batch: &[u8], clock: u64) -> Result<u64> {
+        self.wake();
         if !self.is_leader() {
             bail!(
                 "replica {} does not lead (leader: {})",
@@ -496,6 +507,7 @@ impl<B: Backend> Replica<B> {
     /// unknown, changes, or has not yet committed an entry of its term (the
     /// caller gives up after a while and sends the reads through the log).
     pub fn read_index(&mut self, ctx: u64) {
+        self.wake();
         self.node.read_index(ctx.to_le_bytes().to_vec());
     }
 
@@ -510,6 +522,7 @@ impl<B: Backend> Replica<B> {
     /// proposed and not yet applied is refused here, where raft-rs would
     /// drop it without a word).
     pub fn propose_change(&mut self, change: &Change) -> Result<()> {
+        self.wake();
         if !self.is_leader() {
             bail!(
                 "replica {} does not lead (leader: {})",
@@ -555,6 +568,7 @@ impl<B: Backend> Replica<B> {
 
     /// Asks `to` (a voter) to take over the leadership.
     pub fn transfer_leader(&mut self, to: u64) {
+        self.wake();
         self.node.transfer_leader(to);
     }
 

@@ -199,7 +199,7 @@ impl Node {
                 None => runtime.instantiate(&make_config),
                 Some(s) => runtime.restore(&make_config, s),
             });
-            let replica = Replica::new(
+            let mut replica = Replica::new(
                 file.id,
                 log,
                 make,
@@ -224,6 +224,10 @@ impl Node {
                 Instant::now(),
             );
             router.share(&bytes);
+            if count > 1 {
+                // Many groups: the idle ones stop their clocks.
+                replica.set_quiet_after(Some(crate::cluster::quiet::QUIET_AFTER));
+            }
             groups.push(Group { replica, router });
         }
         let syncs = if journaled {

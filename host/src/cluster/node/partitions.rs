@@ -49,6 +49,11 @@ impl Node {
                 continue;
             }
             let voters = g.replica.voters();
+            if crate::cluster::partition::place(p as u32, &voters) != Some(me) {
+                // Not in its place: awake until handed over (its
+                // heartbeats tell which replicas are up).
+                g.replica.wake();
+            }
             let hand_over =
                 crate::cluster::partition::hand_over(p as u32, &voters, &g.replica.status(), up);
             if let Some(to) = hand_over {

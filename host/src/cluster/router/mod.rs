@@ -190,6 +190,9 @@ pub struct Router {
     held: VecDeque<Held>,
     held_bytes: Count,
     last_timer: Option<Instant>,
+    /// The guest's next deadline as of an applied index (it changes only
+    /// with what is applied): not asked again every tick of an idle group.
+    deadline: Option<(u64, Option<u64>)>,
     /// The leader and term last seen: a new one (the same replica elected
     /// again in a new term included) gets the requests not yet applied.
     leader_seen: (u64, u64),
@@ -270,6 +273,7 @@ impl Router {
             held: VecDeque::new(),
             held_bytes: Count::default(),
             last_timer: None,
+            deadline: None,
             leader_seen: (0, 0),
             unapplied: HashMap::new(),
             unapplied_bytes: Count::default(),
@@ -319,6 +323,8 @@ impl Router {
         replica: &mut Replica<B>,
         fx: &mut Effects,
     ) -> Result<()> {
+        // A quiet group wakes: its leader may be gone.
+        replica.wake();
         for m in &mut messages {
             m.via = self.via;
             if let Some(k) = key_of(m) {
@@ -360,6 +366,7 @@ impl Router {
         replica: &mut Replica<B>,
         fx: &mut Effects,
     ) -> Result<()> {
+        replica.wake();
         self.submit(now, Held::Gone(now.at, client), replica, fx)
     }
 
@@ -372,6 +379,7 @@ impl Router {
         batch: &[u8],
         replica: &mut Replica<B>,
     ) {
+        replica.wake();
         if wire::decode_batch(batch).is_err() {
             warn!(origin, "forwarded requests that do not decode: dropped");
         } else if replica.is_leader() {
@@ -889,7 +897,16 @@ impl Router {
                 .is_none_or(|t| now.at.saturating_duration_since(t) >= self.limits.timer_every)
         {
             let clock = now.ms.max(replica.log_now());
-            if let Some(due) = replica.store_mut().next_deadline()?
+            let applied = replica.applied();
+            let next = match self.deadline {
+                Some((at, next)) if at == applied => next,
+                _ => {
+                    let next = replica.store_mut().next_deadline()?;
+                    self.deadline = Some((applied, next));
+                    next
+                }
+            };
+            if let Some(due) = next
                 && due <= clock
                 && replica.propose(self.id, &[], clock).is_ok()
             {

@@ -194,6 +194,11 @@ pub struct Report {
     /// changes taken by different replicas are published as each applies
     /// them.
     pub notify_reordered: usize,
+    /// Times a group stopped its clock for lack of anything to do (the
+    /// replicas up at the end), with several groups.
+    pub quiet: u64,
+    /// Times a quiet group woke for something to do.
+    pub woke: u64,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -384,7 +389,12 @@ fn start(
             Some(s) => NativeStore::restore(config(), s)?,
         }))
     });
-    Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)
+    let mut replica = Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)?;
+    if journaled {
+        // Several groups, as a server's: the idle ones stop their clocks.
+        replica.set_quiet_after(Some(super::quiet::QUIET_AFTER));
+    }
+    Ok(replica)
 }
 
 /// A replica's round journal is checkpointed past this many bytes: often,
@@ -457,6 +467,11 @@ pub fn run(seed: u64, o: &Options) -> Result<Report> {
         sim.step(tick)?;
     }
     sim.report.acknowledged = sim.clients.acknowledged.len();
+    for g in sim.nodes.iter().filter_map(|n| n.up.as_ref()).flatten() {
+        let (quiet, woke) = g.replica.quiet_times();
+        sim.report.quiet += quiet;
+        sim.report.woke += woke;
+    }
     sim.check_histories()?;
     sim.check_settled(total)?;
     Ok(sim.report)
@@ -813,6 +828,9 @@ impl<'o> Sim<'o> {
                     continue;
                 }
                 let voters = r.voters();
+                if super::partition::place(p as u32, &voters) != Some(r.id()) {
+                    r.wake();
+                }
                 if let Some(to) =
                     super::partition::hand_over(p as u32, &voters, &r.status(), |id| {
                         up.contains(&id)
