@@ -1232,7 +1232,25 @@ fn cluster_command(file: &Path, args: &[&str]) -> (bool, String) {
 /// is removed: it hands the leadership over first, and stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
-    let mut c = Cluster::new(3);
+    a_dead_replica_replaced(1).await;
+}
+
+/// The same with the store in 3 partitions: each change is made in every
+/// partition's group, each through its own leader (`cluster add` and
+/// `remove` return once every group has it), the new replica joins every
+/// group from its leader's snapshot, and the removed leader hands over
+/// every group it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_of_a_store_in_partitions_is_replaced_while_it_serves() {
+    a_dead_replica_replaced(3).await;
+}
+
+async fn a_dead_replica_replaced(partitions: u32) {
+    let mut c = if partitions == 1 {
+        Cluster::new(3)
+    } else {
+        Cluster::with_partitions(3, partitions)
+    };
     let leader = c.leader(Duration::from_secs(20));
     let dead = (leader + 1) % 3;
     let other = (leader + 2) % 3;
@@ -1287,8 +1305,9 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         "only replica 4's are new:\n{out}"
     );
     let (raft4, mqtt4) = (free_port(), free_port());
-    let mut f =
-        "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\njoin = true\n".to_string();
+    let mut f = format!(
+        "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\njoin = true\npartitions = {partitions}\n"
+    );
     for i in [leader, other] {
         f.push_str(&format!(
             "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
@@ -1364,6 +1383,15 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
         .expect("a write through the new replica");
     let got = writer.ss.get(b"after".to_vec(), T).await.expect("get");
     assert_eq!(got.response, Some(b"via-4".to_vec()));
+    // It is a member of every partition's group, each with its own log.
+    for p in (0..partitions).filter(|_| partitions > 1) {
+        let state = c
+            .dir
+            .join("replica-4")
+            .join(format!("partition-{p}"))
+            .join("raft-state");
+        assert!(state.is_file(), "{}", state.display());
+    }
     // The status names the members: the removed replica is not one.
     let (ok, out) = cluster_command(&c.file(leader), &["status"]);
     assert!(ok, "{out}");

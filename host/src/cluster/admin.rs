@@ -323,7 +323,9 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
                 .max_by_key(|(_, _, m)| m.term);
             if let Some((leader, addr, m)) = leader {
                 let voters = &m.voters;
-                if voters.contains(&id) == add && proposed.is_none() {
+                // With several groups, every one must have it.
+                let done = voters.contains(&id) == add && m.behind == 0;
+                if done && proposed.is_none() {
                     let list = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
                     if add {
                         println!("replica {id} is already a member; members: {list}");
@@ -331,7 +333,7 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
                     }
                     anyhow::bail!("replica {id} is not a member; members: {list}");
                 }
-                if voters.contains(&id) == add {
+                if done {
                     println!(
                         "replica {id} {}; members: {}",
                         if add { "added" } else { "removed" },
@@ -385,7 +387,7 @@ pub fn rejoin(path: &Path) -> Result<()> {
     }
     if file.partitions > 1 {
         anyhow::bail!(
-            "a store in {} partitions cannot rejoin yet (every partition's group would have to remove and add the replica): restore its data directory from a backup",
+            "a store in {} partitions cannot rejoin yet (each partition's log would have to be set aside): replace the replica instead (`cluster remove` it, empty its data directory, start it with `join = true` and `cluster add` it), or restore its data directory from a backup",
             file.partitions
         );
     }

@@ -44,6 +44,9 @@ pub(crate) struct ReplicaStatus {
     pub partitions: u32,
     /// The partitions it leads.
     pub leads: Vec<u32>,
+    /// With several groups: how many have other members than group 0 (a
+    /// membership change under way).
+    pub behind: u32,
 }
 
 impl ReplicaStatus {
@@ -51,7 +54,7 @@ impl ReplicaStatus {
     pub fn encode(&self) -> String {
         let list = |v: Vec<String>| v.join(",");
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\n",
             self.id,
             self.role,
             self.term,
@@ -77,6 +80,7 @@ impl ReplicaStatus {
             u8::from(self.settled),
             self.partitions,
             list(self.leads.iter().map(u32::to_string).collect()),
+            self.behind,
         )
     }
 
@@ -128,6 +132,9 @@ impl ReplicaStatus {
                 "settled" => s.settled = v == "1",
                 "partitions" => {
                     s.partitions = v.parse().with_context(|| format!("partitions={v:?}"))?;
+                }
+                "behind" => {
+                    s.behind = v.parse().with_context(|| format!("behind={v:?}"))?;
                 }
                 "leads" => {
                     for p in v.split(',').filter(|p| !p.is_empty()) {
@@ -292,6 +299,7 @@ mod tests {
             settled: true,
             partitions: 4,
             leads: vec![0, 3],
+            behind: 1,
         };
         assert_eq!(ReplicaStatus::decode(&s.encode()).expect("decode"), s);
         // An older replica's (fewer keys) and a newer one's (more) read.

@@ -29,6 +29,9 @@
 //!  10 layout  u32 partitions, u64 tenants: the same, by a replica serving
 //!               tenants (`--config`), with the fingerprint of their names
 //!               in order (their groups' numbers follow that order)
+//!  11 change in  u32 group, text as kind 5: a membership change for that
+//!               group's leader to propose (a replica of several groups
+//!               changes each through its own leader)
 //! ```
 //!
 //! Replicas whose stores have different numbers of partitions would put a
@@ -67,6 +70,7 @@ const RAFT_IN: u8 = 7;
 const FORWARD_IN: u8 = 8;
 const PARTITIONS: u8 = 9;
 const LAYOUT: u8 = 10;
+const CHANGE_IN: u8 = 11;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
 pub(crate) const MAX_FRAME: usize = 1 << 30;
@@ -115,6 +119,9 @@ pub(crate) enum PeerEvent {
     /// An operator asks for a membership change (`cluster add`, `cluster
     /// remove`): the request's text, and where the answer goes.
     Change(String, oneshot::Sender<String>),
+    /// Another replica asks this one, as a group's leader, to propose a
+    /// membership change in that group (the request's text).
+    ChangeIn(u32, String),
 }
 
 /// Who an end of a link is, and what proves it: the id its hello names
@@ -213,6 +220,7 @@ async fn dial(addr: SocketAddr, peer: u64, who: &Credentials) -> Result<Box<dyn 
 enum Frame {
     Raft(u32, Message),
     Forward(u32, u64, Vec<u8>),
+    ChangeIn(u32, String),
 }
 
 /// The sending side: a queue per peer.
@@ -317,6 +325,12 @@ impl Links {
         self.queue(leader, Frame::Forward(group, origin, batch));
     }
 
+    /// Asks `leader`, group `group`'s, to propose the membership change
+    /// `request` (its text) in that group.
+    pub fn change_in(&self, group: u32, leader: u64, request: String) {
+        self.queue(leader, Frame::ChangeIn(group, request));
+    }
+
     fn queue(&self, to: u64, f: Frame) {
         let Some(tx) = self.peers.get(&to) else {
             debug!(
@@ -393,6 +407,10 @@ async fn outbound(
                         continue;
                     }
                 },
+                Frame::ChangeIn(group, text) => frame(
+                    CHANGE_IN,
+                    &[group.to_le_bytes().as_slice(), text.as_bytes()].concat(),
+                ),
                 Frame::Forward(group, origin, batch) => {
                     let mut body = Vec::with_capacity(12 + batch.len());
                     if group != 0 {
@@ -593,6 +611,10 @@ async fn inbound(
                     batch: body[8..].to_vec(),
                 }
             }
+            CHANGE_IN if body.len() >= 4 && from != 0 => PeerEvent::ChangeIn(
+                u32::from_le_bytes(body[..4].try_into().expect("4")),
+                String::from_utf8_lossy(&body[4..]).into_owned(),
+            ),
             STATUS_REQUEST | CHANGE_REQUEST => {
                 let (tx, rx) = oneshot::channel();
                 let asked = if kind == STATUS_REQUEST {

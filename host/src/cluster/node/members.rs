@@ -12,6 +12,102 @@ use crate::cluster::operator::{ChangeAnswer, ChangeRequest};
 use crate::{Input, WasmStore};
 
 impl Node {
+    /// With several groups, an operator's membership change: made in
+    /// every group that has not applied it, each through its own leader
+    /// (proposed here in the groups this replica leads, sent to the others'
+    /// leaders). Asked of group 0's leader, as with one group; the
+    /// operator's tool asks again until every group has it
+    /// ([`Node::groups_behind`]).
+    pub(super) fn change_groups(&mut self, request: &ChangeRequest) -> ChangeAnswer {
+        let me = self.id();
+        let leader = self.groups[0].replica.leader();
+        if leader != me {
+            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
+        }
+        if let ChangeRequest::Add { id, raft, .. } = request
+            && self.replicas.iter().any(|r| r.id != *id && r.raft == *raft)
+        {
+            return ChangeAnswer::Refused(format!("{raft} is already a member's address"));
+        }
+        let text = request.encode();
+        let mut pending = 0;
+        let mut moving = None;
+        for g in 0..self.groups.len() {
+            if applied_in(&self.groups[g].replica, request) {
+                continue;
+            }
+            pending += 1;
+            if let Some(to) = self.change_group(g, request)
+                && g == 0
+            {
+                moving = Some(to);
+            }
+        }
+        match moving {
+            Some(to) => ChangeAnswer::Moving(format!(
+                "replica {me} leads: the leadership moves to replica {to} first; leader={to}"
+            )),
+            None if pending == 0 => ChangeAnswer::Proposed(format!("every group has it: {text}")),
+            None => ChangeAnswer::Proposed(format!("proposed in {pending} groups: {text}")),
+        }
+    }
+
+    /// Makes the change in group `g` if it has not applied it: proposes it
+    /// if this replica leads `g` (or, to remove itself, hands the
+    /// leadership over first: the replica it goes to), or sends it to
+    /// `g`'s leader.
+    pub(super) fn change_group(&mut self, g: usize, request: &ChangeRequest) -> Option<u64> {
+        let me = self.id();
+        let replica = &mut self.groups[g].replica;
+        if applied_in(replica, request) {
+            return None;
+        }
+        if !replica.is_leader() {
+            // A quiet group wakes: its leader may be the dead replica
+            // being removed.
+            replica.wake();
+            let leader = replica.leader();
+            if leader != 0 && leader != me {
+                self.links.change_in(g as u32, leader, request.encode());
+            }
+            return None;
+        }
+        let change = match request {
+            ChangeRequest::Remove { id } if *id == me => {
+                let to = successor(replica)?;
+                replica.transfer_leader(to);
+                return Some(to);
+            }
+            ChangeRequest::Remove { id } => crate::cluster::Change::Remove(*id),
+            ChangeRequest::Add { id, .. } => crate::cluster::Change::Add {
+                id: *id,
+                record: request.record().unwrap_or_default().into_bytes(),
+            },
+        };
+        match replica.propose_change(&change) {
+            Ok(()) => {
+                info!(replica = me, group = g, request = %request.encode(), "membership change proposed")
+            }
+            Err(e) => {
+                tracing::debug!(group = g, error = %format!("{e:#}"), "membership change not proposed now (asked again)")
+            }
+        }
+        None
+    }
+
+    /// How many groups have other members than group 0 (as this replica
+    /// has applied them): a change under way.
+    pub(super) fn groups_behind(&self) -> u32 {
+        let mut first = self.groups[0].replica.voters();
+        first.sort_unstable();
+        let behind = self.groups[1..].iter().filter(|g| {
+            let mut v = g.replica.voters();
+            v.sort_unstable();
+            v != first
+        });
+        behind.count() as u32
+    }
+
     /// An operator's membership change: `add <id> raft=<addr> [mqtt=<addr>]`
     /// or `remove <id>`, proposed if this replica leads.
     pub(super) fn change(&mut self, request: ChangeRequest) -> ChangeAnswer {
@@ -179,4 +275,11 @@ fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
         raft: raft.context("an address record without raft=<addr>")?,
         mqtt,
     })
+}
+
+/// Whether `replica`'s group has applied `request`: the replica is a
+/// member, or is no longer one.
+fn applied_in(replica: &Replica<WasmStore>, request: &ChangeRequest) -> bool {
+    let add = matches!(request, ChangeRequest::Add { .. });
+    replica.voters().contains(&request.id()) == add
 }

@@ -153,11 +153,6 @@ impl Node {
         tenants::check_tenants(&*root, named.then_some(&names[..]))?;
         check_partitions(&*root, partitions)?;
         let count = stores.len() * partitions as usize;
-        if file.join && count > 1 {
-            bail!(
-                "`join = true` with partitions or tenants: adding a replica to a cluster of several Raft groups is not supported yet (every group would have to add it)"
-            );
-        }
         let voters: Vec<u64> = if file.join {
             Vec::new()
         } else {
@@ -653,15 +648,24 @@ impl Node {
                     g.replica.unreachable(peer);
                 }
             }
+            PeerEvent::ChangeIn(g, request) => match ChangeRequest::decode(&request) {
+                Ok(change) if (g as usize) < self.groups.len() => {
+                    self.change_group(g as usize, &change);
+                }
+                Ok(_) => warn!(
+                    group = g,
+                    "a membership change for a group this replica does not have"
+                ),
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "a membership change that does not decode")
+                }
+            },
             PeerEvent::Status(reply) => {
                 let _ = reply.send(self.status_text());
             }
             PeerEvent::Change(request, reply) => {
                 let answer = match ChangeRequest::decode(&request) {
-                    Ok(_) if self.groups.len() > 1 => ChangeAnswer::Refused(format!(
-                        "this cluster has {} Raft groups (partitions or tenants): membership changes are not supported yet with more than one",
-                        self.groups.len()
-                    )),
+                    Ok(change) if self.groups.len() > 1 => self.change_groups(&change),
                     Ok(change) => self.change(change),
                     Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
                 };
@@ -698,6 +702,7 @@ impl Node {
             leads: (0..self.count())
                 .filter(|&p| self.groups[p as usize].replica.is_leader())
                 .collect(),
+            behind: self.groups_behind(),
         }
         .encode()
     }

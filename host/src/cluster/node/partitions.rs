@@ -118,10 +118,10 @@ pub(super) fn open_logs(
         let parts = journal::parts_of(found.as_deref(), g);
         let log = LogStore::open_with(disk, voters, parts.as_deref(), journaled).map_err(|e| {
             if groups > 1 {
-                // What the log's own message advises needs membership
-                // changes, which several groups do not have yet.
+                // What the log's own message advises (`cluster rejoin`)
+                // sets aside one log, not every group's.
                 e.context(format!(
-                    "the log in {} (with partitions or tenants, `cluster rejoin` is refused: it would have to change every group's membership; restore this replica's data directory from a backup, or start the cluster anew)",
+                    "the log in {} (with partitions or tenants, `cluster rejoin` is refused; replace the replica instead: `cluster remove` it, empty its data directory, start it with `join = true` and `cluster add` it; or restore its data directory from a backup)",
                     dir.as_deref().unwrap_or(&file.data_dir).display()
                 ))
             } else {
