@@ -2509,23 +2509,8 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Acked::default()));
     let writers = writers_on_every_replica(&c.mqtt, &stop, &acked);
-    tokio::time::sleep(Duration::from_secs(2)).await;
     // Replica 1 leads partitions 0 and 3: they elect new leaders.
-    if let Some(s) = c.servers[0].take() {
-        s.kill9();
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let s = tokio::task::block_in_place(|| c.spawn(0));
-    c.servers[0] = Some(s);
-    // Back and caught up, it takes its partitions back.
-    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.await.expect("writer");
-    }
-    let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
-    eprintln!("{status}");
+    first_killed_and_back(&mut c, spread, &stop, writers).await;
     let acked = std::mem::take(&mut *acked.lock().expect("lock"));
     let (sets, dels, unsure) = every_acknowledged_write_reads_back(&c.mqtt, &acked).await;
     eprintln!(
@@ -2543,19 +2528,7 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
     // Started afresh with another count, it is not linked: it would put
     // keys in other groups. The others say why.
     let _ = std::fs::remove_dir_all(c.data_dir(2));
-    let s = tokio::task::block_in_place(|| c.spawn(2));
-    c.servers[2] = Some(s);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let said = |i: usize| {
-        c.servers[i].as_ref().is_some_and(|s| {
-            s.log()
-                .contains("another number of partitions: link closed")
-        })
-    };
-    while !(said(0) && said(1)) {
-        assert!(Instant::now() < deadline, "the others took its links");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    third_started_unlinked(&mut c, "another number of partitions: link closed").await;
 }
 
 /// Two tenants (`--config`) on 3 replicas, each store in 2 partitions:
@@ -2634,23 +2607,9 @@ async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
     let acked_lab = Arc::new(Mutex::new(Acked::default()));
     let mut writers = writers_named("plant-", &c.mqtt, &stop, &acked_plant);
     writers.extend(writers_named("lab-", &c.mqtt, &stop, &acked_lab));
-    tokio::time::sleep(Duration::from_secs(2)).await;
     // Replica 1 leads groups 0 (the plant's partition 0) and 3 (the
     // lab's partition 1).
-    if let Some(s) = c.servers[0].take() {
-        s.kill9();
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let s = tokio::task::block_in_place(|| c.spawn(0));
-    c.servers[0] = Some(s);
-    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.await.expect("writer");
-    }
-    let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
-    eprintln!("{status}");
+    first_killed_and_back(&mut c, spread, &stop, writers).await;
     let acked_plant = std::mem::take(&mut *acked_plant.lock().expect("lock"));
     let acked_lab = std::mem::take(&mut *acked_lab.lock().expect("lock"));
     let (sets, dels, _) = reads_back_to("plant-", &c.mqtt, &acked_plant).await;
@@ -2677,15 +2636,43 @@ async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
     // Started afresh with them in another order, it is not linked: a
     // tenant's entries would go to another's group. The others say why.
     let _ = std::fs::remove_dir_all(c.data_dir(2));
+    third_started_unlinked(&mut c, "a replica serving other tenants: link closed").await;
+}
+
+/// Under the `writers`' load, replica 1 is killed and restarted; once its
+/// groups are led as `spread` again, the writers stop and the replicas
+/// settle.
+async fn first_killed_and_back(
+    c: &mut Cluster,
+    spread: &str,
+    stop: &AtomicBool,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if let Some(s) = c.servers[0].take() {
+        s.kill9();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = tokio::task::block_in_place(|| c.spawn(0));
+    c.servers[0] = Some(s);
+    // Back and caught up, it takes its groups back.
+    tokio::task::block_in_place(|| partitions_led(c, spread, Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let status = tokio::task::block_in_place(|| c.settled(Duration::from_secs(30)));
+    eprintln!("{status}");
+}
+
+/// Starts replica 3 (of another layout than the others'); both others
+/// close its links and say `why`.
+async fn third_started_unlinked(c: &mut Cluster, why: &str) {
     let s = tokio::task::block_in_place(|| c.spawn(2));
     c.servers[2] = Some(s);
     let deadline = Instant::now() + Duration::from_secs(20);
-    let said = |i: usize| {
-        c.servers[i].as_ref().is_some_and(|s| {
-            s.log()
-                .contains("a replica serving other tenants: link closed")
-        })
-    };
+    let said = |i: usize| c.servers[i].as_ref().is_some_and(|s| s.log().contains(why));
     while !(said(0) && said(1)) {
         assert!(Instant::now() < deadline, "the others took its links");
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -48,13 +48,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let rt = server_runtime(&args, 1)?;
     // Metrics first, so that /readyz says "starting" during recovery.
     let metrics = rt.block_on(start_metrics(&args))?;
-    let max_memory = specs
-        .iter()
-        .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
-        .max()
-        .unwrap_or(WASM32_MAX_MEMORY);
     let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
-    let mut fleet = Fleet::new(specs.len(), max_memory, cache_dir)?;
+    let mut fleet = Fleet::new(specs.len(), max_memory(&specs), cache_dir)?;
     let started = std::time::Instant::now();
     let mut tenants = Vec::new();
     for spec in &specs {
@@ -86,6 +81,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         None => rt.block_on(server.embedded(tenants)),
         Some(broker) => rt.block_on(server.external(tenants, broker)),
     }
+}
+
+/// The largest memory cap of the tenants `specs` (the pool reserves that
+/// for every instance).
+fn max_memory(specs: &[TenantSpec]) -> usize {
+    specs
+        .iter()
+        .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
+        .max()
+        .unwrap_or(WASM32_MAX_MEMORY)
 }
 
 /// What a single process serves with, once its tenants are open.

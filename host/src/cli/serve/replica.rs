@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use statestore::cluster::node::{ClusterFile, Node, NodeTenant, Notify, Stores};
 use statestore::config::TenantSpec;
-use statestore::store::tenant::{Fleet, WASM32_MAX_MEMORY};
+use statestore::store::tenant::Fleet;
 use statestore::transport::embedded::Route;
 
 use super::options::{
@@ -118,15 +118,10 @@ fn replica_stores(
     specs: &[TenantSpec],
     named: bool,
 ) -> Result<Stores> {
-    let max_memory = specs
-        .iter()
-        .map(|s| s.limits.memory_bytes.unwrap_or(WASM32_MAX_MEMORY))
-        .max()
-        .unwrap_or(WASM32_MAX_MEMORY);
     let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
     let mut fleet = Fleet::for_replica(
         specs.len() * file.partitions as usize,
-        max_memory,
+        super::max_memory(specs),
         cache_dir,
     )?;
     let mut stores = Vec::with_capacity(specs.len());

@@ -56,7 +56,7 @@ mod partitions;
 mod tenants;
 use members::successor;
 use observers::{Gone, Observers};
-use partitions::{SPREAD_EVERY, SYNC_THREADS, check_partitions, open_logs};
+use partitions::{SPREAD_EVERY, check_partitions, open_logs, sync_pool};
 pub use tenants::{NodeTenant, Stores, fingerprint};
 
 /// One Raft group of a replica: a store (the one store, or a tenant's),
@@ -225,18 +225,7 @@ impl Node {
             }
             groups.push(Group { replica, router });
         }
-        let syncs = if journaled {
-            let threads = count.min(SYNC_THREADS);
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("log-sync-{i}"))
-                    .build()
-                    .context("starting the threads that sync the partitions' logs")?,
-            )
-        } else {
-            None
-        };
+        let syncs = journaled.then(|| sync_pool(count)).transpose()?;
         let me = file.me();
         let listener = TcpListener::bind(me.raft)
             .await
@@ -569,7 +558,7 @@ impl Node {
     }
 
     /// A client event from the transport, handed to its tenant's groups
-    /// and settled; `taken` counts the requests.
+    /// and settled; `taken` counts the requests (and departures).
     async fn client_event<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -583,7 +572,10 @@ impl Node {
                 *taken += m.len();
                 self.requests(transport, t, m).await
             }
-            Some(Received::ClientGone(id)) => self.client_gone(transport, t, id).await,
+            Some(Received::ClientGone(id)) => {
+                *taken += 1;
+                self.client_gone(transport, t, id).await
+            }
             None => Ok(()),
         };
         transport.settle().await?;

@@ -14,7 +14,7 @@ use crate::cluster::log::journal::{self, Journal};
 use crate::store::storage::{DirStorage, Storage};
 
 /// The most threads syncing partitions' logs at once.
-pub(super) const SYNC_THREADS: usize = 16;
+const SYNC_THREADS: usize = 16;
 
 /// How often (in ticks) a replica looks at the partitions it leads.
 pub(super) const SPREAD_EVERY: u32 = 20;
@@ -81,6 +81,16 @@ impl Node {
         let logs = self.groups.iter_mut().map(|g| g.replica.log_mut());
         journal.checkpoint(self.syncs.as_ref(), logs.collect())
     }
+}
+
+/// The threads that sync the logs of `count` groups at the round
+/// journal's checkpoints.
+pub(super) fn sync_pool(count: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(count.min(SYNC_THREADS))
+        .thread_name(|i| format!("log-sync-{i}"))
+        .build()
+        .context("starting the threads that sync the groups' logs")
 }
 
 /// Opens the log of every group of replica `file.id` (group `g`'s in
