@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use azure_iot_operations_services::state_store::{Operation, SetOptions};
+use statestore::cluster::partition::partition_of;
 use statestore_tests::broker::{RawClient, free_port, prop, text};
 use statestore_tests::links::Proxy;
 use statestore_tests::process::Server;
@@ -1239,7 +1240,9 @@ async fn a_dead_replica_is_replaced_by_a_new_one_while_the_cluster_serves() {
 /// partition's group, each through its own leader (`cluster add` and
 /// `remove` return once every group has it), the new replica joins every
 /// group from its leader's snapshot, and the removed leader hands over
-/// every group it leads.
+/// every group it leads. The key observed through the dead replica is in
+/// the partition the dead replica led: its registration still goes when
+/// the removal applies before that group has a new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replica_of_a_store_in_partitions_is_replaced_while_it_serves() {
     a_dead_replica_replaced(3).await;
@@ -1251,9 +1254,20 @@ async fn a_dead_replica_replaced(partitions: u32) {
     } else {
         Cluster::with_partitions(3, partitions)
     };
+    if partitions == 3 {
+        // Partition p led by replica p + 1.
+        let spread = "partitions: 3 (the table shows partition 0); replica 1 leads 0; replica 2 leads 1; replica 3 leads 2";
+        tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    }
     let leader = c.leader(Duration::from_secs(20));
     let dead = (leader + 1) % 3;
     let other = (leader + 2) % 3;
+    // A key of the partition the dead replica leads (partition `dead` when
+    // there are 3).
+    let observed = (0..20)
+        .map(|i| format!("before-{i}"))
+        .find(|k| partitions == 1 || partition_of(k.as_bytes(), partitions) as usize == dead)
+        .expect("a key in every partition");
     let writer = sdk(c.mqtt[other], "membership-writer").await;
     let mut versions = Vec::new();
     for i in 0..20 {
@@ -1274,7 +1288,7 @@ async fn a_dead_replica_replaced(partitions: u32) {
     let observer = observer_of(
         c.mqtt[dead],
         "membership-observer",
-        b"before-0",
+        observed.as_bytes(),
         c.metrics[leader],
     )
     .await;

@@ -183,37 +183,23 @@ impl Node {
         }
         known.retain(|r| voters.contains(&r.id));
         // What the clients of a replica that left registered through it goes
-        // with it: a life of it later than any (proposed by the leader that
-        // applied the removal; `replica-started` drops every registration
-        // of an earlier life).
+        // with it, in every group: each group's leader proposes it (see
+        // `propose_drops`), whichever replica leads it when.
         let removed: Vec<u64> = self
             .replicas
             .iter()
             .map(|r| r.id)
             .filter(|id| !voters.contains(id))
             .collect();
-        let now = self.clock.now_ms();
         for group in &mut self.groups {
-            if !group.replica.is_leader() || group.router.via().is_none() {
-                continue;
-            }
+            group.drops.retain(|id| !voters.contains(id));
             for &id in &removed {
-                let batch = wire::encode_batch(&[Input::ReplicaStarted(statestore_guest::Via {
-                    replica: id,
-                    started: u64::MAX,
-                })]);
-                match group.replica.propose_wire(me, &batch, now) {
-                    Ok(_) => info!(
-                        replica = me,
-                        removed = id,
-                        "the registrations made through a removed replica go"
-                    ),
-                    Err(e) => {
-                        warn!(removed = id, error = %format!("{e:#}"), "the registrations made through a removed replica stay (proposal refused)")
-                    }
+                if !group.drops.contains(&id) {
+                    group.drops.push(id);
                 }
             }
         }
+        self.propose_drops();
         for r in &known {
             self.links.add(r.id, r.raft);
         }
@@ -241,6 +227,47 @@ impl Node {
         }
         self.replicas = known;
         Ok(())
+    }
+}
+
+impl Node {
+    /// Proposes, in each group this replica leads, that what the clients of
+    /// removed replicas registered through them goes: a life of each later
+    /// than any (`replica-started` drops every registration of an earlier
+    /// life). Every replica keeps the removals it has applied until it has
+    /// proposed them as a group's leader (or the replica is a member again),
+    /// so a group led by another replica, or by none, when the removal
+    /// applied has them dropped by whichever replica leads it next; a drop
+    /// proposed twice drops nothing more.
+    pub(super) fn propose_drops(&mut self) {
+        let me = self.id();
+        let now = self.clock.now_ms();
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            if group.drops.is_empty()
+                || !group.replica.is_leader()
+                || group.router.via().is_none()
+            {
+                continue;
+            }
+            for id in std::mem::take(&mut group.drops) {
+                let batch = wire::encode_batch(&[Input::ReplicaStarted(statestore_guest::Via {
+                    replica: id,
+                    started: u64::MAX,
+                })]);
+                match group.replica.propose_wire(me, &batch, now) {
+                    Ok(_) => info!(
+                        replica = me,
+                        removed = id,
+                        group = g,
+                        "the registrations made through a removed replica go"
+                    ),
+                    Err(e) => {
+                        warn!(removed = id, error = %format!("{e:#}"), "the registrations made through a removed replica stay for now (proposal refused; tried again next tick)");
+                        group.drops.push(id);
+                    }
+                }
+            }
+        }
     }
 }
 

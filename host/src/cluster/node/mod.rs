@@ -66,6 +66,10 @@ struct Group {
     replica: Replica<WasmStore>,
     /// What to do with the clients' traffic for it.
     router: Router,
+    /// Replicas removed from the membership whose clients' registrations
+    /// this replica has yet to have dropped in this group, as its leader
+    /// ([`Node::propose_drops`]).
+    drops: Vec<u64>,
 }
 
 /// One replica, ready to serve.
@@ -223,7 +227,11 @@ impl Node {
                 // Many groups: the idle ones stop their clocks.
                 replica.set_quiet_after(Some(crate::cluster::quiet::QUIET_AFTER));
             }
-            groups.push(Group { replica, router });
+            groups.push(Group {
+                replica,
+                router,
+                drops: Vec::new(),
+            });
         }
         let syncs = journaled.then(|| sync_pool(count)).transpose()?;
         let me = file.me();
@@ -722,6 +730,7 @@ impl Node {
         }
         self.refresh_metrics();
         self.spread_leaders();
+        self.propose_drops();
         let now = self.now();
         let mut result = Ok(());
         for g in 0..self.groups.len() {
