@@ -2193,7 +2193,26 @@ async fn a_replica_of_partitions_refuses_a_lost_journal_and_reads_past_a_cut_log
 /// again, it catches up and serves every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_lost_its_log_rejoins_and_catches_up() {
-    let mut c = Cluster::new(3);
+    a_follower_that_lost_a_log_rejoins(1).await;
+}
+
+/// The same for a store in 2 partitions: one partition's log deleted,
+/// `cluster rejoin` sets every group's log aside (each keeping the newest
+/// term and vote of its files and the round journal) and the journal too,
+/// and the replica is removed from and added back to every group. Then a
+/// partition's directory lost whole is refused, not started as a new
+/// member's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_of_partitions_that_lost_a_log_rejoins_and_catches_up() {
+    a_follower_that_lost_a_log_rejoins(2).await;
+}
+
+async fn a_follower_that_lost_a_log_rejoins(partitions: u32) {
+    let mut c = if partitions == 1 {
+        Cluster::new(3)
+    } else {
+        Cluster::with_partitions(3, partitions)
+    };
     let leader = c.leader(Duration::from_secs(20));
     let f = (leader + 1) % 3;
     let mut writer = RawClient::connect(c.mqtt[leader], "before-loss").await;
@@ -2206,7 +2225,14 @@ async fn a_follower_that_lost_its_log_rejoins_and_catches_up() {
     }
     c.settled(Duration::from_secs(30));
     c.servers[f].take().expect("running").kill9();
-    std::fs::remove_file(current_log(&c.data_dir(f))).expect("rm");
+    let dirs: Vec<PathBuf> = if partitions == 1 {
+        vec![c.data_dir(f)]
+    } else {
+        (0..partitions)
+            .map(|p| c.data_dir(f).join(format!("partition-{p}")))
+            .collect()
+    };
+    std::fs::remove_file(current_log(&dirs[0])).expect("rm");
     let log = c.start_refused(f);
     assert!(
         log.contains("is missing") && log.contains("cluster rejoin"),
@@ -2215,12 +2241,24 @@ async fn a_follower_that_lost_its_log_rejoins_and_catches_up() {
     let (ok, out) = cluster_command(&c.file(f), &["rejoin"]);
     assert!(ok, "{out}");
     assert!(out.contains("kept") && out.contains("rejoins"), "{out}");
-    let discarded = std::fs::read_dir(c.data_dir(f))
-        .expect("dir")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("discarded-"))
-        .count();
-    assert!(discarded > 0, "moved aside, not deleted");
+    let discarded = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .expect("dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("discarded-"))
+            .count()
+    };
+    for dir in &dirs {
+        assert!(
+            discarded(dir) > 0,
+            "moved aside, not deleted: {}",
+            dir.display()
+        );
+    }
+    if partitions > 1 {
+        assert!(out.contains("the round journal moved aside"), "{out}");
+        assert!(!c.data_dir(f).join("raft-journal").exists());
+    }
     // Written while it was away, too.
     let reply = writer.call(&[b"SET", b"while-away", b"v"]).await;
     assert_eq!(text(&reply), "+OK\r\n");
@@ -2237,6 +2275,12 @@ async fn a_follower_that_lost_its_log_rejoins_and_catches_up() {
     }
     writer.disconnect().await;
     reader.disconnect().await;
+    if partitions > 1 {
+        c.servers[f].take().expect("running").kill9();
+        std::fs::remove_dir_all(&dirs[1]).expect("rm -r");
+        let log = c.start_refused(f);
+        assert!(log.contains("hold(s) no Raft log"), "{log}");
+    }
 }
 
 /// The SDK scenarios one process passes (`statestore_tests::scenarios`:

@@ -385,16 +385,10 @@ pub fn rejoin(path: &Path) -> Result<()> {
             "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
         );
     }
-    if file.partitions > 1 {
-        anyhow::bail!(
-            "a store in {} partitions cannot rejoin yet (each partition's log would have to be set aside): replace the replica instead (`cluster remove` it, empty its data directory, start it with `join = true` and `cluster add` it), or restore its data directory from a backup",
-            file.partitions
-        );
+    let now = crate::store::clock::now_ms();
+    for said in rejoin_data_dir(&file, now)? {
+        println!("{said}");
     }
-    let disk = crate::store::storage::DirStorage::open(&file.data_dir)
-        .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
-    let said = super::log::rejoin(&disk, crate::store::clock::now_ms())?;
-    println!("{said}");
     let me = file.me();
     remove(path, file.id)
         .context("the data directory is ready; the leader did not remove it (run `statestore cluster remove`, then `cluster add`, yourself)")?;
@@ -406,6 +400,48 @@ pub fn rejoin(path: &Path) -> Result<()> {
         file.data_dir.display()
     );
     Ok(())
+}
+
+/// The data directory's part of `cluster rejoin` for replica `file`: every
+/// group's log set aside, each keeping its term and vote (with several
+/// groups, the newest of its files' and the round journal's; the journal
+/// then set aside too). What was done, a line a group.
+fn rejoin_data_dir(file: &ClusterFile, now_ms: u64) -> Result<Vec<String>> {
+    use crate::store::storage::{DirStorage, Storage as _};
+    let root = DirStorage::open(&file.data_dir)
+        .with_context(|| format!("cannot open {}", file.data_dir.display()))?;
+    let tenants = super::node::recorded_tenants(&root)?;
+    let dirs = super::node::group_dirs(&file.data_dir, tenants.as_deref(), file.partitions);
+    if let [None] = &dirs[..] {
+        return Ok(vec![super::log::rejoin(&root, now_ms, &[])?]);
+    }
+    // Several groups: the journal holds each one's newest rounds.
+    let found = super::log::journal::read(&root).with_context(|| {
+        format!(
+            "the round journal in {} cannot be read, and it may hold the newest term and vote of every group: the replica cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id {}`, then add a new replica under a new id",
+            file.data_dir.display(),
+            file.id
+        )
+    })?;
+    let mut said = Vec::with_capacity(dirs.len());
+    for (g, dir) in dirs.iter().enumerate() {
+        let dir = dir.as_deref().unwrap_or(&file.data_dir);
+        let disk =
+            DirStorage::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+        let parts = super::log::journal::parts_of(found.as_deref(), g as u32).unwrap_or_default();
+        said.push(super::log::rejoin(&disk, now_ms, &parts)?);
+    }
+    if found.is_some() {
+        let to = format!("discarded-{now_ms}.{}", super::log::journal::JOURNAL);
+        root.rename(super::log::journal::JOURNAL, &to)
+            .context("moving the round journal aside")?;
+        root.sync_dir().context("syncing the data directory")?;
+        said.push(format!(
+            "{}: the round journal moved aside: {to}",
+            file.data_dir.display()
+        ));
+    }
+    Ok(said)
 }
 
 /// `cluster add`: replica `id`, listening for replicas on `raft` (and for

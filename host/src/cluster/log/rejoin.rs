@@ -17,9 +17,11 @@ use crate::store::storage::Storage;
 /// Its log, snapshot and membership are moved aside (renamed
 /// `discarded-<now_ms>.<name>`), never deleted. The cluster's part is to
 /// remove the replica and add it back (the leader keeps what each replica
-/// acknowledged; only a new member starts from nothing). Returns what it
-/// did, for the operator.
-pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
+/// acknowledged; only a new member starts from nothing). `journal`: what
+/// the replica's round journal holds of this log (a replica of several
+/// groups), whose term and vote may be newer than the log's own files'.
+/// Returns what it did, for the operator.
+pub fn rejoin(disk: &dyn Storage, now_ms: u64, journal: &[&journal::Part]) -> Result<String> {
     disk.lock().with_context(|| {
         format!(
             "{} is in use by another process (stop the replica first)",
@@ -36,55 +38,48 @@ pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
             || n == STATE_NEW
             || n.starts_with("raft-log.")
     };
-    if !names.iter().any(ours) {
+    if !names.iter().any(ours) && journal.is_empty() {
         bail!(
             "{}: no Raft log here: nothing to rejoin (a new replica starts with `join = true` and an empty data directory)",
             disk.describe()
         );
     }
-    // Term and vote: raft-state's, or else the newest any log file still has.
-    let mut hs = HardState::default();
-    match read_anchor(disk, &names) {
-        Ok(Some(a)) => {
-            hs.term = a.term;
-            hs.vote = a.vote;
+    // Term and vote: the newest that raft-state, any log file or the round
+    // journal's parts of this log (`journal`) still have.
+    let mut newest: Option<HardState> = None;
+    let mut consider = |h: HardState| {
+        let newer = match &newest {
+            None => true,
+            Some(n) => h.term > n.term || (h.term == n.term && n.vote == 0),
+        };
+        if newer {
+            newest = Some(h);
         }
-        _ => {
-            let mut found = false;
-            for n in names
-                .iter()
-                .filter(|n| n.starts_with("raft-log.") && *n != CURRENT)
-            {
-                let Ok(data) = disk.read(n) else { continue };
-                let mut p = 0;
-                while p + 9 <= data.len() {
-                    let len = u32::from_le_bytes(data[p..p + 4].try_into().expect("4")) as usize;
-                    let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
-                    if len == 0
-                        || data.len() - p - 8 < len
-                        || crc32fast::hash(&data[p + 8..p + 8 + len]) != crc
-                    {
-                        break;
-                    }
-                    if data[p + 8] == KIND_HARD_STATE
-                        && let Ok(h) = HardState::parse_from_bytes(&data[p + 9..p + 8 + len])
-                        && h.term >= hs.term
-                    {
-                        hs.term = h.term;
-                        hs.vote = h.vote;
-                        found = true;
-                    }
-                    p += 8 + len;
-                }
-            }
-            if !found {
-                bail!(
-                    "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (docs/src/cluster.md, \"Recovery runbook\")",
-                    disk.describe()
-                );
-            }
+    };
+    if let Ok(Some(a)) = read_anchor(disk, &names) {
+        consider(HardState {
+            term: a.term,
+            vote: a.vote,
+            ..HardState::default()
+        });
+    }
+    for n in names
+        .iter()
+        .filter(|n| n.starts_with("raft-log.") && *n != CURRENT)
+    {
+        if let Ok(data) = disk.read(n) {
+            hard_states(&data).into_iter().for_each(&mut consider);
         }
     }
+    for part in journal {
+        hard_states(&part.bytes).into_iter().for_each(&mut consider);
+    }
+    let Some(hs) = newest else {
+        bail!(
+            "{}: neither raft-state nor any Raft log file says which term this replica reached and whom it voted for: it cannot rejoin under its id safely (it could vote twice in one term); replace it instead: `statestore cluster remove --id <its id>`, then add a new replica under a new id (docs/src/cluster.md, \"Recovery runbook\")",
+            disk.describe()
+        );
+    };
     let mut moved = Vec::new();
     for n in names.iter().filter(|n| ours(n)) {
         let to = format!("discarded-{now_ms}.{n}");
@@ -109,4 +104,26 @@ pub fn rejoin(disk: &dyn Storage, now_ms: u64) -> Result<String> {
         hs.vote,
         moved.join(", ")
     ))
+}
+
+/// The hard states among the good records at the start of `data` (a log
+/// file's bytes, or a journal's part of one), in order.
+fn hard_states(data: &[u8]) -> Vec<HardState> {
+    let mut found = Vec::new();
+    let mut p = 0;
+    while p + 9 <= data.len() {
+        let len = u32::from_le_bytes(data[p..p + 4].try_into().expect("4")) as usize;
+        let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
+        if len == 0 || data.len() - p - 8 < len || crc32fast::hash(&data[p + 8..p + 8 + len]) != crc
+        {
+            break;
+        }
+        if data[p + 8] == KIND_HARD_STATE
+            && let Ok(h) = HardState::parse_from_bytes(&data[p + 9..p + 8 + len])
+        {
+            found.push(h);
+        }
+        p += 8 + len;
+    }
+    found
 }

@@ -310,7 +310,7 @@ fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
         // And again: refusing did not change anything.
         assert!(open_dir(&dir).is_err(), "{what}");
         let disk = crate::store::storage::DirStorage::open(&dir).expect("dir");
-        let said = rejoin(&disk, 1_000).expect("rejoin");
+        let said = rejoin(&disk, 1_000, &[]).expect("rejoin");
         assert!(said.contains("term 2, vote 3 kept"), "{said}");
         drop(disk);
         let back = open_dir(&dir).expect("rejoined");
@@ -326,6 +326,60 @@ fn a_log_that_lost_what_it_held_refuses_to_start_and_can_rejoin() {
             .count();
         assert!(kept >= 2, "{what}: moved aside, not deleted");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A replica of several groups rejoins each group's log with the newest
+/// term and vote among its files and its parts of the round journal (which
+/// may be newer: under the journal a log's files are synced at
+/// checkpoints only).
+#[test]
+fn a_log_rejoins_with_the_journal_s_newer_term_and_vote() {
+    let dir =
+        std::env::temp_dir().join(format!("statestore-rejoin-journal-{}", std::process::id()));
+    synced_log(&dir, false);
+    let mut bytes = Vec::new();
+    let newer = HardState {
+        term: 7,
+        vote: 1,
+        commit: 20,
+        ..HardState::default()
+    };
+    frame(
+        KIND_HARD_STATE,
+        &newer.write_to_bytes().expect("hs"),
+        &mut bytes,
+    );
+    let part = journal::Part {
+        generation: 1,
+        at: 0,
+        bytes,
+    };
+    let disk = crate::store::storage::DirStorage::open(&dir).expect("dir");
+    let said = rejoin(&disk, 1_000, &[&part]).expect("rejoin");
+    assert!(said.contains("term 7, vote 1 kept"), "{said}");
+    drop(disk);
+    let back = open_dir(&dir).expect("rejoined");
+    assert_eq!((back.hard_state().term, back.hard_state().vote), (7, 1));
+    drop(back);
+    // An older one does not take the files' place.
+    let older = journal::Part {
+        generation: 1,
+        at: 0,
+        bytes: {
+            let mut b = Vec::new();
+            let h = HardState {
+                term: 3,
+                vote: 2,
+                ..HardState::default()
+            };
+            frame(KIND_HARD_STATE, &h.write_to_bytes().expect("hs"), &mut b);
+            b
+        },
+    };
+    let disk = crate::store::storage::DirStorage::open(&dir).expect("dir");
+    let said = rejoin(&disk, 2_000, &[&older]).expect("rejoin again");
+    assert!(said.contains("term 7, vote 1 kept"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -243,9 +243,7 @@ impl Node {
         let me = self.id();
         let now = self.clock.now_ms();
         for (g, group) in self.groups.iter_mut().enumerate() {
-            if group.drops.is_empty()
-                || !group.replica.is_leader()
-                || group.router.via().is_none()
+            if group.drops.is_empty() || !group.replica.is_leader() || group.router.via().is_none()
             {
                 continue;
             }

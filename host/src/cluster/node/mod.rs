@@ -58,6 +58,7 @@ use members::successor;
 use observers::{Gone, Observers};
 use partitions::{SPREAD_EVERY, check_partitions, open_logs, sync_pool};
 pub use tenants::{NodeTenant, Stores, fingerprint};
+pub(crate) use tenants::{group_dirs, recorded_tenants};
 
 /// One Raft group of a replica: a store (the one store, or a tenant's),
 /// or one partition of it (`partitions` in the cluster file; see
@@ -176,14 +177,7 @@ impl Node {
         // that loses any synced byte is noticed); several make their
         // rounds durable through the round journal.
         let journaled = durability == Durability::Always && count > 1;
-        let dirs: Vec<_> = stores
-            .iter()
-            .flat_map(|t| {
-                let tenant = named.then_some(t.name.as_str());
-                (0..partitions)
-                    .map(move |p| tenants::group_dir(&file.data_dir, tenant, partitions, p))
-            })
-            .collect();
+        let dirs = tenants::group_dirs(&file.data_dir, named.then_some(&names[..]), partitions);
         let (logs, journal) = open_logs(file, &root, &dirs, &voters, journaled)?;
         let mut groups = Vec::with_capacity(count);
         // The groups' routers hold requests against the replica's bounds.

@@ -114,6 +114,9 @@ pub(super) fn open_logs(
             file.data_dir.display()
         );
     }
+    if groups > 1 {
+        check_every_log_there(file, dirs)?;
+    }
     let mut logs = Vec::with_capacity(dirs.len());
     for (g, dir) in (0..groups).zip(dirs) {
         let disk = match dir {
@@ -128,10 +131,8 @@ pub(super) fn open_logs(
         let parts = journal::parts_of(found.as_deref(), g);
         let log = LogStore::open_with(disk, voters, parts.as_deref(), journaled).map_err(|e| {
             if groups > 1 {
-                // What the log's own message advises (`cluster rejoin`)
-                // sets aside one log, not every group's.
                 e.context(format!(
-                    "the log in {} (with partitions or tenants, `cluster rejoin` is refused; replace the replica instead: `cluster remove` it, empty its data directory, start it with `join = true` and `cluster add` it; or restore its data directory from a backup)",
+                    "the log in {} (`statestore cluster rejoin` sets every group's log aside)",
                     dir.as_deref().unwrap_or(&file.data_dir).display()
                 ))
             } else {
@@ -161,6 +162,42 @@ pub(super) fn open_logs(
         None
     };
     Ok((logs, journal))
+}
+
+/// Refuses a replica of several groups some of whose directories hold a
+/// Raft log and others none: a group's directory lost whole (its log, its
+/// term and vote) would otherwise start again as a new member's, having
+/// forgotten what it acknowledged.
+fn check_every_log_there(
+    file: &crate::cluster::node::ClusterFile,
+    dirs: &[Option<std::path::PathBuf>],
+) -> Result<()> {
+    let holds_log = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with("raft-"))
+            })
+        })
+    };
+    let dirs: Vec<&std::path::Path> = dirs
+        .iter()
+        .map(|d| d.as_deref().unwrap_or(&file.data_dir))
+        .collect();
+    let missing: Vec<String> = dirs
+        .iter()
+        .filter(|d| !holds_log(d))
+        .map(|d| d.display().to_string())
+        .collect();
+    if !missing.is_empty() && missing.len() < dirs.len() {
+        bail!(
+            "{} hold(s) no Raft log, and the replica's other groups do: a group's log was lost whole (its entries, its term and vote): refusing to start; `statestore cluster rejoin` can set the others aside only if the round journal still has that group's term and vote; otherwise replace the replica: `statestore cluster remove --id {}`, then a new replica under a new id, started with an empty data directory and `join = true`, and `statestore cluster add` (docs/src/cluster.md, \"Recovery runbook\")",
+            missing.join(", "),
+            file.id
+        );
+    }
+    Ok(())
 }
 
 /// The file of a data directory that records how many partitions its store

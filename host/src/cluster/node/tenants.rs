@@ -65,22 +65,46 @@ pub fn fingerprint(names: &[String]) -> u64 {
 /// The file of a data directory that records its tenants.
 const TENANTS: &str = "tenants";
 
-/// Checks that the data directory holds the stores of tenants `names`
-/// (`None`: the one store of a replica without tenants), or none yet (it
-/// then records them).
-pub(super) fn check_tenants(root: &dyn Storage, names: Option<&[String]>) -> Result<()> {
-    let recorded: Option<Vec<String>> = match root.read(TENANTS) {
-        Ok(bytes) => Some(
+/// The tenants a data directory records (`None`: a replica without
+/// tenants, or a new data directory).
+pub(crate) fn recorded_tenants(root: &dyn Storage) -> Result<Option<Vec<String>>> {
+    match root.read(TENANTS) {
+        Ok(bytes) => Ok(Some(
             std::str::from_utf8(&bytes)
                 .context("`tenants` in the data directory is not UTF-8")?
                 .lines()
                 .filter(|l| !l.is_empty())
                 .map(str::to_string)
                 .collect(),
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).context("reading `tenants` in the data directory"),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).context("reading `tenants` in the data directory"),
+    }
+}
+
+/// Where each group of a replica keeps its log (group `g` at `[g]`; see
+/// [`group_dir`]): `tenants` the replica's (`None`: the one store), each
+/// store in `partitions` partitions.
+pub(crate) fn group_dirs(
+    data_dir: &Path,
+    tenants: Option<&[String]>,
+    partitions: u32,
+) -> Vec<Option<PathBuf>> {
+    let stores: Vec<Option<&str>> = match tenants {
+        Some(names) => names.iter().map(|n| Some(n.as_str())).collect(),
+        None => vec![None],
     };
+    stores
+        .into_iter()
+        .flat_map(|tenant| (0..partitions).map(move |p| group_dir(data_dir, tenant, partitions, p)))
+        .collect()
+}
+
+/// Checks that the data directory holds the stores of tenants `names`
+/// (`None`: the one store of a replica without tenants), or none yet (it
+/// then records them).
+pub(super) fn check_tenants(root: &dyn Storage, names: Option<&[String]>) -> Result<()> {
+    let recorded = recorded_tenants(root)?;
     let exists = |name: &str| match root.read(name) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),

@@ -639,7 +639,7 @@ impl<'o> Sim<'o> {
                             // its data directory joins again, keeping the
                             // term and vote; the leader removes it and adds
                             // it back (one partition only: see `damage`).
-                            super::log::rejoin(disk, now_ms)?;
+                            super::log::rejoin(disk, now_ms, &[])?;
                             node.damaged = false;
                             node.rejoining = true;
                             node.down_until = u64::MAX;
