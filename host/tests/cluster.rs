@@ -71,7 +71,9 @@ impl Cluster {
     fn with_args(replicas: usize, args: &[&str]) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
         let args = args.iter().map(|a| (*a).to_string()).collect();
-        Cluster::build_with_raft(replicas, None, raft, Vec::new(), args, 1, |_, _, raft| raft)
+        Cluster::build_with_raft(replicas, None, raft, Vec::new(), args, "", |_, _, raft| {
+            raft
+        })
     }
 
     /// Replicas serving the tenants of the config file `config` (its
@@ -91,13 +93,19 @@ impl Cluster {
             raft,
             Vec::new(),
             args,
-            partitions,
+            &format!("partitions = {partitions}\n"),
             |_, _, raft| raft,
         )
     }
 
     /// Replicas of a store in `partitions` partitions.
     fn with_partitions(replicas: usize, partitions: u32) -> Cluster {
+        Cluster::with_layout(replicas, &format!("partitions = {partitions}\n"))
+    }
+
+    /// Replicas whose cluster file has `layout` (lines of it: partitions,
+    /// copies).
+    fn with_layout(replicas: usize, layout: &str) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
         Cluster::build_with_raft(
             replicas,
@@ -105,7 +113,7 @@ impl Cluster {
             raft,
             Vec::new(),
             Vec::new(),
-            partitions,
+            layout,
             |_, _, raft| raft,
         )
     }
@@ -149,7 +157,7 @@ impl Cluster {
             raft,
             links,
             Vec::new(),
-            1,
+            "",
             move |i, j, raft| {
                 if i == j { raft } else { ports[i][j] }
             },
@@ -175,7 +183,7 @@ impl Cluster {
         peer: impl Fn(usize, usize, u16) -> u16,
     ) -> Cluster {
         let raft: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
-        Cluster::build_with_raft(replicas, broker, raft, links, Vec::new(), 1, peer)
+        Cluster::build_with_raft(replicas, broker, raft, links, Vec::new(), "", peer)
     }
 
     /// The files (replica `i` names replica `j`'s raft port `peer(i, j,
@@ -187,7 +195,7 @@ impl Cluster {
         raft: Vec<u16>,
         links: Vec<Vec<Option<Proxy>>>,
         args: Vec<String>,
-        partitions: u32,
+        layout: &str,
         peer: impl Fn(usize, usize, u16) -> u16,
     ) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
@@ -201,7 +209,7 @@ impl Cluster {
         let mqtt: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
         let file = |i: usize, peer: &dyn Fn(usize, usize, u16) -> u16| {
             let mut f = format!(
-                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\npartitions = {partitions}\n",
+                "id = {}\ndata_dir = \"replica-{}\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\n{layout}",
                 i + 1,
                 i + 1
             );
@@ -2587,6 +2595,101 @@ async fn a_store_in_partitions_keeps_its_writes_and_spreads_its_leaders() {
     // keys in other groups. The others say why.
     let _ = std::fs::remove_dir_all(c.data_dir(2));
     third_started_unlinked(&mut c, "another number of partitions: link closed").await;
+}
+
+/// A cluster of 4 replicas whose file says `copies = 3`, its store in 4
+/// partitions: each group on 3 of the replicas (group `g` on the `g`-th and
+/// the two after it), so each replica keeps 3 groups' logs and is the
+/// place of one's leader. A client of any replica uses every key: what its
+/// replica does not hold goes to a replica that does, and the answer comes
+/// back; an observer is notified through a replica that does not hold its
+/// key's group. The unmodified SDK scenarios pass through the replica that
+/// does not hold group 0; under a write load on every replica the replica
+/// holding groups 0, 2 and 3 is killed and restarted, and every
+/// acknowledged write reads back from the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_on_3_of_4_replicas_serve_every_key_through_every_replica() {
+    let mut c = Cluster::with_layout(4, "partitions = 4\ncopies = 3\n");
+    let spread = "partitions: 4 (the table shows the first group each replica holds); replica 1 leads 0; replica 2 leads 1; replica 3 leads 2; replica 4 leads 3";
+    let status =
+        tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    assert!(
+        status.contains("groups placed (`copies = 3`): replica 1 holds 0,2,3; replica 2 holds 0,1,3; replica 3 holds 0,1,2; replica 4 holds 1,2,3"),
+        "{status}"
+    );
+    for (i, holds) in [[0, 2, 3], [0, 1, 3], [0, 1, 2], [1, 2, 3]]
+        .iter()
+        .enumerate()
+    {
+        for p in 0..4 {
+            let state = c
+                .data_dir(i)
+                .join(format!("partition-{p}"))
+                .join("raft-state");
+            assert_eq!(state.is_file(), holds.contains(&p), "{}", state.display());
+        }
+    }
+    let key_in = |p: u32| {
+        (0..)
+            .map(|i| format!("placed-{i}"))
+            .find(|k| partition_of(k.as_bytes(), 4) == p)
+            .expect("a key")
+    };
+    // Replica 1 does not hold group 1: its observer of a key there is
+    // notified of a change written through replica 3.
+    let mut observer = RawClient::connect(c.mqtt[0], "placed-observer").await;
+    observer.subscribe(&observer.response_topic()).await;
+    let got = observer.call(&[b"KEYNOTIFY", key_in(1).as_bytes()]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    let mut writer = RawClient::connect(c.mqtt[2], "placed-writer").await;
+    writer.subscribe(&writer.response_topic()).await;
+    for p in 0..4 {
+        let got = writer
+            .call(&[b"SET", key_in(p).as_bytes(), format!("v{p}").as_bytes()])
+            .await;
+        assert_eq!(text(&got), "+OK\r\n", "partition {p}");
+    }
+    assert!(notified(&mut observer, key_in(1).as_bytes(), Duration::from_secs(5)).await);
+    for (i, port) in c.mqtt.iter().enumerate() {
+        let mut reader = RawClient::connect(*port, &format!("placed-reader-{i}")).await;
+        reader.subscribe(&reader.response_topic()).await;
+        for p in 0..4 {
+            let got = reader.call(&[b"GET", key_in(p).as_bytes()]).await;
+            assert_eq!(
+                text(&got),
+                format!("$2\r\nv{p}\r\n"),
+                "partition {p} through replica {}",
+                i + 1
+            );
+        }
+        reader.disconnect().await;
+    }
+    for client in [observer, writer] {
+        client.disconnect().await;
+    }
+    for (name, scenario) in sdk_scenarios() {
+        eprintln!("{name}");
+        tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[3]))
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let writers = writers_on_every_replica(&c.mqtt, &stop, &acked);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.servers[0].take().expect("running").kill9();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = tokio::task::block_in_place(|| c.spawn(0));
+    c.servers[0] = Some(s);
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    let (sets, dels, _) = reads_back_to("placed-", &c.mqtt[1..], &acked).await;
+    eprintln!("{sets} acknowledged SETs and {dels} DELs read back");
 }
 
 /// Two tenants (`--config`) on 3 replicas, each store in 2 partitions:

@@ -84,6 +84,10 @@ pub(crate) struct ReplicaReport {
     /// partition 0's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub leads: Vec<u32>,
+    /// With the groups placed on some replicas: the groups it holds (the
+    /// columns above are the first's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<u32>,
 }
 
 /// What `cluster status` found.
@@ -148,13 +152,17 @@ fn report(
                     leader: m.leader,
                     commit: m.commit,
                     applied: m.applied,
-                    lag: leader_applied.map(|l| l.saturating_sub(m.applied)),
+                    // Placed, each row is of another group: no lag to say.
+                    lag: leader_applied
+                        .filter(|_| m.holds.is_empty())
+                        .map(|l| l.saturating_sub(m.applied)),
                     mqtt: m.mqtt.map_or(String::new(), |a| a.to_string()),
                     leads: if m.partitions > 1 {
                         m.leads.clone()
                     } else {
                         Vec::new()
                     },
+                    holds: m.holds.clone(),
                 },
                 Err(e) => ReplicaReport {
                     id: *id,
@@ -168,6 +176,7 @@ fn report(
                     lag: None,
                     mqtt: String::new(),
                     leads: Vec::new(),
+                    holds: Vec::new(),
                 },
             }
         })
@@ -257,9 +266,31 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
             })
             .collect();
         let led: usize = r.replicas.iter().map(|x| x.leads.len()).sum();
+        let placed = r.replicas.iter().any(|x| !x.holds.is_empty());
+        if placed {
+            let holds: Vec<String> = r
+                .replicas
+                .iter()
+                .filter(|x| !x.holds.is_empty())
+                .map(|x| {
+                    let list: Vec<String> = x.holds.iter().map(u32::to_string).collect();
+                    format!("replica {} holds {}", x.id, list.join(","))
+                })
+                .collect();
+            println!(
+                "groups placed (`copies = {}`): {}",
+                file.copies.unwrap_or(file.replicas.len()),
+                holds.join("; ")
+            );
+        }
         println!(
-            "partitions: {} (the table shows partition 0); {}{}",
+            "partitions: {} (the table shows {}); {}{}",
             r.partitions,
+            if placed {
+                "the first group each replica holds"
+            } else {
+                "partition 0"
+            },
             if leads.is_empty() {
                 "none led".to_string()
             } else {

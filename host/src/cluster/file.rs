@@ -55,6 +55,13 @@ pub struct ClusterFile {
     /// fixed for the life of the store (see `super::partition`).
     #[serde(default = "one")]
     pub partitions: u32,
+    /// Each group (a partition, a tenant's store) on this many of the
+    /// replicas, spread over them (see `super::placement`); default: every
+    /// group on every replica. With fewer than the replicas, a cluster may
+    /// have up to 64 replicas, and its members are the file's (membership
+    /// changes are refused).
+    #[serde(default)]
+    pub copies: Option<usize>,
     /// Every replica of the cluster, this one included.
     #[serde(rename = "replica")]
     pub replicas: Vec<ReplicaEntry>,
@@ -110,10 +117,35 @@ impl ClusterFile {
             );
         }
         let n = self.replicas.len();
-        if !(1..=7).contains(&n) {
-            bail!("{n} replicas: a cluster has 1 to 7 (3 or 5 to survive failures)");
+        let placed = self.copies.is_some_and(|c| c < n);
+        if let Some(c) = self.copies {
+            if !(1..=7).contains(&c) || c > n {
+                bail!(
+                    "copies = {c}: each group is on 1 to 7 replicas (3 or 5 to survive failures), and at most all {n} of them"
+                );
+            }
+            if c.is_multiple_of(2) {
+                warn!(
+                    copies = c,
+                    "an even number of copies survives no more failures than one fewer"
+                );
+            }
+            if placed && self.join {
+                bail!(
+                    "join = true with copies = {c} of {n} replicas: membership changes are not made yet where groups are on some replicas only; start every replica from the same file"
+                );
+            }
         }
-        if n.is_multiple_of(2) {
+        if placed {
+            if n > 64 {
+                bail!("{n} replicas: a cluster with `copies` has at most 64");
+            }
+        } else if !(1..=7).contains(&n) {
+            bail!(
+                "{n} replicas: a cluster has 1 to 7 (3 or 5 to survive failures); more with `copies`, each group on some of them"
+            );
+        }
+        if !placed && n.is_multiple_of(2) {
             warn!(
                 replicas = n,
                 "an even number of replicas survives no more failures than one fewer"
@@ -146,6 +178,12 @@ impl ClusterFile {
             }
         }
         Ok(())
+    }
+
+    /// Where its groups are (see [`super::placement`]).
+    pub fn placement(&self) -> super::placement::Placement {
+        let ids: Vec<u64> = self.replicas.iter().map(|r| r.id).collect();
+        super::placement::Placement::new(&ids, self.copies)
     }
 
     /// This replica's entry.
@@ -192,7 +230,9 @@ impl ClusterFile {
             Some(dir) => Some(Tls::load(dir, self.id)?),
             None => None,
         };
-        Ok(Credentials::new(self.id, &self.secret()?, tls).with_partitions(self.partitions))
+        Ok(Credentials::new(self.id, &self.secret()?, tls)
+            .with_partitions(self.partitions)
+            .with_placement(self.placement().fingerprint()))
     }
 
     /// The operator's tools' credentials: with TLS, the operator's
@@ -252,6 +292,41 @@ mod tests {
             file(&crossed).is_err(),
             "one replica's mqtt on another's raft address"
         );
+    }
+
+    /// `copies`: 1 to 7 and at most the replicas; below them, up to 64
+    /// replicas, and no `join`; without it (or equal), 1 to 7 replicas.
+    #[test]
+    fn copies_place_groups_on_some_of_up_to_64_replicas() {
+        let replicas = |n: u64| {
+            (1..=n)
+                .map(|i| format!("[[replica]]\nid = {i}\nraft = \"127.0.0.1:{}\"\n", 7000 + i))
+                .collect::<String>()
+        };
+        let f = file(&format!("copies = 3\n{}", replicas(4))).expect("3 of 4");
+        assert!(!f.placement().everywhere());
+        assert_eq!(f.placement().hosts(1), vec![2, 3, 4]);
+        assert!(
+            file(&format!("copies = 3\n{}", replicas(3)))
+                .expect("3 of 3")
+                .placement()
+                .everywhere()
+        );
+        file(&format!("copies = 3\n{}", replicas(40))).expect("3 of 40");
+        for (text, says) in [
+            (format!("copies = 4\n{}", replicas(3)), "at most all 3"),
+            (format!("copies = 0\n{}", replicas(3)), "1 to 7 replicas"),
+            (format!("copies = 9\n{}", replicas(20)), "1 to 7 replicas"),
+            (format!("copies = 3\n{}", replicas(65)), "at most 64"),
+            (replicas(8), "more with `copies`"),
+            (
+                format!("copies = 3\njoin = true\n{}", replicas(4)),
+                "join = true",
+            ),
+        ] {
+            let e = format!("{:#}", file(&text).expect_err(says));
+            assert!(e.contains(says), "{says}: {e}");
+        }
     }
 
     /// 1 to 256 partitions; none said is one.

@@ -53,6 +53,7 @@ pub mod node;
 pub(crate) mod operator;
 pub mod partition;
 pub(crate) mod pki;
+pub mod placement;
 pub(crate) mod probe;
 pub mod quiet;
 mod raft_log;
@@ -919,15 +920,15 @@ impl<B: Backend> Replica<B> {
 /// whether it wrote this round).
 pub(crate) fn persist_round<'a, B: Backend + 'a>(
     journal: Option<&mut Journal>,
-    replicas: impl IntoIterator<Item = (&'a mut Replica<B>, bool)>,
+    replicas: impl IntoIterator<Item = (u32, &'a mut Replica<B>, bool)>,
 ) -> Result<()> {
-    let mut replicas = replicas.into_iter().enumerate();
+    let mut replicas = replicas.into_iter();
     match journal {
         Some(journal) => {
-            let logs = replicas.map(|(g, (r, _))| (g as u32, r.log_mut()));
+            let logs = replicas.map(|(g, r, _)| (g, r.log_mut()));
             journal.commit(logs)?;
         }
-        None => replicas.try_for_each(|(_, (r, written))| {
+        None => replicas.try_for_each(|(_, r, written)| {
             if written && r.syncs_each_write() {
                 r.log_mut().sync()?;
             }

@@ -47,6 +47,9 @@ pub(crate) struct ReplicaStatus {
     /// With several groups: how many have other members than group 0 (a
     /// membership change under way).
     pub behind: u32,
+    /// With the groups placed on some replicas (`copies`): the groups it
+    /// holds (the columns above are the first's); empty: every group.
+    pub holds: Vec<u32>,
 }
 
 impl ReplicaStatus {
@@ -54,7 +57,7 @@ impl ReplicaStatus {
     pub fn encode(&self) -> String {
         let list = |v: Vec<String>| v.join(",");
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\nholds={}\n",
             self.id,
             self.role,
             self.term,
@@ -81,6 +84,7 @@ impl ReplicaStatus {
             self.partitions,
             list(self.leads.iter().map(u32::to_string).collect()),
             self.behind,
+            list(self.holds.iter().map(u32::to_string).collect()),
         )
     }
 
@@ -140,6 +144,12 @@ impl ReplicaStatus {
                     for p in v.split(',').filter(|p| !p.is_empty()) {
                         s.leads
                             .push(p.parse().with_context(|| format!("leads={v:?}"))?);
+                    }
+                }
+                "holds" => {
+                    for p in v.split(',').filter(|p| !p.is_empty()) {
+                        s.holds
+                            .push(p.parse().with_context(|| format!("holds={v:?}"))?);
                     }
                 }
                 _ => {}
@@ -300,6 +310,7 @@ mod tests {
             partitions: 4,
             leads: vec![0, 3],
             behind: 1,
+            holds: vec![0, 2, 3],
         };
         assert_eq!(ReplicaStatus::decode(&s.encode()).expect("decode"), s);
         // An older replica's (fewer keys) and a newer one's (more) read.

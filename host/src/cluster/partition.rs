@@ -234,7 +234,16 @@ pub fn hand_over(
     status: &super::Status,
     up: impl Fn(u64) -> bool,
 ) -> Option<u64> {
-    let to = place(p, voters)?;
+    hand_over_to(place(p, voters), status, up)
+}
+
+/// [`hand_over`] to `to`, the group's place.
+pub fn hand_over_to(
+    to: Option<u64>,
+    status: &super::Status,
+    up: impl Fn(u64) -> bool,
+) -> Option<u64> {
+    let to = to?;
     let caught_up = status
         .matched
         .iter()

@@ -32,7 +32,16 @@
 //!  11 change in  u32 group, text as kind 5: a membership change for that
 //!               group's leader to propose (a replica of several groups
 //!               changes each through its own leader)
+//!  12 agent   u32 group, batch: what the sender's clients sent to a group
+//!               the sender does not hold (requests, disconnects, its new
+//!               life; every `via` the sender's), for a replica holding it
+//!               to serve as its own clients' (see `super::placement`)
+//!  13 shipped u32 group, outputs (`shipped`): replies and notifications of
+//!               a group for the receiver's clients, from a replica holding it
 //! ```
+//!
+//! Kind 10 carries a third field, `u64 placement` (the fingerprint of where
+//! the groups are), when the cluster file has `copies` below its replicas.
 //!
 //! Replicas whose stores have different numbers of partitions would put a
 //! key in different groups, and replicas with different tenants would put
@@ -71,6 +80,10 @@ const FORWARD_IN: u8 = 8;
 const PARTITIONS: u8 = 9;
 const LAYOUT: u8 = 10;
 const CHANGE_IN: u8 = 11;
+const AGENT: u8 = 12;
+const SHIPPED: u8 = 13;
+
+pub mod shipped;
 
 /// The largest frame read (a snapshot of the whole state travels in one).
 pub(crate) const MAX_FRAME: usize = 1 << 30;
@@ -122,6 +135,26 @@ pub(crate) enum PeerEvent {
     /// Another replica asks this one, as a group's leader, to propose a
     /// membership change in that group (the request's text).
     ChangeIn(u32, String),
+    /// What a replica's clients sent to a group it does not hold, for this
+    /// one (holding it) to serve as its agent.
+    Agent {
+        /// The group.
+        group: u32,
+        /// The replica whose clients sent it.
+        from: u64,
+        /// In the guest's batch encoding.
+        batch: Vec<u8>,
+    },
+    /// Replies and notifications of a group this replica does not hold,
+    /// for its clients.
+    Shipped {
+        /// The group.
+        group: u32,
+        /// The replica holding it that sent them.
+        from: u64,
+        /// The outputs, as the guest made them.
+        outputs: Vec<crate::Output>,
+    },
 }
 
 /// Who an end of a link is, and what proves it: the id its hello names
@@ -136,6 +169,9 @@ pub struct Credentials {
     partitions: u32,
     /// The fingerprint of its tenants (0: none, the one store).
     tenants: u64,
+    /// The fingerprint of where its cluster's groups are (0: every group
+    /// on every replica).
+    placement: u64,
 }
 
 impl Credentials {
@@ -147,7 +183,15 @@ impl Credentials {
             tls: tls.map(Arc::new),
             partitions: 1,
             tenants: 0,
+            placement: 0,
         }
+    }
+
+    /// The same, for a replica of a cluster whose groups are placed on
+    /// some of its replicas, with that placement's fingerprint (0: every
+    /// group on every replica).
+    pub fn with_placement(self, placement: u64) -> Credentials {
+        Credentials { placement, ..self }
     }
 
     /// The same, for a replica serving tenants whose names in order have
@@ -159,9 +203,12 @@ impl Credentials {
     /// The frame that says its store's layout right after its hello, if
     /// it has more than one partition or tenants.
     fn layout(&self) -> Option<Vec<u8>> {
-        if self.tenants != 0 {
+        if self.tenants != 0 || self.placement != 0 {
             let mut body = self.partitions.to_le_bytes().to_vec();
             body.extend_from_slice(&self.tenants.to_le_bytes());
+            if self.placement != 0 {
+                body.extend_from_slice(&self.placement.to_le_bytes());
+            }
             return Some(frame(LAYOUT, &body));
         }
         (self.partitions > 1).then(|| frame(PARTITIONS, &self.partitions.to_le_bytes()))
@@ -221,6 +268,8 @@ enum Frame {
     Raft(u32, Message),
     Forward(u32, u64, Vec<u8>),
     ChangeIn(u32, String),
+    Agent(u32, Vec<u8>),
+    Shipped(u32, Vec<u8>),
 }
 
 /// The sending side: a queue per peer.
@@ -331,6 +380,18 @@ impl Links {
         self.queue(leader, Frame::ChangeIn(group, request));
     }
 
+    /// Sends `agent`, a replica holding group `group`, what this replica's
+    /// clients sent to it (`batch`, the guest's encoding).
+    pub fn agent(&self, group: u32, agent: u64, batch: Vec<u8>) {
+        self.queue(agent, Frame::Agent(group, batch));
+    }
+
+    /// Sends `to` the outputs of group `group` for its clients (`outputs`,
+    /// [`shipped::encode`]d).
+    pub fn ship(&self, group: u32, to: u64, outputs: Vec<u8>) {
+        self.queue(to, Frame::Shipped(group, outputs));
+    }
+
     fn queue(&self, to: u64, f: Frame) {
         let Some(tx) = self.peers.get(&to) else {
             debug!(
@@ -410,6 +471,13 @@ async fn outbound(
                 Frame::ChangeIn(group, text) => frame(
                     CHANGE_IN,
                     &[group.to_le_bytes().as_slice(), text.as_bytes()].concat(),
+                ),
+                Frame::Agent(group, batch) => {
+                    frame(AGENT, &[group.to_le_bytes().as_slice(), &batch].concat())
+                }
+                Frame::Shipped(group, outputs) => frame(
+                    SHIPPED,
+                    &[group.to_le_bytes().as_slice(), &outputs].concat(),
                 ),
                 Frame::Forward(group, origin, batch) => {
                     let mut body = Vec::with_capacity(12 + batch.len());
@@ -611,6 +679,16 @@ async fn inbound(
                     batch: body[8..].to_vec(),
                 }
             }
+            AGENT if body.len() >= 4 && from != 0 => PeerEvent::Agent {
+                group: u32::from_le_bytes(body[..4].try_into().expect("4")),
+                from,
+                batch: body[4..].to_vec(),
+            },
+            SHIPPED if body.len() >= 4 && from != 0 => PeerEvent::Shipped {
+                group: u32::from_le_bytes(body[..4].try_into().expect("4")),
+                from,
+                outputs: shipped::decode(&body[4..]).context("shipped outputs")?,
+            },
             CHANGE_IN if body.len() >= 4 && from != 0 => PeerEvent::ChangeIn(
                 u32::from_le_bytes(body[..4].try_into().expect("4")),
                 String::from_utf8_lossy(&body[4..]).into_owned(),
@@ -648,17 +726,29 @@ async fn inbound(
 /// `Ok(true)` when the frame was the layout frame (nothing more to do with
 /// it). An operator's tool need not say, and knows no tenants.
 fn same_layout(kind: u8, body: &[u8], from: u64, me: &Credentials) -> Result<bool> {
-    let (partitions, tenants) = match kind {
-        PARTITIONS if body.len() == 4 => (u32::from_le_bytes(body[..4].try_into().expect("4")), 0),
+    let (partitions, tenants, placement) = match kind {
+        PARTITIONS if body.len() == 4 => {
+            (u32::from_le_bytes(body[..4].try_into().expect("4")), 0, 0)
+        }
         PARTITIONS => bail!("a partitions frame of {} bytes", body.len()),
-        LAYOUT if body.len() == 12 => (
+        LAYOUT if body.len() == 12 || body.len() == 20 => (
             u32::from_le_bytes(body[..4].try_into().expect("4")),
-            u64::from_le_bytes(body[4..].try_into().expect("8")),
+            u64::from_le_bytes(body[4..12].try_into().expect("8")),
+            body.get(12..)
+                .filter(|b| b.len() == 8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8"))),
         ),
         LAYOUT => bail!("a layout frame of {} bytes", body.len()),
-        _ if from == 0 => (me.partitions, me.tenants),
-        _ => (1, 0),
+        _ if from == 0 => (me.partitions, me.tenants, me.placement),
+        _ => (1, 0, 0),
     };
+    if from != 0 && placement != me.placement {
+        warn!(
+            peer = from,
+            "a replica that places the groups elsewhere: link closed (every replica's cluster file must name the same replicas and `copies`)"
+        );
+        bail!("replica {from} places the groups elsewhere than this one");
+    }
     if partitions != me.partitions {
         warn!(
             peer = from,

@@ -119,28 +119,40 @@ async fn frames_carry_their_group() {
 /// tool (which knows no tenants) asks any of them.
 #[tokio::test]
 async fn replicas_with_other_layouts_are_not_linked() {
-    // (our partitions, our tenants, theirs, theirs, linked)
-    for (ours, our_tenants, theirs, their_tenants, linked) in [
-        (4, 0, 4, 0, true),
-        (4, 0, 2, 0, false),
-        (4, 0, 1, 0, false),
-        (1, 0, 2, 0, false),
-        (1, 0, 1, 0, true),
-        (1, 7, 1, 7, true),
-        (1, 7, 1, 8, false),
-        (1, 7, 1, 0, false),
-        (1, 0, 1, 7, false),
-        (2, 7, 2, 7, true),
-        (2, 7, 1, 7, false),
+    // (our partitions, tenants and placement, theirs, linked)
+    for ((ours, our_tenants, our_place), (theirs, their_tenants, their_place), linked) in [
+        ((4, 0, 0), (4, 0, 0), true),
+        ((4, 0, 0), (2, 0, 0), false),
+        ((4, 0, 0), (1, 0, 0), false),
+        ((1, 0, 0), (2, 0, 0), false),
+        ((1, 0, 0), (1, 0, 0), true),
+        ((1, 7, 0), (1, 7, 0), true),
+        ((1, 7, 0), (1, 8, 0), false),
+        ((1, 7, 0), (1, 0, 0), false),
+        ((1, 0, 0), (1, 7, 0), false),
+        ((2, 7, 0), (2, 7, 0), true),
+        ((2, 7, 0), (1, 7, 0), false),
+        ((4, 0, 9), (4, 0, 9), true),
+        ((4, 7, 9), (4, 7, 9), true),
+        ((4, 0, 9), (4, 0, 8), false),
+        ((4, 0, 9), (4, 0, 0), false),
+        ((4, 0, 0), (4, 0, 9), false),
     ] {
-        let case = format!("{ours}/{our_tenants} vs {theirs}/{their_tenants}");
+        let case =
+            format!("{ours}/{our_tenants}/{our_place} vs {theirs}/{their_tenants}/{their_place}");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, mut rx) = mpsc::channel(16);
-        let us = plain(1).with_partitions(ours).with_tenants(our_tenants);
+        let us = plain(1)
+            .with_partitions(ours)
+            .with_tenants(our_tenants)
+            .with_placement(our_place);
         let accepting = tokio::spawn(accept(listener, us, tx));
         let (events, _own) = mpsc::channel(16);
-        let them = plain(2).with_partitions(theirs).with_tenants(their_tenants);
+        let them = plain(2)
+            .with_partitions(theirs)
+            .with_tenants(their_tenants)
+            .with_placement(their_place);
         let links = Links::start(them, &[(1, addr)], events);
         let mut m = Message::default();
         (m.from, m.to, m.term) = (2, 1, 3);

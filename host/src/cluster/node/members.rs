@@ -68,7 +68,8 @@ impl Node {
             replica.wake();
             let leader = replica.leader();
             if leader != 0 && leader != me {
-                self.links.change_in(g as u32, leader, request.encode());
+                self.links
+                    .change_in(self.groups[g].id, leader, request.encode());
             }
             return None;
         }
@@ -154,6 +155,10 @@ impl Node {
     /// Keeps `replicas` and the links in step with the membership the
     /// replica has applied (group 0's); a replica removed from it stops.
     pub(super) fn sync_members(&mut self) -> Result<()> {
+        if !self.placement.everywhere() {
+            // The members are the cluster file's, for good.
+            return Ok(());
+        }
         let changes = self.groups[0].replica.changes();
         if self.changes_seen == Some(changes) {
             return Ok(());
@@ -242,7 +247,7 @@ impl Node {
     pub(super) fn propose_drops(&mut self) {
         let me = self.id();
         let now = self.clock.now_ms();
-        for (g, group) in self.groups.iter_mut().enumerate() {
+        for group in &mut self.groups {
             if group.drops.is_empty() || !group.replica.is_leader() || group.router.via().is_none()
             {
                 continue;
@@ -256,7 +261,7 @@ impl Node {
                     Ok(_) => info!(
                         replica = me,
                         removed = id,
-                        group = g,
+                        group = group.id,
                         "the registrations made through a removed replica go"
                     ),
                     Err(e) => {

@@ -31,7 +31,7 @@ use crate::cluster::log::journal::Journal;
 use crate::cluster::net::{Links, PeerEvent};
 use crate::cluster::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 use crate::cluster::router::{Effects, Limits, Now, Router};
-use crate::cluster::{Compaction, Durability, Replica, Timing};
+use crate::cluster::{Durability, Replica, Timing};
 use crate::store::clock::Clock;
 use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
@@ -52,11 +52,12 @@ pub use super::router::Notify;
 
 mod members;
 mod observers;
+mod outside;
 mod partitions;
 mod tenants;
 use members::successor;
 use observers::{Gone, Observers};
-use partitions::{SPREAD_EVERY, check_partitions, open_logs, sync_pool};
+use partitions::{SPREAD_EVERY, check_partitions, held_groups, open_logs, sync_pool};
 pub use tenants::{NodeTenant, Stores, fingerprint};
 pub(crate) use tenants::{group_dirs, recorded_tenants};
 
@@ -64,6 +65,8 @@ pub(crate) use tenants::{group_dirs, recorded_tenants};
 /// or one partition of it (`partitions` in the cluster file; see
 /// [`super::partition`]).
 struct Group {
+    /// Its number among the cluster's groups.
+    id: u32,
     replica: Replica<WasmStore>,
     /// What to do with the clients' traffic for it.
     router: Router,
@@ -75,11 +78,24 @@ struct Group {
 
 /// One replica, ready to serve.
 pub struct Node {
-    /// Its groups: one per partition of each store, tenant `t`'s partition
-    /// `p` at `groups[t * partitions + p]`. The membership is group 0's
-    /// (the same in every group: they start from the same cluster file,
-    /// and membership changes are refused while there is more than one).
+    /// The groups it holds (every group, unless the cluster file places
+    /// them on some replicas: `copies`), in order. The cluster's groups are
+    /// one per partition of each store, tenant `t`'s partition `p` group
+    /// `t * partitions + p`. The membership is its first group's (group
+    /// 0's when every replica holds every group; the cluster file's when
+    /// not, and then it does not change).
     groups: Vec<Group>,
+    /// Where each of the cluster's groups is among `groups` (`None`: not
+    /// held here).
+    slots: Vec<Option<usize>>,
+    /// Which replicas hold which groups.
+    placement: crate::cluster::placement::Placement,
+    /// What it does for the groups it does not hold, and for the replicas
+    /// that do not hold its groups.
+    outside: outside::Outside,
+    /// What the groups' routers asked for while serving another replica's
+    /// clients (from a peer's frame), carried out at the next ready.
+    waiting: Vec<(u32, Effects)>,
     /// The partitions of each store.
     per: u32,
     /// Its stores' names: the one store's (`default`), or the tenants'.
@@ -158,11 +174,8 @@ impl Node {
         tenants::check_tenants(&*root, named.then_some(&names[..]))?;
         check_partitions(&*root, partitions)?;
         let count = stores.len() * partitions as usize;
-        let voters: Vec<u64> = if file.join {
-            Vec::new()
-        } else {
-            file.replicas.iter().map(|r| r.id).collect()
-        };
+        let placement = file.placement();
+        let (held, voters) = held_groups(file, &placement, count)?;
         let life = new_life(&*root, clock.now_ms())?;
         let durability = match fsync {
             Fsync::Always => Durability::Always,
@@ -177,35 +190,23 @@ impl Node {
         // that loses any synced byte is noticed); several make their
         // rounds durable through the round journal.
         let journaled = durability == Durability::Always && count > 1;
-        let dirs = tenants::group_dirs(&file.data_dir, named.then_some(&names[..]), partitions);
-        let (logs, journal) = open_logs(file, &root, &dirs, &voters, journaled)?;
+        let all_dirs = tenants::group_dirs(&file.data_dir, named.then_some(&names[..]), partitions);
+        let dirs: Vec<_> = held.iter().map(|&g| all_dirs[g as usize].clone()).collect();
+        let (logs, journal) = open_logs(
+            file,
+            &root,
+            (&held, count as u32),
+            &dirs,
+            &voters,
+            journaled,
+        )?;
         let mut groups = Vec::with_capacity(count);
         // The groups' routers hold requests against the replica's bounds.
         let bytes = crate::cluster::router::SharedBytes::default();
-        let each = stores
-            .iter()
-            .flat_map(|t| (0..partitions).map(move |p| (t, p)));
-        for ((store, p), log) in each.zip(logs) {
-            let make_config = store.config.clone();
-            let runtime = store.runtime.clone();
-            let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
-                None => runtime.instantiate(&make_config),
-                Some(s) => runtime.restore(&make_config, s),
-            });
-            let mut replica = Replica::new(
-                file.id,
-                log,
-                make,
-                TIMING,
-                durability,
-                Compaction::default(),
-            )
-            .with_context(|| match (named, partitions) {
-                (false, 1) => String::from("opening the replica"),
-                (false, _) => format!("opening partition {p}"),
-                (true, 1) => format!("opening tenant {:?}", store.name),
-                (true, _) => format!("opening partition {p} of tenant {:?}", store.name),
-            })?;
+        let ship = notify == Notify::Everywhere && !placement.everywhere();
+        for (&g, log) in held.iter().zip(logs) {
+            let (store, p) = (&stores[(g / partitions) as usize], g % partitions);
+            let mut replica = store.replica(file.id, log, durability, (p, partitions, named))?;
             let mut router = Router::new(
                 file.id,
                 store.config.clone(),
@@ -217,11 +218,13 @@ impl Node {
                 Instant::now(),
             );
             router.share(&bytes);
+            router.ship_notifications = ship && !placement.outsiders(g).is_empty();
             if count > 1 {
                 // Many groups: the idle ones stop their clocks.
                 replica.set_quiet_after(Some(crate::cluster::quiet::QUIET_AFTER));
             }
             groups.push(Group {
+                id: g,
                 replica,
                 router,
                 drops: Vec::new(),
@@ -237,10 +240,16 @@ impl Node {
         let peers: Vec<(u64, SocketAddr)> = file.replicas.iter().map(|r| (r.id, r.raft)).collect();
         let links = Links::start(who.clone(), &peers, tx);
         let status = groups[0].replica.status();
+        let mut slots = vec![None; count];
+        for (i, g) in groups.iter().enumerate() {
+            slots[g.id as usize] = Some(i);
+        }
         info!(
             replica = file.id,
             replicas = file.replicas.len(),
             partitions,
+            groups = count,
+            held = groups.len(),
             tenants = if named { names.len() } else { 0 },
             raft = %me.raft,
             data_dir = %file.data_dir.display(),
@@ -252,6 +261,10 @@ impl Node {
         );
         Ok(Node {
             groups,
+            slots,
+            outside: outside::Outside::new(file.id, via),
+            waiting: Vec::new(),
+            placement,
             per: partitions,
             observers: names.iter().map(|_| Observers::default()).collect(),
             tenants: names,
@@ -292,8 +305,8 @@ impl Node {
         if let Some(j) = &mut self.journal {
             j.set_metrics(stores[0].journal());
         }
-        for (g, group) in self.groups.iter_mut().enumerate() {
-            let store = &stores[g / self.per as usize];
+        for group in &mut self.groups {
+            let store = &stores[(group.id / self.per) as usize];
             group.replica.set_log_metrics(store.journal());
             group.router.metrics = Some(metrics.clone());
             group.router.store_metrics = Some(store.clone());
@@ -313,7 +326,8 @@ impl Node {
             }
             let mut sum = statestore_guest::Stats::default();
             let (mut calls, mut memory) = (0, 0);
-            for g in &mut self.groups[t * per..(t + 1) * per] {
+            let range = (t * per) as u32..((t + 1) * per) as u32;
+            for g in self.groups.iter_mut().filter(|g| range.contains(&g.id)) {
                 let store = g.replica.store_mut();
                 let Ok(s) = store.stats() else { return };
                 sum.keys += s.keys;
@@ -387,9 +401,9 @@ impl Node {
         self.groups[0].replica.id()
     }
 
-    /// The number of groups: each store's partitions.
+    /// The number of the cluster's groups: each store's partitions.
     fn count(&self) -> u32 {
-        self.groups.len() as u32
+        self.slots.len() as u32
     }
 
     /// Forwards and publishes what group `g`'s router asks for (a SCAN
@@ -405,9 +419,16 @@ impl Node {
         for (leader, batch) in fx.forwards {
             self.links.forward(g, leader, id, batch);
         }
+        if !fx.outsiders.is_empty() {
+            let outputs = crate::cluster::net::shipped::encode(&fx.outsiders);
+            for to in self.placement.outsiders(g) {
+                self.links.ship(g, to, outputs.clone());
+            }
+        }
         if !fx.replies.is_empty() {
             let (t, p) = ((g / self.per) as usize, g % self.per);
             super::partition::replies(&mut fx.replies, p, self.per);
+            self.outside.served_replies(g, &mut fx.replies, &self.links);
             self.published(t, &fx.replies);
             transport.emit_to(t, fx.replies).await?;
         }
@@ -431,12 +452,17 @@ impl Node {
         let first = t * self.per as usize;
         let mut result = Ok(());
         for (p, messages) in by_partition.into_iter().enumerate() {
-            let g = first + p;
+            let g = (first + p) as u32;
             if messages.is_empty() {
                 continue;
             }
+            let Some(at) = self.slots[g as usize] else {
+                self.outside
+                    .send_requests(g, messages, &self.placement, &self.links);
+                continue;
+            };
             let r = self
-                .routed(transport, g, |router, replica, fx| {
+                .routed(transport, at, |router, replica, fx| {
                     router.requests(now, messages, replica, fx)
                 })
                 .await?;
@@ -467,8 +493,13 @@ impl Node {
         let mut result = Ok(());
         for g in groups {
             let client = client.clone();
+            let Some(at) = self.slots[g] else {
+                self.outside
+                    .send_gone(g as u32, &client, &self.placement, &self.links);
+                continue;
+            };
             let r = self
-                .routed(transport, g, |router, replica, fx| {
+                .routed(transport, at, |router, replica, fx| {
                     router.client_gone(now, client, replica, fx)
                 })
                 .await?;
@@ -586,7 +617,8 @@ impl Node {
 
     /// The group of a peer's frame, if this replica has it.
     fn group(&mut self, g: u32, from: u64) -> Option<&mut Group> {
-        if g >= self.count() {
+        let slot = self.slots.get(g as usize).copied().flatten();
+        if slot.is_none() {
             // Said at most every 10 s: such a peer sends it many times a second.
             if self
                 .warned_partition
@@ -597,12 +629,12 @@ impl Node {
                     peer = from,
                     group = g,
                     groups = self.count(),
-                    "a peer sent traffic for a group this replica does not have (dropped): every replica's cluster file must name the same `partitions`, and every replica must serve the same tenants"
+                    "a peer sent traffic for a group this replica does not have (dropped): every replica's cluster file must name the same `partitions`, replicas and `copies`, and every replica must serve the same tenants"
                 );
             }
             return None;
         }
-        Some(&mut self.groups[g as usize])
+        slot.map(|at| &mut self.groups[at])
     }
 
     fn on_peer(&mut self, event: PeerEvent) -> Result<()> {
@@ -638,13 +670,22 @@ impl Node {
                 }
             }
             PeerEvent::Unreachable(peer) => {
+                self.outside.unreachable(peer);
                 for g in &mut self.groups {
                     g.replica.unreachable(peer);
                 }
             }
+            PeerEvent::Agent { group, from, batch } => {
+                self.agent_for(group, from, &batch);
+            }
+            PeerEvent::Shipped {
+                group,
+                from,
+                outputs,
+            } => self.outside.shipped(group, from, outputs, &self.placement),
             PeerEvent::ChangeIn(g, request) => match ChangeRequest::decode(&request) {
-                Ok(change) if (g as usize) < self.groups.len() => {
-                    self.change_group(g as usize, &change);
+                Ok(change) if let Some(Some(at)) = self.slots.get(g as usize) => {
+                    self.change_group(*at, &change);
                 }
                 Ok(_) => warn!(
                     group = g,
@@ -659,6 +700,9 @@ impl Node {
             }
             PeerEvent::Change(request, reply) => {
                 let answer = match ChangeRequest::decode(&request) {
+                    Ok(_) if !self.placement.everywhere() => ChangeAnswer::Refused(
+                        "the cluster file places the groups on some replicas (`copies`): its members are the file's; membership changes are not made there yet".into(),
+                    ),
                     Ok(change) if self.groups.len() > 1 => self.change_groups(&change),
                     Ok(change) => self.change(change),
                     Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
@@ -689,14 +733,27 @@ impl Node {
                 .iter()
                 .find(|r| r.id == s.id)
                 .and_then(|r| r.mqtt),
-            voters: replica.voters(),
+            // Placed on some replicas, the members are the file's.
+            voters: if self.placement.everywhere() {
+                replica.voters()
+            } else {
+                self.replicas.iter().map(|r| r.id).collect()
+            },
             peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
             settled: replica.membership_settled(),
             partitions: self.count(),
-            leads: (0..self.count())
-                .filter(|&p| self.groups[p as usize].replica.is_leader())
+            leads: self
+                .groups
+                .iter()
+                .filter(|g| g.replica.is_leader())
+                .map(|g| g.id)
                 .collect(),
             behind: self.groups_behind(),
+            holds: if self.placement.everywhere() {
+                Vec::new()
+            } else {
+                self.groups.iter().map(|g| g.id).collect()
+            },
         }
         .encode()
     }
@@ -713,9 +770,13 @@ impl Node {
             .map(|r| (r.id, r.raft))
             .collect();
         let first = &mut self.groups[0].replica;
-        self.probe
-            .tick(first.leader(), first.voters().contains(&me), peers);
-        if first.is_leader()
+        let everywhere = self.placement.everywhere();
+        if everywhere {
+            self.probe
+                .tick(first.leader(), first.voters().contains(&me), peers);
+        }
+        if everywhere
+            && first.is_leader()
             && !first.voters().contains(&me)
             && let Some(to) = successor(first)
         {
@@ -725,6 +786,8 @@ impl Node {
         self.refresh_metrics();
         self.spread_leaders();
         self.propose_drops();
+        self.outside
+            .tick(&self.placement, self.count(), &self.links);
         let now = self.now();
         let mut result = Ok(());
         for g in 0..self.groups.len() {
@@ -744,6 +807,7 @@ impl Node {
     /// journal for all of them), and only then is what depends on them
     /// sent.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
+        self.outside_round(transport).await?;
         let mut written = Vec::new();
         for g in 0..self.groups.len() {
             if !self.groups[g].replica.has_ready() {
@@ -751,7 +815,7 @@ impl Node {
                 // (with many partitions, most groups most of the time).
                 continue;
             }
-            let id = g as u32;
+            let id = self.groups[g].id;
             // Replies to what was committed go out before this replica's
             // new entries are synced: they never wait for a later fsync.
             let links = &self.links;
@@ -766,10 +830,11 @@ impl Node {
         }
         let mut wrote = vec![false; self.groups.len()];
         written.iter().for_each(|(g, _)| wrote[*g] = true);
-        let replicas = self.groups.iter_mut().map(|group| &mut group.replica);
-        super::persist_round(self.journal.as_mut(), replicas.zip(wrote))?;
+        let replicas = self.groups.iter_mut().map(|g| (g.id, &mut g.replica));
+        let round = replicas.zip(wrote).map(|((id, r), w)| (id, r, w));
+        super::persist_round(self.journal.as_mut(), round)?;
         for (g, w) in written {
-            let id = g as u32;
+            let id = self.groups[g].id;
             let links = &self.links;
             let applied = self.groups[g]
                 .replica
@@ -807,7 +872,8 @@ impl Node {
         let mut fx = Effects::default();
         let group = &mut self.groups[g];
         let r = call(&mut group.router, &mut group.replica, &mut fx);
-        self.carry_out(transport, g as u32, fx).await?;
+        let id = group.id;
+        self.carry_out(transport, id, fx).await?;
         Ok(r)
     }
 }

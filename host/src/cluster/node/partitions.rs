@@ -44,18 +44,21 @@ impl Node {
         let me = self.id();
         let alive = &self.alive;
         let up = |id: u64| alive.get(&id).is_some_and(|t| t.elapsed() < ALIVE_WITHIN);
-        for (p, g) in self.groups.iter_mut().enumerate() {
+        for g in &mut self.groups {
             if !g.replica.is_leader() || !g.replica.membership_settled() {
                 continue;
             }
-            let voters = g.replica.voters();
-            if crate::cluster::partition::place(p as u32, &voters) != Some(me) {
+            let (p, voters) = (g.id, g.replica.voters());
+            let place = self
+                .placement
+                .place(p, &voters)
+                .or_else(|| crate::cluster::partition::place(p, &voters));
+            if place != Some(me) {
                 // Not in its place: awake until handed over (its
                 // heartbeats tell which replicas are up).
                 g.replica.wake();
             }
-            let hand_over =
-                crate::cluster::partition::hand_over(p as u32, &voters, &g.replica.status(), up);
+            let hand_over = crate::cluster::partition::hand_over_to(place, &g.replica.status(), up);
             if let Some(to) = hand_over {
                 info!(
                     replica = me,
@@ -93,19 +96,48 @@ pub(super) fn sync_pool(count: usize) -> Result<rayon::ThreadPool> {
         .context("starting the threads that sync the groups' logs")
 }
 
-/// Opens the log of every group of replica `file.id` (group `g`'s in
-/// `dirs[g]`, or the data directory `root` itself; a new one with the
-/// membership `voters`), each with what the round journal holds of it;
-/// then the journal starts afresh (`journaled`: the logs' records go
-/// through it from now on) or is removed.
+/// The groups replica `file.id` holds (of `count`), and the voters each
+/// starts with when its log is new (none for a replica that joins).
+pub(super) fn held_groups(
+    file: &crate::cluster::node::ClusterFile,
+    placement: &crate::cluster::placement::Placement,
+    count: usize,
+) -> Result<(Vec<u32>, Vec<Vec<u64>>)> {
+    let held = placement.held_by(file.id, count as u32);
+    if held.is_empty() {
+        bail!(
+            "with copies = {} of {} replicas, replica {} holds none of the {count} groups (partitions x tenants): give the store at least as many partitions as there are replicas",
+            file.copies.unwrap_or(file.replicas.len()),
+            file.replicas.len(),
+            file.id
+        );
+    }
+    let voters = held
+        .iter()
+        .map(|&g| match (file.join, placement.everywhere()) {
+            (true, _) => Vec::new(),
+            (false, true) => file.replicas.iter().map(|r| r.id).collect(),
+            (false, false) => placement.hosts(g),
+        })
+        .collect();
+    Ok((held, voters))
+}
+
+/// Opens the log of every group replica `file.id` holds (`held.0`, of the
+/// cluster's `held.1`; the `i`-th in `dirs[i]`, or the data directory
+/// `root` itself; a new one with the membership `voters[i]`), each with
+/// what the round journal holds of it; then the journal starts afresh
+/// (`journaled`: the logs' records go through it from now on) or is
+/// removed.
 pub(super) fn open_logs(
     file: &crate::cluster::node::ClusterFile,
     root: &Arc<dyn Storage>,
+    held: (&[u32], u32),
     dirs: &[Option<std::path::PathBuf>],
-    voters: &[u64],
+    voters: &[Vec<u64>],
     journaled: bool,
 ) -> Result<(Vec<LogStore>, Option<Journal>)> {
-    let groups = dirs.len() as u32;
+    let (ids, groups) = held;
     let found = journal::read(&**root)?;
     let stray = found.iter().flatten().find(|(g, _)| *g >= groups);
     if let Some((g, _)) = stray {
@@ -114,11 +146,17 @@ pub(super) fn open_logs(
             file.data_dir.display()
         );
     }
-    if groups > 1 {
+    if let Some((g, _)) = found.iter().flatten().find(|(g, _)| !ids.contains(g)) {
+        bail!(
+            "the round journal in {} holds a part of group {g}, which this replica does not hold: refusing to start (was the cluster file's `copies` or list of replicas changed?)",
+            file.data_dir.display()
+        );
+    }
+    if dirs.len() > 1 {
         check_every_log_there(file, dirs)?;
     }
     let mut logs = Vec::with_capacity(dirs.len());
-    for (g, dir) in (0..groups).zip(dirs) {
+    for ((&g, dir), voters) in ids.iter().zip(dirs).zip(voters) {
         let disk = match dir {
             None => root.clone(),
             Some(dir) => {
@@ -139,7 +177,7 @@ pub(super) fn open_logs(
                 e
             }
         })?;
-        if file.join && g == 0 {
+        if file.join && logs.is_empty() {
             let members = raft::Storage::initial_state(&log)
                 .map(|s| s.conf_state.voters)
                 .unwrap_or_default();

@@ -32,6 +32,40 @@ pub struct NodeTenant {
     pub config: Config,
 }
 
+impl NodeTenant {
+    /// The Raft replica (`id`) of its store's partition `p` (of
+    /// `partitions`; `named`: the replica serves tenants) over `log`, its
+    /// guest made from the log's snapshot.
+    pub(super) fn replica(
+        &self,
+        id: u64,
+        log: crate::cluster::LogStore,
+        durability: crate::cluster::Durability,
+        (p, partitions, named): (u32, u32, bool),
+    ) -> Result<crate::cluster::Replica<crate::WasmStore>> {
+        let make_config = self.config.clone();
+        let runtime = self.runtime.clone();
+        let make = Box::new(move |snapshot: Option<&[u8]>| match snapshot {
+            None => runtime.instantiate(&make_config),
+            Some(s) => runtime.restore(&make_config, s),
+        });
+        crate::cluster::Replica::new(
+            id,
+            log,
+            make,
+            super::TIMING,
+            durability,
+            crate::cluster::Compaction::default(),
+        )
+        .with_context(|| match (named, partitions) {
+            (false, 1) => String::from("opening the replica"),
+            (false, _) => format!("opening partition {p}"),
+            (true, 1) => format!("opening tenant {:?}", self.name),
+            (true, _) => format!("opening partition {p} of tenant {:?}", self.name),
+        })
+    }
+}
+
 /// What a replica serves.
 pub enum Stores {
     /// One store, in the data directory itself (no `--config`).

@@ -20,12 +20,19 @@ pub(super) enum Held {
     /// This replica's new life: the registrations its earlier lives'
     /// connections made go (the guest's `replica-started`).
     Started(Instant),
+    /// Inputs other than requests that another replica's clients sent to a
+    /// group it does not hold (their disconnects, its new life: each with
+    /// that replica's `via`), in the guest's encoding, served as an agent.
+    Agent(Instant, Vec<u8>),
 }
 
 impl Held {
     pub(super) fn since(&self) -> Instant {
         match self {
-            Held::Requests { at, .. } | Held::Gone(at, _) | Held::Started(at) => *at,
+            Held::Requests { at, .. }
+            | Held::Gone(at, _)
+            | Held::Started(at)
+            | Held::Agent(at, _) => *at,
         }
     }
 
@@ -37,6 +44,7 @@ impl Held {
                 .sum(),
             Held::Gone(_, id) => id.len(),
             Held::Started(_) => 16,
+            Held::Agent(_, batch) => batch.len(),
         }
     }
 }

@@ -33,6 +33,7 @@ use tracing::{info, warn};
 mod answered;
 mod bytes;
 mod hold;
+mod intake;
 mod reads;
 
 use answered::{Answered, Key, key_of};
@@ -159,6 +160,9 @@ pub struct Effects {
     pub forwards: Vec<(u64, Vec<u8>)>,
     /// Replies and notifications to publish.
     pub replies: Vec<Output>,
+    /// Notifications for the clients of the replicas that do not hold the
+    /// group (with [`Router::ship_notifications`], as its leader).
+    pub outsiders: Vec<Output>,
 }
 
 /// A request sent to the leader, until it is applied.
@@ -235,6 +239,10 @@ pub struct Router {
     pub metrics: Option<crate::metrics::ReplicaMetrics>,
     /// The store's metrics, as one process keeps them for its tenant.
     pub store_metrics: Option<crate::metrics::TenantMetrics>,
+    /// Some replicas do not hold the group: its leader hands what it
+    /// applies of notifications over for their clients too
+    /// ([`Effects::outsiders`]).
+    pub ship_notifications: bool,
 }
 
 impl std::fmt::Debug for Router {
@@ -289,6 +297,7 @@ impl Router {
             counts: Counts::default(),
             metrics: None,
             store_metrics: None,
+            ship_notifications: false,
         }
     }
 
@@ -313,85 +322,6 @@ impl Router {
     /// What it did since the last call.
     pub fn take_counts(&mut self) -> Counts {
         std::mem::take(&mut self.counts)
-    }
-
-    /// Requests a client sent through this replica.
-    pub fn requests<B: Backend>(
-        &mut self,
-        now: Now,
-        mut messages: Vec<InboundMessage>,
-        replica: &mut Replica<B>,
-        fx: &mut Effects,
-    ) -> Result<()> {
-        // A quiet group wakes: its leader may be gone.
-        replica.wake();
-        for m in &mut messages {
-            m.via = self.via;
-            if let Some(k) = key_of(m) {
-                // Asked again: the answer goes to it.
-                self.timed_out.remove(&k);
-                self.resent.remove(&k);
-                self.answered.remove(&k);
-            }
-        }
-        if let Some(metrics) = &self.store_metrics {
-            metrics.requests(messages.iter().map(|m| m.payload.as_slice()));
-        }
-        if !self.gone.is_empty() {
-            // Back through this replica: its disconnect is not to be
-            // reported again.
-            for m in &messages {
-                if let Some(c) = &m.client_id {
-                    self.gone.remove(c);
-                }
-            }
-        }
-        self.submit(
-            now,
-            Held::Requests {
-                at: now.at,
-                messages,
-                sent: false,
-            },
-            replica,
-            fx,
-        )
-    }
-
-    /// A client of this replica disconnected.
-    pub fn client_gone<B: Backend>(
-        &mut self,
-        now: Now,
-        client: String,
-        replica: &mut Replica<B>,
-        fx: &mut Effects,
-    ) -> Result<()> {
-        replica.wake();
-        self.submit(now, Held::Gone(now.at, client), replica, fx)
-    }
-
-    /// Requests a follower (`origin`) forwarded: proposed if this replica
-    /// leads (else dropped: their origin sends them again).
-    pub fn forwarded<B: Backend>(
-        &mut self,
-        now: Now,
-        origin: u64,
-        batch: &[u8],
-        replica: &mut Replica<B>,
-    ) {
-        replica.wake();
-        if wire::decode_batch(batch).is_err() {
-            warn!(origin, "forwarded requests that do not decode: dropped");
-        } else if replica.is_leader() {
-            if let Err(e) = replica.propose_wire(origin, batch, now.ms) {
-                tracing::debug!(error = %format!("{e:#}"), "a forwarded proposal refused (its origin sends it again)");
-            }
-        } else {
-            tracing::debug!(
-                origin,
-                "forwarded requests reached a replica that no longer leads (their origin sends them again)"
-            );
-        }
     }
 
     /// Serves what a client sent: its reads with a read index (see
@@ -612,6 +542,7 @@ impl Router {
                 Some(via) => wire::encode_batch(&[Input::ReplicaStarted(via)]),
                 None => return,
             },
+            Held::Agent(_, batch) => batch.clone(),
         };
         if leader == self.id {
             if let Err(e) = replica.propose_wire(self.id, &batch, now.ms) {
@@ -630,7 +561,7 @@ impl Router {
         } else {
             self.counts.forwarded += match &held {
                 Held::Requests { messages, .. } => messages.len() as u64,
-                Held::Gone(..) | Held::Started(_) => 1,
+                Held::Gone(..) | Held::Started(_) | Held::Agent(..) => 1,
             };
             fx.forwards.push((leader, batch));
         }
@@ -960,6 +891,7 @@ impl Router {
         replica: &mut Replica<B>,
         fx: &mut Effects,
     ) -> Result<()> {
+        let ship = self.ship_notifications && replica.is_leader();
         for a in applied {
             if a.replayed {
                 continue;
@@ -984,6 +916,9 @@ impl Router {
                     Output::Violation { .. } => ours,
                     Output::Journal(_) | Output::More(_) => false,
                 };
+                if ship && matches!(&o, Output::Publish(m) if m.kind == PublishKind::Notification) {
+                    fx.outsiders.push(o.clone());
+                }
                 if publish {
                     fx.replies.push(o);
                 }

@@ -931,7 +931,10 @@ impl<'o> Sim<'o> {
             let mut wrote = vec![false; groups.len()];
             written.iter().for_each(|(g, _)| wrote[*g] = true);
             let replicas = groups.iter_mut().map(|group| &mut group.replica);
-            super::persist_round(node.journal.as_mut(), replicas.zip(wrote))?;
+            super::persist_round(
+                node.journal.as_mut(),
+                (0..).zip(replicas.zip(wrote)).map(|(g, (r, w))| (g, r, w)),
+            )?;
             for (g, w) in written {
                 let Group { replica: r, router } = &mut groups[g];
                 let mut messages = Vec::new();
