@@ -2692,6 +2692,37 @@ async fn groups_on_3_of_4_replicas_serve_every_key_through_every_replica() {
     eprintln!("{sets} acknowledged SETs and {dels} DELs read back");
 }
 
+/// Groups placed (4 replicas, `copies = 3`): a write through a replica not
+/// holding its key's group, sent just after the group's agent (its leader
+/// too) is killed, is answered: unanswered, it goes to the group's next
+/// holder, which serves it once the group has a new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_agent_dies_goes_to_the_next_holder() {
+    let mut c = Cluster::with_layout(4, "partitions = 4\ncopies = 3\n");
+    let spread = "partitions: 4 (the table shows the first group each replica holds); replica 1 leads 0; replica 2 leads 1; replica 3 leads 2; replica 4 leads 3";
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    // Group 0 is on replicas 1, 2 and 3; replica 4's agent for it is 1.
+    let key = (0..)
+        .map(|i| format!("agent-{i}"))
+        .find(|k| partition_of(k.as_bytes(), 4) == 0)
+        .expect("a key");
+    let mut client = RawClient::connect(c.mqtt[3], "agent-dies").await;
+    client.subscribe(&client.response_topic()).await;
+    let got = client.call(&[b"SET", key.as_bytes(), b"before"]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    c.servers[0].take().expect("running").kill9();
+    let props = client.request_properties();
+    let payload = statestore_tests::resp(&[b"SET", key.as_bytes(), b"after"]);
+    let got = client
+        .call_within(payload, props, Duration::from_secs(20))
+        .await
+        .expect("an answer from the next holder");
+    assert_eq!(text(&got), "+OK\r\n");
+    let got = client.call(&[b"GET", key.as_bytes()]).await;
+    assert_eq!(text(&got), "$5\r\nafter\r\n");
+    client.disconnect().await;
+}
+
 /// Two tenants (`--config`) on 3 replicas, each store in 2 partitions:
 /// every tenant's partition is a Raft group of its own (4 groups, leaders
 /// spread), with its own log under `tenant-<name>`; a client sees only its

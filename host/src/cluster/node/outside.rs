@@ -16,12 +16,18 @@
 //! (`disconnected-via`, `replica-started`, with the `via` of the client's
 //! replica), so its registrations go with its connection as anywhere.
 //!
+//! A request sent to an agent is kept until its answer comes back (for
+//! [`RESEND_WITHIN`], within a byte bound): if the agent is reported
+//! unreachable meanwhile, it goes to the next one (a write applied twice is
+//! answered alike from the dedup cache, and the first answer to come back
+//! is the one published).
+//!
 //! What this costs against a group held everywhere: a request and its
-//! answer take one more trip between replicas; if the agent dies with a
-//! request, its client gets no answer (it times out, and sends it again; the
-//! dedup cache answers a write applied twice alike); notifications around a
-//! change of the group's leader may be lost or come twice (as with
-//! `--broker`, where the leader publishes them).
+//! answer take one more trip between replicas; a request whose answer does
+//! not come back within [`RESEND_WITHIN`] gets none from this replica (its
+//! client times out); notifications around a change of the group's leader
+//! may be lost or come twice (as with `--broker`, where the leader
+//! publishes them).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -53,6 +59,34 @@ const SERVED_MAX: usize = 100_000;
 /// The most outputs waiting to be published for this replica's clients.
 const INBOX_MAX: usize = 100_000;
 
+/// How long a request sent to an agent is kept to be sent to another if
+/// that one is reported unreachable before it answers.
+pub(super) const RESEND_WITHIN: Duration = Duration::from_secs(10);
+
+/// A request its agent has not answered within this long goes to the next
+/// of the group's holders too (an agent answers within moments, or, with no
+/// leader, within the 5 s its router holds a request: a dead one whose link
+/// has carried nothing since is not yet reported unreachable).
+const SILENT: Duration = Duration::from_secs(3);
+
+/// The most bytes of requests kept so.
+const PENDING_BYTES: usize = 64 << 20;
+
+/// A request sent to an agent, until its answer comes back.
+#[derive(Debug)]
+struct Pending {
+    group: u32,
+    /// The agent it was sent to last.
+    agent: u64,
+    /// When it was first sent.
+    at: Instant,
+    /// When it was sent last.
+    sent: Instant,
+    /// Sent to more than one agent: both may answer.
+    resent: bool,
+    message: InboundMessage,
+}
+
 /// A request's identity: its response topic and correlation data.
 type Key = (String, Vec<u8>);
 
@@ -80,6 +114,15 @@ pub(super) struct Outside {
     /// publish.
     inbox: Vec<(u32, Vec<Output>)>,
     inbox_len: usize,
+    /// Requests sent to agents and not yet answered, by key.
+    pending: HashMap<Key, Pending>,
+    pending_bytes: usize,
+    /// Requests sent to more than one agent and answered lately: a later
+    /// answer is not published.
+    answered: HashMap<Key, Instant>,
+    /// A peer was reported unreachable since the last tick: the requests
+    /// sent to it go to the next agent.
+    recheck: bool,
     /// Ticks until the agents are looked at again.
     look_in: u32,
     warned: Option<Instant>,
@@ -96,6 +139,10 @@ impl Outside {
             told: HashMap::new(),
             inbox: Vec::new(),
             inbox_len: 0,
+            pending: HashMap::new(),
+            pending_bytes: 0,
+            answered: HashMap::new(),
+            recheck: false,
             look_in: 0,
             warned: None,
         }
@@ -104,6 +151,7 @@ impl Outside {
     /// A link to `peer` failed.
     pub(super) fn unreachable(&mut self, peer: u64) {
         self.down.insert(peer, Instant::now());
+        self.recheck |= self.pending.values().any(|p| p.agent == peer);
     }
 
     fn agent(&self, g: u32, placement: &Placement) -> Option<u64> {
@@ -137,10 +185,78 @@ impl Outside {
         let Some(agent) = self.tell(g, placement, links) else {
             return;
         };
+        let now = Instant::now();
         for m in &mut messages {
             m.via = self.via;
+            let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
+                continue;
+            };
+            let bytes = crate::store::driver::message_bytes(m);
+            let key = (topic.clone(), corr.clone());
+            if self.pending_bytes + bytes > PENDING_BYTES || self.pending.contains_key(&key) {
+                continue;
+            }
+            self.pending_bytes += bytes;
+            self.pending.insert(
+                key,
+                Pending {
+                    group: g,
+                    agent,
+                    at: now,
+                    sent: now,
+                    resent: false,
+                    message: m.clone(),
+                },
+            );
         }
         links.agent(g, agent, shipped::encode_requests(&messages));
+    }
+
+    /// The requests sent to an agent that was reported unreachable since:
+    /// to the next one; those kept too long, forgotten.
+    fn resend(&mut self, placement: &Placement, links: &Links) {
+        self.pending.retain(|_, p| p.at.elapsed() < RESEND_WITHIN);
+        self.answered.retain(|_, t| t.elapsed() < RESEND_WITHIN);
+        self.pending_bytes = self
+            .pending
+            .values()
+            .map(|p| crate::store::driver::message_bytes(&p.message))
+            .sum();
+        let mut again: HashMap<(u32, u64), Vec<InboundMessage>> = HashMap::new();
+        let down = &self.down;
+        let is_down = |h: u64| down.get(&h).is_some_and(|t| t.elapsed() <= DOWN_FOR);
+        for p in self.pending.values_mut() {
+            let next = if is_down(p.agent) {
+                placement.agent(p.group, |h| !is_down(h))
+            } else if p.sent.elapsed() > SILENT {
+                // The holder after the silent one, from the group's place.
+                let hosts = placement.hosts(p.group);
+                let at = hosts.iter().position(|&h| h == p.agent).unwrap_or(0);
+                (1..hosts.len())
+                    .map(|k| hosts[(at + k) % hosts.len()])
+                    .find(|&h| !is_down(h))
+            } else {
+                None
+            };
+            if let Some(next) = next.filter(|&n| n != p.agent) {
+                p.agent = next;
+                p.sent = Instant::now();
+                p.resent = true;
+                again
+                    .entry((p.group, next))
+                    .or_default()
+                    .push(p.message.clone());
+            }
+        }
+        for ((g, agent), messages) in again {
+            tracing::info!(
+                group = g,
+                agent,
+                requests = messages.len(),
+                "requests an agent did not answer (reported unreachable, or silent) go to the next"
+            );
+            links.agent(g, agent, shipped::encode_requests(&messages));
+        }
     }
 
     /// A client of this replica that may have registered in group `g`
@@ -163,6 +279,9 @@ impl Outside {
         if placement.everywhere() {
             return;
         }
+        if std::mem::take(&mut self.recheck) {
+            self.resend(placement, links);
+        }
         self.look_in = self.look_in.saturating_sub(1);
         if self.look_in > 0 {
             return;
@@ -172,6 +291,7 @@ impl Outside {
         for g in (0..count).filter(|&g| !placement.holds(me, g)) {
             self.tell(g, placement, links);
         }
+        self.resend(placement, links);
         self.down.retain(|_, t| t.elapsed() <= DOWN_FOR);
         self.served.retain(|_, (_, t)| t.elapsed() < SERVED_FOR);
         self.clients.retain(|_, (_, t)| t.elapsed() < SERVED_FOR);
@@ -318,6 +438,32 @@ impl Outside {
             self.refuse(from, g, "too many answers waiting to be published");
             return;
         }
+        // Answered: not to be sent again, and answered once (a copy sent
+        // to another agent may answer too).
+        let outputs: Vec<Output> = outputs
+            .into_iter()
+            .filter(|o| match o {
+                Output::Publish(m) if m.kind == PublishKind::Response => {
+                    let corr = m.correlation_data.as_deref().unwrap_or_default();
+                    let key = (m.topic.to_string(), corr.to_vec());
+                    match self.pending.remove(&key) {
+                        Some(p) => {
+                            self.pending_bytes = self
+                                .pending_bytes
+                                .saturating_sub(crate::store::driver::message_bytes(&p.message));
+                            if p.resent {
+                                self.answered.insert(key, Instant::now());
+                            }
+                            true
+                        }
+                        // Not kept (past the bound, or too long), or a
+                        // second answer.
+                        None => !self.answered.contains_key(&key),
+                    }
+                }
+                _ => true,
+            })
+            .collect();
         self.inbox_len += outputs.len();
         self.inbox.push((g, outputs));
     }
