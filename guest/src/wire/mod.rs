@@ -856,6 +856,22 @@ pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
     Ok(out)
 }
 
+/// Appends `m` to `out` in the encoding snapshots keep notifications in
+/// (for a host that hands a publish to another, as a cluster's replicas do).
+pub fn encode_message(m: &OutboundMessage, out: &mut Vec<u8>) {
+    let mut w = crate::codec::Writer(std::mem::take(out));
+    w.message(m);
+    *out = w.0;
+}
+
+/// The publish [`encode_message`] wrote at the start of `buf`, and how many
+/// bytes it took; an error (never a panic) for anything else.
+pub fn decode_message(buf: &[u8]) -> Result<(OutboundMessage, usize), Error> {
+    let mut r = crate::codec::Reader::new(buf, |m| bad(&m));
+    let m = r.message()?;
+    Ok((m, buf.len() - r.remaining()))
+}
+
 /// `b` as a string if it is UTF-8. Topics and property values are nearly
 /// always ASCII, which is checked eight bytes a step (`core::str::from_utf8`
 /// goes four bytes a step on wasm32, and this runs on every request's

@@ -16,19 +16,16 @@
 //!
 //! ```text
 //!   u32 count | count x output
-//!   output = u8 0 (publish) | u8 kind (0 reply, 1 notification) | u8 qos | u8 retain
-//!            | str topic | bytes payload | opt bytes correlation | opt u32 expiry
-//!            | opt str content type | opt u8 payload format | opt str response topic
-//!            | u32 n | n x (str name | str value) | opt str target client
+//!   output = u8 0 (publish) | the publish as snapshots keep it
+//!            (`statestore_guest::wire::encode_message`)
 //!          | u8 1 (violation) | opt str client | str reason
 //!   str, bytes = u32 length | bytes;  opt x = u8 0 | u8 1, x
 //! ```
 
 use anyhow::{Result, bail};
-use bytes::Bytes;
 use statestore_guest::types::Str;
 
-use crate::{InboundMessage, OutboundMessage, Output, PublishKind};
+use crate::{InboundMessage, Output};
 
 /// `messages` (requests), for a replica holding their group.
 pub fn encode_requests(messages: &[InboundMessage]) -> Vec<u8> {
@@ -157,24 +154,7 @@ pub fn encode(outputs: &[Output]) -> Vec<u8> {
         match o {
             Output::Publish(m) => {
                 out.push(0);
-                out.push(u8::from(m.kind == PublishKind::Notification));
-                out.push(m.qos);
-                out.push(u8::from(m.retain));
-                put_bytes(&mut out, m.topic.as_bytes());
-                put_bytes(&mut out, &m.payload);
-                put_opt(&mut out, m.correlation_data.as_deref(), put_bytes);
-                put_opt(&mut out, m.message_expiry_interval, |o, v| {
-                    o.extend_from_slice(&v.to_le_bytes());
-                });
-                put_opt(&mut out, m.content_type.as_deref(), put_str);
-                put_opt(&mut out, m.payload_format_indicator, |o, v| o.push(v));
-                put_opt(&mut out, m.response_topic.as_deref(), put_str);
-                put_u32(&mut out, m.user_properties.len());
-                for (k, v) in &m.user_properties {
-                    put_str(&mut out, k);
-                    put_str(&mut out, v);
-                }
-                put_opt(&mut out, m.target_client.as_deref(), put_str);
+                statestore_guest::wire::encode_message(m, &mut out);
             }
             Output::Violation { client_id, reason } => {
                 out.push(1);
@@ -199,43 +179,10 @@ pub fn decode(buf: &[u8]) -> Result<Vec<Output>> {
     for _ in 0..count {
         match r.u8()? {
             0 => {
-                let kind = match r.u8()? {
-                    0 => PublishKind::Response,
-                    1 => PublishKind::Notification,
-                    k => bail!("a publish of kind {k}"),
-                };
-                let qos = r.u8()?;
-                let retain = r.u8()? != 0;
-                let topic = r.str()?;
-                let payload = Bytes::copy_from_slice(r.bytes()?);
-                let correlation_data = r.opt(|r| Ok(Bytes::copy_from_slice(r.bytes()?)))?;
-                let message_expiry_interval = r.opt(Reader::u32)?;
-                let content_type = r.opt(Reader::str)?;
-                let payload_format_indicator = r.opt(Reader::u8)?;
-                let response_topic = r.opt(Reader::str)?;
-                let n = r.u32()? as usize;
-                if n > buf.len() / 8 {
-                    bail!("{n} user properties in {} bytes", buf.len());
-                }
-                let mut user_properties = Vec::with_capacity(n);
-                for _ in 0..n {
-                    user_properties.push((r.str()?, r.str()?));
-                }
-                let target_client = r.opt(Reader::str)?;
-                outputs.push(Output::Publish(OutboundMessage {
-                    kind,
-                    topic,
-                    payload,
-                    qos,
-                    retain,
-                    correlation_data,
-                    message_expiry_interval,
-                    content_type,
-                    payload_format_indicator,
-                    response_topic,
-                    user_properties,
-                    target_client,
-                }));
+                let (m, used) = statestore_guest::wire::decode_message(&buf[r.at..])
+                    .map_err(|e| anyhow::anyhow!("a publish: {e}"))?;
+                r.at += used;
+                outputs.push(Output::Publish(m));
             }
             1 => {
                 let client_id = r.opt(|r| Ok(r.str()?.to_string()))?;
@@ -338,6 +285,8 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{OutboundMessage, PublishKind};
+    use bytes::Bytes;
 
     fn sample() -> Vec<Output> {
         vec![
