@@ -79,6 +79,17 @@ impl Cluster {
     /// Replicas serving the tenants of the config file `config` (its
     /// text), each store in `partitions` partitions.
     fn with_tenants(replicas: usize, partitions: u32, config: &str) -> Cluster {
+        Cluster::with_tenants_on(replicas, partitions, config, None)
+    }
+
+    /// [`Cluster::with_tenants`], serving through the external broker on
+    /// `broker` (if any).
+    fn with_tenants_on(
+        replicas: usize,
+        partitions: u32,
+        config: &str,
+        broker: Option<u16>,
+    ) -> Cluster {
         let path = std::env::temp_dir().join(format!(
             "statestore-tenants-{}-{}.toml",
             std::process::id(),
@@ -89,7 +100,7 @@ impl Cluster {
         let args = vec!["--config".to_string(), path.display().to_string()];
         Cluster::build_with_raft(
             replicas,
-            None,
+            broker,
             raft,
             Vec::new(),
             args,
@@ -1026,6 +1037,87 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
     .await;
     on_b.disconnect().await;
     writer.disconnect().await;
+}
+
+/// Tenants through external brokers: the `plant` tenant on one mosquitto
+/// and the `lab` tenant on another (its `broker`). Each replica connects
+/// once per tenant, sharing each tenant's request topic with the other
+/// replicas;
+/// each tenant's keys and notifications are its own; the SDK scenarios pass
+/// for the `lab` tenant; with a replica killed, the others answer both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_of_a_cluster_serve_through_an_external_broker() {
+    let broker = statestore_tests::broker::Mosquitto::start();
+    let lab_broker = statestore_tests::broker::Mosquitto::start();
+    let lab_port = lab_broker.port;
+    let config = format!(
+        "[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n\n[[tenant]]\nname = \"lab\"\ndefault = true\nbroker = \"mqtt://127.0.0.1:{lab_port}\"\n"
+    );
+    let mut c = Cluster::with_tenants_on(3, 1, &config, Some(broker.port));
+    // Every replica subscribed for both tenants.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for s in c.servers.iter().flatten() {
+        while s.log().matches("subscribed; serving").count() < 2 {
+            assert!(Instant::now() < deadline, "{}", s.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    c.leader(Duration::from_secs(20));
+    let mut plant = RawClient::connect(broker.port, "plant-client").await;
+    plant.subscribe(&plant.response_topic()).await;
+    let mut lab = RawClient::connect(lab_port, "lab-client").await;
+    lab.subscribe(&lab.response_topic()).await;
+    let mut watcher = RawClient::connect(lab_port, "lab-watcher").await;
+    watcher.subscribe(&watcher.response_topic()).await;
+    // Through a broker, an observer subscribes to its notifications.
+    let notify_topic = statestore_guest::notify::topic("lab-watcher", b"shared-key");
+    watcher.subscribe(&notify_topic).await;
+    let got = watcher.call(&[b"KEYNOTIFY", b"shared-key"]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    let got = plant.call(&[b"SET", b"shared-key", b"plant's"]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    let got = lab.call(&[b"SET", b"shared-key", b"lab's"]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    assert!(notified(&mut watcher, b"shared-key", Duration::from_secs(5)).await);
+    assert!(
+        !notified(&mut watcher, b"shared-key", Duration::from_secs(1)).await,
+        "the plant's change was not the lab's to see"
+    );
+    assert_eq!(
+        text(&plant.call(&[b"GET", b"shared-key"]).await),
+        "$7\r\nplant's\r\n"
+    );
+    assert_eq!(
+        text(&lab.call(&[b"GET", b"shared-key"]).await),
+        "$5\r\nlab's\r\n"
+    );
+    for (name, scenario) in sdk_scenarios() {
+        eprintln!("{name}");
+        tokio::time::timeout(Duration::from_secs(120), scenario(lab_port))
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
+    }
+    c.servers[0].take().expect("running").kill9();
+    for (client, key) in [(&mut plant, b"after-kill-p"), (&mut lab, b"after-kill-l")] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let props = client.request_properties();
+            let payload = statestore_tests::resp(&[b"SET", key, b"v"]);
+            let got = client
+                .call_within(payload, props, Duration::from_secs(5))
+                .await;
+            if got.as_ref().is_some_and(|g| text(g) == "+OK\r\n") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no answer after a replica died: {got:?}"
+            );
+        }
+    }
+    for client in [plant, lab, watcher] {
+        client.disconnect().await;
+    }
 }
 
 /// External mode: three replicas serve through one mosquitto, sharing the

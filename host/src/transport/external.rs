@@ -296,14 +296,124 @@ impl Server {
 /// through the broker: its requests come through the shared subscription
 /// of `opts.shared_group`, so the broker spreads them over the replicas
 /// and gives a dead replica's unacknowledged ones to another.
+///
+/// With tenants (`--config`), `opts` has one connection per tenant, in the
+/// order of the node's tenants (the broker keeps them apart: a listener and
+/// mount point each, say): a tenant's requests are those its connection
+/// receives, and its replies and notifications go out on it.
 pub async fn serve_replica(
     node: crate::cluster::node::Node,
-    opts: ServeOptions,
+    opts: Vec<ServeOptions>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let mut transport = ClientTransport::connect(opts).await?;
-    transport.ack_when_answered = true;
+    let mut sides = Vec::with_capacity(opts.len());
+    for o in opts {
+        let id = o.client_id.clone();
+        let mut t = ClientTransport::connect(o)
+            .await
+            .with_context(|| format!("the broker connection {id:?}"))?;
+        t.ack_when_answered = true;
+        sides.push(t);
+    }
+    if sides.len() == 1 {
+        let mut transport = sides.pop().expect("one");
+        return node.drive(&mut transport, shutdown).await;
+    }
+    let mut transport = Connections {
+        sides,
+        current: 0,
+        start: 0,
+    };
     node.drive(&mut transport, shutdown).await
+}
+
+/// A replica's connections to the broker, one per tenant, as one
+/// [`crate::store::driver::Transport`]: an event is its connection's
+/// tenant's, and so is what is emitted for it.
+struct Connections {
+    sides: Vec<ClientTransport>,
+    /// The tenant of the last event.
+    current: usize,
+    /// Where the next wait starts looking (each connection in turn).
+    start: usize,
+}
+
+impl crate::store::driver::Transport for Connections {
+    type Event = (usize, NetEvent);
+
+    async fn recv(&mut self) -> Option<(usize, NetEvent)> {
+        std::future::poll_fn(|cx| {
+            let n = self.sides.len();
+            for k in 0..n {
+                let i = (self.start + k) % n;
+                let side = &mut self.sides[i];
+                let event = match side.pending.pop_front() {
+                    Some(e) => std::task::Poll::Ready(Some(e)),
+                    None => side.events.poll_recv(cx),
+                };
+                match event {
+                    std::task::Poll::Ready(Some(e)) => {
+                        self.start = (i + 1) % n;
+                        return std::task::Poll::Ready(Some((i, e)));
+                    }
+                    // A connection's task is gone: so is the transport.
+                    std::task::Poll::Ready(None) => return std::task::Poll::Ready(None),
+                    std::task::Poll::Pending => {}
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    fn try_recv(&mut self) -> Option<(usize, NetEvent)> {
+        for (i, side) in self.sides.iter_mut().enumerate() {
+            if let Some(e) = side.pending.pop_front() {
+                return Some((i, e));
+            }
+            if let Ok(e) = side.events.try_recv() {
+                return Some((i, e));
+            }
+        }
+        None
+    }
+
+    async fn on_event(&mut self, (i, event): (usize, NetEvent)) -> Result<Option<Received>> {
+        self.current = i;
+        self.sides[i].on_event(event).await
+    }
+
+    async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
+        self.sides[self.current].emit(outputs).await
+    }
+
+    fn tenant(&self) -> usize {
+        self.current
+    }
+
+    async fn emit_to(&mut self, tenant: usize, outputs: Vec<Output>) -> Result<()> {
+        match self.sides.get_mut(tenant) {
+            Some(side) => side.emit(outputs).await,
+            None => anyhow::bail!("outputs of tenant {tenant}, which has no connection"),
+        }
+    }
+
+    async fn settle(&mut self) -> Result<()> {
+        self.sides[self.current].settle().await
+    }
+
+    async fn tick(&mut self) -> Result<()> {
+        for side in &mut self.sides {
+            side.tick().await?;
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) {
+        for side in &mut self.sides {
+            side.close().await;
+        }
+    }
 }
 
 impl ClientTransport {

@@ -29,11 +29,6 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
     }
     check_listeners(&args, listen)?;
     let named = has_tenants(&args);
-    if named && args.broker.is_some() {
-        anyhow::bail!(
-            "--config with tenants, --cluster and --broker: a replica serves tenants on its embedded broker only (yet); leave out --broker, or serve one store through the broker without --config"
-        );
-    }
     // The tenants of --config, or the one store the flags describe.
     let specs = tenant_specs(&args, password(&args)?)?;
     let routes: Vec<(String, Route)> = specs
@@ -72,16 +67,28 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             m.set_ready();
         }
         if let Some(broker) = args.broker.clone() {
-            let mut spec = specs.into_iter().next().context("the store's settings")?;
-            spec.broker.client_id = format!("{}-{}", args.client_id, file.id);
-            let opts = statestore::transport::external::ServeOptions {
-                // No session outlives a replica's connection: the broker
-                // gives its share of the requests to the replicas that are
-                // up (a kept session would queue them for a dead one).
-                session_expiry: Duration::ZERO,
-                shared_group: Some("statestore".into()),
-                ..external_options(&args, broker, &spec)
-            };
+            // One connection per store (a tenant's on its own broker or
+            // mount point), named for this replica.
+            let opts = specs
+                .into_iter()
+                .map(|mut spec| {
+                    spec.broker.client_id = if named {
+                        format!("{}-{}", spec.broker.client_id, file.id)
+                    } else {
+                        format!("{}-{}", args.client_id, file.id)
+                    };
+                    let url = spec.broker.url.clone().unwrap_or_else(|| broker.clone());
+                    statestore::transport::external::ServeOptions {
+                        // No session outlives a replica's connection: the
+                        // broker gives its share of the requests to the
+                        // replicas that are up (a kept session would queue
+                        // them for a dead one).
+                        session_expiry: Duration::ZERO,
+                        shared_group: Some("statestore".into()),
+                        ..external_options(&args, url, &spec)
+                    }
+                })
+                .collect();
             return statestore::transport::external::serve_replica(node, opts, shutdown_signal())
                 .await;
         }
