@@ -313,9 +313,18 @@ impl Metrics {
             &["replica"],
         )?;
         r.register(Box::new(peer_heard.clone()))?;
+        let agents = IntCounterVec::new(
+            Opts::new(
+                "statestore_cluster_agent_total",
+                "With groups placed on some replicas (`copies`): requests this replica's clients sent to groups it does not hold (`sent`), sent again to another holder (`resent`), and served for other replicas' clients (`served`); answers and notifications shipped to other replicas (`shipped`) and received for its clients (`received`)",
+            ),
+            &["what"],
+        )?;
+        r.register(Box::new(agents.clone()))?;
         Ok(ReplicaMetrics {
             reads,
             peer_heard,
+            agents,
             has_leader: g(
                 "statestore_raft_has_leader",
                 "1 while this replica knows a leader (itself or another)",
@@ -855,4 +864,6 @@ pub struct ReplicaMetrics {
     pub leader: IntGauge,
     /// When each peer was last heard from (Unix seconds).
     pub peer_heard: IntGaugeVec,
+    /// What went through agents, by `what` (see its help).
+    pub agents: IntCounterVec,
 }

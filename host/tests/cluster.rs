@@ -2759,6 +2759,18 @@ async fn groups_on_3_of_4_replicas_serve_every_key_through_every_replica() {
     for client in [observer, writer] {
         client.disconnect().await;
     }
+    // Replica 1 sent its clients' requests of group 1 to an agent, and got
+    // their answers and the notification back.
+    let agents = |i: usize, what: &str| -> f64 {
+        metric(c.metrics[i], "statestore_cluster_agent_total")
+            .into_iter()
+            .filter(|(k, _)| k.contains(&format!("what=\"{what}\"")))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    assert!(agents(0, "sent") >= 2.0, "{}", agents(0, "sent"));
+    assert!(agents(0, "received") >= 3.0, "{}", agents(0, "received"));
+    assert!((1..4).map(|i| agents(i, "served")).sum::<f64>() >= 2.0);
     for (name, scenario) in sdk_scenarios() {
         eprintln!("{name}");
         tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[3]))

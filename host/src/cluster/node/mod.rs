@@ -311,6 +311,7 @@ impl Node {
             group.router.metrics = Some(metrics.clone());
             group.router.store_metrics = Some(store.clone());
         }
+        self.outside.metrics = Some(metrics.agents.clone());
         self.metrics = Some(metrics);
         self.store_metrics = stores;
         self.refresh_store_metrics(true);
@@ -421,7 +422,12 @@ impl Node {
         }
         if !fx.outsiders.is_empty() {
             let outputs = crate::cluster::net::shipped::encode(&fx.outsiders);
-            for to in self.placement.outsiders(g) {
+            let outsiders = self.placement.outsiders(g);
+            if let Some(m) = &self.metrics {
+                let n = fx.outsiders.len() * outsiders.len();
+                m.agents.with_label_values(&["shipped"]).inc_by(n as u64);
+            }
+            for to in outsiders {
                 self.links.ship(g, to, outputs.clone());
             }
         }

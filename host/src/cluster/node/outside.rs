@@ -126,6 +126,8 @@ pub(super) struct Outside {
     /// Ticks until the agents are looked at again.
     look_in: u32,
     warned: Option<Instant>,
+    /// `statestore_cluster_agent_total`, with `--metrics`.
+    pub(super) metrics: Option<prometheus::IntCounterVec>,
 }
 
 impl Outside {
@@ -145,6 +147,13 @@ impl Outside {
             recheck: false,
             look_in: 0,
             warned: None,
+            metrics: None,
+        }
+    }
+
+    fn count(&self, what: &str, n: usize) {
+        if let Some(m) = &self.metrics {
+            m.with_label_values(&[what]).inc_by(n as u64);
         }
     }
 
@@ -209,6 +218,7 @@ impl Outside {
                 },
             );
         }
+        self.count("sent", messages.len());
         links.agent(g, agent, shipped::encode_requests(&messages));
     }
 
@@ -248,6 +258,8 @@ impl Outside {
                     .push(p.message.clone());
             }
         }
+        let resent: usize = again.values().map(Vec::len).sum();
+        self.count("resent", resent);
         for ((g, agent), messages) in again {
             tracing::info!(
                 group = g,
@@ -350,6 +362,7 @@ impl Outside {
                         return None;
                     }
                 }
+                self.count("served", messages.len());
                 let now = Instant::now();
                 for m in messages {
                     if let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) {
@@ -411,6 +424,7 @@ impl Outside {
             }
         }
         *replies = kept;
+        self.count("shipped", back.values().map(Vec::len).sum());
         for (to, outputs) in back {
             links.ship(g, to, shipped::encode(&outputs));
         }
@@ -465,6 +479,7 @@ impl Outside {
             })
             .collect();
         self.inbox_len += outputs.len();
+        self.count("received", outputs.len());
         self.inbox.push((g, outputs));
     }
 
