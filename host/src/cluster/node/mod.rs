@@ -647,7 +647,7 @@ impl Node {
         match event {
             PeerEvent::Raft(g, m) => {
                 self.heard_from(m.from);
-                if self.groups.len() > 1 {
+                if self.count() > 1 {
                     self.alive.insert(m.from, Instant::now());
                 }
                 if let Some(group) = self.group(g, m.from)

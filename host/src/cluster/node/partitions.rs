@@ -33,7 +33,7 @@ impl Node {
     /// gradually and a down one is never waited for: while a hand-over is
     /// under way the group takes no proposals).
     pub(super) fn spread_leaders(&mut self) {
-        if self.groups.len() < 2 {
+        if self.count() < 2 {
             return;
         }
         self.spread_in = self.spread_in.saturating_sub(1);
