@@ -197,6 +197,9 @@ impl Outside {
         let now = Instant::now();
         for m in &mut messages {
             m.via = self.via;
+            if !crate::cluster::router::answered_at_all(m) {
+                continue; // never answered: nothing to wait for
+            }
             let (Some(topic), Some(corr)) = (&m.response_topic, &m.correlation_data) else {
                 continue;
             };

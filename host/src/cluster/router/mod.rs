@@ -183,6 +183,19 @@ struct PendingRead {
     bytes: usize,
 }
 
+/// Whether `m` is a request the store answers (QoS 1, on the request topic,
+/// with correlation data and a valid response topic): one to keep until its
+/// answer comes.
+pub(crate) fn answered_at_all(m: &InboundMessage) -> bool {
+    let (Some(topic), Some(_)) = (&m.response_topic, &m.correlation_data) else {
+        return false;
+    };
+    m.qos == 1
+        && m.topic == statestore_guest::rpc::REQUEST_TOPIC
+        && statestore_guest::rpc::check_response_topic(topic)
+            == statestore_guest::rpc::TopicCheck::Valid
+}
+
 /// A replica's routing of its clients' requests (see the module's doc).
 pub struct Router {
     id: u64,
@@ -571,16 +584,12 @@ impl Router {
     /// `unapplied`); one already kept keeps its time.
     fn track(&mut self, now: Now, at: Instant, messages: &[InboundMessage]) {
         for m in messages {
-            let (Some(topic), Some(_)) = (&m.response_topic, &m.correlation_data) else {
+            if !answered_at_all(m) {
+                continue;
+            }
+            let Some(topic) = &m.response_topic else {
                 continue;
             };
-            if m.qos != 1
-                || m.topic != statestore_guest::rpc::REQUEST_TOPIC
-                || statestore_guest::rpc::check_response_topic(topic)
-                    != statestore_guest::rpc::TopicCheck::Valid
-            {
-                continue; // never answered
-            }
             let Some(key) = key_of(m) else { continue };
             if self.unapplied.contains_key(&key) {
                 continue;
