@@ -203,6 +203,29 @@ fn report(
     }
 }
 
+/// Group numbers as a short list: runs of 3 or more as `first-last`
+/// (`0,2-5,9`), so a replica of 1,000 groups takes one line.
+fn ranges(groups: &[u32]) -> String {
+    let mut sorted = groups.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        if j - i >= 2 {
+            out.push(format!("{}-{}", sorted[i], sorted[j]));
+        } else {
+            out.extend(sorted[i..=j].iter().map(u32::to_string));
+        }
+        i = j + 1;
+    }
+    out.join(",")
+}
+
 /// `cluster status`: prints each replica's state (a table, or JSON with
 /// `json`); whether a leader is known and a majority answered.
 pub fn status(path: &Path, json: bool) -> Result<bool> {
@@ -260,10 +283,7 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
             .replicas
             .iter()
             .filter(|x| !x.leads.is_empty())
-            .map(|x| {
-                let list: Vec<String> = x.leads.iter().map(u32::to_string).collect();
-                format!("replica {} leads {}", x.id, list.join(","))
-            })
+            .map(|x| format!("replica {} leads {}", x.id, ranges(&x.leads)))
             .collect();
         let led: usize = r.replicas.iter().map(|x| x.leads.len()).sum();
         let placed = r.replicas.iter().any(|x| !x.holds.is_empty());
@@ -272,10 +292,7 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
                 .replicas
                 .iter()
                 .filter(|x| !x.holds.is_empty())
-                .map(|x| {
-                    let list: Vec<String> = x.holds.iter().map(u32::to_string).collect();
-                    format!("replica {} holds {}", x.id, list.join(","))
-                })
+                .map(|x| format!("replica {} holds {}", x.id, ranges(&x.holds)))
                 .collect();
             println!(
                 "groups placed (`copies = {}`): {}",
@@ -517,4 +534,21 @@ pub fn certs(path: &Path, more: &[u64]) -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn group_lists_run_together() {
+        assert_eq!(super::ranges(&[]), "");
+        assert_eq!(super::ranges(&[0, 3]), "0,3");
+        assert_eq!(super::ranges(&[3, 2, 0]), "0,2,3");
+        assert_eq!(super::ranges(&[0, 1, 2]), "0-2");
+        assert_eq!(
+            super::ranges(&[9, 0, 2, 3, 4, 5, 7, 8]),
+            "0,2-5,7,8,9".replace("7,8,9", "7-9")
+        );
+        let all: Vec<u32> = (0..1000).collect();
+        assert_eq!(super::ranges(&all), "0-999");
+    }
 }
