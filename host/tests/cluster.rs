@@ -2796,6 +2796,47 @@ async fn groups_on_3_of_4_replicas_serve_every_key_through_every_replica() {
     eprintln!("{sets} acknowledged SETs and {dels} DELs read back");
 }
 
+/// A store in 2 partitions whose groups go quiet (idle for over a second:
+/// no heartbeats, and a replica skips their routers' ticks) still expires
+/// a key on time: a quiet leader's router ticks whenever an expiry is due,
+/// and its observer is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_expires_while_its_group_is_quiet() {
+    let c = Cluster::with_partitions(3, 2);
+    let spread =
+        "partitions: 2 (the table shows partition 0); replica 1 leads 0; replica 2 leads 1";
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    let mut client = RawClient::connect(c.mqtt[2], "quiet-expiry").await;
+    client.subscribe(&client.response_topic()).await;
+    for key in [b"quiet-0".as_slice(), b"quiet-1".as_slice()] {
+        let got = client.call(&[b"KEYNOTIFY", key]).await;
+        assert_eq!(text(&got), "+OK\r\n");
+        let got = client.call(&[b"SET", key, b"v", b"PX", b"4000"]).await;
+        assert_eq!(text(&got), "+OK\r\n");
+    }
+    // Quiet after about 1.3 s of nothing to do.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = client.call(&[b"GET", b"quiet-0"]).await;
+    assert_eq!(text(&got), "$1\r\nv\r\n", "not expired yet");
+    // Both expiries notified (in either order).
+    let mut waiting: Vec<String> = [b"quiet-0".as_slice(), b"quiet-1".as_slice()]
+        .iter()
+        .map(|k| statestore_guest::notify::topic("quiet-expiry", k))
+        .collect();
+    let until = Instant::now() + Duration::from_secs(8);
+    while !waiting.is_empty() {
+        let p = client
+            .recv(until.saturating_duration_since(Instant::now()))
+            .await
+            .unwrap_or_else(|| panic!("no expiry notified on {waiting:?}"));
+        waiting.retain(|t| t.as_bytes() != p.topic.as_ref());
+    }
+    for key in [b"quiet-0".as_slice(), b"quiet-1".as_slice()] {
+        assert_eq!(text(&client.call(&[b"GET", key]).await), "$-1\r\n");
+    }
+    client.disconnect().await;
+}
+
 /// Groups placed (4 replicas, `copies = 3`): a write through a replica not
 /// holding its key's group, sent just after the group's agent (its leader
 /// too) is killed, is answered: unanswered, it goes to the group's next

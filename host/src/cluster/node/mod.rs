@@ -797,6 +797,11 @@ impl Node {
         let now = self.now();
         let mut result = Ok(());
         for g in 0..self.groups.len() {
+            let group = &self.groups[g];
+            if group.router.asleep(now, &group.replica) {
+                // A quiet group with nothing held, in flight or due.
+                continue;
+            }
             let r = self
                 .routed(transport, g, |router, replica, fx| {
                     router.tick(now, replica, fx)

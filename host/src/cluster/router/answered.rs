@@ -69,6 +69,10 @@ impl Answered {
     pub(super) fn contains(&self, key: &Key) -> bool {
         self.keys.contains(key)
     }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
 }
 
 #[cfg(test)]

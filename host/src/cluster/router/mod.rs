@@ -781,6 +781,33 @@ impl Router {
         self.submit_in_order(now, late, true, replica, fx);
     }
 
+    /// Whether a tick would do nothing: the group is quiet (no leader
+    /// change can come without waking it), nothing is held, in flight,
+    /// waiting for a read index or remembered, and, as leader, no expiry is
+    /// due by the deadline known for what it has applied. A replica of
+    /// many idle groups skips their ticks.
+    pub fn asleep<B: Backend>(&self, now: Now, replica: &Replica<B>) -> bool {
+        if !replica.is_quiet()
+            || !self.held.is_empty()
+            || !self.unapplied.is_empty()
+            || !self.reads.is_empty()
+            || !self.gone.is_empty()
+            || !self.timed_out.is_empty()
+            || !self.resent.is_empty()
+            || !self.answered.is_empty()
+        {
+            return false;
+        }
+        if !replica.is_leader() {
+            return true;
+        }
+        let clock = now.ms.max(replica.log_now());
+        match self.deadline {
+            Some((at, next)) if at == replica.applied() => next.is_none_or(|due| due > clock),
+            _ => false,
+        }
+    }
+
     /// A tick (after the replica's own): a new leader gets what waited
     /// for one; what waited too long is answered; reads late for their
     /// index go through the log; the leader proposes expiry when due.
