@@ -542,3 +542,73 @@ impl Node {
         self.waiting.push((g, fx));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(n: usize, via: u64) -> InboundMessage {
+        InboundMessage {
+            topic: statestore_guest::rpc::REQUEST_TOPIC.into(),
+            qos: 1,
+            response_topic: Some(format!("clients/c{n}/reply")),
+            correlation_data: Some(n.to_le_bytes().to_vec()),
+            client_id: Some(format!("c{n}")),
+            via: Some(Via {
+                replica: via,
+                started: 1,
+            }),
+            ..InboundMessage::default()
+        }
+    }
+
+    /// An agent serves only what a replica not holding the group sends for
+    /// its own clients, and remembers at most `SERVED_MAX` requests; a
+    /// replica keeps at most `INBOX_MAX` outputs shipped to it, and only
+    /// from a holder of a group it does not hold.
+    #[test]
+    fn agents_serve_only_their_senders_clients_within_bounds() {
+        // 4 replicas, 3 copies: group 1 on 2, 3, 4; replica 1 does not hold it.
+        let placement = Placement::new(&[1, 2, 3, 4], Some(3));
+        let mut agent = Outside::new(2, None);
+        let mine = shipped::encode_requests(&[request(0, 1)]);
+        assert!(agent.serve(1, 1, &mine, &placement).is_some());
+        let forged = shipped::encode_requests(&[request(1, 3)]);
+        assert!(
+            agent.serve(1, 1, &forged, &placement).is_none(),
+            "another replica's"
+        );
+        assert!(
+            agent.serve(1, 3, &forged, &placement).is_none(),
+            "a holder's"
+        );
+        assert!(agent.serve(1, 1, b"\x07", &placement).is_none(), "garbage");
+        let batch: Vec<InboundMessage> = (1..SERVED_MAX).map(|n| request(n, 1)).collect();
+        assert!(
+            agent
+                .serve(1, 1, &shipped::encode_requests(&batch), &placement)
+                .is_some()
+        );
+        assert_eq!(agent.served.len(), SERVED_MAX);
+        let one_more = shipped::encode_requests(&[request(SERVED_MAX, 1)]);
+        assert!(
+            agent.serve(1, 1, &one_more, &placement).is_none(),
+            "past the bound"
+        );
+        assert_eq!(agent.served.len(), SERVED_MAX);
+
+        let mut outsider = Outside::new(1, None);
+        let reply = || Output::Violation {
+            client_id: Some("c".into()),
+            reason: "r".into(),
+        };
+        outsider.shipped(1, 3, vec![reply()], &placement);
+        outsider.shipped(1, 1, vec![reply()], &placement); // not a holder
+        outsider.shipped(0, 2, vec![reply()], &placement); // held here
+        assert_eq!(outsider.take_inbox().len(), 1);
+        outsider.shipped(1, 2, vec![reply(); INBOX_MAX], &placement);
+        outsider.shipped(1, 2, vec![reply()], &placement);
+        let kept: usize = outsider.take_inbox().iter().map(|(_, o)| o.len()).sum();
+        assert_eq!(kept, INBOX_MAX, "past the bound: dropped");
+    }
+}
