@@ -2,7 +2,8 @@
 //! arbitrary bytes never panic, either as an input batch or as an output
 //! list; a batch that decodes is handled by the state machine without
 //! panicking, its output list decodes, and a batch that does not decode is
-//! an error that changes nothing. The read-only door (`reads`,
+//! an error that changes nothing, whether the batch is lent to the store
+//! (`handle_wire_owned`) or not. The read-only door (`reads`,
 //! `query_wire`) takes the same bytes and never changes the store.
 #![no_main]
 
@@ -12,19 +13,28 @@ use statestore_guest::{Config, StateMachine, wire};
 const NOW: u64 = 1_700_000_000_000;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = wire::decode_outputs(data);
+    let _ = wire::decode_outputs(data, data);
     let mut sm = StateMachine::new(Config::default()).expect("default config");
     let before = sm.snapshot();
     let decodes = wire::decode_batch(data).is_ok();
     match sm.handle_wire(data, NOW) {
         Ok(outputs) => {
             assert!(decodes, "handled a batch that does not decode");
-            wire::decode_outputs(&outputs).expect("the guest's own output list decodes");
+            wire::decode_outputs(&outputs, data).expect("the guest's own output list decodes");
         }
         Err(_) => {
             assert!(!decodes, "refused a batch that decodes");
             assert_eq!(sm.snapshot(), before, "a refused batch changed the state");
         }
+    }
+    // The same batch handed over (a large value may stay in it).
+    let mut owned = StateMachine::new(Config::default()).expect("default config");
+    match owned.handle_wire_owned(data.to_vec(), NOW) {
+        Ok(outputs) => {
+            assert!(decodes, "handled a batch that does not decode");
+            wire::decode_outputs(&outputs, data).expect("the guest's own output list decodes");
+        }
+        Err(_) => assert!(!decodes, "refused a batch that decodes"),
     }
     // The read-only door, on a store with keys (one of them due).
     let mut q = StateMachine::new(Config::default()).expect("default config");
@@ -51,7 +61,7 @@ fuzz_target!(|data: &[u8]| {
     match q.query_wire(data, NOW + 50) {
         Ok(outputs) => {
             assert!(decodes, "queried a batch that does not decode");
-            wire::decode_outputs(&outputs).expect("the guest's own output list decodes");
+            wire::decode_outputs(&outputs, data).expect("the guest's own output list decodes");
         }
         Err(_) => assert!(!decodes, "refused a batch that decodes"),
     }

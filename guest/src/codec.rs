@@ -14,7 +14,7 @@
 //! ```
 
 use crate::hlc::Hlc;
-use crate::table::{Entry, EntryRef, Version};
+use crate::table::{EntryMeta, EntryRef, Version};
 use crate::types::{Bytes, Error, OutboundMessage, PublishKind, Str, str_of};
 
 /// Little-endian encoder shared by snapshots and journal records.
@@ -60,6 +60,10 @@ impl Writer {
     pub(crate) fn entry(&mut self, key: &[u8], e: EntryRef<'_>) {
         self.bytes(key);
         self.bytes(e.value);
+        self.entry_tail(e);
+    }
+    /// What [`Writer::entry`] writes after the value.
+    pub(crate) fn entry_tail(&mut self, e: EntryRef<'_>) {
         self.u64(e.version.wall);
         self.u32(e.version.counter);
         self.opt(e.fencing_token, |w, ft| w.hlc(ft));
@@ -173,20 +177,23 @@ impl<'a> Reader<'a> {
             _ => Err(self.err("bad option tag")),
         }
     }
-    /// What [`Writer::entry`] wrote.
-    pub(crate) fn entry(&mut self) -> Result<(&'a [u8], Entry), Error> {
+    /// What [`Writer::entry`] wrote: the key, the value and the rest.
+    pub(crate) fn entry(&mut self) -> Result<(&'a [u8], &'a [u8], EntryMeta), Error> {
         let key = self.bytes()?;
-        let entry = Entry {
-            value: self.bytes()?.into(),
+        let value = self.bytes()?;
+        Ok((key, value, self.entry_tail()?))
+    }
+    /// What [`Writer::entry_tail`] wrote.
+    pub(crate) fn entry_tail(&mut self) -> Result<EntryMeta, Error> {
+        Ok(EntryMeta {
             version: Version {
                 wall: self.u64()?,
                 counter: self.u32()?,
             },
-            fencing_token: self.opt(Reader::hlc)?.map(Box::new),
+            fencing_token: self.opt(Reader::hlc)?,
             expires_at: self.opt(Reader::u64)?,
             persist: self.u8()? != 0,
-        };
-        Ok((key, entry))
+        })
     }
     pub(crate) fn hlc(&mut self) -> Result<Hlc, Error> {
         Ok(Hlc {

@@ -130,7 +130,9 @@ impl wit::GuestStore for Store {
     }
 
     fn handle_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
-        self.changing().handle_wire(&batch, now).map_err(error_out)
+        self.changing()
+            .handle_wire_owned(batch, now)
+            .map_err(error_out)
     }
 
     fn query_wire(&self, batch: Vec<u8>, now: u64) -> Result<Vec<u8>, wit::Error> {
@@ -204,8 +206,8 @@ impl wit::GuestStore for Store {
 
     fn replay(&self, records: Vec<Vec<u8>>) -> Result<(), wit::Error> {
         let mut m = self.changing();
-        for r in &records {
-            m.replay(r).map_err(error_out)?;
+        for r in records {
+            m.replay_owned(r).map_err(error_out)?;
         }
         Ok(())
     }

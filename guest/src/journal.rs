@@ -27,7 +27,7 @@
 
 use crate::codec::{Reader, Writer};
 use crate::rpc::Reply;
-use crate::table::{Entry, EntryRef, Version};
+use crate::table::{EntryMeta, EntryRef, Version};
 use crate::types::{Error, OutboundMessage};
 
 /// The newest record format this build writes and reads.
@@ -76,6 +76,27 @@ pub fn put_into(buf: &mut Vec<u8>, key: &[u8], e: EntryRef<'_>) {
     frame_into(buf, PUT, |w| w.entry(key, e));
 }
 
+/// [`put`] in three parts: the bytes before the value, the value (not
+/// copied: the caller has it), and the bytes after it, the checksum of
+/// the whole record included. `head`, the value and `tail` in a row are
+/// exactly [`put`].
+pub fn put_around(key: &[u8], e: EntryRef<'_>) -> (Vec<u8>, Vec<u8>) {
+    let mut head = Writer(Vec::with_capacity(2 + 4 + key.len() + 4));
+    head.u8(version_of(PUT));
+    head.u8(PUT);
+    head.bytes(key);
+    // Values come from MQTT messages (< 256 MiB).
+    head.u32(u32::try_from(e.value.len()).unwrap_or(u32::MAX));
+    let mut tail = Writer::new();
+    tail.entry_tail(e);
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head.0);
+    crc.update(e.value);
+    crc.update(&tail.0);
+    tail.u32(crc.finalize());
+    (head.0, tail.0)
+}
+
 /// The length of [`put`].
 pub fn put_size(key: &[u8], e: EntryRef<'_>) -> usize {
     let fencing = e.fencing_token.map_or(0, |ft| 20 + ft.node.len());
@@ -87,12 +108,14 @@ pub fn put_size(key: &[u8], e: EntryRef<'_>) -> usize {
 // One record is decoded at a time and applied at once: its size does not matter.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Record<'a> {
-    /// `key` now holds `entry`.
+    /// `key` now holds `value`, with `meta`.
     Put {
         /// The key.
         key: &'a [u8],
-        /// Its value, version, fencing token, expiry and persist flag.
-        entry: Entry,
+        /// Its value.
+        value: &'a [u8],
+        /// Its version, fencing token, expiry and persist flag.
+        meta: EntryMeta,
     },
     /// `key` was deleted (DEL, VDEL) or expired at `version`.
     Remove {
@@ -133,8 +156,8 @@ pub(crate) fn decode(record: &[u8]) -> Result<Record<'_>, Error> {
     let mut r = Reader::new(&body[2..], Error::BadRecord);
     let decoded = match body[1] {
         PUT => {
-            let (key, entry) = r.entry()?;
-            Record::Put { key, entry }
+            let (key, value, meta) = r.entry()?;
+            Record::Put { key, value, meta }
         }
         DELETE | EXPIRE => {
             let key = r.bytes()?;
@@ -295,6 +318,29 @@ mod tests {
     use crate::types::Str;
 
     /// `reply_into` writes what `reply` of the built message writes.
+    #[test]
+    fn a_put_in_three_parts_is_the_same_bytes() {
+        let token = crate::hlc::Hlc {
+            wall: 3,
+            counter: 4,
+            node: "lock".into(),
+        };
+        for (ft, expires_at) in [(None, None), (Some(&token), Some(77))] {
+            let e = EntryRef {
+                value: b"the value",
+                version: Version {
+                    wall: 10,
+                    counter: 2,
+                },
+                fencing_token: ft,
+                expires_at,
+                persist: true,
+            };
+            let (head, tail) = put_around(b"key", e);
+            assert_eq!([&head[..], e.value, &tail[..]].concat(), put(b"key", e));
+        }
+    }
+
     #[test]
     fn a_reply_record_in_place_is_the_same_bytes() {
         let version = Some(Version {

@@ -80,8 +80,8 @@ pub fn formats() -> Formats {
 }
 
 pub use machine::{
-    EXPIRY_BUDGET, HostReply, OUTPUT_BUDGET, REQUEST_EXPIRY_BUDGET, Restoring, SnapshotCursor,
-    StateMachine,
+    EXPIRY_BUDGET, HostReply, LARGE_VALUE, OUTPUT_BUDGET, REQUEST_EXPIRY_BUDGET, Restoring,
+    SnapshotCursor, StateMachine,
 };
 pub use snapshot::SnapshotScope;
 pub use types::{

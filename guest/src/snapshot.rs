@@ -28,9 +28,10 @@
 //! (in parts, if it asks), and `Restorer` reads it, in parts of any size,
 //! handing what it finds to a `Visitor`.
 
+use crate::LARGE_VALUE;
 use crate::codec::{Reader, Writer};
 use crate::notify::Watcher;
-use crate::table::Entry;
+use crate::table::{EntryMeta, blob_start};
 use crate::types::{Error, OutboundMessage, Via};
 
 /// What a snapshot holds.
@@ -63,7 +64,10 @@ pub(crate) trait Visitor {
     /// The clock, first.
     fn clock(&mut self, wall: u64, counter: u64);
     /// A key and its entry.
-    fn key(&mut self, key: &[u8], entry: Entry);
+    fn key(&mut self, key: &[u8], value: &[u8], meta: EntryMeta);
+    /// A key and its entry whose large value was read straight into a
+    /// slot's blob ([`crate::table::Table::put_blob`]) over several parts.
+    fn key_blob(&mut self, blob: Vec<u8>, meta: EntryMeta);
     /// A KEYNOTIFY registration, where it was made, and who made it.
     fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>, watcher: &Watcher);
     /// A dedup-cache entry (charged to `client`, if known).
@@ -87,6 +91,9 @@ enum Stage {
     Count(Section),
     /// Items of a section, with how many are left.
     Items(Section, u64),
+    /// The fields after the value of a key whose large value is in
+    /// `Restorer::filling` (whole), with how many keys are left, it too.
+    LargeTail(u64),
     /// The CRC.
     Crc,
     /// Everything was read.
@@ -117,11 +124,32 @@ pub(crate) struct Restorer {
     offset: u64,
     /// The format version, once the header was read.
     version: u32,
+    /// A large value being read straight into its key's slot.
+    filling: Option<Filling>,
+}
+
+/// A key's slot blob taking its large value in as parts come: a value
+/// that spans parts is never held twice (pending bytes, then a copy).
+#[derive(Debug)]
+struct Filling {
+    blob: Vec<u8>,
+    /// The blob's length once the value is whole (its capacity).
+    whole: usize,
 }
 
 impl Restorer {
     /// Reads `part`, the bytes after those already fed.
-    pub(crate) fn feed(&mut self, part: &[u8], visit: &mut impl Visitor) -> Result<(), Error> {
+    pub(crate) fn feed(&mut self, mut part: &[u8], visit: &mut impl Visitor) -> Result<(), Error> {
+        if let Some(f) = self.filling.as_mut().filter(|f| f.blob.len() < f.whole) {
+            let n = (f.whole - f.blob.len()).min(part.len());
+            f.blob.extend_from_slice(&part[..n]);
+            self.crc.update(&part[..n]);
+            self.offset += n as u64;
+            part = &part[n..];
+            if part.is_empty() {
+                return Ok(());
+            }
+        }
         if self.pending.is_empty() {
             // The usual case (whole items in a part, or one part): read in
             // place, keep only an unfinished tail.
@@ -166,6 +194,19 @@ impl Restorer {
             match self.step(&mut r, visit) {
                 Ok(()) => {}
                 Err(_) if r.short() => {
+                    if let Some(used) = self.start_filling(rest) {
+                        self.crc.update(&rest[..used]);
+                        self.offset += used as u64;
+                        at += used;
+                        if self
+                            .filling
+                            .as_ref()
+                            .is_some_and(|f| f.blob.len() < f.whole)
+                        {
+                            return Ok(at);
+                        }
+                        continue;
+                    }
                     if self.stage == Stage::Header
                         && !MAGIC.starts_with(&rest[..rest.len().min(MAGIC.len())])
                     {
@@ -183,6 +224,30 @@ impl Restorer {
             self.offset += used as u64;
             at += used;
         }
+    }
+
+    /// At a key whose item is not whole in `rest`: if its value is large,
+    /// starts its slot's blob with the key and what `rest` has of the
+    /// value, and returns the bytes that took (all of `rest`, or up to
+    /// the end of the value).
+    fn start_filling(&mut self, rest: &[u8]) -> Option<usize> {
+        let Stage::Items(Section::Keys, left) = self.stage else {
+            return None;
+        };
+        let mut r = Reader::new(rest, Error::BadSnapshot);
+        let key = r.bytes().ok()?;
+        let len = r.u32().ok()? as usize;
+        if len < LARGE_VALUE {
+            return None;
+        }
+        let head = rest.len() - r.remaining();
+        let mut blob = blob_start(key, len);
+        let whole = blob.len() + len;
+        let take = len.min(r.remaining());
+        blob.extend_from_slice(&rest[head..head + take]);
+        self.filling = Some(Filling { blob, whole });
+        self.stage = Stage::LargeTail(left);
+        Some(head + take)
     }
 
     fn bad(&self, m: &str) -> Error {
@@ -219,8 +284,8 @@ impl Restorer {
             Stage::Items(section, left) => {
                 match section {
                     Section::Keys => {
-                        let (key, entry) = r.entry()?;
-                        visit.key(key, entry);
+                        let (key, value, meta) = r.entry()?;
+                        visit.key(key, value, meta);
                     }
                     Section::Registrations => {
                         let client = r.str()?;
@@ -263,6 +328,17 @@ impl Restorer {
                     n => Stage::Items(section, n),
                 }
             }
+            Stage::LargeTail(left) => {
+                let meta = r.entry_tail()?;
+                match self.filling.take() {
+                    Some(f) if f.blob.len() == f.whole => visit.key_blob(f.blob, meta),
+                    _ => return Err(bad("a large value ended early")),
+                }
+                match left - 1 {
+                    0 => next_section(Section::Keys),
+                    n => Stage::Items(Section::Keys, n),
+                }
+            }
             Stage::Crc => {
                 let stored = r.u32()?;
                 if self.crc.clone().finalize() != stored {
@@ -282,5 +358,89 @@ fn next_section(section: Section) -> Stage {
         Section::Keys => Stage::Count(Section::Registrations),
         Section::Registrations => Stage::Count(Section::Dedup),
         Section::Dedup => Stage::Crc,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hlc::Version;
+
+    /// Records what a restore hands over.
+    #[derive(Default)]
+    struct Seen {
+        keys: Vec<(Vec<u8>, Vec<u8>)>,
+        blobs: Vec<Vec<u8>>,
+    }
+
+    impl Visitor for Seen {
+        fn clock(&mut self, _: u64, _: u64) {}
+        fn key(&mut self, key: &[u8], value: &[u8], _: EntryMeta) {
+            self.keys.push((key.to_vec(), value.to_vec()));
+        }
+        fn key_blob(&mut self, blob: Vec<u8>, _: EntryMeta) {
+            assert_eq!(blob.len(), blob.capacity(), "room for exactly the value");
+            self.blobs.push(blob);
+        }
+        fn registration(&mut self, _: &str, _: &[u8], _: Option<Via>, _: &Watcher) {}
+        fn reply(
+            &mut self,
+            _: Option<&str>,
+            _: &str,
+            _: &[u8],
+            _: u64,
+            _: OutboundMessage,
+        ) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+
+    /// A snapshot of a small key and a large one, cut into parts of
+    /// `part` bytes: the large value goes straight into its blob (nothing
+    /// of it waits as pending bytes), the small one as usual.
+    #[test]
+    fn a_large_value_over_parts_is_read_into_its_blob() {
+        let big: Vec<u8> = (0..LARGE_VALUE * 3).map(|i| (i % 251) as u8).collect();
+        let meta = EntryMeta {
+            version: Version {
+                wall: 1,
+                counter: 2,
+            },
+            fencing_token: None,
+            expires_at: None,
+            persist: false,
+        };
+        let mut w = Writer::new();
+        write_header(&mut w, (1, 0));
+        w.u64(2);
+        w.entry(b"a", meta.with(b"small"));
+        w.entry(b"big", meta.with(&big));
+        w.u64(0);
+        w.u64(0);
+        let snapshot = w.finish_with_crc();
+        for part in [1, 1000, 4096, LARGE_VALUE, snapshot.len()] {
+            let mut r = Restorer::default();
+            let mut seen = Seen::default();
+            let mut most_pending = 0;
+            for piece in snapshot.chunks(part) {
+                r.feed(piece, &mut seen).expect("feeds");
+                most_pending = most_pending.max(r.pending.len());
+            }
+            r.finish().expect("whole");
+            assert_eq!(seen.keys[0], (b"a".to_vec(), b"small".to_vec()));
+            if part == snapshot.len() {
+                // One part: read in place.
+                assert_eq!(seen.keys[1], (b"big".to_vec(), big.clone()));
+                continue;
+            }
+            assert!(
+                most_pending < 1000 + 64,
+                "{most_pending} pending for parts of {part}"
+            );
+            let mut want = vec![3u8];
+            want.extend_from_slice(b"big");
+            want.extend_from_slice(&big);
+            assert_eq!(seen.blobs, [want], "parts of {part}");
+        }
     }
 }

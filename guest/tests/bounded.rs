@@ -4,7 +4,7 @@
 
 use statestore_guest::wire::{self, InputRef};
 use statestore_guest::{Config, InboundMessage, Input, Output, Persist, PublishKind, StateMachine};
-use statestore_guest::{EXPIRY_BUDGET, OUTPUT_BUDGET, REQUEST_EXPIRY_BUDGET};
+use statestore_guest::{EXPIRY_BUDGET, LARGE_VALUE, OUTPUT_BUDGET, REQUEST_EXPIRY_BUDGET};
 
 mod common;
 use common::{T0, request};
@@ -43,11 +43,10 @@ fn a_call_stops_taking_inputs_past_the_output_budget() {
         .map(|(i, k)| request(10 + i as u64, &[b"GET", *k], "r"))
         .collect();
     let inputs: Vec<Input<'_>> = gets.iter().map(Input::Message).collect();
-    let raw = sm
-        .handle_wire(&wire::encode_batch(&inputs), T0)
-        .expect("handled");
+    let batch = wire::encode_batch(&inputs);
+    let raw = sm.handle_wire(&batch, T0).expect("handled");
     assert!(raw.len() >= OUTPUT_BUDGET && raw.len() < OUTPUT_BUDGET + (5 << 20));
-    let out = wire::decode_outputs(&raw).expect("decodes");
+    let out = wire::decode_outputs(&raw, &batch).expect("decodes");
     assert_eq!(out.len(), 3);
     assert_eq!(out.last(), Some(&Output::More(2)));
     let mut expected = b"$5242880\r\n".to_vec();
@@ -55,10 +54,9 @@ fn a_call_stops_taking_inputs_past_the_output_budget() {
     expected.extend_from_slice(b"\r\n");
     assert_eq!(replies(&out), [expected.clone(), expected.clone()]);
     // The rest, in a call of its own.
-    let out = sm
-        .handle_wire(&wire::encode_batch(&inputs[2..]), T0)
-        .expect("handled");
-    let out = wire::decode_outputs(&out).expect("decodes");
+    let batch = wire::encode_batch(&inputs[2..]);
+    let out = sm.handle_wire(&batch, T0).expect("handled");
+    let out = wire::decode_outputs(&out, &batch).expect("decodes");
     assert_eq!(replies(&out), [expected.clone()]);
     assert!(!out.iter().any(|o| matches!(o, Output::More(_))));
     // `step` does the same loop: all three, once each, no `More`.
@@ -77,10 +75,9 @@ fn the_first_input_is_always_handled() {
     let value = vec![7u8; OUTPUT_BUDGET + 1];
     sm.handle(&request(1, &[b"SET", b"big", &value], "w"), T0);
     let get = request(2, &[b"GET", b"big"], "r");
-    let raw = sm
-        .handle_wire(&wire::encode_batch(&[Input::Message(&get)]), T0)
-        .expect("handled");
-    let out = wire::decode_outputs(&raw).expect("decodes");
+    let batch = wire::encode_batch(&[Input::Message(&get)]);
+    let raw = sm.handle_wire(&batch, T0).expect("handled");
+    let out = wire::decode_outputs(&raw, &batch).expect("decodes");
     assert_eq!(out.len(), 1, "one reply, no `More`");
     assert_eq!(replies(&out)[0].len(), value.len() + 12);
 }
@@ -178,26 +175,38 @@ fn batches_decode() {
     assert!(matches!(inputs[1], InputRef::Disconnected("c")));
 }
 
-/// A large value is not copied twice into an output list, and the list is
-/// not twice its size (the guest's memory keeps its high-water mark): the
-/// SET's list (its journal record, written in place) and the GET's (its
-/// reply) each hold the value once, with little room to spare.
+/// A large value is not copied into a SET's output list: its journal record
+/// names where the value lies in the batch, and the host splices it in (the
+/// guest's memory keeps its high-water mark). A GET's list holds the value
+/// once, with little room to spare.
 #[test]
-fn a_large_value_costs_one_copy_in_an_output_list() {
+fn a_large_value_costs_no_copy_in_a_sets_output_list() {
     let mut sm = durable();
     let value = vec![b'x'; 16 << 20];
     let set = request(1, &[b"SET", b"big", &value], "w");
-    let raw = sm
-        .handle_wire(&wire::encode_batch(&[Input::Message(&set)]), T0)
-        .expect("handled");
-    assert!(raw.len() > value.len() && raw.len() < value.len() + (1 << 20));
-    assert!(
-        raw.capacity() < value.len() + (1 << 20),
-        "{}",
-        raw.capacity()
-    );
-    let out = wire::decode_outputs(&raw).expect("decodes");
-    assert!(matches!(&out[0], Output::Journal(r) if r.len() > value.len()));
+    let batch = wire::encode_batch(&[Input::Message(&set)]);
+    let raw = sm.handle_wire(&batch, T0).expect("handled");
+    assert!(raw.len() < 1024, "{}", raw.len());
+    let out = wire::decode_outputs(&raw, &batch).expect("decodes");
+    let Output::Journal(record) = &out[0] else {
+        panic!("{:?}", out[0]);
+    };
+    assert!(record.len() > value.len());
+    // The record is the one a store rebuilds from.
+    let mut expected = format!("${}\r\n", value.len()).into_bytes();
+    expected.extend_from_slice(&value);
+    expected.extend_from_slice(b"\r\n");
+    let mut replayed = durable();
+    replayed.replay(record).expect("replays");
+    let mut kept = durable();
+    kept.replay_owned(record.clone()).expect("replays");
+    for store in [&mut replayed, &mut kept] {
+        let out = store.handle(&request(3, &[b"GET", b"big"], "r"), T0);
+        assert_eq!(replies(&out), [expected.clone()]);
+    }
+    assert_eq!(kept.snapshot(), replayed.snapshot());
+    // Without its batch the list does not decode.
+    assert!(wire::decode_outputs(&raw, &batch[..batch.len() / 2]).is_err());
     let get = request(2, &[b"GET", b"big"], "r");
     let raw = sm
         .handle_wire(&wire::encode_batch(&[Input::Message(&get)]), T0)
@@ -278,8 +287,8 @@ fn a_snapshot_is_written_into_a_buffer_of_its_size() {
 }
 
 /// A snapshot in parts: the parts are the one-piece snapshot's bytes,
-/// each about the size asked, for both scopes and a filtered durable
-/// scope; a restore from pieces of any size rebuilds the same state, and
+/// each about the size asked (a large value is spread over parts), for
+/// both scopes and a filtered durable scope; a restore from pieces of any size rebuilds the same state, and
 /// a damaged, truncated or overlong snapshot is refused.
 #[test]
 fn snapshots_go_across_in_parts_both_ways() {
@@ -292,7 +301,13 @@ fn snapshots_go_across_in_parts_both_ways() {
         let mut sm = StateMachine::new(config.clone()).expect("config");
         for i in 0..300u64 {
             let key = format!("key{i:03}");
-            let value = vec![b'v'; 100 + (i as usize % 7) * 1000];
+            let mut value = vec![b'v'; 100 + (i as usize % 7) * 1000];
+            if i % 100 == 99 {
+                // Large: goes out over parts.
+                value = (0..LARGE_VALUE + 17 + i as usize)
+                    .map(|b| b as u8)
+                    .collect();
+            }
             let mut r = request(i, &[b"SET", key.as_bytes(), &value], "w");
             if i % 3 == 0 {
                 r.user_properties
@@ -312,8 +327,10 @@ fn snapshots_go_across_in_parts_both_ways() {
                     if p.is_empty() {
                         break;
                     }
-                    // Whole items: at most one item beyond the size asked.
+                    // Whole small items: at most one item beyond the size
+                    // asked; a large value is cut.
                     assert!(p.len() < part + 8000, "{} for {part}", p.len());
+                    assert!(part == 1 << 20 || p.len() < LARGE_VALUE, "{}", p.len());
                     joined.extend_from_slice(&p);
                     count += 1;
                 }
@@ -355,4 +372,51 @@ fn snapshots_go_across_in_parts_both_ways() {
         r.feed(b"NOTASNAPSHOT").map_err(|e| e.to_string()),
         Err("bad snapshot: not a state store snapshot".into())
     );
+}
+
+/// A SET whose value is most of its batch keeps the value in the batch's
+/// buffer (`handle_wire_owned`): the call ends after it, the rest of the
+/// batch comes in the next call, and the store is exactly what a store
+/// that copied every value holds, with the same outputs.
+#[test]
+fn a_large_value_lent_from_its_batch_is_the_same_store() {
+    let value = vec![b'L'; 1 << 20];
+    let set = request(1, &[b"SET", b"big", &value], "w");
+    let get = request(2, &[b"GET", b"big"], "r");
+    let small = request(3, &[b"SET", b"small", b"s"], "w");
+    let again = request(4, &[b"SET", b"big", &value[..LARGE_VALUE]], "w");
+    let get_again = request(5, &[b"GET", b"big"], "r");
+    let inputs = [
+        Input::Message(&set),
+        Input::Message(&get),
+        Input::Message(&small),
+        Input::Message(&again),
+        Input::Message(&get_again),
+    ];
+    let mut copied = durable();
+    let want = copied.step(&inputs, T0);
+    let mut lent = durable();
+    let mut got = Vec::new();
+    let mut rest = &inputs[..];
+    let mut calls = 0;
+    while !rest.is_empty() {
+        let batch = wire::encode_batch(rest);
+        let raw = lent.handle_wire_owned(batch.clone(), T0).expect("handled");
+        let mut out = wire::decode_outputs(&raw, &batch).expect("decodes");
+        let handled = wire::handled(&mut out, rest.len());
+        got.extend(out);
+        rest = &rest[handled..];
+        calls += 1;
+    }
+    assert_eq!(got, want);
+    assert_eq!(lent.snapshot(), copied.snapshot());
+    // Each large SET was lent (its call ended after it): the first alone,
+    // the second after the GET and the small SET.
+    assert_eq!(calls, 3);
+    let mut expected = format!("${}\r\n", value.len()).into_bytes();
+    expected.extend_from_slice(&value);
+    expected.extend_from_slice(b"\r\n");
+    assert_eq!(replies(&got)[1], expected);
+    assert_eq!(replies(&got)[4].len(), LARGE_VALUE + 10);
+    assert_eq!(lent.stats().bytes, copied.stats().bytes);
 }

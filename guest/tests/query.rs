@@ -99,7 +99,7 @@ fn query_answers_like_handle_and_changes_nothing() {
     let before = sm.snapshot_with(SnapshotScope::Everything);
     let deadline = sm.next_deadline();
     let out = sm.query_wire(&batch(&reads), now).expect("answered");
-    let queried = wire::decode_outputs(&out).expect("decodes");
+    let queried = wire::decode_outputs(&out, &[]).expect("decodes");
     assert_eq!(sm.snapshot_with(SnapshotScope::Everything), before);
     assert_eq!(sm.next_deadline(), deadline);
     // The same requests through the normal door, on a copy.
@@ -121,7 +121,7 @@ fn query_answers_like_handle_and_changes_nothing() {
         request(31, &[b"GET", b"a"], T0 + 5),
     ];
     let out = sm.query_wire(&batch(&mixed), now).expect("answered");
-    let out = wire::decode_outputs(&out).expect("decodes");
+    let out = wire::decode_outputs(&out, &[]).expect("decodes");
     assert_eq!(replies(&out), [b"$1\r\n1\r\n".to_vec()]);
     assert_eq!(sm.snapshot_with(SnapshotScope::Everything), before);
 }
@@ -135,7 +135,7 @@ fn a_due_key_reads_as_gone_and_stays_for_the_log_to_expire() {
     let out = sm
         .query_wire(&batch(&[request(40, &[b"GET", b"t"], T0)]), T0 + 100)
         .expect("answered");
-    let out = wire::decode_outputs(&out).expect("decodes");
+    let out = wire::decode_outputs(&out, &[]).expect("decodes");
     assert_eq!(replies(&out), [b"$-1\r\n".to_vec()]);
     assert!(!out.iter().any(|o| matches!(o, Output::Journal(_))));
     assert_eq!(sm.snapshot_with(SnapshotScope::Everything), before);
@@ -152,7 +152,7 @@ fn a_query_ignores_the_skew_of_its_timestamp_and_keeps_the_clock() {
     let out = sm
         .query_wire(&batch(&[request(50, &[b"GET", b"a"], late)]), T0 + 1)
         .expect("answered");
-    let out = wire::decode_outputs(&out).expect("decodes");
+    let out = wire::decode_outputs(&out, &[]).expect("decodes");
     assert_eq!(replies(&out), [b"$1\r\n1\r\n".to_vec()]);
     // A write's version shows where the clock is: not at `late`.
     let set = request(51, &[b"SET", b"n", b"1"], T0 + 1);
@@ -183,6 +183,6 @@ fn a_cached_reply_is_answered_from_the_cache() {
     sm.handle(&write, T0);
     let again = request(60, &[b"GET", b"d"], T0);
     let out = sm.query_wire(&batch(&[again]), T0 + 1).expect("answered");
-    let out = wire::decode_outputs(&out).expect("decodes");
+    let out = wire::decode_outputs(&out, &[]).expect("decodes");
     assert_eq!(replies(&out), [b"+OK\r\n".to_vec()]);
 }

@@ -138,15 +138,10 @@ fn benches(c: &mut Criterion) {
         b.iter(|| statestore_guest::wire::encode_batch(&[statestore::Input::Message(&get)]))
     });
     // The reply as the guest writes it (the compact form).
-    let encoded = probe
-        .0
-        .handle_wire(
-            &statestore_guest::wire::encode_batch(&[statestore::Input::Message(&get)]),
-            T0,
-        )
-        .expect("get");
+    let batch = statestore_guest::wire::encode_batch(&[statestore::Input::Message(&get)]);
+    let encoded = probe.0.handle_wire(&batch, T0).expect("get");
     c.bench_function("wire/host_decode_get_reply", |b| {
-        b.iter(|| statestore_guest::wire::decode_outputs(&encoded).expect("decode"))
+        b.iter(|| statestore_guest::wire::decode_outputs(&encoded, &batch).expect("decode"))
     });
     bench_requests(c, &rt, "set", &|_| {
         vec![b"SET", key(0), b"value-of-100-bytes"]

@@ -149,14 +149,14 @@ impl Backend for NativeStore {
     }
     fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
         let out = self.0.handle_wire(batch, now)?;
-        statestore_guest::wire::decode_outputs(&out).map_err(GuestError::BadOutputs)
+        statestore_guest::wire::decode_outputs(&out, batch).map_err(GuestError::BadOutputs)
     }
     fn reads(&mut self, batch: &[u8]) -> Result<Vec<u32>, GuestError> {
         Ok(statestore_guest::StateMachine::reads(batch)?)
     }
     fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<Output>, GuestError> {
         let out = self.0.query_wire(batch, now)?;
-        statestore_guest::wire::decode_outputs(&out).map_err(GuestError::BadOutputs)
+        statestore_guest::wire::decode_outputs(&out, batch).map_err(GuestError::BadOutputs)
     }
     fn next_deadline(&mut self) -> Result<Option<u64>, GuestError> {
         Ok(self.0.next_deadline())

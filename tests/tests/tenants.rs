@@ -699,13 +699,14 @@ fn a_component_with_unknown_formats_is_refused_at_load() {
         &statestore_tests::next_formats_wasm(),
         StoreLimits::default(),
     ) else {
-        panic!("a component with output version 5 loaded");
+        panic!("a component with the next output version loaded");
     };
     let incompatible = err
         .downcast_ref::<statestore::IncompatibleComponent>()
         .unwrap_or_else(|| panic!("not an IncompatibleComponent: {err:#}"));
-    assert_eq!(incompatible.outputs_version, 5);
-    assert_eq!(incompatible.reads, 4);
+    let reads = statestore_guest::wire::OUTPUTS_VERSION;
+    assert_eq!(incompatible.outputs_version, reads + 1);
+    assert_eq!(incompatible.reads, reads);
     let ok = fleet
         .runtime_from_bytes(statestore::GUEST_COMPONENT, StoreLimits::default())
         .expect("the built-in component loads");

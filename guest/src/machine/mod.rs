@@ -21,7 +21,10 @@
 //!
 //! Snapshots, restore and journal replay are in `recovery.rs`.
 
+mod calls;
 mod recovery;
+use calls::Batch;
+pub use calls::LARGE_VALUE;
 pub use recovery::{Restoring, SnapshotCursor};
 
 use crate::authz::{Authorizer, Need, Principal};
@@ -84,6 +87,10 @@ pub struct StateMachine {
     /// The call in progress only reads ([`StateMachine::query_wire`]): no
     /// reply is cached and no `__ts` moves the clock.
     read_only: bool,
+    /// The batch of the `handle_wire` call in progress: a large value of
+    /// it is journaled by reference (`OutputWriter::journal_spliced`), and
+    /// maybe lent to the table.
+    batch: Option<Batch>,
 }
 
 /// A `__ts` without its node id: (wall clock ms, counter).
@@ -156,6 +163,7 @@ impl StateMachine {
             dedup_hits: 0,
             expired: 0,
             read_only: false,
+            batch: None,
             config,
             clock,
             table,
@@ -169,140 +177,6 @@ impl StateMachine {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    /// Handles a batch of inputs in the [`crate::wire`] encoding at `now`,
-    /// in order, and returns the outputs they caused, in that encoding. A
-    /// batch that does not decode is an error and nothing of it is handled.
-    ///
-    /// A call is bounded: it takes no further input once its outputs hold
-    /// [`OUTPUT_BUDGET`] bytes (the first input is always handled), and it
-    /// expires at most [`EXPIRY_BUDGET`] keys and forgets as many dedup
-    /// entries. Where it stopped early, the last output is
-    /// [`Output::More`]: the number of inputs handled, or (for a call with
-    /// no inputs) 0 to say more is due now.
-    pub fn handle_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
-        let inputs = wire::decode_batch(batch)?;
-        // A query that stopped half-way (a trap) left nothing behind.
-        self.read_only = false;
-        // A reply is about as long as its request (up to a point: a large
-        // SET's reply is short); the list grows if not.
-        let capacity = (batch.len() + batch.len() / 2 + 64).min(1 << 20);
-        self.out = OutputWriter::new(capacity);
-        self.expiry_budget = if inputs.is_empty() {
-            EXPIRY_BUDGET
-        } else {
-            REQUEST_EXPIRY_BUDGET
-        };
-        if inputs.is_empty() {
-            self.begin_input(now);
-            if self.next_deadline().is_some_and(|d| d <= now) {
-                self.out.more(0);
-            }
-        }
-        for (i, input) in inputs.iter().enumerate() {
-            if i > 0 && self.out.len() >= OUTPUT_BUDGET {
-                self.out.more(u32::try_from(i).unwrap_or(u32::MAX));
-                break;
-            }
-            self.begin_input(now);
-            match input {
-                InputRef::Message(m) => self.request(m, now),
-                InputRef::Disconnected(id) => {
-                    self.registry.drop_client(id);
-                }
-                InputRef::DisconnectedVia(id, via) => {
-                    self.registry.drop_via(id, *via);
-                }
-                InputRef::ReplicaStarted(via) => {
-                    self.registry.drop_replica(*via);
-                }
-            }
-        }
-        Ok(std::mem::take(&mut self.out).finish())
-    }
-
-    /// The positions of the inputs of `batch` that are reads
-    /// [`StateMachine::query_wire`] answers: messages on the request topic
-    /// at QoS 1 whose payload is a GET or a SCAN.
-    pub fn reads(batch: &[u8]) -> Result<Vec<u32>, Error> {
-        let inputs = wire::decode_batch(batch)?;
-        Ok(inputs
-            .iter()
-            .enumerate()
-            .filter(|(_, input)| matches!(input, InputRef::Message(m) if is_read(m)))
-            .map(|(i, _)| u32::try_from(i).unwrap_or(u32::MAX))
-            .collect())
-    }
-
-    /// Answers the reads of `batch` ([`StateMachine::reads`]) as
-    /// [`StateMachine::handle_wire`] would at `now`, without changing the
-    /// store: no key expires (one due at `now` is dead to a read anyway), no
-    /// reply is cached, and a request's `__ts` neither moves the clock nor
-    /// is checked against `now` (a replica answers at the time of the last
-    /// entry it applied, which may be long past). Other inputs get no
-    /// outputs. Bounded like `handle_wire` (a last [`Output::More`]).
-    ///
-    /// What a replicated store serves reads with once it knows its state
-    /// is at least as new as the log was when they arrived (a read index):
-    /// no log entry, the same replies.
-    pub fn query_wire(&mut self, batch: &[u8], now: u64) -> Result<Vec<u8>, Error> {
-        let inputs = wire::decode_batch(batch)?;
-        self.out = OutputWriter::new((batch.len() * 2 + 64).min(1 << 20));
-        self.read_only = true;
-        for (i, input) in inputs.iter().enumerate() {
-            if i > 0 && self.out.len() >= OUTPUT_BUDGET {
-                self.out.more(u32::try_from(i).unwrap_or(u32::MAX));
-                break;
-            }
-            self.out.begin_input();
-            if let InputRef::Message(m) = input
-                && is_read(m)
-            {
-                self.request(m, now);
-            }
-        }
-        self.read_only = false;
-        Ok(std::mem::take(&mut self.out).finish())
-    }
-
-    /// [`StateMachine::handle_wire`] for inputs that are not encoded yet,
-    /// with the outputs decoded: the same path, for native hosts and tests.
-    /// Every input is handled (a call that stops early is followed by one
-    /// with the rest); after a call with no inputs, a last
-    /// [`Output::More`] says more is due now.
-    pub fn step(&mut self, inputs: &[Input<'_>], now: u64) -> Vec<Output> {
-        let mut all = Vec::new();
-        let mut rest = inputs;
-        loop {
-            let outputs = self
-                .handle_wire(&wire::encode_batch(rest), now)
-                .expect("a batch this crate encoded decodes");
-            let mut outputs =
-                wire::decode_outputs(&outputs).expect("an output list this crate wrote decodes");
-            let handled = wire::handled(&mut outputs, rest.len());
-            all.extend(outputs);
-            rest = &rest[handled..];
-            if rest.is_empty() {
-                return all;
-            }
-        }
-    }
-
-    /// One message at `now`: [`StateMachine::step`].
-    pub fn handle(&mut self, msg: &InboundMessage, now: u64) -> Vec<Output> {
-        self.step(&[Input::Message(msg)], now)
-    }
-
-    /// A client went away: its KEYNOTIFY registrations are dropped.
-    pub fn client_disconnected(&mut self, client_id: &str, now: u64) -> Vec<Output> {
-        self.step(&[Input::Disconnected(client_id)], now)
-    }
-
-    /// The deadline has passed: expire keys and forget old dedup entries
-    /// (a call with no inputs).
-    pub fn timeout(&mut self, now: u64) -> Vec<Output> {
-        self.step(&[], now)
     }
 
     /// When the host must next call (with no inputs): the earliest key
@@ -362,7 +236,7 @@ impl StateMachine {
         if self.journals(persist) {
             self.out.journal(&journal::expire(key, version));
         }
-        self.notify(key, Change::Delete, version);
+        self.notify(key, Change::Delete, version, &[]);
     }
 
     /// Expires `key` now if it is due and still there (the call's expiry
@@ -718,6 +592,10 @@ impl StateMachine {
                 || (self.config.persist == Persist::Custom
                     && matches!(command, Command::Set { .. })
                     && self.persist_keys.contains(command.key())),
+            lend: match (&command, self.batch) {
+                (Command::Set { value, .. }, Some(batch)) => batch.lend(value),
+                _ => None,
+            },
         };
         if !matches!(command, Command::Get { .. }) {
             self.expire_if_due(command.key(), now);
@@ -735,8 +613,12 @@ impl StateMachine {
             Err(_) => return Err(Reply::counter_overflow()),
         };
         if let Some(version) = outcome.version {
-            self.journal_change(command.key(), outcome.change, version, before);
-            self.notify(command.key(), outcome.change, version);
+            let value = match command {
+                Command::Set { value, .. } => value,
+                _ => &[],
+            };
+            self.journal_change(command.key(), outcome.change, version, before, value);
+            self.notify(command.key(), outcome.change, version, value);
         }
         let cache = !matches!(command, Command::Get { .. });
         Ok((Reply::ok(outcome.reply, outcome.version), cache))
@@ -802,47 +684,64 @@ impl StateMachine {
         Reply::ok(Bytes::from_static(payload), None)
     }
 
-    /// Writes the journal record of a change (ahead of its notifications and reply).
+    /// Writes the journal record of a change (ahead of its notifications
+    /// and reply); `value` is a SET's, as its request holds it.
     fn journal_change(
         &mut self,
         key: &[u8],
         change: Change,
         version: Version,
         was_persisted: bool,
+        value: &[u8],
     ) {
         let record = match change {
             Change::None => return,
-            Change::Set => match self.table.entry(key) {
-                Some(e) if self.journals(e.persist) => {
-                    // Written in place: a large value is copied once.
-                    let size = journal::put_size(key, e);
-                    self.out
-                        .journal_with(size, |buf| journal::put_into(buf, key, e));
-                    return;
+            Change::Set => {
+                let lent = self.table.lent().filter(|l| l.key() == key);
+                let entry = match lent {
+                    Some(l) => Some(l.entry(value)),
+                    None => self.table.entry(key),
+                };
+                match entry {
+                    Some(e) if self.journals(e.persist) => {
+                        match self.batch.and_then(|b| b.find(value)) {
+                            // The host has the value: the record names
+                            // where it lies rather than carry a copy.
+                            Some(at) => {
+                                let (head, tail) = journal::put_around(key, e);
+                                self.out.journal_spliced(&head, at, &tail);
+                            }
+                            // Written in place: a large value is copied once.
+                            None => {
+                                let size = journal::put_size(key, e);
+                                self.out
+                                    .journal_with(size, |buf| journal::put_into(buf, key, e));
+                            }
+                        }
+                        return;
+                    }
+                    // Flagged mode, an unflagged SET over a persisted value:
+                    // the old value must not come back after a restart.
+                    Some(_) if self.journals(was_persisted) => journal::delete(key, version),
+                    _ => return,
                 }
-                // Flagged mode, an unflagged SET over a persisted value: the
-                // old value must not come back after a restart.
-                Some(_) if self.journals(was_persisted) => journal::delete(key, version),
-                _ => return,
-            },
+            }
             Change::Delete if self.journals(was_persisted) => journal::delete(key, version),
             Change::Delete => return,
         };
         self.out.journal(&record);
     }
 
-    /// Writes a notification of `change` to every observer of `key`.
-    fn notify(&mut self, key: &[u8], change: Change, version: Version) {
+    /// Writes a notification of `change` to every observer of `key`;
+    /// `value` is a SET's.
+    fn notify(&mut self, key: &[u8], change: Change, version: Version, value: &[u8]) {
         if !self.registry.is_observed(key) {
             return;
         }
         let payload = match change {
             Change::None => return,
             Change::Delete => resp3::notify_delete(),
-            Change::Set => match self.table.entry(key) {
-                Some(e) => resp3::notify_set(e.value),
-                None => return,
-            },
+            Change::Set => resp3::notify_set(value),
         };
         // Each observer as the rules in force see it now: a registration
         // outlives no read right.
@@ -937,15 +836,4 @@ pub enum HostReply {
         /// How long it waited.
         waited_secs: u64,
     },
-}
-
-/// Whether `m` is a request [`StateMachine::query_wire`] answers: a GET or
-/// a SCAN on the request topic, at QoS 1.
-fn is_read(m: &MessageRef<'_>) -> bool {
-    m.topic == rpc::REQUEST_TOPIC
-        && m.qos == 1
-        && matches!(
-            command::parse(m.payload),
-            Ok(Command::Get { .. } | Command::Scan { .. })
-        )
 }

@@ -3,6 +3,7 @@
 //! pure encodings; what their contents mean for the state is decided here.
 
 use super::StateMachine;
+use crate::LARGE_VALUE;
 use crate::codec::Writer;
 use crate::hlc::{Clock, Hlc};
 use crate::journal::{self, Record};
@@ -10,7 +11,7 @@ use crate::notify::{Registry, Watcher};
 use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::snapshot::{self, SnapshotScope, Visitor};
-use crate::table::{Entry, EntryRef, Table};
+use crate::table::{EntryMeta, EntryRef, Table};
 use crate::types::{Config, Error, OutboundMessage, Persist, Via};
 
 /// A snapshot being taken in parts ([`StateMachine::snapshot_part`]): where
@@ -29,6 +30,13 @@ enum At {
     Start,
     /// Keys after `after` (from the first when `None`), `left` of them.
     Keys { after: Option<Box<[u8]>>, left: u64 },
+    /// Inside the large value of `key`, `done` bytes of it written; then
+    /// its entry's last fields, and `left` keys after it.
+    Value {
+        key: Box<[u8]>,
+        done: usize,
+        left: u64,
+    },
     /// The count of registrations.
     RegistrationCount,
     /// Registrations from the n-th.
@@ -108,27 +116,14 @@ impl StateMachine {
                     };
                 }
                 At::Keys { after, left } => {
-                    let mut last = None;
-                    for (key, e) in self.table.after(after.as_deref()) {
-                        if *left == 0 || w.0.len() >= max_bytes {
-                            break;
-                        }
-                        if keep(&e) {
-                            w.entry(key, e);
-                            *left -= 1;
-                        }
-                        last = Some(key);
-                    }
-                    if *left == 0 {
-                        cursor.at = At::RegistrationCount;
-                    } else if let Some(key) = last {
-                        *after = Some(key.into());
-                    } else {
-                        // The table changed under the cursor (not allowed):
-                        // stop short rather than loop; the checksum fails.
-                        debug_assert!(false, "the state changed during a snapshot");
-                        cursor.at = At::RegistrationCount;
-                    }
+                    let next =
+                        self.snapshot_keys(&mut w, after.as_deref(), *left, max_bytes, &keep);
+                    cursor.at = next;
+                }
+                At::Value { key, done, left } => {
+                    let next =
+                        self.snapshot_value(&mut w, core::mem::take(key), *done, *left, max_bytes);
+                    cursor.at = next;
                 }
                 At::RegistrationCount => {
                     w.u64(registrations as u64);
@@ -198,6 +193,91 @@ impl StateMachine {
         w.0
     }
 
+    /// Writes entries after `after` (`left` of them to go) until the part
+    /// holds `max_bytes`; returns where the snapshot goes on.
+    fn snapshot_keys(
+        &self,
+        w: &mut Writer,
+        after: Option<&[u8]>,
+        mut left: u64,
+        max_bytes: usize,
+        keep: &impl Fn(&EntryRef<'_>) -> bool,
+    ) -> At {
+        let mut last = None;
+        for (key, e) in self.table.after(after) {
+            if left == 0 || w.0.len() >= max_bytes {
+                break;
+            }
+            last = Some(key);
+            if !keep(&e) {
+                continue;
+            }
+            left -= 1;
+            if e.value.len() < LARGE_VALUE || max_bytes == usize::MAX {
+                w.entry(key, e);
+                continue;
+            }
+            // A large value goes out over as many parts as it takes: no
+            // part (guest memory that stays taken) is much larger than
+            // `max_bytes`.
+            w.bytes(key);
+            w.u32(u32::try_from(e.value.len()).unwrap_or(u32::MAX));
+            return At::Value {
+                key: key.into(),
+                done: 0,
+                left,
+            };
+        }
+        match last {
+            _ if left == 0 => At::RegistrationCount,
+            Some(key) => At::Keys {
+                after: Some(key.into()),
+                left,
+            },
+            None => {
+                // The table changed under the cursor (not allowed): stop
+                // short rather than loop; the checksum fails.
+                debug_assert!(false, "the state changed during a snapshot");
+                At::RegistrationCount
+            }
+        }
+    }
+
+    /// Writes the large value of `key` from byte `done` until the part
+    /// holds `max_bytes` (at least one byte), then, once it is all out,
+    /// its entry's last fields; returns where the snapshot goes on.
+    fn snapshot_value(
+        &self,
+        w: &mut Writer,
+        key: Box<[u8]>,
+        done: usize,
+        left: u64,
+        max_bytes: usize,
+    ) -> At {
+        let Some(e) = self.table.entry(&key) else {
+            debug_assert!(false, "the state changed during a snapshot");
+            return At::RegistrationCount;
+        };
+        let room = max_bytes.saturating_sub(w.0.len()).max(1);
+        let end = e.value.len().min(done.saturating_add(room));
+        w.0.extend_from_slice(&e.value[done..end]);
+        if end < e.value.len() {
+            return At::Value {
+                key,
+                done: end,
+                left,
+            };
+        }
+        w.entry_tail(e);
+        match left {
+            0 => At::RegistrationCount,
+            left => At::Keys {
+                after: Some(key),
+                left,
+            },
+        }
+    }
+
     /// About how long a one-piece snapshot of `scope` is (at least; an
     /// upper bound for the dedup cache).
     fn snapshot_len(&self, scope: SnapshotScope, keep: &impl Fn(&EntryRef<'_>) -> bool) -> usize {
@@ -265,17 +345,44 @@ impl StateMachine {
         }
     }
 
+    /// [`StateMachine::replay`] of a record the store may keep: a put of a
+    /// large value keeps the value where it is, the record's buffer
+    /// becoming its key's (no second copy of the value while it is put).
+    pub fn replay_owned(&mut self, record: Vec<u8>) -> Result<(), Error> {
+        let large = match journal::decode(&record)? {
+            Record::Put { key, value, meta } if value.len() >= LARGE_VALUE => {
+                // `value` is a slice of `record`.
+                let at = value.as_ptr() as usize - record.as_ptr() as usize;
+                Some((Box::<[u8]>::from(key), at..at + value.len(), meta))
+            }
+            _ => None,
+        };
+        match large {
+            Some((key, at, meta)) => {
+                self.observe_put(&meta);
+                self.table.put_in(record, &key, at, &meta);
+                Ok(())
+            }
+            None => self.replay(&record),
+        }
+    }
+
+    /// What a put's version and fencing token tell the clock.
+    fn observe_put(&mut self, meta: &EntryMeta) {
+        if let Some(ft) = &meta.fencing_token {
+            self.observe_own(ft);
+        }
+        self.clock
+            .observe(meta.version.wall, u64::from(meta.version.counter));
+    }
+
     /// Applies one journal record to the state (no outputs). Used to rebuild
     /// a store from a snapshot plus the records written after it.
     pub fn replay(&mut self, record: &[u8]) -> Result<(), Error> {
         match journal::decode(record)? {
-            Record::Put { key, entry } => {
-                if let Some(ft) = entry.fencing_token.as_deref() {
-                    self.observe_own(ft);
-                }
-                self.clock
-                    .observe(entry.version.wall, u64::from(entry.version.counter));
-                self.table.put(key, entry.as_ref());
+            Record::Put { key, value, meta } => {
+                self.observe_put(&meta);
+                self.table.put(key, meta.with(value));
             }
             Record::Remove { key, version } => {
                 self.clock.observe(version.wall, u64::from(version.counter));
@@ -397,8 +504,11 @@ impl Visitor for Restored {
     fn clock(&mut self, wall: u64, counter: u64) {
         self.clock = (wall, counter);
     }
-    fn key(&mut self, key: &[u8], entry: Entry) {
-        self.table.put(key, entry.as_ref());
+    fn key(&mut self, key: &[u8], value: &[u8], meta: EntryMeta) {
+        self.table.put(key, meta.with(value));
+    }
+    fn key_blob(&mut self, blob: Vec<u8>, meta: EntryMeta) {
+        self.table.put_blob(blob.into_boxed_slice(), &meta);
     }
     fn registration(&mut self, client: &str, key: &[u8], via: Option<Via>, watcher: &Watcher) {
         self.registry.restore(client, key, via, watcher);

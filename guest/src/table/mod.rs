@@ -5,7 +5,10 @@
 //! says what changed so that the caller can notify observers.
 
 pub mod fencing;
+mod lent;
 pub mod ordered;
+
+pub use lent::{EntryMeta, Lent, blob_start};
 
 use foldhash::fast::FixedState;
 use hashbrown::HashTable;
@@ -115,7 +118,7 @@ impl Outcome {
 }
 
 /// Per-request facts the envelope has already validated.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Request<'r> {
     /// Time of handling.
     pub now: u64,
@@ -125,6 +128,11 @@ pub struct Request<'r> {
     pub fencing_token: Option<&'r Hlc>,
     /// `aio-persistence: true` was set.
     pub persist: bool,
+    /// Where a SET's value lies in the buffer its caller handles, when the
+    /// caller will hand that buffer over: the SET is then held as
+    /// [`Table::lent`] until [`Table::put_lent`] makes the buffer the key's
+    /// slot, and its value is never copied.
+    pub lend: Option<core::ops::Range<usize>>,
 }
 
 /// Mixed into the host's seed (and the whole seed when a host passes 0).
@@ -154,21 +162,36 @@ struct Extra {
     fencing_token: Option<Box<Hlc>>,
 }
 
+/// The LEB128 length prefix of a key in a [`Slot`]'s blob, and its length.
+fn key_prefix(key: &[u8]) -> ([u8; 5], usize) {
+    let mut prefix = [0u8; 5];
+    let mut n = key.len();
+    let mut i = 0;
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 || i == 4 {
+            prefix[i] = byte;
+            return (prefix, i + 1);
+        }
+        prefix[i] = byte | 0x80;
+        i += 1;
+    }
+}
+
 impl Slot {
     fn new(key: &[u8], e: EntryRef<'_>) -> Slot {
-        let mut blob = Vec::with_capacity(5 + key.len() + e.value.len());
-        let mut n = key.len();
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                blob.push(byte);
-                break;
-            }
-            blob.push(byte | 0x80);
-        }
+        let (prefix, n) = key_prefix(key);
+        let mut blob = Vec::with_capacity(n + key.len() + e.value.len());
+        blob.extend_from_slice(&prefix[..n]);
         blob.extend_from_slice(key);
         blob.extend_from_slice(e.value);
+        Slot::with_blob(blob.into_boxed_slice(), e)
+    }
+
+    /// A slot of `blob` (the length prefix, the key, the value) with the
+    /// rest of `e` (whose value is not read).
+    fn with_blob(blob: Box<[u8]>, e: EntryRef<'_>) -> Slot {
         let extra = (e.expires_at.is_some() || e.fencing_token.is_some()).then(|| {
             Box::new(Extra {
                 expires_at: e.expires_at,
@@ -176,7 +199,7 @@ impl Slot {
             })
         });
         Slot {
-            blob: blob.into_boxed_slice(),
+            blob,
             wall: e.version.wall,
             counter: (e.version.counter & !PERSIST_BIT) | if e.persist { PERSIST_BIT } else { 0 },
             extra,
@@ -243,6 +266,9 @@ pub struct Table {
     /// Bytes of every key and value, for [`Quota::max_bytes`].
     bytes: u64,
     quota: Quota,
+    /// A SET applied but not yet put: its value is still in its caller's
+    /// buffer ([`Request::lend`]).
+    lent: Option<Lent>,
 }
 
 impl Default for Table {
@@ -272,6 +298,7 @@ impl Table {
             deadlines: Deadlines::new(),
             bytes: 0,
             quota: Quota::default(),
+            lent: None,
         }
     }
 
@@ -330,8 +357,10 @@ impl Table {
 
     /// Inserts or replaces an entry, keeping the deadline index in step.
     pub fn put(&mut self, key: &[u8], entry: EntryRef<'_>) {
-        let due = entry.expires_at;
-        let slot = Slot::new(key, entry);
+        self.put_slot(key, Slot::new(key, entry), entry.expires_at);
+    }
+
+    fn put_slot(&mut self, key: &[u8], slot: Slot, due: Option<u64>) {
         self.bytes = self.bytes.saturating_add(slot.data_len());
         let old = match self.position(key) {
             Some(i) => Some(core::mem::replace(&mut self.slots[i], slot)),
@@ -499,16 +528,17 @@ impl Table {
                 }
                 let version = stamp(clock)?;
                 let token = fencing::after_set(token.cloned(), req.fencing_token);
-                self.put(
-                    key,
-                    EntryRef {
-                        value,
-                        version,
-                        fencing_token: token.as_ref(),
-                        expires_at: px.map(|ms| now.saturating_add(ms)),
-                        persist: req.persist,
-                    },
-                );
+                let entry = EntryRef {
+                    value,
+                    version,
+                    fencing_token: token.as_ref(),
+                    expires_at: px.map(|ms| now.saturating_add(ms)),
+                    persist: req.persist,
+                };
+                match req.lend.clone() {
+                    Some(at) => self.lent = Some(Lent::new(key, entry, at)),
+                    None => self.put(key, entry),
+                }
                 Outcome {
                     reply: resp3::REPLY_OK.to_vec(),
                     version: Some(version),

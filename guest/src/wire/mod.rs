@@ -22,9 +22,12 @@
 //!           opt<via>
 //!           (version 4; version 3 ends at the attributes, version 2 at received-at)
 //! via     = u64 replica, u64 started
-//! outputs = u8 version (4), u32 count, output*
+//! outputs = u8 version (5), u32 count, output*
 //! output  = u8 1, bytes record | u8 2, opt<str> client-id, str reason
 //!         | u8 3, reply | u8 4, notify | u8 5, u32 handled (last only)
+//!         | u8 6, bytes head, u32 offset, u32 length, bytes tail
+//!           (a record: head, the call's batch bytes [offset, offset + length),
+//!           then tail; version 5)
 //! reply   = str topic, opt<bytes> correlation, opt<u32> message-expiry, u16 status,
 //!           bytes payload, opt<str> timestamp, opt<str> source-id,
 //!           u32 n, (str name, str value)*n
@@ -59,8 +62,10 @@ pub const BATCH_VERSION: u8 = 4;
 pub const BATCH_VERSIONS: &[u8] = &[1, 2, 3, 4];
 
 /// Version byte that starts every output list: 4 since a call may stop
-/// early (the `more` output) to bound what crosses the boundary.
-pub const OUTPUTS_VERSION: u8 = 4;
+/// early (the `more` output) to bound what crosses the boundary, 5 since a
+/// journal record may name bytes of the call's batch (`journal-spliced`)
+/// rather than carry a copy of a large value.
+pub const OUTPUTS_VERSION: u8 = 5;
 
 /// What the notifications of one change have in common: what the compact
 /// `notify` output holds (once for all observers).
@@ -398,6 +403,25 @@ impl OutputWriter {
         self.count += 1;
     }
 
+    /// [`OutputWriter::journal`] of the record made of `head`, the bytes
+    /// `at` of the call's batch (which the host has: a large value is not
+    /// copied into the list), and `tail`.
+    pub fn journal_spliced(&mut self, head: &[u8], at: core::ops::Range<usize>, tail: &[u8]) {
+        let end = self.e.buf.len();
+        self.e.u8(6);
+        self.e.bytes(head);
+        // Batches are lists the host lowered into a 32-bit memory.
+        self.e.u32(u32::try_from(at.start).unwrap_or(u32::MAX));
+        self.e.u32(u32::try_from(at.len()).unwrap_or(u32::MAX));
+        self.e.bytes(tail);
+        let written = self.e.buf.len() - end;
+        if self.records_at != end {
+            self.e.buf[self.records_at..].rotate_right(written);
+        }
+        self.records_at += written;
+        self.count += 1;
+    }
+
     /// A client broke a protocol rule.
     pub fn violation(&mut self, client_id: Option<&str>, reason: &str) {
         self.e.u8(2);
@@ -660,9 +684,24 @@ impl<'a> Decoder<'a> {
         Ok(base.slice_ref(self.bytes()?))
     }
 
-    fn output(&mut self, base: &Bytes, last: &mut Option<Notification>) -> Result<Output, Error> {
+    fn output(
+        &mut self,
+        base: &Bytes,
+        batch: &[u8],
+        last: &mut Option<Notification>,
+    ) -> Result<Output, Error> {
         Ok(match self.u8()? {
             1 => Output::Journal(self.bytes()?.to_vec()),
+            6 => {
+                let head = self.bytes()?;
+                let (at, len) = (self.u32()? as usize, self.u32()? as usize);
+                let tail = self.bytes()?;
+                let middle = at
+                    .checked_add(len)
+                    .and_then(|end| batch.get(at..end))
+                    .ok_or_else(|| bad("a spliced record names bytes past its batch"))?;
+                Output::Journal([head, middle, tail].concat())
+            }
             2 => Output::Violation {
                 client_id: self.opt(Self::str)?.map(str::to_string),
                 reason: self.str()?.to_string(),
@@ -830,21 +869,24 @@ pub fn handled(outputs: &mut Vec<Output>, inputs: usize) -> usize {
     }
 }
 
-/// Decodes a list of outputs (copying `buf` once; see [`decode_outputs_shared`]).
-pub fn decode_outputs(buf: &[u8]) -> Result<Vec<Output>, Error> {
-    decode_outputs_shared(Bytes::copy_from_slice(buf))
+/// Decodes the list of outputs of a call with `batch` (copying `buf` once;
+/// see [`decode_outputs_shared`]).
+pub fn decode_outputs(buf: &[u8], batch: &[u8]) -> Result<Vec<Output>, Error> {
+    decode_outputs_shared(Bytes::copy_from_slice(buf), batch)
 }
 
-/// Decodes a list of outputs whose strings and payloads share `buf`: a
-/// publish costs no allocation but its list of user properties (what a
-/// host does with the buffer the component returned).
-pub fn decode_outputs_shared(buf: Bytes) -> Result<Vec<Output>, Error> {
+/// Decodes the list of outputs of a call with `batch` (a spliced journal
+/// record takes bytes of it; an empty batch for a call with none), whose
+/// strings and payloads share `buf`: a publish costs no allocation but its
+/// list of user properties (what a host does with the buffer the component
+/// returned).
+pub fn decode_outputs_shared(buf: Bytes, batch: &[u8]) -> Result<Vec<Output>, Error> {
     let base = &buf;
     let (mut d, n) = Decoder::start(base, &[OUTPUTS_VERSION])?;
     let mut out = Vec::with_capacity((n as usize).min(base.len() / 4));
     let mut last = None;
     for _ in 0..n {
-        let output = d.output(base, &mut last)?;
+        let output = d.output(base, batch, &mut last)?;
         if matches!(out.last(), Some(Output::More(_))) {
             return Err(bad("an output after `more`"));
         }

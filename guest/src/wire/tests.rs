@@ -234,7 +234,7 @@ fn outputs_round_trip_through_the_message_builders() {
     );
     w.reply(&to, &ok);
     w.journal(&[4]);
-    let outputs = decode_outputs(&w.finish()).expect("decodes");
+    let outputs = decode_outputs(&w.finish(), &[]).expect("decodes");
     let expected = vec![
         Output::Journal(vec![1, 2, 3]),
         Output::Violation {
@@ -300,7 +300,7 @@ fn every_truncation_and_corruption_is_an_error_not_a_panic() {
     );
     assert!(decode_batch(&[2, 255, 255, 255, 255]).is_err());
     assert!(
-        decode_outputs(&[2, 0, 0, 0, 0]).is_err(),
+        decode_outputs(&[2, 0, 0, 0, 0], &[]).is_err(),
         "version 2 lists are not read"
     );
 }

@@ -101,8 +101,9 @@ pub const BULK_CALL: Duration = Duration::from_secs(120);
 
 /// What a snapshot or restore moves across the boundary in one call: the
 /// guest's memory holds one part at a time beside the state, never a
-/// whole snapshot.
-pub const SNAPSHOT_PART: usize = 8 << 20;
+/// whole snapshot (and keeps the room a part took: its memory never
+/// shrinks). A call costs microseconds, a MiB copied about a hundred.
+pub const SNAPSHOT_PART: usize = 1 << 20;
 
 /// An engine for `opts`. With epoch interruption a thread advances its
 /// epoch every [`EPOCH_TICK`] for as long as the engine lives.
@@ -645,14 +646,16 @@ impl WasmStore {
             .call_handle_wire(&mut self.store, self.handle, &self.scratch, now)
             .map_err(failed)?
             .map_err(refused)?;
+        // The replies' strings and payloads become slices of this one
+        // buffer: no allocation per field.
+        let outputs = statestore_guest::wire::decode_outputs_shared(out.into(), &self.scratch)
+            .map_err(GuestError::BadOutputs);
         // The scratch buffer keeps the capacity of the largest batch: give
         // back what a large one took.
         if self.scratch.capacity() > SCRATCH_KEPT {
             self.scratch = Vec::new();
         }
-        // The replies' strings and payloads become slices of this one
-        // buffer: no allocation per field.
-        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+        outputs
     }
 
     /// One `handle-wire` call (or, `query`, `query-wire`) with a batch
@@ -672,7 +675,8 @@ impl WasmStore {
         }
         .map_err(failed)?
         .map_err(refused)?;
-        statestore_guest::wire::decode_outputs_shared(out.into()).map_err(GuestError::BadOutputs)
+        statestore_guest::wire::decode_outputs_shared(out.into(), batch)
+            .map_err(GuestError::BadOutputs)
     }
 
     /// Arms the deadline of the next call: a request's, or a bulk one's.
