@@ -1,6 +1,7 @@
 //! KEYNOTIFY registrations and notification topics (spec §11, §2.3).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use crate::authz::{Attributes, Principal};
 pub use crate::rpc::MAX_TOPIC_LEN;
@@ -285,6 +286,28 @@ impl Registry {
                 .iter()
                 .map(move |(k, v)| (c.as_str(), &**k, *v, &o.watcher))
         })
+    }
+
+    /// [`Registry::iter`] from the registration after `after` (client,
+    /// key) on: a snapshot in parts goes on where it stopped without
+    /// walking what it wrote.
+    pub fn iter_after<'a>(
+        &'a self,
+        after: Option<(&'a str, &'a [u8])>,
+    ) -> impl Iterator<Item = (&'a str, &'a [u8], Option<Via>, &'a Watcher)> + 'a {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let from: Bound<&str> = after.map_or(Unbounded, |(c, _)| Included(c));
+        self.by_client
+            .range::<str, _>((from, Unbounded))
+            .flat_map(move |(c, o)| {
+                let keys: Bound<&[u8]> = match after {
+                    Some((ac, ak)) if ac == c.as_str() => Excluded(ak),
+                    _ => Unbounded,
+                };
+                o.keys
+                    .range::<[u8], _>((keys, Unbounded))
+                    .map(move |(k, v)| (c.as_str(), &**k, *v, &o.watcher))
+            })
     }
 
     /// Number of registrations.

@@ -315,7 +315,18 @@ fn snapshots_go_across_in_parts_both_ways() {
             }
             sm.handle(&r, T0);
         }
-        sm.handle(&request(1000, &[b"KEYNOTIFY", b"key001"], "obs"), T0);
+        // Registrations of several clients, several keys each: a part
+        // may end between any two.
+        for (i, (client, key)) in ["obs", "obs2", "obs3"]
+            .iter()
+            .flat_map(|c| ["key001", "key002", "key150", "key299"].map(|k| (*c, k)))
+            .enumerate()
+        {
+            sm.handle(
+                &request(1000 + i as u64, &[b"KEYNOTIFY", key.as_bytes()], client),
+                T0,
+            );
+        }
         for scope in [SnapshotScope::Everything, SnapshotScope::Durable] {
             let whole = sm.snapshot_with(scope);
             for part in [1, 100, 4096, 1 << 20] {

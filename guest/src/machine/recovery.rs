@@ -12,7 +12,7 @@ use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::snapshot::{self, SnapshotScope, Visitor};
 use crate::table::{EntryMeta, EntryRef, Table};
-use crate::types::{Config, Error, OutboundMessage, Persist, Via};
+use crate::types::{Config, Error, OutboundMessage, Persist, Str, Via};
 
 /// A snapshot being taken in parts ([`StateMachine::snapshot_part`]): where
 /// it has got to. Only valid while the state does not change.
@@ -39,12 +39,19 @@ enum At {
     },
     /// The count of registrations.
     RegistrationCount,
-    /// Registrations from the n-th.
-    Registrations(usize),
+    /// Registrations after `after` (client, key; from the first when
+    /// `None`), `left` of them.
+    Registrations {
+        after: Option<(String, Box<[u8]>)>,
+        left: usize,
+    },
     /// The count of dedup entries.
     DedupCount,
-    /// Dedup entries from the n-th.
-    Dedup(usize),
+    /// Dedup entries by their keys (sorted once), from the `pos`-th.
+    Dedup {
+        keys: Vec<(Str, Box<[u8]>)>,
+        pos: usize,
+    },
     /// The checksum.
     End,
     /// Complete.
@@ -127,55 +134,25 @@ impl StateMachine {
                 }
                 At::RegistrationCount => {
                     w.u64(registrations as u64);
-                    cursor.at = At::Registrations(0);
+                    cursor.at = At::Registrations {
+                        after: None,
+                        left: registrations,
+                    };
                 }
-                At::Registrations(pos) => {
-                    for (client, key, via, watcher) in
-                        self.registry.iter().take(registrations).skip(*pos)
-                    {
-                        if w.0.len() >= max_bytes {
-                            break;
-                        }
-                        w.str(client);
-                        w.bytes(key);
-                        w.opt(via, |w, v| {
-                            w.u64(v.replica);
-                            w.u64(v.started);
-                        });
-                        w.opt(watcher.username.as_deref(), Writer::str);
-                        w.u32(watcher.attributes.len() as u32);
-                        for (name, value) in &watcher.attributes {
-                            w.str(name);
-                            w.str(value);
-                        }
-                        *pos += 1;
-                    }
-                    if *pos >= registrations {
-                        cursor.at = At::DedupCount;
-                    }
+                At::Registrations { after, left } => {
+                    let next = self.snapshot_registrations(&mut w, after.take(), *left, max_bytes);
+                    cursor.at = next;
                 }
                 At::DedupCount => {
                     w.u64(self.dedup.len() as u64);
-                    cursor.at = At::Dedup(0);
+                    cursor.at = At::Dedup {
+                        keys: self.dedup.sorted_keys(),
+                        pos: 0,
+                    };
                 }
-                At::Dedup(pos) => {
-                    let n = self.dedup.len();
-                    for item in self.dedup.iter().skip(*pos) {
-                        if w.0.len() >= max_bytes {
-                            break;
-                        }
-                        w.opt(item.client, Writer::str);
-                        w.str(item.topic);
-                        w.bytes(item.correlation);
-                        w.u64(item.cached.expires_at);
-                        w.message(&self.cached_message(
-                            item.topic,
-                            item.correlation,
-                            &item.cached.reply,
-                        ));
-                        *pos += 1;
-                    }
-                    if *pos >= n {
+                At::Dedup { keys, pos } => {
+                    *pos = self.snapshot_dedup(&mut w, &keys[*pos..], max_bytes) + *pos;
+                    if *pos >= keys.len() {
                         cursor.at = At::End;
                     }
                 }
@@ -276,6 +253,74 @@ impl StateMachine {
                 left,
             },
         }
+    }
+
+    /// Writes registrations after `after` (`left` of them to go) until
+    /// the part holds `max_bytes`; returns where the snapshot goes on.
+    fn snapshot_registrations(
+        &self,
+        w: &mut Writer,
+        after: Option<(String, Box<[u8]>)>,
+        mut left: usize,
+        max_bytes: usize,
+    ) -> At {
+        let mut last = None;
+        let from = after.as_ref().map(|(c, k)| (c.as_str(), &**k));
+        for (client, key, via, watcher) in self.registry.iter_after(from).take(left) {
+            if w.0.len() >= max_bytes {
+                break;
+            }
+            w.str(client);
+            w.bytes(key);
+            w.opt(via, |w, v| {
+                w.u64(v.replica);
+                w.u64(v.started);
+            });
+            w.opt(watcher.username.as_deref(), Writer::str);
+            w.u32(watcher.attributes.len() as u32);
+            for (name, value) in &watcher.attributes {
+                w.str(name);
+                w.str(value);
+            }
+            left -= 1;
+            last = Some((client, key));
+        }
+        match last {
+            _ if left == 0 => At::DedupCount,
+            Some((c, k)) => At::Registrations {
+                after: Some((c.to_string(), k.into())),
+                left,
+            },
+            None => {
+                // Nothing after `after` though `left` says more (the
+                // state changed under the cursor, which is not allowed):
+                // stop short rather than loop; the checksum fails.
+                debug_assert!(false, "the state changed during a snapshot");
+                At::DedupCount
+            }
+        }
+    }
+
+    /// Writes the dedup entries of `keys` until the part holds
+    /// `max_bytes`; returns how many it wrote.
+    fn snapshot_dedup(&self, w: &mut Writer, keys: &[(Str, Box<[u8]>)], max_bytes: usize) -> usize {
+        let mut n = 0;
+        for (topic, correlation) in keys {
+            if w.0.len() >= max_bytes {
+                break;
+            }
+            n += 1;
+            let Some(item) = self.dedup.item(topic, correlation) else {
+                debug_assert!(false, "the state changed during a snapshot");
+                continue;
+            };
+            w.opt(item.client, Writer::str);
+            w.str(item.topic);
+            w.bytes(item.correlation);
+            w.u64(item.cached.expires_at);
+            w.message(&self.cached_message(item.topic, item.correlation, &item.cached.reply));
+        }
+        n
     }
 
     /// About how long a one-piece snapshot of `scope` is (at least; an

@@ -458,6 +458,40 @@ impl DedupCache {
         all.into_iter()
     }
 
+    /// Every entry's (response topic, correlation data), in
+    /// [`DedupCache::iter`]'s order: what a snapshot in parts walks, an
+    /// entry at a time ([`DedupCache::item`]), sorting once rather than
+    /// once a part.
+    pub fn sorted_keys(&self) -> Vec<(Str, Box<[u8]>)> {
+        let mut all: Vec<(Str, Box<[u8]>)> = self
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.replies
+                    .iter()
+                    .map(|r| (t.name.clone(), r.correlation.clone()))
+            })
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// The entry of `topic` and `correlation`, expired or not.
+    pub fn item(&self, topic: &str, correlation: &[u8]) -> Option<Item<'_>> {
+        let t = self
+            .topics
+            .find(self.hash(topic.as_bytes()), |t| *t.name == *topic)?;
+        let r = t
+            .replies
+            .find(self.hash(correlation), |r| *r.correlation == *correlation)?;
+        Some(Item {
+            topic: &t.name,
+            correlation: &r.correlation,
+            client: client_of(&r.owner),
+            cached: &r.cached,
+        })
+    }
+
     /// Number of cached replies.
     pub fn len(&self) -> usize {
         self.len
