@@ -244,7 +244,6 @@ pub fn reply_into(
     node: &str,
     source_id: Option<&str>,
 ) {
-    use crate::rpc::{CONTENT_TYPE, PROTOCOL_VERSION, prop};
     let kind = if client.is_some() {
         CLIENT_REPLY
     } else {
@@ -257,40 +256,60 @@ pub fn reply_into(
         w.str(topic);
         w.bytes(correlation);
         w.u64(forget_at);
-        // The message, as `Writer::message` writes `r.message(..)`.
-        w.u8(0);
-        w.str(topic);
-        w.bytes(&r.payload);
-        w.u8(1);
-        w.u8(0);
-        w.opt(Some(correlation), Writer::bytes);
-        w.opt(None, Writer::u32);
-        w.opt(Some(CONTENT_TYPE), Writer::str);
-        w.opt(Some(0), Writer::u8);
-        w.opt(None, Writer::str);
-        let n =
-            3 + usize::from(r.version.is_some()) + r.extra.len() + usize::from(source_id.is_some());
-        w.u32(u32::try_from(n).unwrap_or(u32::MAX));
-        w.str(prop::STATUS);
-        w.str(r.status.code());
-        w.str(prop::PROTOCOL_VERSION);
-        w.str(PROTOCOL_VERSION);
-        if let Some(v) = r.version {
-            w.str(prop::TIMESTAMP);
-            w.str(&v.encode(node));
-        }
-        for (name, value) in r.extra.iter() {
-            w.str(name);
-            w.str(value);
-        }
-        if let Some(id) = source_id {
-            w.str(prop::SOURCE_ID);
-            w.str(id);
-        }
-        w.str(prop::HIGH_PRIORITY);
-        w.str("");
-        w.opt(None, Writer::str);
+        write_reply_message(w, topic, correlation, r, node, source_id);
     });
+}
+
+/// Writes the message [`Reply::message`] makes for `topic` and
+/// `correlation` (no message expiry) as [`Writer::message`] writes it,
+/// without building the message (its strings, its list of properties,
+/// its timestamp's text): how journal records and snapshots keep a cached
+/// reply.
+pub(crate) fn write_reply_message(
+    w: &mut Writer,
+    topic: &str,
+    correlation: &[u8],
+    r: &Reply,
+    node: &str,
+    source_id: Option<&str>,
+) {
+    use crate::rpc::{CONTENT_TYPE, PROTOCOL_VERSION, prop};
+    w.u8(0);
+    w.str(topic);
+    w.bytes(&r.payload);
+    w.u8(1);
+    w.u8(0);
+    w.opt(Some(correlation), Writer::bytes);
+    w.opt(None, Writer::u32);
+    w.opt(Some(CONTENT_TYPE), Writer::str);
+    w.opt(Some(0), Writer::u8);
+    w.opt(None, Writer::str);
+    let n = 3 + usize::from(r.version.is_some()) + r.extra.len() + usize::from(source_id.is_some());
+    w.u32(u32::try_from(n).unwrap_or(u32::MAX));
+    w.str(prop::STATUS);
+    w.str(r.status.code());
+    w.str(prop::PROTOCOL_VERSION);
+    w.str(PROTOCOL_VERSION);
+    if let Some(v) = r.version {
+        w.str(prop::TIMESTAMP);
+        // The text in place, its length written after it.
+        let at = w.0.len();
+        w.u32(0);
+        v.encode_into(node, &mut w.0);
+        let len = u32::try_from(w.0.len() - at - 4).unwrap_or(u32::MAX);
+        w.0[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    }
+    for (name, value) in r.extra.iter() {
+        w.str(name);
+        w.str(value);
+    }
+    if let Some(id) = source_id {
+        w.str(prop::SOURCE_ID);
+        w.str(id);
+    }
+    w.str(prop::HIGH_PRIORITY);
+    w.str("");
+    w.opt(None, Writer::str);
 }
 
 /// About how long [`reply_into`] writes (at least).
@@ -317,7 +336,7 @@ mod tests {
     use crate::rpc::{Reply, Status, prop};
     use crate::types::Str;
 
-    /// `reply_into` writes what `reply` of the built message writes.
+    /// `put_around`'s parts and the value are `put`'s bytes.
     #[test]
     fn a_put_in_three_parts_is_the_same_bytes() {
         let token = crate::hlc::Hlc {
@@ -341,6 +360,7 @@ mod tests {
         }
     }
 
+    /// `reply_into` writes what `reply` of the built message writes.
     #[test]
     fn a_reply_record_in_place_is_the_same_bytes() {
         let version = Some(Version {

@@ -440,7 +440,8 @@ async fn config_tenants_and_a_sighup_upgrade() {
         log.lock()
             .expect("log")
             .contains(&format!(
-                "writes output list version 5; this host writes batch version {} and reads output list version {}",
+                "writes output list version {}; this host writes batch version {} and reads output list version {}",
+                statestore_guest::wire::OUTPUTS_VERSION + 1,
                 statestore_guest::wire::BATCH_VERSION,
                 statestore_guest::wire::OUTPUTS_VERSION
             )),

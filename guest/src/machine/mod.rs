@@ -450,18 +450,6 @@ impl StateMachine {
             .insert(client, response_topic, correlation, cached);
     }
 
-    /// A cached reply as the message the journal and snapshot formats keep
-    /// (without its message expiry, which each retry sets).
-    fn cached_message(&self, topic: &str, correlation: &[u8], reply: &Reply) -> OutboundMessage {
-        reply.message(
-            Str::from(topic),
-            Some(Bytes::copy_from_slice(correlation)),
-            None,
-            &self.config.node_id,
-            self.server_id.clone(),
-        )
-    }
-
     /// Everything after the envelope checks; notifications are written
     /// here, the reply is returned with whether the dedup cache keeps it:
     /// every reply, errors included (spec §13.1), except a GET's (re-reading

@@ -318,7 +318,14 @@ impl StateMachine {
             w.str(item.topic);
             w.bytes(item.correlation);
             w.u64(item.cached.expires_at);
-            w.message(&self.cached_message(item.topic, item.correlation, &item.cached.reply));
+            journal::write_reply_message(
+                w,
+                item.topic,
+                item.correlation,
+                &item.cached.reply,
+                &self.config.node_id,
+                self.server_id.as_deref(),
+            );
         }
         n
     }
@@ -576,6 +583,22 @@ impl Visitor for Restored {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cached reply as the message journal records and snapshots keep.
+    fn cached_message(
+        sm: &StateMachine,
+        topic: &str,
+        correlation: &[u8],
+        reply: &Reply,
+    ) -> OutboundMessage {
+        reply.message(
+            crate::types::Str::from(topic),
+            Some(crate::types::Bytes::copy_from_slice(correlation)),
+            None,
+            &sm.config.node_id,
+            sm.server_id.clone(),
+        )
+    }
     use crate::rpc::dedup::MAX_CLIENT_BYTES;
 
     fn cached(at: u64) -> Cached {
@@ -614,7 +637,7 @@ mod tests {
         // Replay of kind 5 records charges the client too.
         let mut replayed = StateMachine::new(Config::default()).expect("config");
         for item in sm.dedup.iter() {
-            let m = sm.cached_message(item.topic, item.correlation, &item.cached.reply);
+            let m = cached_message(&sm, item.topic, item.correlation, &item.cached.reply);
             let record = journal::reply(
                 item.client,
                 item.topic,
@@ -638,7 +661,7 @@ mod tests {
         w.str("t/old");
         w.bytes(b"c");
         w.u64(9_000);
-        w.message(&sm.cached_message("t/old", b"c", &cached(0).reply));
+        w.message(&cached_message(&sm, "t/old", b"c", &cached(0).reply));
         let old = w.finish_with_crc();
         let mut restored = StateMachine::restore(Config::default(), &old).expect("a v1 snapshot");
         assert!(restored.dedup.get("t/old", b"c", 0).is_some());
