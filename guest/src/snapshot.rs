@@ -137,12 +137,28 @@ struct Filling {
     whole: usize,
 }
 
+/// The most room a [`Filling`] takes before the value's bytes come.
+const FILLING_ROOM: usize = 64 << 20;
+
+impl Filling {
+    /// Appends `bytes` (never past `whole`), growing the blob by doubling
+    /// but never past `whole`: its last growth gives it exactly its room.
+    fn push(&mut self, bytes: &[u8]) {
+        let need = self.blob.len() + bytes.len();
+        if self.blob.capacity() < need {
+            let want = (self.blob.capacity() * 2).min(self.whole).max(need);
+            self.blob.reserve_exact(want - self.blob.len());
+        }
+        self.blob.extend_from_slice(bytes);
+    }
+}
+
 impl Restorer {
     /// Reads `part`, the bytes after those already fed.
     pub(crate) fn feed(&mut self, mut part: &[u8], visit: &mut impl Visitor) -> Result<(), Error> {
         if let Some(f) = self.filling.as_mut().filter(|f| f.blob.len() < f.whole) {
             let n = (f.whole - f.blob.len()).min(part.len());
-            f.blob.extend_from_slice(&part[..n]);
+            f.push(&part[..n]);
             self.crc.update(&part[..n]);
             self.offset += n as u64;
             part = &part[n..];
@@ -241,11 +257,14 @@ impl Restorer {
             return None;
         }
         let head = rest.len() - r.remaining();
-        let mut blob = blob_start(key, len);
+        // Room for the value as it says, up to a bound: a damaged or
+        // hostile length (up to 4 GiB) gets room only as its bytes come.
+        let blob = blob_start(key, len.min(FILLING_ROOM));
         let whole = blob.len() + len;
         let take = len.min(r.remaining());
-        blob.extend_from_slice(&rest[head..head + take]);
-        self.filling = Some(Filling { blob, whole });
+        let mut filling = Filling { blob, whole };
+        filling.push(&rest[head..head + take]);
+        self.filling = Some(filling);
         self.stage = Stage::LargeTail(left);
         Some(head + take)
     }
@@ -393,6 +412,25 @@ mod tests {
         ) -> Result<(), Error> {
             Ok(())
         }
+    }
+
+    /// A value that says it is 4 GiB long, with a few bytes: room only
+    /// for what may come, and the snapshot is refused as cut short.
+    #[test]
+    fn a_hostile_length_gets_no_room_ahead_of_its_bytes() {
+        let mut w = Writer::new();
+        write_header(&mut w, (1, 0));
+        w.u64(1);
+        w.bytes(b"k");
+        w.u32(u32::MAX);
+        w.0.extend_from_slice(&[7; 100]);
+        let mut r = Restorer::default();
+        let mut seen = Seen::default();
+        r.feed(&w.0, &mut seen).expect("not wrong yet");
+        let room = r.filling.as_ref().map(|f| f.blob.capacity());
+        assert!(room.is_some_and(|n| n <= FILLING_ROOM + 8), "{room:?}");
+        r.feed(&[7; 1000], &mut seen).expect("not wrong yet");
+        assert!(r.finish().is_err());
     }
 
     /// A snapshot of a small key and a large one, cut into parts of
