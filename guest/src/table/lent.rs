@@ -83,11 +83,6 @@ impl Lent {
     pub fn entry<'a>(&'a self, value: &'a [u8]) -> EntryRef<'a> {
         self.meta.with(value)
     }
-
-    /// Where the value lies in the buffer.
-    pub fn at(&self) -> Range<usize> {
-        self.at.clone()
-    }
 }
 
 impl Table {

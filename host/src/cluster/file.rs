@@ -25,6 +25,22 @@ pub enum ReadPath {
     Log,
 }
 
+/// When a replica of one group under `--fsync always` records in
+/// `raft-state` what a round's sync of its log made durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RaftState {
+    /// On a thread of its own once the round's messages and replies have
+    /// gone: a write's path has one sync per replica; a crash during that
+    /// sync leaves `raft-state` a round behind (a log that then loses
+    /// exactly that synced round would not be noticed).
+    #[default]
+    Behind,
+    /// Before the round's messages: two syncs in a row on a write's path;
+    /// a log that loses any synced round is noticed, whenever the crash.
+    First,
+}
+
 /// `--cluster FILE`: this replica and its peers.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +61,10 @@ pub struct ClusterFile {
     /// How reads are served: `index` (the default) or `log`.
     #[serde(default)]
     pub reads: ReadPath,
+    /// When `raft-state` records a round's log sync (one group, `--fsync
+    /// always`): `behind` (the default) or `first`.
+    #[serde(default)]
+    pub raft_state: RaftState,
     /// This replica joins a running cluster (`statestore cluster add`):
     /// it starts with no membership and waits for the leader's snapshot.
     /// Only read when its data directory is new.
@@ -330,6 +350,15 @@ mod tests {
     }
 
     /// 1 to 256 partitions; none said is one.
+    #[test]
+    fn raft_state_is_behind_unless_first() {
+        let one = "[[replica]]\nid = 1\nraft = \"127.0.0.1:7101\"\n";
+        assert_eq!(file(one).expect("default").raft_state, RaftState::Behind);
+        let first = file(&format!("raft_state = \"first\"\n{one}")).expect("first");
+        assert_eq!(first.raft_state, RaftState::First);
+        assert!(file(&format!("raft_state = \"later\"\n{one}")).is_err());
+    }
+
     #[test]
     fn a_store_has_1_to_256_partitions() {
         let one = "[[replica]]\nid = 1\nraft = \"127.0.0.1:7101\"\n";

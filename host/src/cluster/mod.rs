@@ -180,6 +180,17 @@ pub struct Unpersisted(raft::Ready);
 /// ([`Replica::ready_write`], then `persist_round`).
 pub struct Unsynced(raft::Ready);
 
+impl Unsynced {
+    /// Whether it must be durable before its messages go: it wrote
+    /// entries, a snapshot, or a new term or vote. A ready that only moved
+    /// the commit index need not be: Raft does not need its commit index
+    /// back after a crash (the leader says it again), so such a record is
+    /// synced with the next round that must be.
+    pub fn must_sync(&self) -> bool {
+        self.0.must_sync()
+    }
+}
+
 impl std::fmt::Debug for Unsynced {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Unsynced").finish_non_exhaustive()
@@ -679,6 +690,12 @@ impl<B: Backend> Replica<B> {
         whole(&mut self.store, batch, |s, b| s.query_wire(b, now))
     }
 
+    /// Records in `raft-state` what the round's sync made durable, once
+    /// what depended on it has gone ([`LogStore::witness`]).
+    pub fn witness(&mut self) -> Result<()> {
+        self.node.mut_store().witness()
+    }
+
     /// Makes what was written to the log durable ([`Durability::Later`]).
     pub fn sync(&mut self) -> Result<()> {
         self.node.mut_store().sync()
@@ -917,7 +934,9 @@ impl<B: Backend> Replica<B> {
 /// is sent. With a round journal (partitions, `--fsync always`), every
 /// group's records in one write and one sync; else, under `--fsync always`,
 /// each log that was written (`replicas`: each group's, in order, and
-/// whether it wrote this round).
+/// whether it wrote this round what must be synced, [`Unsynced::must_sync`]).
+/// A round that moved only commit indexes syncs nothing: its records go
+/// with the next round that syncs.
 pub(crate) fn persist_round<'a, B: Backend + 'a>(
     journal: Option<&mut Journal>,
     replicas: impl IntoIterator<Item = (u32, &'a mut Replica<B>, bool)>,
@@ -925,12 +944,15 @@ pub(crate) fn persist_round<'a, B: Backend + 'a>(
     let mut replicas = replicas.into_iter();
     match journal {
         Some(journal) => {
-            let logs = replicas.map(|(g, r, _)| (g, r.log_mut()));
-            journal.commit(logs)?;
+            let mut replicas: Vec<_> = replicas.collect();
+            if replicas.iter().any(|(_, _, written)| *written) {
+                let logs = replicas.iter_mut().map(|(g, r, _)| (*g, r.log_mut()));
+                journal.commit(logs)?;
+            }
         }
         None => replicas.try_for_each(|(_, r, written)| {
             if written && r.syncs_each_write() {
-                r.log_mut().sync()?;
+                r.log_mut().sync_entries()?;
             }
             anyhow::Ok(())
         })?,

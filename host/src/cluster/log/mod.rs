@@ -66,6 +66,7 @@ use crate::store::storage::{LogFile, Storage, zero_tail};
 
 pub mod journal;
 mod rejoin;
+mod witness;
 pub use journal::Part;
 pub use rejoin::rejoin;
 
@@ -194,9 +195,14 @@ pub struct LogStore {
     /// Appends, bytes, fsync and snapshot durations (`--metrics`).
     metrics: Option<crate::metrics::JournalMetrics>,
     /// `raft-state`, and what it says now.
-    state: Box<dyn LogFile>,
-    state_bytes: u64,
+    state: witness::Witness,
     anchor: Anchor,
+    /// What `raft-state` is to say once the round's messages have gone
+    /// ([`LogStore::sync_entries`], then [`LogStore::witness`]).
+    unwitnessed: Option<Anchor>,
+    /// [`LogStore::sync_entries`] records `raft-state` at once, before it
+    /// returns ([`LogStore::anchor_first`]).
+    anchor_first: bool,
     /// Its records go through a round journal too ([`journal`]): it never
     /// syncs by itself but at a checkpoint ([`LogStore::sync`]), a new
     /// generation, or before the log shrinks.
@@ -409,6 +415,13 @@ impl LogStore {
             synced: journaled.then_some(bytes),
         };
         let (state, state_bytes) = new_state_file(&*disk, &anchor)?;
+        let state = witness::Witness::new(
+            disk.clone(),
+            witness::StateFile {
+                file: state,
+                bytes: state_bytes,
+            },
+        );
         Ok(LogStore {
             mem,
             disk,
@@ -419,8 +432,9 @@ impl LogStore {
             snapshot,
             metrics: None,
             state,
-            state_bytes,
             anchor,
+            unwitnessed: None,
+            anchor_first: false,
             journaled,
             pending: Vec::new(),
             pending_at: bytes,
@@ -444,22 +458,14 @@ impl LogStore {
     /// Appends `anchor` to `raft-state` and syncs it (rewritten whole once
     /// it has grown).
     fn record(&mut self, anchor: Anchor) -> Result<()> {
+        // What waited to be witnessed is older than what is recorded now.
+        self.unwitnessed = None;
+        // What its thread was given is written before this is looked at.
+        self.state.settle()?;
         if anchor == self.anchor {
             return Ok(());
         }
-        if self.state_bytes > STATE_MAX_BYTES {
-            let (file, bytes) = new_state_file(&*self.disk, &anchor)?;
-            self.state = file;
-            self.state_bytes = bytes;
-        } else {
-            let mut buf = Vec::new();
-            frame(KIND_STATE, &anchor.encode(), &mut buf);
-            self.state
-                .append(&buf)
-                .and_then(|()| self.state.sync())
-                .with_context(|| format!("writing raft-state in {}", self.disk.describe()))?;
-            self.state_bytes += buf.len() as u64;
-        }
+        self.state.write(&anchor)?;
         self.anchor = anchor;
         Ok(())
     }
@@ -561,6 +567,61 @@ impl LogStore {
     /// `raft-state` what the log now holds (with a journal: a checkpoint,
     /// after which the journal need not hold what this log has).
     pub fn sync(&mut self) -> Result<()> {
+        self.sync_file()?;
+        let anchor = self.current_anchor()?;
+        self.record(anchor)?;
+        self.pending.clear();
+        self.pending_at = self.bytes;
+        Ok(())
+    }
+
+    /// A round's sync under `--fsync always` without a journal, in two
+    /// steps: this one makes what was written durable (all its messages
+    /// wait for), [`LogStore::witness`] records it in `raft-state` once
+    /// they have gone (what only notices a later loss need not delay
+    /// them: a follower's acknowledgement goes a sync earlier).
+    pub fn sync_entries(&mut self) -> Result<()> {
+        if self.anchor_first {
+            return self.sync();
+        }
+        self.witness()?;
+        self.sync_file()?;
+        let anchor = self.current_anchor()?;
+        if anchor != self.anchor {
+            self.unwitnessed = Some(anchor);
+        }
+        Ok(())
+    }
+
+    /// Records in `raft-state` what the last [`LogStore::sync_entries`]
+    /// made durable (nothing if that changed nothing it records).
+    pub fn witness(&mut self) -> Result<()> {
+        match self.unwitnessed.take() {
+            Some(anchor) if self.state.is_behind() => {
+                self.state.hand_over(anchor)?;
+                self.anchor = anchor;
+                Ok(())
+            }
+            Some(anchor) => self.record(anchor),
+            None => Ok(()),
+        }
+    }
+
+    /// From now on [`LogStore::sync_entries`] records `raft-state` itself,
+    /// before it returns: a round's messages wait for both syncs.
+    pub fn anchor_first(&mut self) {
+        self.anchor_first = true;
+    }
+
+    /// From now on [`LogStore::witness`] hands its records to a thread of
+    /// their own (see the `witness` module): the replica's loop does not wait for
+    /// that sync.
+    pub fn witness_behind(&mut self) -> Result<()> {
+        self.state.behind()
+    }
+
+    /// Syncs the log file if something was written since it was last.
+    fn sync_file(&mut self) -> Result<()> {
         if self.dirty {
             let started = std::time::Instant::now();
             self.file
@@ -571,10 +632,6 @@ impl LogStore {
                 m.fsync.observe(started.elapsed().as_secs_f64());
             }
         }
-        let anchor = self.current_anchor()?;
-        self.record(anchor)?;
-        self.pending.clear();
-        self.pending_at = self.bytes;
         Ok(())
     }
 

@@ -462,3 +462,77 @@ fn a_zero_filled_tail_is_the_end_not_a_tear() {
     );
     assert!(parse(&damaged, "log").is_err(), "damage, not a tear");
 }
+
+/// `raft-state` written behind (its own thread, [`LogStore::witness_behind`]):
+/// a round synced and not yet witnessed opens after a crash (`raft-state` a
+/// round behind); a witnessed round is protected as before (its log cut
+/// short is refused); a record written at once (a log about to shrink)
+/// comes after the one handed over, never before.
+#[test]
+fn raft_state_written_behind_keeps_its_order_and_its_watch() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.witness_behind().expect("its thread");
+    log.append(&[entry(1, 1), entry(2, 1), entry(3, 1)])
+        .expect("append");
+    log.sync_entries().expect("sync");
+    assert_eq!(log.anchor().last, 0, "not witnessed yet");
+    let back = open(&disk.crash(None)).expect("raft-state a round behind opens");
+    assert_eq!(back.mem.last_index().expect("last"), 3);
+    drop(back);
+    log.witness().expect("handed over");
+    log.sync().expect("settles");
+    let name = disk
+        .list()
+        .expect("list")
+        .into_iter()
+        .find(|n| n.starts_with("raft-log.") && n != "raft-log.current")
+        .expect("the log");
+    let records = parse(&disk.read(&name).expect("the log"), "log").expect("parse");
+    let cut = disk.crash(None);
+    cut.truncate(&name, records.good as u64 - 3)
+        .expect("cut the last entry");
+    let refused = open(&cut).expect_err("a witnessed round cut short");
+    assert!(
+        format!("{refused:#}").contains("refusing to start"),
+        "{refused:#}"
+    );
+
+    // Handed over, then a shrink recorded at once: the shrink is last.
+    log.append(&[entry(4, 1)]).expect("append");
+    log.sync_entries().expect("sync");
+    log.witness().expect("handed over");
+    log.append(&[entry(3, 2)]).expect("a new leader's entry 3");
+    assert_eq!(log.anchor().last, 2, "recorded before the write");
+    log.sync_entries().expect("sync");
+    log.witness().expect("handed over");
+    drop(log);
+    // Had the record of entry 4 been written after the shrink's, the log
+    // (now ending at 3) would look cut short.
+    let back = open(&disk.crash(None)).expect("opens");
+    assert_eq!(back.mem.last_index().expect("last"), 3);
+}
+
+/// `raft_state = "first"` ([`LogStore::anchor_first`]): a round's sync
+/// records `raft-state` before it returns, so a log cut short right after
+/// it is refused with nothing else written.
+#[test]
+fn raft_state_first_is_recorded_before_the_round_s_messages() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.anchor_first();
+    log.append(&[entry(1, 1), entry(2, 1)]).expect("append");
+    log.sync_entries().expect("sync");
+    assert_eq!(log.anchor().last, 2, "recorded at once");
+    let name = disk
+        .list()
+        .expect("list")
+        .into_iter()
+        .find(|n| n.starts_with("raft-log.") && n != "raft-log.current")
+        .expect("the log");
+    let records = parse(&disk.read(&name).expect("the log"), "log").expect("parse");
+    let cut = disk.crash(None);
+    cut.truncate(&name, records.good as u64 - 3)
+        .expect("cut the last entry");
+    assert!(open(&cut).is_err(), "a synced round cut short");
+}

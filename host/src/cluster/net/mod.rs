@@ -111,6 +111,9 @@ pub(crate) const MAX_SECRET: usize = HELLO_MAX - 9;
 /// Frames waiting for one peer, at most.
 const QUEUE: usize = 4096;
 
+/// The read buffer of an inbound link.
+const READ_BUFFER: usize = 64 * 1024;
+
 /// What the links hand the replica.
 #[derive(Debug)]
 pub(crate) enum PeerEvent {
@@ -586,7 +589,7 @@ async fn inbound(
     admitted: Admitted,
 ) -> Result<()> {
     // The handshake and the first frame, the hello (small), come soon.
-    let (mut stream, from) = tokio::time::timeout(HELLO_WAIT, async {
+    let (stream, from) = tokio::time::timeout(HELLO_WAIT, async {
         let (mut stream, cert): (Box<dyn Io>, _) = match &me.tls {
             None => (Box::new(tcp), None),
             Some(tls) => {
@@ -628,6 +631,9 @@ async fn inbound(
     .await
     .context("no hello in time")??;
     drop(admitted);
+    // Frames come many at a time (a round's messages of every group): read
+    // them from a buffer, not with three reads of the socket each.
+    let mut stream = tokio::io::BufReader::with_capacity(READ_BUFFER, stream);
     let mut first = true;
     loop {
         let Some((kind, body)) = read_frame(&mut stream).await? else {

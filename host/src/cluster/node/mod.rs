@@ -207,6 +207,14 @@ impl Node {
         for (&g, log) in held.iter().zip(logs) {
             let (store, p) = (&stores[(g / partitions) as usize], g % partitions);
             let mut replica = store.replica(file.id, log, durability, (p, partitions, named))?;
+            if durability == Durability::Always && !journaled {
+                match file.raft_state {
+                    // Its round's second sync (`raft-state`) on a thread of
+                    // its own: the loop goes on meanwhile.
+                    super::file::RaftState::Behind => replica.log_mut().witness_behind()?,
+                    super::file::RaftState::First => replica.log_mut().anchor_first(),
+                }
+            }
             let mut router = Router::new(
                 file.id,
                 store.config.clone(),
@@ -840,7 +848,7 @@ impl Node {
             }
         }
         let mut wrote = vec![false; self.groups.len()];
-        written.iter().for_each(|(g, _)| wrote[*g] = true);
+        written.iter().for_each(|(g, w)| wrote[*g] = w.must_sync());
         let replicas = self.groups.iter_mut().map(|g| (g.id, &mut g.replica));
         let round = replicas.zip(wrote).map(|((id, r), w)| (id, r, w));
         super::persist_round(self.journal.as_mut(), round)?;
@@ -852,6 +860,11 @@ impl Node {
                 .ready_finish(w, &mut |m| links.send(id, m))?;
             self.sync_members()?;
             self.publish(transport, g, applied).await?;
+        }
+        // The messages and replies are out: `raft-state` may say what the
+        // round made durable.
+        for g in &mut self.groups {
+            g.replica.witness()?;
         }
         self.checkpoint()
     }

@@ -929,7 +929,7 @@ impl<'o> Sim<'o> {
                 }
             }
             let mut wrote = vec![false; groups.len()];
-            written.iter().for_each(|(g, _)| wrote[*g] = true);
+            written.iter().for_each(|(g, w)| wrote[*g] = w.must_sync());
             let replicas = groups.iter_mut().map(|group| &mut group.replica);
             super::persist_round(
                 node.journal.as_mut(),
@@ -941,6 +941,9 @@ impl<'o> Sim<'o> {
                 let applied = r.ready_finish(w, &mut |m| messages.push(m))?;
                 let fx = Effects::default();
                 round.publish(g as u32, now, (messages, applied), r, router, fx)?;
+            }
+            for group in groups.iter_mut() {
+                group.replica.witness()?;
             }
             if let Some(journal) = node.journal.as_mut() {
                 let logs = groups.iter_mut().map(|g| g.replica.log_mut());
