@@ -79,7 +79,7 @@ impl Lent {
         &self.key
     }
 
-    /// The entry, with `value` (the bytes at [`Lent::at`] of the buffer).
+    /// The entry, with `value` (the bytes the lent value spans in the buffer).
     pub fn entry<'a>(&'a self, value: &'a [u8]) -> EntryRef<'a> {
         self.meta.with(value)
     }
@@ -97,8 +97,8 @@ impl Table {
         self.lent = None;
     }
 
-    /// Puts the lent SET, its value taken from `buf` (the buffer
-    /// [`Lent::at`] refers to) without copying it elsewhere: `buf` becomes
+    /// Puts the lent SET, its value taken from `buf` (the buffer its
+    /// value lies in) without copying it elsewhere: `buf` becomes
     /// the key's slot. Nothing happens if no SET is lent.
     pub fn put_lent(&mut self, buf: Vec<u8>) {
         if let Some(lent) = self.lent.take() {
