@@ -463,6 +463,22 @@ fn a_zero_filled_tail_is_the_end_not_a_tear() {
     assert!(parse(&damaged, "log").is_err(), "damage, not a tear");
 }
 
+/// What `disk` holds after a crash, its log's last record cut short by 3
+/// bytes (a log that lost part of what it synced).
+fn last_entry_cut(disk: &Disk) -> Disk {
+    let name = disk
+        .list()
+        .expect("list")
+        .into_iter()
+        .find(|n| n.starts_with("raft-log.") && n != "raft-log.current")
+        .expect("the log");
+    let records = parse(&disk.read(&name).expect("the log"), "log").expect("parse");
+    let cut = disk.crash(None);
+    cut.truncate(&name, records.good as u64 - 3)
+        .expect("cut the last entry");
+    cut
+}
+
 /// `raft-state` written behind (its own thread, [`LogStore::witness_behind`]):
 /// a round synced and not yet witnessed opens after a crash (`raft-state` a
 /// round behind); a witnessed round is protected as before (its log cut
@@ -482,16 +498,7 @@ fn raft_state_written_behind_keeps_its_order_and_its_watch() {
     drop(back);
     log.witness().expect("handed over");
     log.sync().expect("settles");
-    let name = disk
-        .list()
-        .expect("list")
-        .into_iter()
-        .find(|n| n.starts_with("raft-log.") && n != "raft-log.current")
-        .expect("the log");
-    let records = parse(&disk.read(&name).expect("the log"), "log").expect("parse");
-    let cut = disk.crash(None);
-    cut.truncate(&name, records.good as u64 - 3)
-        .expect("cut the last entry");
+    let cut = last_entry_cut(&disk);
     let refused = open(&cut).expect_err("a witnessed round cut short");
     assert!(
         format!("{refused:#}").contains("refusing to start"),
@@ -524,15 +531,6 @@ fn raft_state_first_is_recorded_before_the_round_s_messages() {
     log.append(&[entry(1, 1), entry(2, 1)]).expect("append");
     log.sync_entries().expect("sync");
     assert_eq!(log.anchor().last, 2, "recorded at once");
-    let name = disk
-        .list()
-        .expect("list")
-        .into_iter()
-        .find(|n| n.starts_with("raft-log.") && n != "raft-log.current")
-        .expect("the log");
-    let records = parse(&disk.read(&name).expect("the log"), "log").expect("parse");
-    let cut = disk.crash(None);
-    cut.truncate(&name, records.good as u64 - 3)
-        .expect("cut the last entry");
+    let cut = last_entry_cut(&disk);
     assert!(open(&cut).is_err(), "a synced round cut short");
 }
