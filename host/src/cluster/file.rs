@@ -30,10 +30,12 @@ pub enum ReadPath {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RaftState {
-    /// On a thread of its own once the round's messages and replies have
-    /// gone: a write's path has one sync per replica; a crash during that
-    /// sync leaves `raft-state` a round behind (a log that then loses
-    /// exactly that synced round would not be noticed).
+    /// Appended once the round's messages and replies have gone, synced
+    /// by a thread of its own at most every 10 ms: a write's path has one
+    /// sync per replica; a replica that dies leaves `raft-state` at most a
+    /// round behind, a machine that loses power up to 10 ms of rounds (a
+    /// log that then loses exactly those synced rounds would not be
+    /// noticed).
     #[default]
     Behind,
     /// Before the round's messages: two syncs in a row on a write's path;

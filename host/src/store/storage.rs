@@ -322,6 +322,8 @@ struct MemState {
     /// Whether to keep what a crash would keep ([`MemStorage::crash`]);
     /// not for a memory journal, where it would only double the memory.
     crashes: bool,
+    /// How many times each name's file was synced.
+    syncs: BTreeMap<String, u64>,
 }
 
 /// Storage in memory that knows what a crash would keep: the names as of
@@ -404,6 +406,12 @@ impl MemStorage {
     /// journal in memory.
     pub fn volatile() -> MemStorage {
         MemStorage(Arc::new(Mutex::new(MemState::default())))
+    }
+
+    /// How many times the file named `name` was synced (for tests that
+    /// count syncs).
+    pub fn syncs(&self, name: &str) -> u64 {
+        lock(&self.0).syncs.get(name).copied().unwrap_or(0)
     }
 
     /// From now on only `bytes` more bytes can be written: a write past
@@ -541,6 +549,7 @@ impl LogFile for MemLogFile {
         self.with(|st, name| {
             let f = st.files.get_mut(name).ok_or_else(|| not_found(name))?;
             f.synced = f.data.len();
+            *st.syncs.entry(name.to_string()).or_default() += 1;
             if st.crashes {
                 let copy = f.clone();
                 st.durable.insert(id, copy);

@@ -39,7 +39,7 @@
 //! replica never votes twice in one term.
 //!
 //! Both files are zero-filled ahead of their records
-//! ([`LogFile::zero_fill_ahead`]: `raft-state` once, 68 KiB, the log in
+//! ([`LogFile::zero_fill_ahead`]: `raft-state` once, 260 KiB, the log in
 //! steps of 256 KiB), so a record is written over zeros and syncing it
 //! does not change the file's length: syncs are cheaper. An all-zero tail
 //! is the end of a file, not a tear.
@@ -80,7 +80,7 @@ const KIND_HARD_STATE: u8 = 2;
 const KIND_STATE: u8 = 3;
 
 /// `raft-state` is rewritten with one record once it grows past this.
-const STATE_MAX_BYTES: u64 = 64 << 10;
+const STATE_MAX_BYTES: u64 = 256 << 10;
 /// `raft-state`'s length, zero-filled when it is written: room for
 /// [`STATE_MAX_BYTES`] and the record that passes it.
 const STATE_FILE_BYTES: u64 = STATE_MAX_BYTES + (4 << 10);
@@ -162,22 +162,54 @@ impl Anchor {
 /// messages that refuse to start.
 const RECOVER: &str = "to recover while the others serve, run `statestore cluster rejoin --cluster <this replica's file>` (it keeps the term and vote, moves the damaged log aside, has the leader remove this replica and add it back), then start it again: it catches up from the leader's snapshot; a cluster of one cannot rejoin (restore its data directory from a backup)";
 
-/// Reads `raft-state`: its last good record, if any (a torn tail was never
-/// synced, so nothing depended on it).
+/// Reads `raft-state`: its last good record, if any. A torn tail was never
+/// synced, so nothing depended on it; nor did records appended after the
+/// last sync (the records that witness rounds, `witness`), which a machine
+/// that lost power may have kept in any order: a bad record with good ones
+/// after it is skipped (every record is whole on its own: the last good one
+/// is the newest the file holds).
 fn read_anchor(disk: &dyn Storage, names: &[String]) -> Result<Option<Anchor>> {
     if !names.iter().any(|n| n == STATE) {
         return Ok(None);
     }
     let data = disk.read(STATE).context("reading raft-state")?;
-    let parsed = parse(&data, STATE)?;
     let mut anchor = None;
-    for (kind, body) in parsed.records {
+    let mut p = 0;
+    while p < data.len() && !zero_tail(&data[p..]) {
+        let Some(len) = good_record(&data, p) else {
+            match (p + 1..data.len()).find(|&q| good_record(&data, q).is_some()) {
+                Some(q) => {
+                    tracing::warn!(
+                        at = p,
+                        next = q,
+                        "raft-state: a bad record before good ones; skipped"
+                    );
+                    p = q;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        let (kind, body) = (data[p + 8], &data[p + 9..p + 8 + len]);
         if kind != KIND_STATE {
             bail!("raft-state: a record of kind {kind}");
         }
-        anchor = Some(Anchor::decode(&body).context("raft-state")?);
+        anchor = Some(Anchor::decode(body).context("raft-state")?);
+        p += 8 + len;
     }
     Ok(anchor)
+}
+
+/// The length (of kind and body) of the good record at `p` of `data`, if
+/// one starts there.
+fn good_record(data: &[u8], p: usize) -> Option<usize> {
+    if data.len().saturating_sub(p) < 9 {
+        return None;
+    }
+    let len = u32::from_le_bytes(data[p..p + 4].try_into().expect("4")) as usize;
+    let crc = u32::from_le_bytes(data[p + 4..p + 8].try_into().expect("4"));
+    (len > 1 && data.len() - p - 8 >= len && crc32fast::hash(&data[p + 8..p + 8 + len]) == crc)
+        .then_some(len)
 }
 
 /// A replica's log: raft-rs's [`MemStorage`] in front, the disk behind.
@@ -420,6 +452,7 @@ impl LogStore {
             witness::StateFile {
                 file: state,
                 bytes: state_bytes,
+                rewrites: 0,
             },
         );
         Ok(LogStore {
@@ -460,11 +493,11 @@ impl LogStore {
     fn record(&mut self, anchor: Anchor) -> Result<()> {
         // What waited to be witnessed is older than what is recorded now.
         self.unwitnessed = None;
-        // What its thread was given is written before this is looked at.
-        self.state.settle()?;
         if anchor == self.anchor {
-            return Ok(());
+            // Appended already, perhaps not synced yet.
+            return self.state.settle();
         }
+        // Synced with every record appended before it.
         self.state.write(&anchor)?;
         self.anchor = anchor;
         Ok(())
@@ -598,7 +631,7 @@ impl LogStore {
     pub fn witness(&mut self) -> Result<()> {
         match self.unwitnessed.take() {
             Some(anchor) if self.state.is_behind() => {
-                self.state.hand_over(anchor)?;
+                self.state.hand_over(&anchor)?;
                 self.anchor = anchor;
                 Ok(())
             }

@@ -520,6 +520,83 @@ fn raft_state_written_behind_keeps_its_order_and_its_watch() {
     assert_eq!(back.mem.last_index().expect("last"), 3);
 }
 
+/// Written behind, every round's record is appended to `raft-state` (a
+/// process that dies leaves it to the kernel) and synced by its thread at
+/// most once every [`witness::EVERY`]: rounds faster than that share a
+/// sync; a crash of the machine in between opens (`raft-state` behind); the
+/// log settled, the last round is witnessed durably.
+#[test]
+fn raft_state_written_behind_shares_its_syncs() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.witness_behind().expect("its thread");
+    let anchor = |disk: &Disk| {
+        read_anchor(disk, &[STATE.to_string()])
+            .expect("read")
+            .expect("an anchor")
+    };
+    let syncs = disk.syncs(STATE);
+    let rounds = 400;
+    for i in 1..=rounds {
+        log.append(&[entry(i, 1)]).expect("append");
+        log.sync_entries().expect("sync");
+        log.witness().expect("handed over");
+        assert_eq!(anchor(&disk).last, i, "appended at once");
+    }
+    let back = open(&disk.crash(None)).expect("raft-state behind opens");
+    assert_eq!(back.mem.last_index().expect("last"), rounds);
+    drop(back);
+    log.sync().expect("settles");
+    let synced = disk.syncs(STATE) - syncs;
+    // In memory, the rounds take a few milliseconds: a sync each would be
+    // 400; a stall of the test's thread adds one per `EVERY` at most.
+    assert!(
+        synced < rounds / 2,
+        "{synced} syncs of raft-state for {rounds} rounds"
+    );
+    assert_eq!(
+        anchor(&disk.crash(None)).last,
+        rounds,
+        "synced once settled"
+    );
+    drop(log);
+    let cut = last_entry_cut(&disk);
+    assert!(open(&cut).is_err(), "the last round is witnessed");
+}
+
+/// Records appended after `raft-state`'s last sync may reach the disk in
+/// any order when the machine loses power: a bad record with good ones
+/// after it is skipped and the last good one read; a bad tail is cut.
+#[test]
+fn raft_state_reads_past_a_record_the_disk_lost() {
+    let disk = Disk::new();
+    drop(open(&disk).expect("open"));
+    let first = read_anchor(&disk, &[STATE.to_string()])
+        .expect("read")
+        .expect("an anchor");
+    let record = |last: u64| {
+        let mut b = Vec::new();
+        frame(KIND_STATE, &Anchor { last, ..first }.encode(), &mut b);
+        b
+    };
+    let (a, b, c) = (record(7), record(8), record(9));
+    let mut lost = [a.clone(), vec![0; b.len()], c.clone()].concat();
+    let read = |bytes: &[u8]| {
+        let disk = Disk::new();
+        disk.write_atomic(STATE, bytes).expect("write");
+        read_anchor(&disk, &[STATE.to_string()]).expect("read")
+    };
+    assert_eq!(read(&lost).expect("an anchor").last, 9, "a hole skipped");
+    lost[a.len() + 3] ^= 0xff;
+    assert_eq!(read(&lost).expect("an anchor").last, 9);
+    let torn = [a.clone(), b[..b.len() - 2].to_vec()].concat();
+    assert_eq!(read(&torn).expect("an anchor").last, 7, "a torn tail");
+    let mut flipped = [a, b, c].concat();
+    let at = flipped.len() - 3;
+    flipped[at] ^= 0x01;
+    assert_eq!(read(&flipped).expect("an anchor").last, 8, "a bad tail");
+}
+
 /// `raft_state = "first"` ([`LogStore::anchor_first`]): a round's sync
 /// records `raft-state` before it returns, so a log cut short right after
 /// it is refused with nothing else written.

@@ -1,61 +1,77 @@
-//! `raft-state`'s file, and who writes it: the replica's loop itself, or,
+//! `raft-state`'s file, and who syncs it: the replica's loop itself, or,
 //! for the records that only witness what a round made durable, a thread
 //! of its own ([`Witness::behind`]), so that the loop goes on with the
-//! next round instead of waiting for that second sync.
+//! next round instead of waiting for a second sync.
 //!
-//! A record handed to the thread is written after the log sync it
-//! describes (it is handed over only then), and records are written in the
-//! order they are handed over; a newer one waiting supersedes an older
-//! one. Any other record (a new term or vote, a log about to shrink, a
-//! snapshot, a shutdown) waits for the thread to finish what it was given,
-//! then is written at once. A crash that leaves the last record unwritten
-//! leaves `raft-state` a round behind the log, which is allowed (a log
-//! holding more than recorded is read whole); only a later loss of that
-//! round's synced bytes would go unnoticed.
+//! The loop appends every record itself, in order. A record that must be
+//! durable before anything else happens (a new term or vote, a log about
+//! to shrink, a snapshot, a shutdown) is synced at once, with everything
+//! appended before it. A record that witnesses a round's log sync
+//! ([`Witness::hand_over`]) is appended after that sync and left to the
+//! thread, which syncs `raft-state` at most once every [`EVERY`]: under load
+//! a replica syncs its log a thousand times a second or more, and a sync of
+//! `raft-state` for each cost about as much CPU as the log's own (a fifth of
+//! a follower's, `BENCHMARKS.md`).
+//!
+//! What this gives up is bounded. A process that dies leaves its appended
+//! records in the kernel's page cache, so `raft-state` is at most the round
+//! it was in behind the log. A machine that loses power may lose the records
+//! of the last [`EVERY`] (and the sync under way), leaving `raft-state`
+//! behind the log by those rounds, which is allowed (a log holding more than
+//! recorded is read whole); only a loss of those rounds' synced log bytes on
+//! top of that would go unnoticed.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
 
 use super::{Anchor, KIND_STATE, STATE_MAX_BYTES, frame, new_state_file};
 use crate::store::storage::{LogFile, Storage};
 
+/// The longest a record handed over waits for the thread's sync.
+pub(super) const EVERY: Duration = Duration::from_millis(10);
+
 /// `raft-state`, open, and how many bytes it holds.
 #[derive(Debug)]
 pub(super) struct StateFile {
     pub(super) file: Box<dyn LogFile>,
     pub(super) bytes: u64,
+    /// How many times it was rewritten whole since it was opened.
+    pub(super) rewrites: u64,
 }
 
 impl StateFile {
-    /// Appends `anchor` and syncs it (the file rewritten whole once it has
-    /// grown past [`STATE_MAX_BYTES`]).
-    fn write(&mut self, disk: &dyn Storage, anchor: &Anchor) -> Result<()> {
+    /// Appends `anchor`; whether that left it synced (once the file has
+    /// grown past [`STATE_MAX_BYTES`] it is rewritten whole, synced).
+    fn append(&mut self, disk: &dyn Storage, anchor: &Anchor) -> Result<bool> {
         if self.bytes > STATE_MAX_BYTES {
             let (file, bytes) = new_state_file(disk, anchor)?;
             self.file = file;
             self.bytes = bytes;
-            return Ok(());
+            self.rewrites += 1;
+            return Ok(true);
         }
         let mut buf = Vec::new();
         frame(KIND_STATE, &anchor.encode(), &mut buf);
         self.file
             .append(&buf)
-            .and_then(|()| self.file.sync())
             .with_context(|| format!("writing raft-state in {}", disk.describe()))?;
         self.bytes += buf.len() as u64;
-        Ok(())
+        Ok(false)
     }
 }
 
 /// What the loop and the thread share.
 #[derive(Debug)]
 struct Slot {
-    /// The file, unless the thread is writing it.
-    file: Option<StateFile>,
-    /// The record to write next.
-    next: Option<Anchor>,
-    /// The thread's write that failed (the replica stops on it).
+    file: StateFile,
+    /// Since when records appended are not synced.
+    dirty: Option<Instant>,
+    /// The thread syncs what was appended before it started (`dirty` was
+    /// cleared then).
+    syncing: bool,
+    /// The thread's sync that failed (the replica stops on it).
     failed: Option<String>,
     stop: bool,
 }
@@ -81,14 +97,15 @@ pub(super) struct Witness {
 }
 
 impl Witness {
-    /// Writes to `file` on the caller's thread until [`Witness::behind`].
+    /// Syncs every record at once until [`Witness::behind`].
     pub(super) fn new(disk: Arc<dyn Storage>, file: StateFile) -> Witness {
         Witness {
             disk,
             shared: Arc::new(Shared {
                 slot: Mutex::new(Slot {
-                    file: Some(file),
-                    next: None,
+                    file,
+                    dirty: None,
+                    syncing: false,
                     failed: None,
                     stop: false,
                 }),
@@ -98,7 +115,7 @@ impl Witness {
         }
     }
 
-    /// Starts the thread that writes what [`Witness::hand_over`] gives it.
+    /// Starts the thread that syncs what [`Witness::hand_over`] appends.
     pub(super) fn behind(&mut self) -> Result<()> {
         if self.thread.is_some() {
             return Ok(());
@@ -108,86 +125,130 @@ impl Witness {
         let thread = std::thread::Builder::new()
             .name("raft-state".into())
             .spawn(move || run(&shared, &*disk))
-            .context("starting the thread that writes raft-state")?;
+            .context("starting the thread that syncs raft-state")?;
         self.thread = Some(thread);
         Ok(())
     }
 
-    /// Whether a thread writes the records handed over.
+    /// Whether a thread syncs the records handed over.
     pub(super) fn is_behind(&self) -> bool {
         self.thread.is_some()
     }
 
-    /// Gives the thread `anchor` to write (a record waiting is superseded);
-    /// an earlier write of the thread that failed, if one did.
-    pub(super) fn hand_over(&self, anchor: Anchor) -> Result<()> {
+    /// Appends `anchor`, for the thread to sync within [`EVERY`]; an
+    /// earlier sync of the thread that failed, if one did.
+    pub(super) fn hand_over(&self, anchor: &Anchor) -> Result<()> {
         let mut slot = self.shared.lock();
         if let Some(e) = &slot.failed {
             return Err(anyhow!("{e}"));
         }
-        slot.next = Some(anchor);
-        self.shared.changed.notify_all();
+        let synced = slot.file.append(&*self.disk, anchor)?;
+        if synced {
+            slot.dirty = None;
+        } else if slot.dirty.is_none() {
+            slot.dirty = Some(Instant::now());
+            self.shared.changed.notify_all();
+        }
         Ok(())
     }
 
-    /// Waits until the thread has written what it was given; its failure,
-    /// if it failed.
+    /// Makes every record appended durable (syncs now what the thread has
+    /// not, or is syncing); the thread's failure, if it failed.
     pub(super) fn settle(&self) -> Result<()> {
-        self.idle().map(drop)
-    }
-
-    fn idle(&self) -> Result<MutexGuard<'_, Slot>> {
         let mut slot = self.shared.lock();
-        while slot.next.is_some() || slot.file.is_none() {
-            slot = self
-                .shared
-                .changed
-                .wait(slot)
-                .unwrap_or_else(|e| e.into_inner());
-        }
         if let Some(e) = &slot.failed {
             return Err(anyhow!("{e}"));
         }
-        Ok(slot)
+        if slot.dirty.is_some() || slot.syncing {
+            sync(&mut slot, &*self.disk)?;
+        }
+        Ok(())
     }
 
-    /// Writes `anchor` now, once the thread has written what it was given.
+    /// Appends `anchor` and syncs it, with everything appended before it.
     pub(super) fn write(&self, anchor: &Anchor) -> Result<()> {
-        let mut slot = self.idle()?;
-        slot.file
-            .as_mut()
-            .expect("the thread is not writing")
-            .write(&*self.disk, anchor)
+        let mut slot = self.shared.lock();
+        if let Some(e) = &slot.failed {
+            return Err(anyhow!("{e}"));
+        }
+        if !slot.file.append(&*self.disk, anchor)? {
+            sync(&mut slot, &*self.disk)?;
+        }
+        slot.dirty = None;
+        Ok(())
     }
 }
 
-/// The thread: writes each record handed over, until told to stop (what
-/// it was given by then is written first).
+/// Syncs `raft-state` on the caller's thread, holding the slot.
+fn sync(slot: &mut Slot, disk: &dyn Storage) -> Result<()> {
+    slot.file
+        .file
+        .sync()
+        .with_context(|| format!("syncing raft-state in {}", disk.describe()))?;
+    slot.dirty = None;
+    Ok(())
+}
+
+/// The thread: syncs what was appended, [`EVERY`] after the first record
+/// not synced, until told to stop (what was appended by then is synced
+/// first).
 fn run(shared: &Shared, disk: &dyn Storage) {
     loop {
-        let (anchor, mut file) = {
+        let file = {
             let mut slot = shared.lock();
-            while slot.next.is_none() && !slot.stop {
-                slot = shared.changed.wait(slot).unwrap_or_else(|e| e.into_inner());
+            loop {
+                match slot.dirty {
+                    Some(since) if slot.stop || since.elapsed() >= EVERY => break,
+                    Some(since) => {
+                        let left = EVERY.saturating_sub(since.elapsed());
+                        slot = shared
+                            .changed
+                            .wait_timeout(slot, left)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                    None if slot.stop => return,
+                    None => slot = shared.changed.wait(slot).unwrap_or_else(|e| e.into_inner()),
+                }
             }
-            let Some(anchor) = slot.next.take() else {
-                return;
-            };
-            let Some(file) = slot.file.take() else {
-                return;
-            };
-            (anchor, file)
+            // Its own handle: the loop appends meanwhile (the file may be
+            // replaced by a rewrite, which is synced: a sync of the old
+            // one then does no harm).
+            match slot.file.file.try_clone() {
+                Ok(file) => {
+                    slot.dirty = None;
+                    slot.syncing = true;
+                    (file, slot.file.rewrites)
+                }
+                Err(e) => {
+                    fail(&mut slot, &format!("syncing raft-state: {e}"));
+                    return;
+                }
+            }
         };
-        let written = file.write(disk, &anchor);
+        let (mut file, rewrites) = file;
+        let synced = file.sync();
         let mut slot = shared.lock();
-        slot.file = Some(file);
-        if let Err(e) = written
-            && slot.failed.is_none()
+        slot.syncing = false;
+        // A handle to a file rewritten meanwhile may not sync (in memory);
+        // the rewrite synced what it held.
+        if let Err(e) = synced
+            && slot.file.rewrites == rewrites
         {
-            tracing::error!(error = %format!("{e:#}"), "writing raft-state");
-            slot.failed = Some(format!("{e:#}"));
+            fail(
+                &mut slot,
+                &format!("syncing raft-state in {}: {e}", disk.describe()),
+            );
+            return;
         }
-        shared.changed.notify_all();
+    }
+}
+
+/// Records the thread's failure: the replica stops at its next record.
+fn fail(slot: &mut Slot, error: &str) {
+    tracing::error!(error, "raft-state");
+    if slot.failed.is_none() {
+        slot.failed = Some(error.to_string());
     }
 }
 
