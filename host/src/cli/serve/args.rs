@@ -26,12 +26,13 @@ pub struct ServeArgs {
     )]
     pub listen: SocketAddr,
 
-    /// Threads that serve connections and run the stores [default: 1; 2 on
-    /// a cluster replica]. One thread runs everything: no hand-offs between
-    /// threads, the least CPU per request and the most requests a second on a
-    /// small machine (BENCHMARKS.md). More let TLS connections, many clients
-    /// and several tenants use more cores, and keep a replica's links served
-    /// while its log syncs. Each tenant's store is one guest either way.
+    /// Threads that serve connections and run the stores [default: 1]. One
+    /// thread runs everything: no hand-offs between threads, the least CPU
+    /// per request and the most requests a second on a small machine
+    /// (BENCHMARKS.md; a cluster replica syncs its log on a thread of the
+    /// blocking pool, serving its clients and links meanwhile). More let TLS
+    /// connections, many clients and several tenants use more cores. Each
+    /// tenant's store is one guest either way.
     #[arg(help_heading = "Network", long, env = "STATESTORE_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
 

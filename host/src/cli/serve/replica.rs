@@ -42,9 +42,10 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             (s.name.clone(), route)
         })
         .collect();
-    // Two threads: the links and the broker keep being served while the
-    // loop syncs the log (one thread measured 0.7x the throughput).
-    let rt = server_runtime(&args, 2)?;
+    // One thread, as one process: the round's syncs run on the blocking
+    // pool while this thread serves the links and the broker (two workers
+    // measured 0.8-0.9x the writes a second, BENCHMARKS.md).
+    let rt = server_runtime(&args, 1)?;
     let stores = replica_stores(&args, &file, &secret, &specs, named)?;
     rt.block_on(async move {
         let metrics = start_metrics(&args).await?;

@@ -208,11 +208,31 @@ impl Journal {
 
     /// Makes what each of `logs` (with its group) wrote since the last
     /// commit durable: one append and one sync for all of them. Whether
-    /// there was anything.
+    /// there was anything. (Its two steps, [`Journal::write_round`] and
+    /// [`Journal::round_synced`], are what a replica uses.)
+    #[cfg(test)]
     pub fn commit<'a>(
         &mut self,
         logs: impl IntoIterator<Item = (u32, &'a mut LogStore)>,
     ) -> Result<bool> {
+        let started = std::time::Instant::now();
+        let Some(mut file) = self.write_round(logs)? else {
+            return Ok(false);
+        };
+        file.sync()
+            .with_context(|| format!("syncing {JOURNAL} in {}", self.disk.describe()))?;
+        self.round_synced(started.elapsed());
+        Ok(true)
+    }
+
+    /// [`Journal::commit`] with the sync left to the caller, on a thread of
+    /// its choice: appends what each of `logs` wrote since the last round
+    /// and returns a handle to the journal to sync (`None`: nothing was
+    /// written). Then [`Journal::round_synced`].
+    pub fn write_round<'a>(
+        &mut self,
+        logs: impl IntoIterator<Item = (u32, &'a mut LogStore)>,
+    ) -> Result<Option<Box<dyn LogFile>>> {
         let mut buf = Vec::new();
         let mut body = Vec::new();
         for (group, log) in logs {
@@ -227,18 +247,23 @@ impl Journal {
             frame(KIND_PART, &body, &mut buf);
         }
         if buf.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
-        let started = std::time::Instant::now();
         self.file
             .append(&buf)
-            .and_then(|()| self.file.sync())
             .with_context(|| format!("writing {JOURNAL} in {}", self.disk.describe()))?;
         self.bytes += buf.len() as u64;
+        self.file
+            .try_clone()
+            .with_context(|| format!("{JOURNAL} in {}", self.disk.describe()))
+            .map(Some)
+    }
+
+    /// The handle of [`Journal::write_round`] synced, in `took`.
+    pub fn round_synced(&self, took: std::time::Duration) {
         if let Some(m) = &self.metrics {
-            m.fsync.observe(started.elapsed().as_secs_f64());
+            m.fsync.observe(took.as_secs_f64());
         }
-        Ok(true)
     }
 
     /// Whether it has grown past its checkpoint size: the caller syncs

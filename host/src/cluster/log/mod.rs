@@ -619,6 +619,41 @@ impl LogStore {
         }
         self.witness()?;
         self.sync_file()?;
+        self.entries_synced(None)
+    }
+
+    /// [`LogStore::sync_entries`] with the sync left to the caller, on a
+    /// thread of its choice while its own goes on: a handle to the log file
+    /// to sync, if anything was written (`None`: nothing to sync, or
+    /// `raft_state = "first"`, synced already). Nothing may be written to
+    /// the log until [`LogStore::entries_synced`].
+    pub fn entries_to_sync(&mut self) -> Result<Option<Box<dyn LogFile>>> {
+        if self.anchor_first {
+            self.sync()?;
+            return Ok(None);
+        }
+        self.witness()?;
+        if !self.dirty {
+            return Ok(None);
+        }
+        self.file
+            .try_clone()
+            .with_context(|| format!("the Raft log in {}", self.disk.describe()))
+            .map(Some)
+    }
+
+    /// The handle of [`LogStore::entries_to_sync`] synced (in `took`), or
+    /// there was none (`None`).
+    pub fn entries_synced(&mut self, took: Option<std::time::Duration>) -> Result<()> {
+        if let Some(took) = took {
+            self.dirty = false;
+            if let Some(m) = &self.metrics {
+                m.fsync.observe(took.as_secs_f64());
+            }
+        }
+        if self.anchor_first {
+            return Ok(());
+        }
         let anchor = self.current_anchor()?;
         if anchor != self.anchor {
             self.unwitnessed = Some(anchor);

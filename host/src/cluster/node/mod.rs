@@ -849,9 +849,34 @@ impl Node {
         }
         let mut wrote = vec![false; self.groups.len()];
         written.iter().for_each(|(g, w)| wrote[*g] = w.must_sync());
-        let replicas = self.groups.iter_mut().map(|g| (g.id, &mut g.replica));
-        let round = replicas.zip(wrote).map(|((id, r), w)| (id, r, w));
-        super::persist_round(self.journal.as_mut(), round)?;
+        // The syncs run on the blocking pool: the replica's thread serves
+        // its clients and links meanwhile (what they bring waits for the
+        // round).
+        let round = {
+            let mut replicas = round_replicas(&mut self.groups, &wrote);
+            super::round_to_sync(self.journal.as_mut(), &mut replicas)?
+        };
+        if round.files.iter().any(Option::is_some) {
+            let started = Instant::now();
+            let mut round = round;
+            round.files = tokio::task::spawn_blocking(move || {
+                let mut files = round.files;
+                super::sync_files(&mut files).map(|()| files)
+            })
+            .await
+            .context("the thread that syncs the Raft log")?
+            .context("syncing the Raft log")?;
+            let mut replicas = round_replicas(&mut self.groups, &wrote);
+            super::round_synced(
+                self.journal.as_mut(),
+                &mut replicas,
+                &round,
+                started.elapsed(),
+            )?;
+        } else {
+            let mut replicas = round_replicas(&mut self.groups, &wrote);
+            super::round_synced(self.journal.as_mut(), &mut replicas, &round, Duration::ZERO)?;
+        }
         for (g, w) in written {
             let id = self.groups[g].id;
             let links = &self.links;
@@ -902,6 +927,19 @@ impl Node {
         self.carry_out(transport, id, fx).await?;
         Ok(r)
     }
+}
+
+/// Each of `groups`' replicas, with its number and whether it wrote what
+/// must be synced this round (`wrote`).
+fn round_replicas<'a>(
+    groups: &'a mut [Group],
+    wrote: &[bool],
+) -> Vec<(u32, &'a mut Replica<WasmStore>, bool)> {
+    let replicas = groups.iter_mut().map(|g| (g.id, &mut g.replica));
+    replicas
+        .zip(wrote)
+        .map(|((id, r), &w)| (id, r, w))
+        .collect()
 }
 
 /// The start of this replica's new life (its `via.started`): now, or just

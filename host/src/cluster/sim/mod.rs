@@ -931,10 +931,11 @@ impl<'o> Sim<'o> {
             let mut wrote = vec![false; groups.len()];
             written.iter().for_each(|(g, w)| wrote[*g] = w.must_sync());
             let replicas = groups.iter_mut().map(|group| &mut group.replica);
-            super::persist_round(
-                node.journal.as_mut(),
-                (0..).zip(replicas.zip(wrote)).map(|(g, (r, w))| (g, r, w)),
-            )?;
+            let mut synced: Vec<_> = (0..)
+                .zip(replicas.zip(wrote))
+                .map(|(g, (r, w))| (g, r, w))
+                .collect();
+            super::persist_round(node.journal.as_mut(), &mut synced)?;
             for (g, w) in written {
                 let Group { replica: r, router } = &mut groups[g];
                 let mut messages = Vec::new();
