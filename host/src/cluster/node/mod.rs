@@ -852,31 +852,28 @@ impl Node {
         // The syncs run on the blocking pool: the replica's thread serves
         // its clients and links meanwhile (what they bring waits for the
         // round).
-        let round = {
+        let mut round = {
             let mut replicas = round_replicas(&mut self.groups, &wrote);
             super::round_to_sync(self.journal.as_mut(), &mut replicas)?
         };
+        let started = Instant::now();
         if round.files.iter().any(Option::is_some) {
-            let started = Instant::now();
-            let mut round = round;
+            let files = std::mem::take(&mut round.files);
             round.files = tokio::task::spawn_blocking(move || {
-                let mut files = round.files;
+                let mut files = files;
                 super::sync_files(&mut files).map(|()| files)
             })
             .await
             .context("the thread that syncs the Raft log")?
             .context("syncing the Raft log")?;
-            let mut replicas = round_replicas(&mut self.groups, &wrote);
-            super::round_synced(
-                self.journal.as_mut(),
-                &mut replicas,
-                &round,
-                started.elapsed(),
-            )?;
-        } else {
-            let mut replicas = round_replicas(&mut self.groups, &wrote);
-            super::round_synced(self.journal.as_mut(), &mut replicas, &round, Duration::ZERO)?;
         }
+        let mut replicas = round_replicas(&mut self.groups, &wrote);
+        super::round_synced(
+            self.journal.as_mut(),
+            &mut replicas,
+            &round,
+            started.elapsed(),
+        )?;
         for (g, w) in written {
             let id = self.groups[g].id;
             let links = &self.links;
