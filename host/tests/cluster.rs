@@ -1044,7 +1044,9 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
 /// once per tenant, sharing each tenant's request topic with the other
 /// replicas;
 /// each tenant's keys and notifications are its own; the SDK scenarios pass
-/// for the `lab` tenant; with a replica killed, the others answer both.
+/// for the `lab` tenant; a `shop` tenant added while running, on a third
+/// mosquitto, is served by every replica's new connection; with a replica
+/// killed, the others answer both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_of_a_cluster_serve_through_an_external_broker() {
     let broker = statestore_tests::broker::Mosquitto::start();
@@ -1097,8 +1099,43 @@ async fn tenants_of_a_cluster_serve_through_an_external_broker() {
             .await
             .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
     }
+    let shop_broker = statestore_tests::broker::Mosquitto::start();
+    let shop_port = shop_broker.port;
+    std::fs::write(
+        &c.args[1],
+        format!("{config}\n[[tenant]]\nname = \"shop\"\nclient_id_prefixes = [\"shop-\"]\nbroker = \"mqtt://127.0.0.1:{shop_port}\"\n"),
+    )
+    .expect("config");
+    let (ok, out) = cluster_command(&c.file(0), &["tenant", "add", "shop"]);
+    assert!(ok && out.contains("served by replicas 1, 2, 3"), "{out}");
+    for s in c.servers.iter().flatten() {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while s.log().matches("subscribed; serving").count() < 3 {
+            assert!(Instant::now() < deadline, "{}", s.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut shop = RawClient::connect(shop_port, "shop-client").await;
+    shop.subscribe(&shop.response_topic()).await;
+    assert_eq!(text(&shop.call(&[b"GET", b"shared-key"]).await), "$-1\r\n");
+    assert_eq!(
+        text(&shop.call(&[b"SET", b"shared-key", b"shop's"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&shop.call(&[b"GET", b"shared-key"]).await),
+        "$6\r\nshop's\r\n"
+    );
+    assert_eq!(
+        text(&lab.call(&[b"GET", b"shared-key"]).await),
+        "$5\r\nlab's\r\n"
+    );
     c.servers[0].take().expect("running").kill9();
-    for (client, key) in [(&mut plant, b"after-kill-p"), (&mut lab, b"after-kill-l")] {
+    for (client, key) in [
+        (&mut plant, b"after-kill-p"),
+        (&mut lab, b"after-kill-l"),
+        (&mut shop, b"after-kill-s"),
+    ] {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let props = client.request_properties();
@@ -1115,7 +1152,7 @@ async fn tenants_of_a_cluster_serve_through_an_external_broker() {
             );
         }
     }
-    for client in [plant, lab, watcher] {
+    for client in [plant, lab, watcher, shop] {
         client.disconnect().await;
     }
 }
@@ -2875,8 +2912,9 @@ async fn a_request_whose_agent_dies_goes_to_the_next_holder() {
 /// the default tenant; under a write load of both tenants on every replica
 /// the replica leading two groups is killed and restarted, and every
 /// acknowledged write reads back in its own tenant only. The tenants are
-/// the data directory's for life, and a replica serving others is not
-/// linked.
+/// the data directory's for life (served in its order, whatever
+/// `--config`'s; one missing from `--config` refused), and a replica
+/// founded with others is not linked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
     let config = "[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n\n[[tenant]]\nname = \"lab\"\ndefault = true\n";
@@ -2964,16 +3002,147 @@ async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
         assert_eq!(got.response, None, "the plant's {key} seen by the lab");
     }
     lab_reader.close().await;
-    // The tenants (and their order) are the data directory's for life.
+    // The tenants are the data directory's for life.
     c.servers[2] = None;
+    std::fs::write(&c.args[1], "[[tenant]]\nname = \"lab\"\ndefault = true\n").expect("config");
+    let log = c.start_refused(2);
+    assert!(
+        log.contains("\"plant\" and --config does not name it"),
+        "{log}"
+    );
     let reordered = "[[tenant]]\nname = \"lab\"\ndefault = true\n\n[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n";
     std::fs::write(&c.args[1], reordered).expect("config");
-    let log = c.start_refused(2);
-    assert!(log.contains("cannot change while it lives"), "{log}");
     // Started afresh with them in another order, it is not linked: a
     // tenant's entries would go to another's group. The others say why.
     let _ = std::fs::remove_dir_all(c.data_dir(2));
     third_started_unlinked(&mut c, "a replica serving other tenants: link closed").await;
+}
+
+/// A tenant added to a running cluster (`cluster tenant add`, once every
+/// replica's `--config` names it): refused while the leader's config does
+/// not name it; then every replica opens its group (after the founding
+/// tenant's: each replica now of two groups whose logs sync themselves)
+/// and serves its clients, apart from the founding tenant's; a replica
+/// that was down when it was added opens it as it catches up, and one
+/// restarted opens it from its data directory (its two groups now synced
+/// through the round journal); the unmodified SDK scenarios pass on it.
+/// (The external-broker test adds one to replicas of two groups.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_added_while_running_is_served_by_every_replica() {
+    let plant = "[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n";
+    let mut c = Cluster::with_tenants(3, 1, plant);
+    tokio::task::block_in_place(|| c.leader(Duration::from_secs(20)));
+    let file = c.file(0);
+    let (ok, out) = cluster_command(&file, &["tenant", "add", "lab"]);
+    assert!(!ok && out.contains("names no tenant \"lab\""), "{out}");
+    // Replica 3 is down while the cluster adds it.
+    c.servers[2].take().expect("running").kill9();
+    std::fs::write(
+        &c.args[1],
+        format!("{plant}\n[[tenant]]\nname = \"lab\"\ndefault = true\n"),
+    )
+    .expect("config");
+    let (ok, out) = cluster_command(&file, &["tenant", "add", "lab"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("tenant lab added; served by replicas 1, 2"),
+        "{out}"
+    );
+    let (ok, out) = cluster_command(&file, &["tenant", "add", "lab"]);
+    assert!(
+        ok && out.contains("tenant lab is the cluster's already"),
+        "{out}"
+    );
+    // The same key in both tenants, through different replicas.
+    let mut planter = RawClient::connect(c.mqtt[0], "plant-writer").await;
+    planter.subscribe(&planter.response_topic()).await;
+    let mut lab = RawClient::connect(c.mqtt[1], "lab-writer").await;
+    lab.subscribe(&lab.response_topic()).await;
+    let mut watcher = RawClient::connect(c.mqtt[0], "lab-watcher").await;
+    watcher.subscribe(&watcher.response_topic()).await;
+    let got = watcher.call(&[b"KEYNOTIFY", b"both"]).await;
+    assert_eq!(text(&got), "+OK\r\n");
+    assert_eq!(
+        text(&planter.call(&[b"SET", b"both", b"plant's"]).await),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        text(&lab.call(&[b"SET", b"both", b"lab's"]).await),
+        "+OK\r\n"
+    );
+    assert!(notified(&mut watcher, b"both", Duration::from_secs(5)).await);
+    assert!(
+        !notified(&mut watcher, b"both", Duration::from_secs(1)).await,
+        "the plant's change was not the lab's to see"
+    );
+    assert_eq!(
+        text(&planter.call(&[b"GET", b"both"]).await),
+        "$7\r\nplant's\r\n"
+    );
+    for client in [planter, lab, watcher] {
+        client.disconnect().await;
+    }
+    // Replica 1 counts the requests its clients sent the added tenant.
+    let keynotify = metric(c.metrics[0], "statestore_requests_total");
+    assert!(
+        keynotify
+            .iter()
+            .any(|(l, v)| l.contains("tenant=\"lab\"") && l.contains("KEYNOTIFY") && *v >= 1.0),
+        "{keynotify:?}"
+    );
+    // Replica 3 comes back: it applies the addition as it catches up.
+    let s = tokio::task::block_in_place(|| c.spawn(2));
+    c.servers[2] = Some(s);
+    let reader = sdk(c.mqtt[2], "lab-reader").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = reader.ss.get(b"both".to_vec(), T).await;
+        if let Ok(got) = &got
+            && got.response.as_deref() == Some(b"lab's".as_slice())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica 3 does not serve the lab: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    reader.close().await;
+    let (_, status) = tokio::task::block_in_place(|| c.status());
+    assert!(status.contains("tenants: plant, lab\n"), "{status}");
+    assert!(!status.contains("serves 1 of them"), "{status}");
+    for i in 0..3 {
+        let dir = c.data_dir(i);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("tenants")).expect("tenants"),
+            "plant\n+lab\n"
+        );
+        let state = dir.join("tenant-lab").join("raft-state");
+        assert!(state.is_file(), "{}", state.display());
+    }
+    // Restarted, replica 2 opens it from its data directory.
+    c.servers[1].take().expect("running").kill9();
+    let s = tokio::task::block_in_place(|| c.spawn(1));
+    c.servers[1] = Some(s);
+    let log = c.servers[1].as_ref().map(|s| s.log()).unwrap_or_default();
+    assert!(
+        !log.contains("serving a tenant the cluster added"),
+        "opened at start, not added: {log}"
+    );
+    for (name, scenario) in sdk_scenarios() {
+        eprintln!("{name}");
+        tokio::time::timeout(Duration::from_secs(120), scenario(c.mqtt[1]))
+            .await
+            .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
+    }
+    let mut planter = RawClient::connect(c.mqtt[1], "plant-reader").await;
+    planter.subscribe(&planter.response_topic()).await;
+    assert_eq!(
+        text(&planter.call(&[b"GET", b"both"]).await),
+        "$7\r\nplant's\r\n"
+    );
+    planter.disconnect().await;
 }
 
 /// Under the `writers`' load, replica 1 is killed and restarted; once its

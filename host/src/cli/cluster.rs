@@ -37,6 +37,30 @@ pub enum ClusterCommand {
     /// one for these tools (`operator.pem`, `.key`). Only what is missing
     /// is made; run it again with `--id` before adding a replica.
     Certs(ClusterCertsArgs),
+    /// The cluster's tenants (with `serve --cluster --config`).
+    #[command(subcommand)]
+    Tenant(ClusterTenantCommand),
+}
+
+#[derive(Subcommand)]
+pub enum ClusterTenantCommand {
+    /// Add a tenant to a running cluster: first add it to every replica's
+    /// `--config` (at the end or anywhere: the cluster keeps its own
+    /// order), then run this; the leader proposes it, and every replica
+    /// opens its store (its Raft groups, numbered after the others') and
+    /// serves its clients once it applies the entry. A replica whose
+    /// `--config` does not name it yet says so in its log and tries again
+    /// every 10 s.
+    Add(ClusterTenantAddArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ClusterTenantAddArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// The tenant's name, as `--config` names it.
+    name: String,
 }
 
 #[derive(clap::Args)]
@@ -112,5 +136,8 @@ pub fn run(command: ClusterCommand) -> ExitCode {
         ClusterCommand::Remove(args) => done(admin::remove(&args.cluster, args.id)),
         ClusterCommand::Rejoin(args) => done(admin::rejoin(&args.cluster)),
         ClusterCommand::Certs(args) => done(admin::certs(&args.cluster, &args.id)),
+        ClusterCommand::Tenant(ClusterTenantCommand::Add(args)) => done(
+            statestore::cluster::admin_tenants::add(&args.cluster, &args.name),
+        ),
     }
 }

@@ -12,7 +12,7 @@ use super::file::ClusterFile;
 use super::net::{self, Credentials};
 use super::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
@@ -20,7 +20,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Asks every replica of `file`, and every member they name that the file
 /// does not, for its status.
-async fn statuses(
+pub(super) async fn statuses(
     file: &ClusterFile,
     who: &Credentials,
 ) -> Vec<(u64, SocketAddr, Result<ReplicaStatus>)> {
@@ -88,6 +88,9 @@ pub(crate) struct ReplicaReport {
     /// columns above are the first's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<u32>,
+    /// With tenants: the tenants it serves, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
 }
 
 /// What `cluster status` found.
@@ -163,6 +166,7 @@ fn report(
                         Vec::new()
                     },
                     holds: m.holds.clone(),
+                    tenants: m.tenants.clone(),
                 },
                 Err(e) => ReplicaReport {
                     id: *id,
@@ -177,6 +181,7 @@ fn report(
                     mqtt: String::new(),
                     leads: Vec::new(),
                     holds: Vec::new(),
+                    tenants: Vec::new(),
                 },
             }
         })
@@ -200,6 +205,30 @@ fn report(
         members_from,
         members_up,
         majority,
+    }
+}
+
+/// With tenants: the most any replica serves, in the cluster's order, and
+/// the replicas that serve fewer (not yet caught up with an addition, or
+/// whose `--config` lacks one).
+fn print_tenants(replicas: &[ReplicaReport]) {
+    let Some(most) = replicas.iter().map(|x| &x.tenants).max_by_key(|t| t.len()) else {
+        return;
+    };
+    if most.is_empty() {
+        return;
+    }
+    println!("tenants: {}", most.join(", "));
+    for x in replicas
+        .iter()
+        .filter(|x| x.unreachable.is_none() && x.tenants.len() < most.len())
+    {
+        println!(
+            "replica {} serves {} of them (not yet: {})",
+            x.id,
+            x.tenants.len(),
+            most[x.tenants.len()..].join(", ")
+        );
     }
 }
 
@@ -277,6 +306,7 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
         "file" => println!("members: {list} (as the cluster file lists them: no replica answered)"),
         from => println!("members: {list} (last known, from {from}: no leader answered)"),
     }
+    print_tenants(&r.replicas);
     if r.partitions > 1 {
         // The table is partition 0's group; each partition has its own leader.
         let leads: Vec<String> = r

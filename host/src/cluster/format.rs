@@ -1,6 +1,7 @@
 //! The cluster's own formats: a log entry (a batch of requests with its
-//! origin and time) and the data of a Raft snapshot (the guest's, with the
-//! members added while running).
+//! origin and time, or a change the hosts apply themselves) and the data
+//! of a Raft snapshot (the guest's, with the members and the tenants added
+//! while running).
 
 use anyhow::{Result, bail};
 
@@ -48,18 +49,75 @@ pub(crate) fn decode_entry(data: &[u8]) -> Result<EntryRef<'_>> {
     })
 }
 
+/// The first byte of an entry the hosts apply themselves (a
+/// [`HostEntry`]), never the guest: `0x80, u8 kind, body`. A batch's
+/// entry starts with [`ENTRY_VERSION`].
+pub(crate) const HOST_ENTRY: u8 = 0x80;
+
+/// A change to the cluster the hosts apply, in the log of the group that
+/// keeps it (group 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEntry {
+    /// Tenant `name` joins the cluster's tenants (kind 1, body its name).
+    AddTenant(String),
+}
+
+/// Encodes a [`HostEntry`].
+pub(crate) fn encode_host_entry(entry: &HostEntry) -> Vec<u8> {
+    match entry {
+        HostEntry::AddTenant(name) => {
+            let mut out = vec![HOST_ENTRY, 1];
+            out.extend_from_slice(name.as_bytes());
+            out
+        }
+    }
+}
+
+/// The [`HostEntry`] `data` holds, if it is one (`None`: a batch's entry).
+pub(crate) fn decode_host_entry(data: &[u8]) -> Option<Result<HostEntry>> {
+    let (&first, rest) = data.split_first()?;
+    if first != HOST_ENTRY {
+        return None;
+    }
+    Some(match rest.split_first() {
+        Some((1, name)) => match std::str::from_utf8(name) {
+            Ok(name) if !name.is_empty() => Ok(HostEntry::AddTenant(name.to_string())),
+            _ => Err(anyhow::anyhow!("a tenant's entry without a valid name")),
+        },
+        Some((kind, _)) => Err(anyhow::anyhow!(
+            "a host entry of kind {kind} (this build knows 1)"
+        )),
+        None => Err(anyhow::anyhow!("a host entry without its kind")),
+    })
+}
+
+/// A tenant the cluster agreed to add while running: its name, and the
+/// voters its groups started with (group 0's when the entry was applied,
+/// so that every replica, opening them then or later from a snapshot,
+/// starts them alike).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgreedTenant {
+    /// Its name.
+    pub name: String,
+    /// The voters its groups start with.
+    pub voters: Vec<u64>,
+}
+
 /// Format of the data of a Raft snapshot: `u8 version, u64 applied now,
-/// members, guest snapshot (everything: keys, dedup cache,
+/// members, tenants, guest snapshot (everything: keys, dedup cache,
 /// registrations)`; members (version 2) are `u32 count`, then per replica
-/// added while running `u64 id, u32 length, address record`. Version 1
-/// (no members) is still read.
-const SNAPSHOT_VERSION: u8 = 2;
+/// added while running `u64 id, u32 length, address record`; tenants
+/// (version 3) are `u32 count`, then per tenant added while running
+/// `u32 length, name, u32 count, u64 voter...`. Versions 1 (no members)
+/// and 2 (no tenants) are still read.
+const SNAPSHOT_VERSION: u8 = 3;
 
 /// What a Raft snapshot holds besides the guest's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct SnapshotData<'a> {
     pub(super) applied_now: u64,
     pub(super) members: Members,
+    pub(super) tenants: Vec<AgreedTenant>,
     pub(super) guest: &'a [u8],
 }
 
@@ -68,8 +126,13 @@ pub(super) struct SnapshotData<'a> {
 /// them at. The founding replicas' are in the cluster files.
 pub(crate) type Members = std::collections::BTreeMap<u64, Vec<u8>>;
 
-pub(super) fn encode_snapshot(applied_now: u64, members: &Members, guest: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(13 + guest.len());
+pub(super) fn encode_snapshot(
+    applied_now: u64,
+    members: &Members,
+    tenants: &[AgreedTenant],
+    guest: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(17 + guest.len());
     out.push(SNAPSHOT_VERSION);
     out.extend_from_slice(&applied_now.to_le_bytes());
     out.extend_from_slice(&(members.len() as u32).to_le_bytes());
@@ -77,6 +140,15 @@ pub(super) fn encode_snapshot(applied_now: u64, members: &Members, guest: &[u8])
         out.extend_from_slice(&id.to_le_bytes());
         out.extend_from_slice(&(record.len() as u32).to_le_bytes());
         out.extend_from_slice(record);
+    }
+    out.extend_from_slice(&(tenants.len() as u32).to_le_bytes());
+    for t in tenants {
+        out.extend_from_slice(&(t.name.len() as u32).to_le_bytes());
+        out.extend_from_slice(t.name.as_bytes());
+        out.extend_from_slice(&(t.voters.len() as u32).to_le_bytes());
+        for v in &t.voters {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
     out.extend_from_slice(guest);
     out
@@ -107,9 +179,28 @@ pub(super) fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
             members.insert(id, take(&mut rest, len as usize)?.to_vec());
         }
     }
+    let mut tenants = Vec::new();
+    if version >= 3 {
+        let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+        for _ in 0..count {
+            let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+            let name = std::str::from_utf8(take(&mut rest, len as usize)?)
+                .map_err(|_| anyhow::anyhow!("a tenant's name in a Raft snapshot is not UTF-8"))?
+                .to_string();
+            let n = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+            let mut voters = Vec::new();
+            for _ in 0..n {
+                voters.push(u64::from_le_bytes(
+                    take(&mut rest, 8)?.try_into().expect("8 bytes"),
+                ));
+            }
+            tenants.push(AgreedTenant { name, voters });
+        }
+    }
     Ok(SnapshotData {
         applied_now,
         members,
+        tenants,
         guest: rest,
     })
 }
@@ -123,12 +214,23 @@ mod tests {
     #[test]
     fn snapshots_carry_the_members_added_while_running() {
         let members = Members::from([(4, b"raft=127.0.0.1:7104".to_vec()), (5, Vec::new())]);
-        let data = encode_snapshot(42, &members, b"guest");
+        let tenants = vec![AgreedTenant {
+            name: "c".into(),
+            voters: vec![1, 2, 4],
+        }];
+        let data = encode_snapshot(42, &members, &tenants, b"guest");
         let d = decode_snapshot(&data).expect("decode");
         assert_eq!(
-            (d.applied_now, &d.members, d.guest),
-            (42, &members, &b"guest"[..])
+            (d.applied_now, &d.members, &d.tenants, d.guest),
+            (42, &members, &tenants, &b"guest"[..])
         );
+        // Format 2: members, no tenants.
+        let mut v2 = vec![2];
+        v2.extend_from_slice(&42u64.to_le_bytes());
+        v2.extend_from_slice(&0u32.to_le_bytes());
+        v2.extend_from_slice(b"guest");
+        let d = decode_snapshot(&v2).expect("format 2");
+        assert_eq!((d.tenants.len(), d.guest), (0, &b"guest"[..]));
         let mut v1 = vec![1];
         v1.extend_from_slice(&42u64.to_le_bytes());
         v1.extend_from_slice(b"guest");
@@ -143,5 +245,21 @@ mod tests {
         }
         assert!(decode_snapshot(&data[..20]).is_err());
         assert!(decode_snapshot(&[9, 0, 0]).is_err());
+    }
+
+    /// A host entry is told from a batch's by its first byte, and one that
+    /// is wrong is an error, never a panic.
+    #[test]
+    fn host_entries_are_told_from_batches() {
+        let add = HostEntry::AddTenant("c".into());
+        let data = encode_host_entry(&add);
+        assert_eq!(data, [0x80, 1, b'c']);
+        assert_eq!(decode_host_entry(&data).expect("host").expect("ok"), add);
+        assert!(decode_host_entry(&encode_entry(1, 2, b"batch")).is_none());
+        assert!(decode_host_entry(&[]).is_none());
+        for bad in [&[0x80][..], &[0x80, 1], &[0x80, 9, b'c'], &[0x80, 1, 0xff]] {
+            assert!(decode_host_entry(bad).expect("host").is_err(), "{bad:?}");
+        }
+        assert!(decode_entry(&data).is_err(), "never taken for a batch");
     }
 }

@@ -43,8 +43,10 @@
 //! linearizability checker the simulation and the tests use).
 
 pub mod admin;
+pub mod admin_tenants;
 pub(crate) mod file;
 mod format;
+mod host_entries;
 #[cfg(any(test, feature = "testing"))]
 pub mod linear;
 pub(crate) mod log;
@@ -71,8 +73,8 @@ use anyhow::{Context, Result, bail};
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
-pub use format::EntryRef;
-pub(crate) use format::{Members, decode_entry, encode_entry};
+pub use format::{AgreedTenant, EntryRef, HostEntry};
+pub(crate) use format::{Members, decode_entry, decode_host_entry, encode_entry};
 use format::{decode_snapshot, encode_snapshot};
 pub use log::LogStore;
 use statestore_guest::wire;
@@ -261,6 +263,9 @@ pub struct Replica<B: Backend> {
     members: Members,
     /// Membership changes applied (a counter the host watches).
     changes: u64,
+    /// The tenants the cluster added while running (group 0's; see
+    /// [`HostEntry`]), in the order it agreed.
+    tenants: Vec<AgreedTenant>,
     /// A membership change added a replica: snapshot now, so that it
     /// starts from a snapshot that names it, never from the log's start.
     compact_now: bool,
@@ -300,7 +305,7 @@ impl<B: Backend> Replica<B> {
         compaction: Compaction,
     ) -> Result<Replica<B>> {
         let snapshot = raft::Storage::snapshot(&log, 0, 0).ok();
-        let (store, applied, applied_now, members) = match &snapshot {
+        let (store, applied, applied_now, members, tenants) = match &snapshot {
             Some(s) => {
                 let d = decode_snapshot(&s.data)?;
                 (
@@ -308,9 +313,10 @@ impl<B: Backend> Replica<B> {
                     s.get_metadata().index,
                     d.applied_now,
                     d.members,
+                    d.tenants,
                 )
             }
-            None => (make(None)?, 0, 0, Members::new()),
+            None => (make(None)?, 0, 0, Members::new(), Vec::new()),
         };
         let replayed_to = log.hard_state().commit;
         let config = raft::Config {
@@ -344,6 +350,7 @@ impl<B: Backend> Replica<B> {
             read_states: Vec::new(),
             members,
             changes: 0,
+            tenants,
             compact_now: false,
             poisoned: Default::default(),
             quiet: Default::default(),
@@ -814,6 +821,7 @@ impl<B: Backend> Replica<B> {
         let now = d.applied_now;
         let store = (self.make)(Some(d.guest)).context("restoring a leader's snapshot")?;
         self.members = d.members;
+        self.tenants = d.tenants;
         self.changes += 1;
         self.node.mut_store().install(snap)?;
         self.store = store;
@@ -854,7 +862,7 @@ impl<B: Backend> Replica<B> {
             .store
             .snapshot_with(crate::SnapshotScope::Everything)
             .context("a snapshot of the guest")?;
-        let data = encode_snapshot(self.applied_now, &self.members, &guest);
+        let data = encode_snapshot(self.applied_now, &self.members, &self.tenants, &guest);
         let applied = self.applied;
         let log = self.node.mut_store();
         log.compact(applied, data)?;
@@ -900,6 +908,10 @@ impl<B: Backend> Replica<B> {
                     "log entry {} reached a replica that has no membership yet (it joins from a snapshot, never from the log's start)",
                     entry.index
                 );
+            }
+            if let Some(host) = decode_host_entry(&entry.data) {
+                self.apply_host(entry.index, host);
+                continue;
             }
             let e =
                 decode_entry(&entry.data).with_context(|| format!("log entry {}", entry.index))?;

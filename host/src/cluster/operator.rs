@@ -50,6 +50,8 @@ pub(crate) struct ReplicaStatus {
     /// With the groups placed on some replicas (`copies`): the groups it
     /// holds (the columns above are the first's); empty: every group.
     pub holds: Vec<u32>,
+    /// The tenants it serves, in order (empty: one store without tenants).
+    pub tenants: Vec<String>,
 }
 
 impl ReplicaStatus {
@@ -57,7 +59,7 @@ impl ReplicaStatus {
     pub fn encode(&self) -> String {
         let list = |v: Vec<String>| v.join(",");
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\nholds={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\nholds={}\ntenants={}\n",
             self.id,
             self.role,
             self.term,
@@ -85,6 +87,7 @@ impl ReplicaStatus {
             list(self.leads.iter().map(u32::to_string).collect()),
             self.behind,
             list(self.holds.iter().map(u32::to_string).collect()),
+            self.tenants.join(","),
         )
     }
 
@@ -145,6 +148,13 @@ impl ReplicaStatus {
                         s.leads
                             .push(p.parse().with_context(|| format!("leads={v:?}"))?);
                     }
+                }
+                "tenants" => {
+                    s.tenants = v
+                        .split(',')
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_string)
+                        .collect();
                 }
                 "holds" => {
                     for p in v.split(',').filter(|p| !p.is_empty()) {
@@ -311,6 +321,7 @@ mod tests {
             leads: vec![0, 3],
             behind: 1,
             holds: vec![0, 2, 3],
+            tenants: vec!["plant".into(), "lab".into()],
         };
         assert_eq!(ReplicaStatus::decode(&s.encode()).expect("decode"), s);
         // An older replica's (fewer keys) and a newer one's (more) read.

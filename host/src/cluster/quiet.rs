@@ -134,7 +134,7 @@ impl<B: Backend> Replica<B> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use raft::prelude::Message;
@@ -146,13 +146,13 @@ mod tests {
 
     /// Three replicas of one group in memory, messages delivered at the
     /// next tick, a replica down when `None`.
-    struct Three {
-        replicas: Vec<Option<Replica<NativeStore>>>,
+    pub(crate) struct Three {
+        pub(crate) replicas: Vec<Option<Replica<NativeStore>>>,
         wire: Vec<Message>,
     }
 
     impl Three {
-        fn new() -> Three {
+        pub(crate) fn new() -> Three {
             let replicas = (1..=3)
                 .map(|id| {
                     let disk = Arc::new(MemStorage::new());
@@ -189,7 +189,7 @@ mod tests {
 
         /// One tick: what was sent is delivered, every replica up ticks
         /// and does its ready. Returns how many messages it sent.
-        fn tick(&mut self) -> usize {
+        pub(crate) fn tick(&mut self) -> usize {
             for m in std::mem::take(&mut self.wire) {
                 if let Some(r) = self.replicas[m.to as usize - 1].as_mut() {
                     r.step(m).expect("step");
@@ -209,7 +209,7 @@ mod tests {
             n
         }
 
-        fn leader(&self) -> Option<u64> {
+        pub(crate) fn leader(&self) -> Option<u64> {
             self.replicas
                 .iter()
                 .flatten()

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, bail};
 use raft::prelude::EntryType;
 use statestore_guest::wire;
 
-use super::{FailedInputs, Replica, decode_entry, decode_snapshot, whole};
+use super::{FailedInputs, Replica, decode_entry, decode_host_entry, decode_snapshot, whole};
 use crate::{Backend, Output};
 
 impl<B: Backend> Replica<B> {
@@ -87,7 +87,10 @@ impl<B: Backend> Replica<B> {
             Vec::new()
         };
         for entry in entries {
-            if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+            if entry.get_entry_type() != EntryType::EntryNormal
+                || entry.data.is_empty()
+                || decode_host_entry(&entry.data).is_some()
+            {
                 continue;
             }
             let e =

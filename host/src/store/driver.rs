@@ -94,6 +94,19 @@ pub trait Transport {
     fn tick(&mut self) -> impl Future<Output = Result<()>> {
         std::future::ready(Ok(()))
     }
+    /// Starts serving the clients of tenant number `tenant`, which a
+    /// cluster added while running, reached as `reach` says; a transport
+    /// that cannot says why.
+    fn add_tenant(
+        &mut self,
+        tenant: usize,
+        reach: crate::cluster::node::Reach,
+    ) -> impl Future<Output = Result<()>> {
+        let _ = reach;
+        std::future::ready(Err(anyhow::anyhow!(
+            "this transport serves a fixed set of stores (tenant {tenant} cannot be added)"
+        )))
+    }
     /// Shut down cleanly.
     fn close(&mut self) -> impl Future<Output = ()>;
 }

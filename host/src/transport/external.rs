@@ -315,7 +315,8 @@ pub async fn serve_replica(
         t.ack_when_answered = true;
         sides.push(t);
     }
-    if sides.len() == 1 {
+    // A replica of tenants may be given more (the cluster adds them).
+    if sides.len() == 1 && !node.serves_tenants() {
         let mut transport = sides.pop().expect("one");
         return node.drive(&mut transport, shutdown).await;
     }
@@ -406,6 +407,28 @@ impl crate::store::driver::Transport for Connections {
         for side in &mut self.sides {
             side.tick().await?;
         }
+        Ok(())
+    }
+
+    /// Opens the tenant's connection (the replica's loop waits for it:
+    /// at most its connect timeout).
+    async fn add_tenant(
+        &mut self,
+        tenant: usize,
+        reach: crate::cluster::node::Reach,
+    ) -> Result<()> {
+        let crate::cluster::node::Reach::Broker(opts) = reach else {
+            anyhow::bail!("a replica on a broker serves a tenant through a connection of its own");
+        };
+        if tenant != self.sides.len() {
+            anyhow::bail!("tenant {tenant} added after {} tenants", self.sides.len());
+        }
+        let id = opts.client_id.clone();
+        let mut t = ClientTransport::connect(*opts)
+            .await
+            .with_context(|| format!("the broker connection {id:?}"))?;
+        t.ack_when_answered = true;
+        self.sides.push(t);
         Ok(())
     }
 

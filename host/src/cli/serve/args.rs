@@ -14,7 +14,7 @@ use statestore::transport::external::ClientEvents;
 use crate::cli::parse_url;
 use crate::cli::units::{parse_duration_ms, parse_duration_secs, parse_size_kib, parse_size_mib};
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct ServeArgs {
     /// Address of the embedded broker (when no --broker is given).
     #[arg(

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use statestore::cluster::node::{ClusterFile, Node, NodeTenant, Notify, Stores};
+use statestore::cluster::node::{
+    ClusterFile, Node, NodeTenant, Notify, Reach, Stores, TenantSource,
+};
 use statestore::config::TenantSpec;
 use statestore::store::tenant::Fleet;
 use statestore::transport::embedded::Route;
@@ -31,22 +33,11 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
     let named = has_tenants(&args);
     // The tenants of --config, or the one store the flags describe.
     let specs = tenant_specs(&args, password(&args)?)?;
-    let routes: Vec<(String, Route)> = specs
-        .iter()
-        .filter(|_| named)
-        .map(|s| {
-            let route = Route {
-                matcher: s.matcher.clone(),
-                default: s.default,
-            };
-            (s.name.clone(), route)
-        })
-        .collect();
     // One thread, as one process: the round's syncs run on the blocking
     // pool while this thread serves the links and the broker (two workers
     // measured 0.8-0.9x the writes a second, BENCHMARKS.md).
     let rt = server_runtime(&args, 1)?;
-    let stores = replica_stores(&args, &file, &secret, &specs, named)?;
+    let (stores, fleet) = replica_stores(&args, &file, &secret, &specs, named)?;
     rt.block_on(async move {
         let metrics = start_metrics(&args).await?;
         let notify = if args.broker.is_some() {
@@ -62,33 +53,22 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
             notify,
         )
         .await?;
+        if named {
+            node.set_tenant_source(tenant_source(args.clone(), secret.clone(), file.id, fleet));
+        }
         if let Some(m) = &metrics {
-            let stores = node.tenants().iter().map(|t| m.tenant(t)).collect();
-            node.set_metrics(m.replica()?, stores);
+            node.set_metrics(m.replica()?, m.clone());
             m.set_ready();
         }
         if let Some(broker) = args.broker.clone() {
             // One connection per store (a tenant's on its own broker or
             // mount point), named for this replica.
-            let opts = specs
-                .into_iter()
-                .map(|mut spec| {
-                    spec.broker.client_id = if named {
-                        format!("{}-{}", spec.broker.client_id, file.id)
-                    } else {
-                        format!("{}-{}", args.client_id, file.id)
-                    };
-                    let url = spec.broker.url.clone().unwrap_or_else(|| broker.clone());
-                    statestore::transport::external::ServeOptions {
-                        // No session outlives a replica's connection: the
-                        // broker gives its share of the requests to the
-                        // replicas that are up (a kept session would queue
-                        // them for a dead one).
-                        session_expiry: Duration::ZERO,
-                        shared_group: Some("statestore".into()),
-                        ..external_options(&args, url, &spec)
-                    }
-                })
+            // Its stores, in the node's order (the data directory's).
+            let opts = node
+                .tenants()
+                .iter()
+                .filter_map(|name| specs.iter().find(|s| !named || s.name == *name))
+                .map(|spec| replica_broker_options(&args, &broker, spec.clone(), file.id, named))
                 .collect();
             return statestore::transport::external::serve_replica(node, opts, shutdown_signal())
                 .await;
@@ -100,6 +80,19 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         let policy = statestore::auth::policy::PolicyCell::new(load_policy(&args)?);
         // A replica's broker keeps its retained messages in memory.
         let options = broker_options(&args, users, metrics.as_deref(), policy, None);
+        // Each tenant's clients, in the node's order (the data directory's).
+        let routes: Vec<(String, Route)> = node
+            .tenants()
+            .iter()
+            .filter_map(|name| specs.iter().find(|s| named && s.name == *name))
+            .map(|s| {
+                let route = Route {
+                    matcher: s.matcher.clone(),
+                    default: s.default,
+                };
+                (s.name.clone(), route)
+            })
+            .collect();
         let server = statestore::transport::embedded::EmbeddedServer::start_replica(
             listen,
             &args.client_id,
@@ -115,20 +108,51 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
     })
 }
 
+/// A replica's connection to the broker for the store of `spec` (`named`:
+/// a tenant's), named for replica `id`.
+fn replica_broker_options(
+    args: &super::ServeArgs,
+    broker: &statestore::mqtt::BrokerUrl,
+    mut spec: TenantSpec,
+    id: u64,
+    named: bool,
+) -> statestore::transport::external::ServeOptions {
+    spec.broker.client_id = if named {
+        format!("{}-{id}", spec.broker.client_id)
+    } else {
+        format!("{}-{id}", args.client_id)
+    };
+    let url = spec.broker.url.clone().unwrap_or_else(|| broker.clone());
+    statestore::transport::external::ServeOptions {
+        // No session outlives a replica's connection: the broker gives its
+        // share of the requests to the replicas that are up (a kept
+        // session would queue them for a dead one).
+        session_expiry: Duration::ZERO,
+        shared_group: Some("statestore".into()),
+        ..external_options(args, url, &spec)
+    }
+}
+
+/// Tenants a replica's fleet has room for beyond those it started with
+/// (added while running), each in the cluster's partitions.
+const ROOM_FOR_ADDED: usize = 16;
+
 /// The stores a replica serves, each with its component compiled (calls
 /// bounded by fuel: a request that fails the guest fails it on every
 /// replica alike, a poison entry skipped by all) and its guest's config:
-/// the tenants of `specs` if `named`, else the one store of the flags.
+/// the tenants of `specs` if `named`, else the one store of the flags; and
+/// the fleet that compiled them, with room for tenants added while running.
 fn replica_stores(
     args: &super::ServeArgs,
     file: &ClusterFile,
     secret: &[u8],
     specs: &[TenantSpec],
     named: bool,
-) -> Result<Stores> {
+) -> Result<(Stores, Fleet)> {
     let cache_dir = statestore::runtime::cache::default_dir().filter(|_| !args.no_cache);
+    let room = if named { ROOM_FOR_ADDED } else { 0 };
     let mut fleet = Fleet::for_replica(
-        specs.len() * file.partitions as usize,
+        (specs.len() + room) * file.partitions as usize,
         super::max_memory(specs),
         cache_dir,
     )?;
@@ -140,23 +164,60 @@ fn replica_stores(
                 "a tenant's data directory (data_root) is not used in a cluster: its log is in the cluster file's data_dir, under tenant-<name>"
             );
         }
-        let mut config = statestore::store::guest_config(&spec.store);
-        // The Raft log is the journal; every replica applies alike.
-        config.persist = statestore::Persist::None;
-        config.hash_seed = ClusterFile::hash_seed(secret);
-        let wasm = spec.component.read()?;
-        let runtime = fleet
-            .runtime_from_bytes(&wasm, spec.limits)
-            .with_context(|| format!("cannot load {}", spec.component))?;
-        stores.push(NodeTenant {
-            name: spec.name.clone(),
-            runtime,
-            config,
-        });
+        stores.push(node_tenant(&mut fleet, spec, secret)?);
     }
-    Ok(if named {
+    let stores = if named {
         Stores::Tenants(stores)
     } else {
         Stores::One(Box::new(stores.pop().context("the store's settings")?))
+    };
+    Ok((stores, fleet))
+}
+
+/// The store of `spec`: its component compiled by `fleet`, its guest's
+/// config as every replica has it.
+fn node_tenant(fleet: &mut Fleet, spec: &TenantSpec, secret: &[u8]) -> Result<NodeTenant> {
+    let mut config = statestore::store::guest_config(&spec.store);
+    // The Raft log is the journal; every replica applies alike.
+    config.persist = statestore::Persist::None;
+    config.hash_seed = ClusterFile::hash_seed(secret);
+    let wasm = spec.component.read()?;
+    let runtime = fleet
+        .runtime_from_bytes(&wasm, spec.limits)
+        .with_context(|| format!("cannot load {}", spec.component))?;
+    Ok(NodeTenant {
+        name: spec.name.clone(),
+        runtime,
+        config,
+    })
+}
+
+/// Where a replica finds a tenant the cluster adds while running: in its
+/// `--config` as the file is then (read again each time), compiled by the
+/// replica's fleet, reached through the embedded broker or `--broker`.
+fn tenant_source(
+    args: super::ServeArgs,
+    secret: Vec<u8>,
+    id: u64,
+    mut fleet: Fleet,
+) -> TenantSource {
+    Box::new(move |name: &str| {
+        let specs = tenant_specs(&args, password(&args)?)?;
+        let config = args.config.as_deref().unwrap_or(Path::new("--config"));
+        let spec = specs
+            .into_iter()
+            .find(|s| s.name == name)
+            .with_context(|| format!("{} names no tenant {name:?}", config.display()))?;
+        let store = node_tenant(&mut fleet, &spec, &secret)?;
+        let reach = match &args.broker {
+            Some(broker) => Reach::Broker(Box::new(replica_broker_options(
+                &args, broker, spec, id, true,
+            ))),
+            None => Reach::Route(Route {
+                matcher: spec.matcher.clone(),
+                default: spec.default,
+            }),
+        };
+        Ok((store, reach))
     })
 }

@@ -28,7 +28,9 @@
 //!               right after the hello by a replica with more than one)
 //!  10 layout  u32 partitions, u64 tenants: the same, by a replica serving
 //!               tenants (`--config`), with the fingerprint of their names
-//!               in order (their groups' numbers follow that order)
+//!               in order (their groups' numbers follow that order); then
+//!               `u64 placement` (below), and the names themselves:
+//!               `u32 count`, per tenant `u8 length, name`
 //!  11 change in  u32 group, text as kind 5: a membership change for that
 //!               group's leader to propose (a replica of several groups
 //!               changes each through its own leader)
@@ -41,7 +43,11 @@
 //! ```
 //!
 //! Kind 10 carries a third field, `u64 placement` (the fingerprint of where
-//! the groups are), when the cluster file has `copies` below its replicas.
+//! the groups are; 0: everywhere), when the cluster file has `copies` below
+//! its replicas or the replica serves tenants. With the tenants' names, two
+//! replicas are linked when one's tenants are the other's first ones (the
+//! cluster adds tenants while running: a replica started before an addition
+//! names fewer, and numbers the groups it has alike).
 //!
 //! Replicas whose stores have different numbers of partitions would put a
 //! key in different groups, and replicas with different tenants would put
@@ -172,6 +178,8 @@ pub struct Credentials {
     partitions: u32,
     /// The fingerprint of its tenants (0: none, the one store).
     tenants: u64,
+    /// Its tenants' names, in order (none: the one store).
+    names: Arc<[String]>,
     /// The fingerprint of where its cluster's groups are (0: every group
     /// on every replica).
     placement: u64,
@@ -186,6 +194,7 @@ impl Credentials {
             tls: tls.map(Arc::new),
             partitions: 1,
             tenants: 0,
+            names: Arc::new([]),
             placement: 0,
         }
     }
@@ -197,10 +206,14 @@ impl Credentials {
         Credentials { placement, ..self }
     }
 
-    /// The same, for a replica serving tenants whose names in order have
-    /// the fingerprint `tenants` (not 0).
-    pub fn with_tenants(self, tenants: u64) -> Credentials {
-        Credentials { tenants, ..self }
+    /// The same, for a replica serving the tenants `names`, in order
+    /// (at least one).
+    pub fn with_tenants(self, names: &[String]) -> Credentials {
+        Credentials {
+            tenants: crate::cluster::node::fingerprint(names),
+            names: names.into(),
+            ..self
+        }
     }
 
     /// The frame that says its store's layout right after its hello, if
@@ -209,8 +222,17 @@ impl Credentials {
         if self.tenants != 0 || self.placement != 0 {
             let mut body = self.partitions.to_le_bytes().to_vec();
             body.extend_from_slice(&self.tenants.to_le_bytes());
-            if self.placement != 0 {
+            if self.placement != 0 || !self.names.is_empty() {
                 body.extend_from_slice(&self.placement.to_le_bytes());
+            }
+            if !self.names.is_empty() {
+                body.extend_from_slice(&(self.names.len() as u32).to_le_bytes());
+                for name in self.names.iter() {
+                    // Names are at most 64 bytes (the config says so).
+                    let name = &name.as_bytes()[..name.len().min(255)];
+                    body.push(name.len() as u8);
+                    body.extend_from_slice(name);
+                }
             }
             return Some(frame(LAYOUT, &body));
         }
@@ -732,18 +754,23 @@ async fn inbound(
 /// `Ok(true)` when the frame was the layout frame (nothing more to do with
 /// it). An operator's tool need not say, and knows no tenants.
 fn same_layout(kind: u8, body: &[u8], from: u64, me: &Credentials) -> Result<bool> {
+    let mut names = None;
     let (partitions, tenants, placement) = match kind {
         PARTITIONS if body.len() == 4 => {
             (u32::from_le_bytes(body[..4].try_into().expect("4")), 0, 0)
         }
         PARTITIONS => bail!("a partitions frame of {} bytes", body.len()),
-        LAYOUT if body.len() == 12 || body.len() == 20 => (
-            u32::from_le_bytes(body[..4].try_into().expect("4")),
-            u64::from_le_bytes(body[4..12].try_into().expect("8")),
-            body.get(12..)
-                .filter(|b| b.len() == 8)
-                .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8"))),
-        ),
+        LAYOUT if body.len() >= 12 && body.len() != 16 => {
+            if body.len() > 20 {
+                names = Some(layout_names(&body[20..])?);
+            }
+            (
+                u32::from_le_bytes(body[..4].try_into().expect("4")),
+                u64::from_le_bytes(body[4..12].try_into().expect("8")),
+                body.get(12..20)
+                    .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8"))),
+            )
+        }
         LAYOUT => bail!("a layout frame of {} bytes", body.len()),
         _ if from == 0 => (me.partitions, me.tenants, me.placement),
         _ => (1, 0, 0),
@@ -767,14 +794,48 @@ fn same_layout(kind: u8, body: &[u8], from: u64, me: &Credentials) -> Result<boo
             me.partitions
         );
     }
-    if from != 0 && tenants != me.tenants {
+    let same_tenants = match &names {
+        // One's tenants are the other's first ones: the cluster added
+        // tenants since one of them started.
+        Some(names) if !me.names.is_empty() => {
+            let n = names.len().min(me.names.len());
+            names[..n] == me.names[..n]
+        }
+        _ => tenants == me.tenants,
+    };
+    if from != 0 && !same_tenants {
         warn!(
             peer = from,
-            "a replica serving other tenants: link closed (every replica must be started with the same tenants, in the same order, in its --config)"
+            "a replica serving other tenants: link closed (every replica serves the tenants the cluster was founded with, in their order, then those it added: `statestore cluster status` shows them; a new replica's --config must name them in that order)"
         );
         bail!("replica {from} serves other tenants than this one");
     }
     Ok(matches!(kind, PARTITIONS | LAYOUT))
+}
+
+/// The tenants' names a layout frame ends with (see the top).
+fn layout_names(mut rest: &[u8]) -> Result<Vec<String>> {
+    let Some((count, tail)) = rest.split_first_chunk::<4>() else {
+        bail!("a layout frame's tenants cut short");
+    };
+    rest = tail;
+    let count = u32::from_le_bytes(*count);
+    let mut names = Vec::new();
+    for _ in 0..count {
+        let Some((&len, tail)) = rest.split_first() else {
+            bail!("a layout frame's tenants cut short");
+        };
+        if tail.len() < len as usize {
+            bail!("a layout frame's tenants cut short");
+        }
+        let (name, tail) = tail.split_at(len as usize);
+        names.push(String::from_utf8_lossy(name).into_owned());
+        rest = tail;
+    }
+    if !rest.is_empty() {
+        bail!("a layout frame with {} bytes after its tenants", rest.len());
+    }
+    Ok(names)
 }
 
 /// Asks replica `peer` at `addr` for its status (`cluster status`).

@@ -115,8 +115,10 @@ async fn frames_carry_their_group() {
 /// Replicas whose stores have other numbers of partitions put a key in
 /// other groups, and replicas serving other tenants (or the same in
 /// another order) put a tenant's entries in another's group: no link
-/// between them carries anything; the same layout does, and an operator's
-/// tool (which knows no tenants) asks any of them.
+/// between them carries anything; the same layout does (tenants: one's
+/// the other's first ones, the cluster having added some since one
+/// started), and an operator's tool (which knows no tenants) asks any of
+/// them.
 #[tokio::test]
 async fn replicas_with_other_layouts_are_not_linked() {
     // (our partitions, tenants and placement, theirs, linked)
@@ -130,10 +132,15 @@ async fn replicas_with_other_layouts_are_not_linked() {
         ((1, 7, 0), (1, 8, 0), false),
         ((1, 7, 0), (1, 0, 0), false),
         ((1, 0, 0), (1, 7, 0), false),
+        ((1, 7, 0), (1, 6, 0), true),
+        ((1, 6, 0), (1, 7, 0), true),
+        ((1, 6, 0), (1, 5, 0), true),
+        ((1, 5, 0), (1, 7, 0), false),
         ((2, 7, 0), (2, 7, 0), true),
         ((2, 7, 0), (1, 7, 0), false),
         ((4, 0, 9), (4, 0, 9), true),
         ((4, 7, 9), (4, 7, 9), true),
+        ((4, 7, 9), (4, 6, 9), true),
         ((4, 0, 9), (4, 0, 8), false),
         ((4, 0, 9), (4, 0, 0), false),
         ((4, 0, 0), (4, 0, 9), false),
@@ -143,16 +150,29 @@ async fn replicas_with_other_layouts_are_not_linked() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, mut rx) = mpsc::channel(16);
-        let us = plain(1)
-            .with_partitions(ours)
-            .with_tenants(our_tenants)
-            .with_placement(our_place);
+        // Tenants: 7 names a, b; 8 b, a; 6 a; 5 a, c; 0 none.
+        let tenants = |n: u64| -> Vec<String> {
+            let list: &[&str] = match n {
+                7 => &["a", "b"],
+                8 => &["b", "a"],
+                6 => &["a"],
+                5 => &["a", "c"],
+                _ => &[],
+            };
+            list.iter().map(|s| (*s).to_string()).collect()
+        };
+        let with = |c: Credentials, n: u64| {
+            if n == 0 {
+                c
+            } else {
+                c.with_tenants(&tenants(n))
+            }
+        };
+        let us = with(plain(1).with_partitions(ours), our_tenants).with_placement(our_place);
         let accepting = tokio::spawn(accept(listener, us, tx));
         let (events, _own) = mpsc::channel(16);
-        let them = plain(2)
-            .with_partitions(theirs)
-            .with_tenants(their_tenants)
-            .with_placement(their_place);
+        let them =
+            with(plain(2).with_partitions(theirs), their_tenants).with_placement(their_place);
         let links = Links::start(them, &[(1, addr)], events);
         let mut m = Message::default();
         (m.from, m.to, m.term) = (2, 1, 3);

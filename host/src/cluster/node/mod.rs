@@ -27,15 +27,15 @@ use tracing::{info, warn};
 
 pub use super::file::ClusterFile;
 pub use super::file::{ReadPath, ReplicaEntry};
+use crate::WasmStore;
 use crate::cluster::log::journal::Journal;
 use crate::cluster::net::{Links, PeerEvent};
 use crate::cluster::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
-use crate::cluster::router::{Effects, Limits, Now, Router};
+use crate::cluster::router::{Effects, Now, Router};
 use crate::cluster::{Durability, Replica, Timing};
 use crate::store::clock::Clock;
 use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
-use crate::{Output, WasmStore};
 
 /// A tick of a replica's Raft clock.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
@@ -50,11 +50,14 @@ pub(crate) const TIMING: Timing = Timing {
 
 pub use super::router::Notify;
 
+mod added;
 mod members;
+mod metrics;
 mod observers;
 mod outside;
 mod partitions;
 mod tenants;
+pub use added::{Reach, TenantSource};
 use members::successor;
 use observers::{Gone, Observers};
 use partitions::{SPREAD_EVERY, check_partitions, held_groups, open_logs, sync_pool};
@@ -98,8 +101,15 @@ pub struct Node {
     waiting: Vec<(u32, Effects)>,
     /// The partitions of each store.
     per: u32,
-    /// Its stores' names: the one store's (`default`), or the tenants'.
+    /// Its stores' names: the one store's (`default`), or the tenants'
+    /// (those it was founded with, then those added while running).
     tenants: Vec<String>,
+    /// Whether it serves tenants (`--config`).
+    named: bool,
+    /// Opens a group while serving.
+    maker: added::Maker,
+    /// The tenants added while running, on their way to being served.
+    added: added::Added,
     links: Links,
     events: mpsc::Receiver<PeerEvent>,
     clock: Arc<dyn Clock>,
@@ -161,17 +171,17 @@ impl Node {
         notify: Notify,
     ) -> Result<Node> {
         let (stores, named) = stores.into_list();
-        let names: Vec<String> = stores.iter().map(|t| t.name.clone()).collect();
-        let mut who = file.credentials()?;
-        if named {
-            who = who.with_tenants(fingerprint(&names));
-        }
         let root = crate::store::storage::DirStorage::open(&file.data_dir).with_context(|| {
             format!("cannot open the data directory {}", file.data_dir.display())
         })?;
         let root: Arc<dyn crate::store::storage::Storage> = Arc::new(root);
         let partitions = file.partitions;
-        tenants::check_tenants(&*root, named.then_some(&names[..]))?;
+        let (stores, founding) = tenants::served(&*root, stores, named)?;
+        let names: Vec<String> = stores.iter().map(|t| t.name.clone()).collect();
+        let mut who = file.credentials()?;
+        if named {
+            who = who.with_tenants(&names);
+        }
         check_partitions(&*root, partitions)?;
         let count = stores.len() * partitions as usize;
         let placement = file.placement();
@@ -201,42 +211,26 @@ impl Node {
             journaled,
         )?;
         let mut groups = Vec::with_capacity(count);
-        // The groups' routers hold requests against the replica's bounds.
-        let bytes = crate::cluster::router::SharedBytes::default();
+        let maker = added::Maker {
+            id: file.id,
+            data_dir: file.data_dir.clone(),
+            root: root.clone(),
+            durability,
+            raft_state: file.raft_state,
+            journaled,
+            via,
+            reads: file.reads,
+            notify,
+            // The groups' routers hold requests against the replica's bounds.
+            bytes: crate::cluster::router::SharedBytes::default(),
+            // Many groups: the idle ones stop their clocks.
+            many: count > 1,
+        };
         let ship = notify == Notify::Everywhere && !placement.everywhere();
         for (&g, log) in held.iter().zip(logs) {
             let (store, p) = (&stores[(g / partitions) as usize], g % partitions);
-            let mut replica = store.replica(file.id, log, durability, (p, partitions, named))?;
-            if durability == Durability::Always && !journaled {
-                match file.raft_state {
-                    // Its round's second sync (`raft-state`) on a thread of
-                    // its own: the loop goes on meanwhile.
-                    super::file::RaftState::Behind => replica.log_mut().witness_behind()?,
-                    super::file::RaftState::First => replica.log_mut().anchor_first(),
-                }
-            }
-            let mut router = Router::new(
-                file.id,
-                store.config.clone(),
-                via,
-                file.reads,
-                notify,
-                Limits::default(),
-                random_u64(),
-                Instant::now(),
-            );
-            router.share(&bytes);
-            router.ship_notifications = ship && !placement.outsiders(g).is_empty();
-            if count > 1 {
-                // Many groups: the idle ones stop their clocks.
-                replica.set_quiet_after(Some(crate::cluster::quiet::QUIET_AFTER));
-            }
-            groups.push(Group {
-                id: g,
-                replica,
-                router,
-                drops: Vec::new(),
-            });
+            let ship = ship && !placement.outsiders(g).is_empty();
+            groups.push(maker.group(store, g, log, (p, partitions, named), ship)?);
         }
         let syncs = journaled.then(|| sync_pool(count)).transpose()?;
         let me = file.me();
@@ -259,6 +253,7 @@ impl Node {
             groups = count,
             held = groups.len(),
             tenants = if named { names.len() } else { 0 },
+            added_while_running = if named { names.len() - founding } else { 0 },
             raft = %me.raft,
             data_dir = %file.data_dir.display(),
             term = status.term,
@@ -276,6 +271,9 @@ impl Node {
             per: partitions,
             observers: names.iter().map(|_| Observers::default()).collect(),
             tenants: names,
+            named,
+            maker,
+            added: added::Added::default(),
             links,
             events,
             fsync,
@@ -301,101 +299,15 @@ impl Node {
         &self.tenants
     }
 
-    /// Keeps `metrics` (the replica's) and `stores` (each store's, as one
-    /// process has them for its tenant; in the order of
-    /// [`Node::tenants`]) up to date from now on.
-    pub fn set_metrics(
-        &mut self,
-        metrics: crate::metrics::ReplicaMetrics,
-        stores: Vec<crate::metrics::TenantMetrics>,
-    ) {
-        assert_eq!(stores.len(), self.tenants.len(), "metrics for each store");
-        if let Some(j) = &mut self.journal {
-            j.set_metrics(stores[0].journal());
-        }
-        for group in &mut self.groups {
-            let store = &stores[(group.id / self.per) as usize];
-            group.replica.set_log_metrics(store.journal());
-            group.router.metrics = Some(metrics.clone());
-            group.router.store_metrics = Some(store.clone());
-        }
-        self.outside.metrics = Some(metrics.agents.clone());
-        self.metrics = Some(metrics);
-        self.store_metrics = stores;
-        self.refresh_store_metrics(true);
+    /// Whether it serves tenants (`--config`): the cluster may add more.
+    pub fn serves_tenants(&self) -> bool {
+        self.named
     }
 
-    /// Each store's guests' sizes and counters (summed over its groups),
-    /// if `force` or they are due.
-    fn refresh_store_metrics(&mut self, force: bool) {
-        let per = self.per as usize;
-        for (t, m) in self.store_metrics.iter_mut().enumerate() {
-            if !force && !m.refresh_due() {
-                continue;
-            }
-            let mut sum = statestore_guest::Stats::default();
-            let (mut calls, mut memory) = (0, 0);
-            let range = (t * per) as u32..((t + 1) * per) as u32;
-            for g in self.groups.iter_mut().filter(|g| range.contains(&g.id)) {
-                let store = g.replica.store_mut();
-                let Ok(s) = store.stats() else { return };
-                sum.keys += s.keys;
-                sum.bytes += s.bytes;
-                sum.registrations += s.registrations;
-                sum.dedup_entries += s.dedup_entries;
-                sum.dedup_bytes += s.dedup_bytes;
-                sum.dedup_hits += s.dedup_hits;
-                sum.expired += s.expired;
-                calls += store.calls();
-                memory += store.memory_bytes();
-            }
-            m.refresh(&sum, calls, memory);
-        }
-    }
-
-    /// Counts the replies and notifications of tenant `t`'s `outputs`,
-    /// about to be published.
-    fn published(&self, t: usize, outputs: &[Output]) {
-        if let Some(m) = self.store_metrics.get(t) {
-            m.published(outputs);
-        }
-    }
-
-    /// Notes, for `--metrics`, that `peer` was heard from now (the gauge
-    /// moves once a second at most).
-    fn heard_from(&mut self, peer: u64) {
-        let Some(m) = &self.metrics else { return };
-        let now = crate::store::clock::now_ms() / 1000;
-        if self.heard.get(&peer) != Some(&now) {
-            self.heard.insert(peer, now);
-            m.peer_heard
-                .with_label_values(&[&peer.to_string()])
-                .set(i64::try_from(now).unwrap_or(i64::MAX));
-        }
-    }
-
-    fn refresh_metrics(&mut self) {
-        self.refresh_store_metrics(false);
-        let Some(m) = &self.metrics else { return };
-        let s = self.groups[0].replica.status();
-        m.term.set(i64::try_from(s.term).unwrap_or(i64::MAX));
-        m.is_leader.set(i64::from(s.role == "leader"));
-        m.has_leader.set(i64::from(s.leader != 0));
-        m.leader.set(i64::try_from(s.leader).unwrap_or(0));
-        m.commit_index
-            .set(i64::try_from(s.commit).unwrap_or(i64::MAX));
-        m.applied_index
-            .set(i64::try_from(s.applied).unwrap_or(i64::MAX));
-        for r in &self.replicas {
-            let lag = s
-                .matched
-                .iter()
-                .find(|(id, _)| *id == r.id)
-                .map_or(0, |(_, matched)| s.last_index.saturating_sub(*matched));
-            m.lag
-                .with_label_values(&[&r.id.to_string()])
-                .set(i64::try_from(lag).unwrap_or(i64::MAX));
-        }
+    /// Where the stores of tenants the cluster adds while running come
+    /// from (with `--config`: the file as it is then).
+    pub fn set_tenant_source(&mut self, source: TenantSource) {
+        self.added.source = Some(source);
     }
 
     fn now(&self) -> Now {
@@ -714,6 +626,9 @@ impl Node {
             }
             PeerEvent::Change(request, reply) => {
                 let answer = match ChangeRequest::decode(&request) {
+                    _ if let Some(name) = request.strip_prefix("tenant add ") => {
+                        self.add_tenant(name.trim())
+                    }
                     Ok(_) if !self.placement.everywhere() => ChangeAnswer::Refused(
                         "the cluster file places the groups on some replicas (`copies`): its members are the file's; membership changes are not made there yet".into(),
                     ),
@@ -767,6 +682,11 @@ impl Node {
                 Vec::new()
             } else {
                 self.groups.iter().map(|g| g.id).collect()
+            },
+            tenants: if self.named {
+                self.tenants.clone()
+            } else {
+                Vec::new()
             },
         }
         .encode()
@@ -890,7 +810,11 @@ impl Node {
                 g.replica.witness()?;
             }
         }
-        self.checkpoint()
+        self.checkpoint()?;
+        // Tenants group 0 agreed to add: opened between rounds.
+        self.open_agreed();
+        self.serve_opened(transport).await;
+        Ok(())
     }
 
     /// Publishes what is this replica's of group `g`'s `applied`, and the

@@ -4,11 +4,13 @@
 //! snapshots; the links, the ticks and the round journal are shared by
 //! every group. Tenant `t`'s partition `p` is group `t * P + p`, so the
 //! tenants and their order are the data directory's for life (recorded in
-//! `tenants`), and replicas serving other tenants are not linked (their
-//! layout frame differs, see [`crate::cluster::net`]).
+//! `tenants`: those the cluster was founded with, then those it added while
+//! running, see [`super::added`]), and replicas founded with other tenants
+//! are not linked (their layout frame differs, see [`crate::cluster::net`]).
 //!
 //! ```text
-//!   data_dir/tenants                   the tenants' names, one a line, in order
+//!   data_dir/tenants                   the tenants' names, one a line, in order;
+//!                                      `+<name>`: added while running
 //!   data_dir/raft-journal              the round journal of every group
 //!   data_dir/tenant-<name>/            tenant <name>'s log (one partition)
 //!   data_dir/tenant-<name>/partition-<p>/   ... or its partition p's
@@ -99,21 +101,65 @@ pub fn fingerprint(names: &[String]) -> u64 {
 /// The file of a data directory that records its tenants.
 const TENANTS: &str = "tenants";
 
-/// The tenants a data directory records (`None`: a replica without
-/// tenants, or a new data directory).
-pub(crate) fn recorded_tenants(root: &dyn Storage) -> Result<Option<Vec<String>>> {
-    match root.read(TENANTS) {
-        Ok(bytes) => Ok(Some(
-            std::str::from_utf8(&bytes)
-                .context("`tenants` in the data directory is not UTF-8")?
-                .lines()
-                .filter(|l| !l.is_empty())
-                .map(str::to_string)
-                .collect(),
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).context("reading `tenants` in the data directory"),
+/// The tenants a data directory records, in order: those the cluster was
+/// founded with, then those it added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Recorded {
+    founding: Vec<String>,
+    added: Vec<String>,
+}
+
+impl Recorded {
+    fn all(&self) -> impl Iterator<Item = &String> {
+        self.founding.iter().chain(&self.added)
     }
+
+    fn text(&self) -> String {
+        let founding = self.founding.iter().map(|n| format!("{n}\n"));
+        let added = self.added.iter().map(|n| format!("+{n}\n"));
+        founding.chain(added).collect()
+    }
+}
+
+fn read_recorded(root: &dyn Storage) -> Result<Option<Recorded>> {
+    let bytes = match root.read(TENANTS) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).context("reading `tenants` in the data directory"),
+    };
+    let text =
+        std::str::from_utf8(&bytes).context("`tenants` in the data directory is not UTF-8")?;
+    let mut r = Recorded {
+        founding: Vec::new(),
+        added: Vec::new(),
+    };
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        match line.strip_prefix('+') {
+            Some(name) => r.added.push(name.to_string()),
+            None if r.added.is_empty() => r.founding.push(line.to_string()),
+            None => bail!(
+                "`tenants` in the data directory names a founding tenant ({line:?}) after an added one"
+            ),
+        }
+    }
+    Ok(Some(r))
+}
+
+/// The tenants a data directory records, in order (`None`: a replica
+/// without tenants, or a new data directory).
+pub(crate) fn recorded_tenants(root: &dyn Storage) -> Result<Option<Vec<String>>> {
+    Ok(read_recorded(root)?.map(|r| r.all().cloned().collect()))
+}
+
+/// Records in the data directory that the cluster added tenant `name`.
+pub(super) fn record_added(root: &dyn Storage, name: &str) -> Result<()> {
+    let mut r = read_recorded(root)?.context("the data directory records no tenants")?;
+    if r.all().any(|n| n == name) {
+        return Ok(());
+    }
+    r.added.push(name.to_string());
+    root.write_atomic(TENANTS, r.text().as_bytes())
+        .context("writing `tenants` in the data directory")
 }
 
 /// Where each group of a replica keeps its log (group `g` at `[g]`; see
@@ -134,35 +180,75 @@ pub(crate) fn group_dirs(
         .collect()
 }
 
-/// Checks that the data directory holds the stores of tenants `names`
-/// (`None`: the one store of a replica without tenants), or none yet (it
-/// then records them).
-pub(super) fn check_tenants(root: &dyn Storage, names: Option<&[String]>) -> Result<()> {
-    let recorded = recorded_tenants(root)?;
+/// The stores a replica serves, in the order of its groups, and how many
+/// the cluster was founded with: of `stores` (`named`: the tenants of
+/// `--config`, in any order), those the data directory records (see
+/// [`order`]).
+pub(super) fn served(
+    root: &dyn Storage,
+    stores: Vec<NodeTenant>,
+    named: bool,
+) -> Result<(Vec<NodeTenant>, usize)> {
+    let names: Vec<String> = stores.iter().map(|t| t.name.clone()).collect();
+    let Some((order, founding)) = order(root, named.then_some(&names[..]))? else {
+        return Ok((stores, 1));
+    };
+    let mut by_name: std::collections::HashMap<String, NodeTenant> =
+        stores.into_iter().map(|t| (t.name.clone(), t)).collect();
+    let out = order
+        .iter()
+        .map(|n| {
+            by_name
+                .remove(n)
+                .expect("every tenant recorded is in --config")
+        })
+        .collect();
+    Ok((out, founding))
+}
+
+/// The tenants a replica serves (`names`: those of `--config`, in any
+/// order; `None`: the one store), in the order the data directory records
+/// them (a new one records `names` as the founding tenants), and how many
+/// the cluster was founded with. Every tenant recorded must be in
+/// `--config`; one in `--config` and not yet the cluster's waits for
+/// `statestore cluster tenant add`.
+fn order(root: &dyn Storage, names: Option<&[String]>) -> Result<Option<(Vec<String>, usize)>> {
     let exists = |name: &str| match root.read(name) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e).with_context(|| format!("reading {name}")),
     };
-    match (recorded, names) {
-        (None, None) => Ok(()),
-        (Some(had), Some(now)) if had == now => Ok(()),
-        (Some(had), Some(now)) => bail!(
-            "the data directory holds the stores of the tenants {had:?} and --config names {now:?}: a cluster's tenants (and their order: a tenant's groups are numbered by it) cannot change while it lives yet; put the config back, or start a new cluster with empty data directories"
-        ),
+    match (read_recorded(root)?, names) {
+        (None, None) => Ok(None),
         (Some(had), None) => bail!(
-            "the data directory holds the stores of the tenants {had:?}: start the replica with the --config that names them"
+            "the data directory holds the stores of the tenants {:?}: start the replica with the --config that names them",
+            had.all().collect::<Vec<_>>()
         ),
-        (None, Some(now)) => {
+        (None, Some(names)) => {
             if exists("raft-state")? || exists("partitions")? {
                 bail!(
-                    "the data directory holds a store without tenants and --config names the tenants {now:?}: a cluster cannot take tenants later yet; start without --config, or start a new cluster with empty data directories"
+                    "the data directory holds a store without tenants and --config names the tenants {names:?}: a cluster cannot take tenants later yet; start without --config, or start a new cluster with empty data directories"
                 );
             }
-            let mut text = now.join("\n");
-            text.push('\n');
-            root.write_atomic(TENANTS, text.as_bytes())
-                .context("writing `tenants` in the data directory")
+            let founding = Recorded {
+                founding: names.to_vec(),
+                added: Vec::new(),
+            };
+            root.write_atomic(TENANTS, founding.text().as_bytes())
+                .context("writing `tenants` in the data directory")?;
+            Ok(Some((names.to_vec(), names.len())))
+        }
+        (Some(had), Some(names)) => {
+            if let Some(name) = had.all().find(|n| !names.contains(n)) {
+                bail!(
+                    "the data directory holds the store of tenant {name:?} and --config does not name it: put it back in --config (the cluster's tenants are {:?})",
+                    had.all().collect::<Vec<_>>()
+                );
+            }
+            for name in names.iter().filter(|n| !had.all().any(|h| h == *n)) {
+                tracing::info!(tenant = %name, "a tenant of --config that is not the cluster's yet: `statestore cluster tenant add {name}` adds it");
+            }
+            Ok(Some((had.all().cloned().collect(), had.founding.len())))
         }
     }
 }
@@ -197,26 +283,57 @@ mod tests {
         list.iter().map(|s| (*s).to_string()).collect()
     }
 
+    fn served_names(disk: &MemStorage, list: &[&str]) -> Result<(Vec<String>, usize)> {
+        Ok(order(disk, Some(&names(list)))?.expect("tenants"))
+    }
+
     #[test]
     fn a_data_directory_keeps_its_tenants_for_life() {
         let disk = MemStorage::new();
         let ab = names(&["a", "b"]);
-        check_tenants(&disk, Some(&ab)).expect("recorded");
-        check_tenants(&disk, Some(&ab)).expect("the same");
-        let e = check_tenants(&disk, Some(&names(&["b", "a"]))).expect_err("reordered");
-        assert!(format!("{e:#}").contains("cannot change"), "{e:#}");
-        let e = check_tenants(&disk, Some(&names(&["a", "b", "c"]))).expect_err("added");
-        assert!(format!("{e:#}").contains("cannot change"), "{e:#}");
-        let e = check_tenants(&disk, None).expect_err("no --config");
+        assert_eq!(
+            served_names(&disk, &["a", "b"]).expect("recorded"),
+            (ab.clone(), 2)
+        );
+        assert_eq!(
+            served_names(&disk, &["a", "b"]).expect("the same"),
+            (ab.clone(), 2)
+        );
+        // Served in the recorded order, whatever --config's.
+        assert_eq!(
+            served_names(&disk, &["b", "a"]).expect("reordered"),
+            (ab.clone(), 2)
+        );
+        // One not yet the cluster's waits for `cluster tenant add`.
+        assert_eq!(
+            served_names(&disk, &["a", "c", "b"]).expect("more"),
+            (ab.clone(), 2)
+        );
+        let e = served_names(&disk, &["a"]).expect_err("one missing");
+        assert!(format!("{e:#}").contains("put it back"), "{e:#}");
+        record_added(&disk, "c").expect("added");
+        record_added(&disk, "c").expect("once");
+        assert_eq!(
+            recorded_tenants(&disk).expect("read"),
+            Some(names(&["a", "b", "c"]))
+        );
+        assert_eq!(disk.read(TENANTS).expect("file"), b"a\nb\n+c\n");
+        assert_eq!(
+            served_names(&disk, &["c", "b", "a", "d"]).expect("added"),
+            (names(&["a", "b", "c"]), 2)
+        );
+        let e = served_names(&disk, &["a", "b"]).expect_err("the added one missing");
+        assert!(format!("{e:#}").contains("\"c\""), "{e:#}");
+        let e = order(&disk, None).expect_err("no --config");
         assert!(
             format!("{e:#}").contains("--config that names them"),
             "{e:#}"
         );
         // A store without tenants does not take them.
         let single = MemStorage::new();
-        check_tenants(&single, None).expect("one store");
+        assert_eq!(order(&single, None).expect("one store"), None);
         single.write_atomic("raft-state", b"x").expect("write");
-        let e = check_tenants(&single, Some(&ab)).expect_err("tenants later");
+        let e = served_names(&single, &["a", "b"]).expect_err("tenants later");
         assert!(format!("{e:#}").contains("without tenants"), "{e:#}");
     }
 

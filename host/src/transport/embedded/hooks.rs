@@ -349,7 +349,11 @@ impl Hooks {
                     "request ignored: its response topic is another client's, or one the authorization rules do not let it publish to (a reply goes only where its requester could publish)"
                 );
             }
-            Some(t) => self.router.tenants[t].request(message).await,
+            Some(t) => {
+                if let Some(inbound) = self.router.inbound(t) {
+                    inbound.request(message).await;
+                }
+            }
             None => {
                 // Bounded: past it, a request of nobody's client
                 // gets no answer at all rather than memory.
@@ -459,8 +463,12 @@ impl Hooks {
         // A takeover (same client id connecting again) is not a departure.
         if !reason.is_kicked(false) {
             let id = session.id.client_id.to_string();
-            if let Some(t) = self.router.tenant_of(username(&session.id), &id) {
-                self.router.tenants[t].gone(id);
+            if let Some(inbound) = self
+                .router
+                .tenant_of(username(&session.id), &id)
+                .and_then(|t| self.router.inbound(t))
+            {
+                inbound.gone(id);
             }
         }
         (true, acc)

@@ -228,6 +228,7 @@ enum BrokerEvent {
 
 /// One tenant's inbound queue: unbounded in count, bounded in bytes by a
 /// semaphore whose permits are bytes.
+#[derive(Clone)]
 struct Inbound {
     /// Its tenant's index, which each event carries.
     tenant: usize,
@@ -433,6 +434,7 @@ impl EmbeddedServer {
         let (strangers_tx, strangers) = mpsc::channel(STRANGERS_WAITING);
         let mut senders = Vec::new();
         let mut routes = Vec::new();
+        let table = Arc::new(std::sync::RwLock::new(router::Table::default()));
         let mut running = Vec::new();
         let mut handles = Vec::new();
         let total = limits.inbound_bytes.clamp(1, u32::MAX as usize);
@@ -483,15 +485,22 @@ impl EmbeddedServer {
                     sides,
                     rx: Receiving::new(events),
                     current: 0,
+                    table: table.clone(),
+                    tx,
+                    total,
                 };
                 running.push(Running::Replica(node, transport));
             }
         }
         let routes_len = routes.len();
+        {
+            let mut t = table.write().unwrap_or_else(|e| e.into_inner());
+            t.default = routes.iter().position(|r| r.default);
+            t.routes = routes;
+            t.tenants = senders;
+        }
         let router = std::sync::Arc::new(Router {
-            default: routes.iter().position(|r| r.default),
-            routes,
-            tenants: senders,
+            table,
             strangers: strangers_tx,
             per_address: std::sync::Mutex::new(HashMap::new()),
             max_per_address: limits.max_connections_per_address,

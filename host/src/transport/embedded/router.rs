@@ -4,11 +4,19 @@
 
 use super::*;
 
-/// Which tenant's channel a client's events go to.
-pub(super) struct Router {
+/// Which clients are each tenant's, and where their events go: fixed for
+/// a single process; a cluster replica adds the tenants the cluster adds
+/// while running.
+#[derive(Default)]
+pub(super) struct Table {
     pub(super) routes: Vec<Route>,
     pub(super) default: Option<usize>,
     pub(super) tenants: Vec<Inbound>,
+}
+
+/// Which tenant's channel a client's events go to.
+pub(super) struct Router {
+    pub(super) table: Arc<std::sync::RwLock<Table>>,
     /// Requests of clients that belong to no tenant.
     pub(super) strangers: mpsc::Sender<InboundMessage>,
     /// Connections per IP address, and the most allowed (0: no limit).
@@ -122,17 +130,35 @@ impl Router {
         (v.username, attributes)
     }
 
+    /// The routes, to read.
+    pub(super) fn table(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(super) fn tenant_of(&self, username: Option<&str>, client_id: &str) -> Option<usize> {
-        self.routes
+        let table = self.table();
+        table
+            .routes
             .iter()
             .position(|r| r.matcher.matches(username, client_id))
-            .or(self.default)
+            .or(table.default)
+    }
+
+    /// Where the events of tenant `t`'s clients go.
+    pub(super) fn inbound(&self, t: usize) -> Option<Inbound> {
+        self.table().tenants.get(t).cloned()
+    }
+
+    /// Whether one tenant takes every client (nothing to tell apart).
+    fn one_takes_all(&self) -> bool {
+        let table = self.table();
+        table.routes.len() == 1 && table.default.is_some()
     }
 
     /// Whether two clients belong to the same tenant (or both to none).
     pub(super) fn same_tenant(&self, a: &Id, b: &Id) -> bool {
         // One tenant that takes every client: nothing to compare.
-        if self.routes.len() == 1 && self.default.is_some() {
+        if self.one_takes_all() {
             return true;
         }
         self.tenant_of(username(a), a.client_id.as_ref())
@@ -145,7 +171,7 @@ impl Router {
     /// choice); the refusals to clients of no tenant come from
     /// `$statestore` and reach clients of none.
     pub(super) fn store_may_deliver(&self, store: &Id, to: &Id) -> bool {
-        if self.routes.len() == 1 && self.default.is_some() {
+        if self.one_takes_all() {
             return true;
         }
         let sender: &str = store.client_id.as_ref();
@@ -199,7 +225,12 @@ impl Router {
 
     /// Whether any password is judged (`--users-file`, or a tenant's).
     pub(super) fn checks_passwords(&self) -> bool {
-        self.users.is_some() || self.routes.iter().any(|r| r.matcher.password.is_some())
+        self.users.is_some()
+            || self
+                .table()
+                .routes
+                .iter()
+                .any(|r| r.matcher.password.is_some())
     }
 
     /// The verdict on a client's credentials: `None` if no tenant claims
@@ -209,7 +240,8 @@ impl Router {
         username: &str,
         password: Option<&[u8]>,
     ) -> Option<AuthResult> {
-        let route = self
+        let table = self.table();
+        let route = table
             .routes
             .iter()
             .find(|r| r.matcher.usernames.iter().any(|u| u == username))?;

@@ -90,6 +90,12 @@ pub(super) struct ReplicaTransport {
     pub(super) rx: Receiving,
     /// The tenant of the last input.
     pub(super) current: usize,
+    /// The broker's routes (a tenant added while running joins them).
+    pub(super) table: Arc<std::sync::RwLock<super::router::Table>>,
+    /// The one channel every tenant's events come through.
+    pub(super) tx: mpsc::UnboundedSender<(usize, BrokerEvent)>,
+    /// A tenant's inbound budget, bytes.
+    pub(super) total: usize,
 }
 
 /// The client each request came from, until its reply goes out: a reply is
@@ -313,6 +319,44 @@ impl Transport for ReplicaTransport {
         if let Some(side) = self.sides.get_mut(self.current) {
             side.permits.clear();
         }
+        Ok(())
+    }
+
+    /// The tenant's side, then its route: from then on its clients'
+    /// requests reach it (a client connected before, of another tenant or
+    /// none, is taken as the new tenant's once the route matches it).
+    async fn add_tenant(
+        &mut self,
+        tenant: usize,
+        reach: crate::cluster::node::Reach,
+    ) -> Result<()> {
+        let crate::cluster::node::Reach::Route(route) = reach else {
+            return Err(anyhow!("the embedded broker serves a tenant by its route"));
+        };
+        if tenant != self.sides.len() {
+            return Err(anyhow!(
+                "tenant {tenant} added after {} tenants",
+                self.sides.len()
+            ));
+        }
+        let scx = self.sides[0].scx.clone();
+        self.sides.push(Side {
+            scx,
+            tenant,
+            permits: Vec::new(),
+            requesters: Requesters::default(),
+        });
+        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        if route.default && table.default.is_none() {
+            table.default = Some(tenant);
+        }
+        table.routes.push(route);
+        table.tenants.push(super::Inbound {
+            tenant,
+            tx: self.tx.clone(),
+            budget: Arc::new(tokio::sync::Semaphore::new(self.total)),
+            total: self.total,
+        });
         Ok(())
     }
 

@@ -1,0 +1,98 @@
+//! Entries the hosts apply themselves ([`HostEntry`]): the tenants the
+//! cluster adds while running, agreed in group 0's log. Every replica of
+//! group 0 applies them in the log's order and records each tenant with
+//! the voters its groups start with; snapshots carry the list
+//! ([`AgreedTenant`]), so a replica that catches up from one learns it
+//! too. Opening the tenant's groups is the host's ([`crate::cluster::node`]).
+
+use anyhow::{Context as _, Result, bail};
+
+use super::format::encode_host_entry;
+use super::{AgreedTenant, Backend, HostEntry, Replica};
+
+impl<B: Backend> Replica<B> {
+    /// Proposes `entry` (as leader).
+    pub fn propose_host(&mut self, entry: &HostEntry) -> Result<()> {
+        self.wake();
+        if !self.is_leader() {
+            bail!(
+                "replica {} does not lead (leader: {})",
+                self.id,
+                self.leader()
+            );
+        }
+        self.node
+            .propose(vec![], encode_host_entry(entry))
+            .context("proposing")
+    }
+
+    /// The tenants the cluster added while running, as this replica has
+    /// applied them, in order.
+    pub fn agreed_tenants(&self) -> &[AgreedTenant] {
+        &self.tenants
+    }
+
+    /// Applies host entry `index` (one that does not decode is skipped,
+    /// alike on every replica).
+    pub(super) fn apply_host(&mut self, index: u64, entry: Result<HostEntry>) {
+        match entry {
+            Ok(HostEntry::AddTenant(name)) => {
+                if self.tenants.iter().any(|t| t.name == name) {
+                    tracing::info!(index, tenant = %name, "the tenant was added before: nothing to do");
+                    return;
+                }
+                let voters = self.voters();
+                tracing::info!(replica = self.id, index, tenant = %name, ?voters, "the cluster adds a tenant");
+                self.tenants.push(AgreedTenant { name, voters });
+            }
+            Err(e) => {
+                tracing::warn!(index, error = %format!("{e:#}"), "a host entry this build cannot apply: skipped");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cluster::quiet::tests::Three;
+    use crate::cluster::{AgreedTenant, HostEntry};
+
+    /// A tenant proposed once (or twice) is added once, on every replica,
+    /// with the voters group 0 had; a follower does not propose; the
+    /// snapshot carries the list.
+    #[test]
+    fn every_replica_agrees_on_a_tenant_added_and_snapshots_carry_it() {
+        let mut g = Three::new();
+        for _ in 0..100 {
+            g.tick();
+        }
+        let leader = g.leader().expect("a leader") as usize;
+        let add = HostEntry::AddTenant("lab".into());
+        let follower = g.replicas[leader % 3].as_mut().expect("up");
+        assert!(
+            follower.propose_host(&add).is_err(),
+            "a follower does not propose"
+        );
+        let r = g.replicas[leader - 1].as_mut().expect("up");
+        r.propose_host(&add).expect("propose");
+        r.propose_host(&add).expect("propose again");
+        r.propose(1, &[], 1_000).expect("a batch after it");
+        let index = r.status().last_index;
+        for _ in 0..20 {
+            g.tick();
+        }
+        let want = [AgreedTenant {
+            name: "lab".into(),
+            voters: vec![1, 2, 3],
+        }];
+        for r in g.replicas.iter().flatten() {
+            assert!(r.applied() >= index);
+            assert_eq!(r.agreed_tenants(), want, "replica {}", r.id());
+        }
+        let r = g.replicas[leader - 1].as_mut().expect("up");
+        r.compact().expect("snapshot");
+        let snap = raft::Storage::snapshot(r.node.store(), 0, 0).expect("snapshot");
+        let d = crate::cluster::format::decode_snapshot(&snap.data).expect("decode");
+        assert_eq!(d.tenants, want);
+    }
+}

@@ -1,0 +1,258 @@
+//! Tenants the cluster adds while running (`statestore cluster tenant
+//! add`): group 0's leader proposes a [`HostEntry::AddTenant`]; every
+//! replica, once its group 0 has applied it, opens the tenant's groups
+//! (numbered after the others', with the voters the entry recorded), its
+//! component and limits read from the replica's own `--config` (the
+//! [`TenantSource`]), and its transport starts serving the tenant's clients
+//! ([`Reach`]). A replica whose `--config` does not name the tenant yet
+//! says so and tries again every [`RETRY`]; meanwhile the others serve it.
+//!
+//! Crash-safe in this order: the groups' logs are created (each with its
+//! voters), then the tenant is recorded in the data directory's `tenants`
+//! (a replica restarted after that opens it like the others), then it is
+//! served. A crash before the record leaves logs that nothing has written
+//! to yet; group 0's log still holds the entry (or its snapshot the
+//! tenant), so the replica opens them again when it applies it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use tracing::{error, info};
+
+use super::{Group, Node, NodeTenant};
+use crate::cluster::router::{Limits, Router, SharedBytes};
+use crate::cluster::{AgreedTenant, Durability, HostEntry, LogStore};
+use crate::store::storage::{DirStorage, Storage};
+
+/// How often a replica tries again to open a tenant its `--config` did not
+/// name.
+pub(super) const RETRY: Duration = Duration::from_secs(10);
+
+/// How the clients of a tenant added while running reach it.
+pub enum Reach {
+    /// Through the embedded broker: the clients its route takes.
+    Route(crate::transport::embedded::Route),
+    /// Through its own connection to the broker (`--broker`).
+    Broker(Box<crate::transport::external::ServeOptions>),
+}
+
+/// What a replica knows of a tenant it is told to open: its store (the
+/// component compiled, its guest's configuration) and how its clients
+/// reach it, from the replica's `--config` as it is on disk now.
+pub type TenantSource = Box<dyn FnMut(&str) -> Result<(NodeTenant, Reach)> + Send>;
+
+/// What a replica needs to open a group while serving: the settings every
+/// one of its groups shares.
+pub(super) struct Maker {
+    pub(super) id: u64,
+    pub(super) data_dir: PathBuf,
+    pub(super) root: Arc<dyn Storage>,
+    pub(super) durability: Durability,
+    pub(super) raft_state: crate::cluster::file::RaftState,
+    /// Its logs' records go through the round journal.
+    pub(super) journaled: bool,
+    pub(super) via: Option<statestore_guest::Via>,
+    pub(super) reads: crate::cluster::file::ReadPath,
+    pub(super) notify: super::Notify,
+    /// The replica's bound on what its routers hold.
+    pub(super) bytes: SharedBytes,
+    /// Several groups (the idle ones stop their clocks).
+    pub(super) many: bool,
+}
+
+impl Maker {
+    /// Group `g` of `store` (its partition `p` of `per`) over `log`.
+    pub(super) fn group(
+        &self,
+        store: &NodeTenant,
+        g: u32,
+        log: LogStore,
+        (p, per, named): (u32, u32, bool),
+        ship: bool,
+    ) -> Result<Group> {
+        let mut replica = store.replica(self.id, log, self.durability, (p, per, named))?;
+        if self.durability == Durability::Always && !self.journaled {
+            match self.raft_state {
+                // Its round's second sync (`raft-state`) on a thread of
+                // its own: the loop goes on meanwhile.
+                crate::cluster::file::RaftState::Behind => replica.log_mut().witness_behind()?,
+                crate::cluster::file::RaftState::First => replica.log_mut().anchor_first(),
+            }
+        }
+        let mut router = Router::new(
+            self.id,
+            store.config.clone(),
+            self.via,
+            self.reads,
+            self.notify,
+            Limits::default(),
+            super::random_u64(),
+            Instant::now(),
+        );
+        router.share(&self.bytes);
+        router.ship_notifications = ship;
+        if self.many {
+            replica.set_quiet_after(Some(crate::cluster::quiet::QUIET_AFTER));
+        }
+        Ok(Group {
+            id: g,
+            replica,
+            router,
+            drops: Vec::new(),
+        })
+    }
+}
+
+/// The tenants added while running, on their way to being served.
+#[derive(Default)]
+pub(super) struct Added {
+    /// Where their stores come from (`None`: a replica that cannot open
+    /// any, say one without `--config`).
+    pub(super) source: Option<TenantSource>,
+    /// When opening each last failed.
+    pub(super) failed: HashMap<String, Instant>,
+    /// Opened, for the transport to serve: (tenant number, how).
+    pub(super) opened: Vec<(usize, Reach)>,
+    /// Where a tenant's metrics are made (`--metrics`).
+    pub(super) metrics: Option<Arc<crate::metrics::Metrics>>,
+}
+
+impl Node {
+    /// Opens the tenants that group 0 has agreed to and this replica does
+    /// not serve yet.
+    pub(super) fn open_agreed(&mut self) {
+        if !self.named || self.slots.first().copied().flatten() != Some(0) {
+            return;
+        }
+        let agreed: Vec<AgreedTenant> = self.groups[0]
+            .replica
+            .agreed_tenants()
+            .iter()
+            .filter(|a| !self.tenants.contains(&a.name))
+            .cloned()
+            .collect();
+        for a in agreed {
+            if self
+                .added
+                .failed
+                .get(&a.name)
+                .is_some_and(|t| t.elapsed() < RETRY)
+            {
+                continue;
+            }
+            match self.open_tenant(&a) {
+                Ok(()) => {
+                    self.added.failed.remove(&a.name);
+                    info!(replica = self.id(), tenant = %a.name, number = self.tenants.len() - 1, partitions = self.per, voters = ?a.voters, "serving a tenant the cluster added");
+                }
+                Err(e) => {
+                    self.added.failed.insert(a.name.clone(), Instant::now());
+                    error!(replica = self.id(), tenant = %a.name, error = %format!("{e:#}"), "the cluster added a tenant this replica cannot serve yet (tried again every 10 s): add it to this replica's --config, as on the others");
+                }
+            }
+        }
+    }
+
+    /// Opens tenant `a`'s groups (see the module's note on the order).
+    fn open_tenant(&mut self, a: &AgreedTenant) -> Result<()> {
+        let Some(source) = &mut self.added.source else {
+            bail!("this replica was started without a way to open tenants while running");
+        };
+        let (store, reach) = source(&a.name)?;
+        let t = self.tenants.len();
+        let per = self.per;
+        let mut logs = Vec::with_capacity(per as usize);
+        for p in 0..per {
+            let dir = super::tenants::group_dir(&self.maker.data_dir, Some(&a.name), per, p)
+                .context("a tenant's directory")?;
+            let disk = DirStorage::open(&dir)
+                .with_context(|| format!("cannot open the group's directory {}", dir.display()))?;
+            let log = LogStore::open_with(Arc::new(disk), &a.voters, None, self.maker.journaled)
+                .with_context(|| format!("the log in {}", dir.display()))?;
+            logs.push(log);
+        }
+        let mut groups = Vec::with_capacity(per as usize);
+        let metrics = self.added.metrics.as_ref().map(|m| m.tenant(&a.name));
+        for (p, log) in (0..per).zip(logs) {
+            let g = t as u32 * per + p;
+            let mut group = self.maker.group(&store, g, log, (p, per, true), false)?;
+            if let (Some(m), Some(replica)) = (&metrics, &self.metrics) {
+                group.replica.set_log_metrics(m.journal());
+                group.router.metrics = Some(replica.clone());
+                group.router.store_metrics = Some(m.clone());
+            }
+            groups.push(group);
+        }
+        super::tenants::record_added(&*self.maker.root, &a.name)?;
+        for group in groups {
+            self.slots.push(Some(self.groups.len()));
+            self.groups.push(group);
+        }
+        self.tenants.push(a.name.clone());
+        self.observers.push(super::Observers::default());
+        if let Some(m) = metrics {
+            self.store_metrics.push(m);
+        }
+        self.added.opened.push((t, reach));
+        Ok(())
+    }
+
+    /// Hands the tenants opened since the last call to `transport`.
+    pub(super) async fn serve_opened<T: crate::store::driver::Transport>(
+        &mut self,
+        transport: &mut T,
+    ) {
+        for (t, reach) in std::mem::take(&mut self.added.opened) {
+            let name = self.tenants[t].clone();
+            match transport.add_tenant(t, reach).await {
+                Ok(()) => info!(tenant = %name, number = t, "the tenant's clients are served"),
+                Err(e) => {
+                    error!(tenant = %name, error = %format!("{e:#}"), "the tenant's groups are open but its clients cannot reach them through this replica")
+                }
+            }
+        }
+    }
+
+    /// An operator's `tenant add <name>` (as group 0's leader): proposes
+    /// the tenant, if this replica's `--config` names it.
+    pub(super) fn add_tenant(&mut self, name: &str) -> crate::cluster::operator::ChangeAnswer {
+        use crate::cluster::operator::ChangeAnswer;
+        if !self.named {
+            return ChangeAnswer::Refused(
+                "this cluster serves one store (it was started without --config): it has no tenants to add to".into(),
+            );
+        }
+        if !self.placement.everywhere() {
+            return ChangeAnswer::Refused(
+                "the cluster file places the groups on some replicas (`copies`): tenants cannot be added there yet".into(),
+            );
+        }
+        let replica = &mut self.groups[0].replica;
+        let leader = replica.leader();
+        if leader != replica.id() || !replica.membership_settled() {
+            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
+        }
+        if self.tenants.iter().any(|t| t == name)
+            || replica.agreed_tenants().iter().any(|t| t.name == name)
+        {
+            return ChangeAnswer::Proposed(format!("tenant {name:?} is the cluster's already"));
+        }
+        if let Some(source) = &mut self.added.source
+            && let Err(e) = source(name)
+        {
+            return ChangeAnswer::Refused(format!(
+                "replica {leader} cannot serve tenant {name:?}: {e:#} (add it to every replica's --config first)"
+            ));
+        }
+        match replica.propose_host(&HostEntry::AddTenant(name.to_string())) {
+            Ok(()) => {
+                info!(replica = leader, tenant = %name, "proposed: add a tenant");
+                ChangeAnswer::Proposed(format!("proposed: tenant add {name}"))
+            }
+            Err(e) => ChangeAnswer::AskAgain(format!("{e:#}")),
+        }
+    }
+}
