@@ -3025,7 +3025,8 @@ async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
 /// and serves its clients, apart from the founding tenant's; a replica
 /// that was down when it was added opens it as it catches up, and one
 /// restarted opens it from its data directory (its two groups now synced
-/// through the round journal); the unmodified SDK scenarios pass on it.
+/// through the round journal); the unmodified SDK scenarios pass on it; a
+/// replica added to the cluster later joins both tenants' groups.
 /// (The external-broker test adds one to replicas of two groups.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_added_while_running_is_served_by_every_replica() {
@@ -3143,6 +3144,53 @@ async fn a_tenant_added_while_running_is_served_by_every_replica() {
         "$7\r\nplant's\r\n"
     );
     planter.disconnect().await;
+    // Replica 3 replaced by replica 4, whose --config names the cluster's
+    // tenants in the cluster's order: it joins both tenants' groups.
+    c.servers[2].take().expect("running").kill9();
+    let (ok, out) = cluster_command(&c.file(0), &["remove", "--id", "3"]);
+    assert!(ok, "cluster remove:\n{out}");
+    let (ok, out) = cluster_command(&c.file(0), &["certs", "--id", "4"]);
+    assert!(ok, "cluster certs:\n{out}");
+    let (raft4, mqtt4) = (free_port(), free_port());
+    let mut f = "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\njoin = true\npartitions = 1\n".to_string();
+    for i in 0..2 {
+        f.push_str(&format!(
+            "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
+            i + 1,
+            c.raft[i],
+            c.mqtt[i]
+        ));
+    }
+    f.push_str(&format!(
+        "\n[[replica]]\nid = 4\nraft = \"127.0.0.1:{raft4}\"\nmqtt = \"127.0.0.1:{mqtt4}\"\n"
+    ));
+    std::fs::write(c.dir.join("replica-4.toml"), f).expect("file");
+    c.mqtt.push(mqtt4);
+    c.raft.push(raft4);
+    c.metrics.push(free_port());
+    let s = tokio::task::block_in_place(|| c.spawn(3));
+    c.servers.push(Some(s));
+    let raft4 = format!("127.0.0.1:{raft4}");
+    let mqtt4_addr = format!("127.0.0.1:{mqtt4}");
+    let add = ["add", "--id", "4", "--raft", &raft4, "--mqtt", &mqtt4_addr];
+    let (ok, out) = cluster_command(&c.file(0), &add);
+    assert!(ok, "cluster add:\n{out}");
+    let reader = sdk(mqtt4, "lab-late").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = reader.ss.get(b"both".to_vec(), T).await;
+        if let Ok(got) = &got
+            && got.response.as_deref() == Some(b"lab's".as_slice())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica 4 does not serve the lab: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    reader.close().await;
 }
 
 /// Under the `writers`' load, replica 1 is killed and restarted; once its

@@ -97,11 +97,7 @@ pub trait Transport {
     /// Starts serving the clients of tenant number `tenant`, which a
     /// cluster added while running, reached as `reach` says; a transport
     /// that cannot says why.
-    fn add_tenant(
-        &mut self,
-        tenant: usize,
-        reach: crate::cluster::node::Reach,
-    ) -> impl Future<Output = Result<()>> {
+    fn add_tenant(&mut self, tenant: usize, reach: Reach) -> impl Future<Output = Result<()>> {
         let _ = reach;
         std::future::ready(Err(anyhow::anyhow!(
             "this transport serves a fixed set of stores (tenant {tenant} cannot be added)"
@@ -112,6 +108,14 @@ pub trait Transport {
 }
 
 pub use crate::store::clock::now_ms;
+
+/// How the clients of a tenant a cluster added while running reach it, in
+/// its transport's own terms: the embedded broker's
+/// `transport::embedded::Route` (the clients it takes), or, through a
+/// broker, the `transport::external::ServeOptions` of the tenant's own
+/// connection. Opaque here, so that neither the store nor the cluster
+/// depends on the transports.
+pub type Reach = Box<dyn std::any::Any + Send>;
 
 /// Something to do to a running tenant between two inputs.
 #[allow(clippy::large_enum_variant)] // rare, and sent once each

@@ -415,9 +415,9 @@ impl crate::store::driver::Transport for Connections {
     async fn add_tenant(
         &mut self,
         tenant: usize,
-        reach: crate::cluster::node::Reach,
+        reach: crate::store::driver::Reach,
     ) -> Result<()> {
-        let crate::cluster::node::Reach::Broker(opts) = reach else {
+        let Ok(opts) = reach.downcast::<ServeOptions>() else {
             anyhow::bail!("a replica on a broker serves a tenant through a connection of its own");
         };
         if tenant != self.sides.len() {

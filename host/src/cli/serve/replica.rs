@@ -5,10 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use statestore::cluster::node::{
-    ClusterFile, Node, NodeTenant, Notify, Reach, Stores, TenantSource,
-};
+use statestore::cluster::node::{ClusterFile, Node, NodeTenant, Notify, Stores, TenantSource};
 use statestore::config::TenantSpec;
+use statestore::store::driver::Reach;
 use statestore::store::tenant::Fleet;
 use statestore::transport::embedded::Route;
 
@@ -209,11 +208,9 @@ fn tenant_source(
             .find(|s| s.name == name)
             .with_context(|| format!("{} names no tenant {name:?}", config.display()))?;
         let store = node_tenant(&mut fleet, &spec, &secret)?;
-        let reach = match &args.broker {
-            Some(broker) => Reach::Broker(Box::new(replica_broker_options(
-                &args, broker, spec, id, true,
-            ))),
-            None => Reach::Route(Route {
+        let reach: Reach = match &args.broker {
+            Some(broker) => Box::new(replica_broker_options(&args, broker, spec, id, true)),
+            None => Box::new(Route {
                 matcher: spec.matcher.clone(),
                 default: spec.default,
             }),

@@ -4,7 +4,7 @@
 //! (numbered after the others', with the voters the entry recorded), its
 //! component and limits read from the replica's own `--config` (the
 //! [`TenantSource`]), and its transport starts serving the tenant's clients
-//! ([`Reach`]). A replica whose `--config` does not name the tenant yet
+//! (reached as the source says: [`crate::store::driver::Reach`]). A replica whose `--config` does not name the tenant yet
 //! says so and tries again every [`RETRY`]; meanwhile the others serve it.
 //!
 //! Crash-safe in this order: the groups' logs are created (each with its
@@ -25,19 +25,12 @@ use tracing::{error, info};
 use super::{Group, Node, NodeTenant};
 use crate::cluster::router::{Limits, Router, SharedBytes};
 use crate::cluster::{AgreedTenant, Durability, HostEntry, LogStore};
+use crate::store::driver::Reach;
 use crate::store::storage::{DirStorage, Storage};
 
 /// How often a replica tries again to open a tenant its `--config` did not
 /// name.
 pub(super) const RETRY: Duration = Duration::from_secs(10);
-
-/// How the clients of a tenant added while running reach it.
-pub enum Reach {
-    /// Through the embedded broker: the clients its route takes.
-    Route(crate::transport::embedded::Route),
-    /// Through its own connection to the broker (`--broker`).
-    Broker(Box<crate::transport::external::ServeOptions>),
-}
 
 /// What a replica knows of a tenant it is told to open: its store (the
 /// component compiled, its guest's configuration) and how its clients

@@ -57,7 +57,7 @@ mod observers;
 mod outside;
 mod partitions;
 mod tenants;
-pub use added::{Reach, TenantSource};
+pub use added::TenantSource;
 use members::successor;
 use observers::{Gone, Observers};
 use partitions::{SPREAD_EVERY, check_partitions, held_groups, open_logs, sync_pool};
@@ -555,7 +555,7 @@ impl Node {
                     peer = from,
                     group = g,
                     groups = self.count(),
-                    "a peer sent traffic for a group this replica does not have (dropped): every replica's cluster file must name the same `partitions`, replicas and `copies`, and every replica must serve the same tenants"
+                    "a peer sent traffic for a group this replica does not have (dropped): every replica's cluster file must name the same `partitions`, replicas and `copies`, and every replica must serve the same tenants (a tenant the cluster just added is opened once this replica applies the addition)"
                 );
             }
             return None;

@@ -328,11 +328,12 @@ impl Transport for ReplicaTransport {
     async fn add_tenant(
         &mut self,
         tenant: usize,
-        reach: crate::cluster::node::Reach,
+        reach: crate::store::driver::Reach,
     ) -> Result<()> {
-        let crate::cluster::node::Reach::Route(route) = reach else {
+        let Ok(route) = reach.downcast::<super::Route>() else {
             return Err(anyhow!("the embedded broker serves a tenant by its route"));
         };
+        let route = *route;
         if tenant != self.sides.len() {
             return Err(anyhow!(
                 "tenant {tenant} added after {} tenants",
