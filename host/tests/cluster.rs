@@ -1045,8 +1045,9 @@ async fn keynotify_registrations_follow_the_connection_that_made_them() {
 /// replicas;
 /// each tenant's keys and notifications are its own; the SDK scenarios pass
 /// for the `lab` tenant; a `shop` tenant added while running, on a third
-/// mosquitto, is served by every replica's new connection; with a replica
-/// killed, the others answer both.
+/// mosquitto not started yet, is served by every replica's new connection
+/// once that broker is there (the replicas serving the others meanwhile);
+/// with a replica killed, the others answer all three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_of_a_cluster_serve_through_an_external_broker() {
     let broker = statestore_tests::broker::Mosquitto::start();
@@ -1099,8 +1100,7 @@ async fn tenants_of_a_cluster_serve_through_an_external_broker() {
             .await
             .unwrap_or_else(|_| panic!("{name} did not finish in 120 s"));
     }
-    let shop_broker = statestore_tests::broker::Mosquitto::start();
-    let shop_port = shop_broker.port;
+    let shop_port = statestore_tests::broker::free_port();
     std::fs::write(
         &c.args[1],
         format!("{config}\n[[tenant]]\nname = \"shop\"\nclient_id_prefixes = [\"shop-\"]\nbroker = \"mqtt://127.0.0.1:{shop_port}\"\n"),
@@ -1108,6 +1108,23 @@ async fn tenants_of_a_cluster_serve_through_an_external_broker() {
     .expect("config");
     let (ok, out) = cluster_command(&c.file(0), &["tenant", "add", "shop"]);
     assert!(ok && out.contains("served by replicas 1, 2, 3"), "{out}");
+    // Its broker is not there yet: the replicas try again, and serve the
+    // other tenants meanwhile.
+    for s in c.servers.iter().flatten() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !s
+            .log()
+            .contains("cannot connect the tenant to the broker yet")
+        {
+            assert!(Instant::now() < deadline, "{}", s.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        text(&lab.call(&[b"GET", b"shared-key"]).await),
+        "$5\r\nlab's\r\n"
+    );
+    let _shop_broker = statestore_tests::broker::Mosquitto::start_on(shop_port);
     for s in c.servers.iter().flatten() {
         let deadline = Instant::now() + Duration::from_secs(30);
         while s.log().matches("subscribed; serving").count() < 3 {
@@ -3026,10 +3043,13 @@ async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
 /// that was down when it was added opens it as it catches up, and one
 /// restarted opens it from its data directory (its two groups now synced
 /// through the round journal); the unmodified SDK scenarios pass on it; a
-/// replica added to the cluster later joins both tenants' groups.
+/// replica added to the cluster later joins both tenants' groups. Then the
+/// tenant is removed (the first one cannot be): its clients are of no
+/// tenant on every replica, its name is not used again, and a replica
+/// restarted with `--config` no longer naming it serves the first.
 /// (The external-broker test adds one to replicas of two groups.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_added_while_running_is_served_by_every_replica() {
+async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
     let plant = "[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n";
     let mut c = Cluster::with_tenants(3, 1, plant);
     tokio::task::block_in_place(|| c.leader(Duration::from_secs(20)));
@@ -3112,7 +3132,7 @@ async fn a_tenant_added_while_running_is_served_by_every_replica() {
     reader.close().await;
     let (_, status) = tokio::task::block_in_place(|| c.status());
     assert!(status.contains("tenants: plant, lab\n"), "{status}");
-    assert!(!status.contains("serves 1 of them"), "{status}");
+    assert!(!status.contains(" serves: "), "{status}");
     for i in 0..3 {
         let dir = c.data_dir(i);
         assert_eq!(
@@ -3191,6 +3211,57 @@ async fn a_tenant_added_while_running_is_served_by_every_replica() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     reader.close().await;
+    // Removed: the first tenant cannot go; the lab goes everywhere, its
+    // clients are of no tenant, its name is not used again, and a replica
+    // restarted without it in --config serves the plant.
+    let file = c.file(0);
+    let (ok, out) = cluster_command(&file, &["tenant", "remove", "plant"]);
+    assert!(!ok && out.contains("is the first"), "{out}");
+    let (ok, out) = cluster_command(&file, &["tenant", "remove", "lab"]);
+    assert!(ok && out.contains("tenant lab removed"), "{out}");
+    assert!(!out.contains("not yet"), "{out}");
+    let (ok, out) = cluster_command(&file, &["tenant", "remove", "lab"]);
+    assert!(
+        ok && out.contains("tenant lab is not the cluster's"),
+        "{out}"
+    );
+    let (ok, out) = cluster_command(&file, &["tenant", "add", "lab"]);
+    assert!(!ok && out.contains("not used again"), "{out}");
+    for port in [c.mqtt[0], c.mqtt[1], mqtt4] {
+        let mut gone = RawClient::connect(port, "lab-gone").await;
+        gone.subscribe(&gone.response_topic()).await;
+        let got = gone.call(&[b"GET", b"both"]).await;
+        assert_eq!(text(&got), "-ERR not authorized\r\n");
+        gone.disconnect().await;
+    }
+    std::fs::write(&c.args[1], plant).expect("config");
+    c.servers[1].take().expect("running").kill9();
+    let s = tokio::task::block_in_place(|| c.spawn(1));
+    c.servers[1] = Some(s);
+    assert_eq!(
+        std::fs::read_to_string(c.data_dir(1).join("tenants")).expect("tenants"),
+        "plant\n+lab\n-lab\n"
+    );
+    let mut planter = RawClient::connect(c.mqtt[1], "plant-after").await;
+    planter.subscribe(&planter.response_topic()).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let props = planter.request_properties();
+        let payload = statestore_tests::resp(&[b"GET", b"both"]);
+        let got = planter
+            .call_within(payload, props, Duration::from_secs(5))
+            .await;
+        if got.as_ref().is_some_and(|g| text(g) == "$7\r\nplant's\r\n") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the plant after a restart: {got:?}"
+        );
+    }
+    planter.disconnect().await;
+    let (_, status) = tokio::task::block_in_place(|| c.status());
+    assert!(status.contains("tenants: plant\n"), "{status}");
 }
 
 /// Under the `writers`' load, replica 1 is killed and restarted; once its

@@ -67,8 +67,17 @@ impl Mosquitto {
         Mosquitto::start_logging(true)
     }
 
+    /// [`Mosquitto::start`] on `port` (say, one a client was told to use
+    /// before the broker was there).
+    pub fn start_on(port: u16) -> Mosquitto {
+        Mosquitto::start_logging_on(false, port)
+    }
+
     fn start_logging(debug: bool) -> Mosquitto {
-        let port = free_port();
+        Mosquitto::start_logging_on(debug, free_port())
+    }
+
+    fn start_logging_on(debug: bool, port: u16) -> Mosquitto {
         let dir = std::env::temp_dir().join(format!(
             "statestore-mosquitto-{}-{port}",
             std::process::id()

@@ -51,11 +51,19 @@ pub enum ClusterTenantCommand {
     /// serves its clients once it applies the entry. A replica whose
     /// `--config` does not name it yet says so in its log and tries again
     /// every 10 s.
-    Add(ClusterTenantAddArgs),
+    Add(ClusterTenantArgs),
+    /// Remove a tenant from a running cluster: the leader proposes it, and
+    /// every replica, once it applies the entry, stops serving the
+    /// tenant's clients (they become clients of no tenant) and closes its
+    /// Raft groups. Its data stays in each replica's `tenant-<name>`
+    /// directory (delete it, or keep it); its number and name are not used
+    /// again, and `--config` need not name it any more. The first tenant
+    /// cannot be removed (its group keeps the cluster's membership).
+    Remove(ClusterTenantArgs),
 }
 
 #[derive(clap::Args)]
-pub struct ClusterTenantAddArgs {
+pub struct ClusterTenantArgs {
     /// Any replica's cluster file (its replicas and secret are used).
     #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
     cluster: PathBuf,
@@ -138,6 +146,9 @@ pub fn run(command: ClusterCommand) -> ExitCode {
         ClusterCommand::Certs(args) => done(admin::certs(&args.cluster, &args.id)),
         ClusterCommand::Tenant(ClusterTenantCommand::Add(args)) => done(
             statestore::cluster::admin_tenants::add(&args.cluster, &args.name),
+        ),
+        ClusterCommand::Tenant(ClusterTenantCommand::Remove(args)) => done(
+            statestore::cluster::admin_tenants::remove(&args.cluster, &args.name),
         ),
     }
 }

@@ -208,27 +208,29 @@ fn report(
     }
 }
 
-/// With tenants: the most any replica serves, in the cluster's order, and
-/// the replicas that serve fewer (not yet caught up with an addition, or
-/// whose `--config` lacks one).
-fn print_tenants(replicas: &[ReplicaReport]) {
-    let Some(most) = replicas.iter().map(|x| &x.tenants).max_by_key(|t| t.len()) else {
+/// With tenants: those the leader serves (else the most any replica
+/// does), in the cluster's order, and the replicas that serve others (not
+/// yet caught up with an addition or removal, or whose `--config` lacks a
+/// tenant).
+fn print_tenants(replicas: &[ReplicaReport], leader: Option<u64>) {
+    let by_leader = replicas
+        .iter()
+        .find(|x| Some(x.id) == leader && x.unreachable.is_none());
+    let Some(tenants) = by_leader
+        .map(|x| &x.tenants)
+        .or_else(|| replicas.iter().map(|x| &x.tenants).max_by_key(|t| t.len()))
+    else {
         return;
     };
-    if most.is_empty() {
+    if tenants.is_empty() {
         return;
     }
-    println!("tenants: {}", most.join(", "));
-    for x in replicas
+    println!("tenants: {}", tenants.join(", "));
+    let others = replicas
         .iter()
-        .filter(|x| x.unreachable.is_none() && x.tenants.len() < most.len())
-    {
-        println!(
-            "replica {} serves {} of them (not yet: {})",
-            x.id,
-            x.tenants.len(),
-            most[x.tenants.len()..].join(", ")
-        );
+        .filter(|x| x.unreachable.is_none() && x.tenants != *tenants);
+    for x in others {
+        println!("replica {} serves: {}", x.id, x.tenants.join(", "));
     }
 }
 
@@ -306,7 +308,7 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
         "file" => println!("members: {list} (as the cluster file lists them: no replica answered)"),
         from => println!("members: {list} (last known, from {from}: no leader answered)"),
     }
-    print_tenants(&r.replicas);
+    print_tenants(&r.replicas, r.leader);
     if r.partitions > 1 {
         // The table is partition 0's group; each partition has its own leader.
         let leads: Vec<String> = r

@@ -1,5 +1,6 @@
-//! `statestore cluster tenant add`: the cluster agrees to serve one more
-//! tenant (see [`crate::cluster::node`]'s tenants added while running).
+//! `statestore cluster tenant add` and `remove`: the cluster agrees to
+//! serve one more tenant, or one fewer (see the tenants added while running
+//! in [`crate::cluster::node`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,17 +12,29 @@ use super::file::ClusterFile;
 use super::net;
 use super::operator::ChangeAnswer;
 
-/// How long `tenant add` waits for the cluster.
+/// How long a tenant change waits for the cluster.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// How long it waits, once the leader serves the tenant, for the other
-/// replicas that answer to serve it too.
+/// How long it waits, once the leader has made the change, for the other
+/// replicas that answer to make it too.
 const WAIT_OTHERS: Duration = Duration::from_secs(10);
 
 /// Asks group 0's leader to add tenant `name` (which every replica's
 /// `--config` must name), then waits until the leader serves it, and says
 /// which replicas serve it.
 pub fn add(path: &Path, name: &str) -> Result<()> {
+    change(path, name, true)
+}
+
+/// Asks group 0's leader to remove tenant `name` (not the first), then
+/// waits until the leader no longer serves it, and says which replicas
+/// still do. Its data stays in each replica's `tenant-<name>` directory;
+/// its name is not used again.
+pub fn remove(path: &Path, name: &str) -> Result<()> {
+    change(path, name, false)
+}
+
+fn change(path: &Path, name: &str, add: bool) -> Result<()> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -32,47 +45,55 @@ pub fn add(path: &Path, name: &str) -> Result<()> {
     }
     let file = ClusterFile::load(path)?;
     let who = file.operator_credentials()?;
+    let verb = if add { "add" } else { "remove" };
     runtime()?.block_on(async {
         let deadline = tokio::time::Instant::now() + WAIT;
         let mut proposed: Option<tokio::time::Instant> = None;
-        let mut leader_serves: Option<tokio::time::Instant> = None;
+        let mut leader_done: Option<tokio::time::Instant> = None;
         loop {
             let answers = statuses(&file, &who).await;
+            let serves = |s: &super::operator::ReplicaStatus| s.tenants.iter().any(|t| t == name);
             let leader = answers
                 .iter()
                 .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
                 .filter(|(_, _, m)| m.leads() && m.settled)
                 .max_by_key(|(_, _, m)| m.term);
             if let Some((leader, addr, m)) = leader {
-                if m.tenants.iter().any(|t| t == name) {
-                    let serving: Vec<String> = answers
+                if serves(m) == add {
+                    // The replicas that answer and have not made it yet.
+                    let behind: Vec<String> = answers
                         .iter()
-                        .filter_map(|(id, _, a)| a.as_ref().ok().map(|s| (id, s)))
-                        .filter(|(_, s)| s.tenants.iter().any(|t| t == name))
-                        .map(|(id, _)| id.to_string())
-                        .collect();
-                    let missing: Vec<String> = answers
-                        .iter()
-                        .filter(|(_, _, a)| a.as_ref().is_ok_and(|s| !s.tenants.iter().any(|t| t == name)))
+                        .filter(|(_, _, a)| a.as_ref().is_ok_and(|s| serves(s) != add))
                         .map(|(id, _, _)| id.to_string())
                         .collect();
-                    let since = *leader_serves.get_or_insert_with(tokio::time::Instant::now);
-                    if !missing.is_empty() && since.elapsed() < WAIT_OTHERS {
+                    let since = *leader_done.get_or_insert_with(tokio::time::Instant::now);
+                    if !behind.is_empty() && since.elapsed() < WAIT_OTHERS {
                         tokio::time::sleep(Duration::from_millis(300)).await;
                         continue;
                     }
-                    let what = if proposed.is_some() { "added" } else { "is the cluster's already" };
-                    println!("tenant {name} {what}; served by replicas {}", serving.join(", "));
-                    if !missing.is_empty() {
+                    let serving: Vec<String> = answers
+                        .iter()
+                        .filter(|(_, _, a)| a.as_ref().is_ok_and(serves))
+                        .map(|(id, _, _)| id.to_string())
+                        .collect();
+                    match (add, proposed.is_some()) {
+                        (true, true) => println!("tenant {name} added; served by replicas {}", serving.join(", ")),
+                        (true, false) => println!("tenant {name} is the cluster's already; served by replicas {}", serving.join(", ")),
+                        (false, true) => println!("tenant {name} removed"),
+                        (false, false) => println!("tenant {name} is not the cluster's"),
+                    }
+                    if !behind.is_empty() {
                         eprintln!(
-                            "not yet served by replicas {} (their --config must name it: their logs say; they try again every 10 s)",
-                            missing.join(", ")
+                            "not yet {} by replicas {} (their logs say why; they try again every 10 s)",
+                            if add { "served" } else { "closed" },
+                            behind.join(", ")
                         );
                     }
                     return Ok(());
                 }
                 if proposed.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
-                    let answer = net::change(addr, leader, &who, &format!("tenant add {name}")).await?;
+                    let request = format!("tenant {verb} {name}");
+                    let answer = net::change(addr, leader, &who, &request).await?;
                     match ChangeAnswer::decode(&answer) {
                         ChangeAnswer::Proposed(text) => {
                             eprintln!("{text}");
@@ -87,7 +108,8 @@ pub fn add(path: &Path, name: &str) -> Result<()> {
             }
             if tokio::time::Instant::now() >= deadline {
                 anyhow::bail!(
-                    "tenant {name} is not served after {} s (no leader, or the leader cannot open it: see `statestore cluster status` and the leader's log, then run this again)",
+                    "tenant {name} is {} after {} s (no leader, or the leader cannot make the change: see `statestore cluster status` and the leader's log, then run this again)",
+                    if add { "not served" } else { "still served" },
                     WAIT.as_secs()
                 );
             }

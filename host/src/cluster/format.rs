@@ -60,6 +60,9 @@ pub(crate) const HOST_ENTRY: u8 = 0x80;
 pub enum HostEntry {
     /// Tenant `name` joins the cluster's tenants (kind 1, body its name).
     AddTenant(String),
+    /// Tenant `name` leaves them (kind 2, body its name): its number stays
+    /// taken, and its name is not used again.
+    RemoveTenant(String),
 }
 
 /// Encodes a [`HostEntry`].
@@ -67,6 +70,11 @@ pub(crate) fn encode_host_entry(entry: &HostEntry) -> Vec<u8> {
     match entry {
         HostEntry::AddTenant(name) => {
             let mut out = vec![HOST_ENTRY, 1];
+            out.extend_from_slice(name.as_bytes());
+            out
+        }
+        HostEntry::RemoveTenant(name) => {
+            let mut out = vec![HOST_ENTRY, 2];
             out.extend_from_slice(name.as_bytes());
             out
         }
@@ -79,13 +87,15 @@ pub(crate) fn decode_host_entry(data: &[u8]) -> Option<Result<HostEntry>> {
     if first != HOST_ENTRY {
         return None;
     }
+    let name = |body: &[u8]| match std::str::from_utf8(body) {
+        Ok(name) if !name.is_empty() => Ok(name.to_string()),
+        _ => Err(anyhow::anyhow!("a tenant's entry without a valid name")),
+    };
     Some(match rest.split_first() {
-        Some((1, name)) => match std::str::from_utf8(name) {
-            Ok(name) if !name.is_empty() => Ok(HostEntry::AddTenant(name.to_string())),
-            _ => Err(anyhow::anyhow!("a tenant's entry without a valid name")),
-        },
+        Some((1, body)) => name(body).map(HostEntry::AddTenant),
+        Some((2, body)) => name(body).map(HostEntry::RemoveTenant),
         Some((kind, _)) => Err(anyhow::anyhow!(
-            "a host entry of kind {kind} (this build knows 1)"
+            "a host entry of kind {kind} (this build knows 1 and 2)"
         )),
         None => Err(anyhow::anyhow!("a host entry without its kind")),
     })
@@ -103,21 +113,32 @@ pub struct AgreedTenant {
     pub voters: Vec<u64>,
 }
 
+/// The tenants the cluster changed while running: those it added (in
+/// order) and the names of those it removed (founding or added).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tenancy {
+    /// Added, in the order agreed.
+    pub added: Vec<AgreedTenant>,
+    /// Removed, in the order agreed.
+    pub removed: Vec<String>,
+}
+
 /// Format of the data of a Raft snapshot: `u8 version, u64 applied now,
 /// members, tenants, guest snapshot (everything: keys, dedup cache,
 /// registrations)`; members (version 2) are `u32 count`, then per replica
 /// added while running `u64 id, u32 length, address record`; tenants
 /// (version 3) are `u32 count`, then per tenant added while running
-/// `u32 length, name, u32 count, u64 voter...`. Versions 1 (no members)
-/// and 2 (no tenants) are still read.
-const SNAPSHOT_VERSION: u8 = 3;
+/// `u32 length, name, u32 count, u64 voter...`, and (version 4) `u32
+/// count`, then per tenant removed `u32 length, name`. Versions 1 (no
+/// members), 2 (no tenants) and 3 (none removed) are still read.
+const SNAPSHOT_VERSION: u8 = 4;
 
 /// What a Raft snapshot holds besides the guest's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct SnapshotData<'a> {
     pub(super) applied_now: u64,
     pub(super) members: Members,
-    pub(super) tenants: Vec<AgreedTenant>,
+    pub(super) tenants: Tenancy,
     pub(super) guest: &'a [u8],
 }
 
@@ -129,7 +150,7 @@ pub(crate) type Members = std::collections::BTreeMap<u64, Vec<u8>>;
 pub(super) fn encode_snapshot(
     applied_now: u64,
     members: &Members,
-    tenants: &[AgreedTenant],
+    tenants: &Tenancy,
     guest: &[u8],
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(17 + guest.len());
@@ -141,14 +162,19 @@ pub(super) fn encode_snapshot(
         out.extend_from_slice(&(record.len() as u32).to_le_bytes());
         out.extend_from_slice(record);
     }
-    out.extend_from_slice(&(tenants.len() as u32).to_le_bytes());
-    for t in tenants {
+    out.extend_from_slice(&(tenants.added.len() as u32).to_le_bytes());
+    for t in &tenants.added {
         out.extend_from_slice(&(t.name.len() as u32).to_le_bytes());
         out.extend_from_slice(t.name.as_bytes());
         out.extend_from_slice(&(t.voters.len() as u32).to_le_bytes());
         for v in &t.voters {
             out.extend_from_slice(&v.to_le_bytes());
         }
+    }
+    out.extend_from_slice(&(tenants.removed.len() as u32).to_le_bytes());
+    for name in &tenants.removed {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
     }
     out.extend_from_slice(guest);
     out
@@ -179,14 +205,17 @@ pub(super) fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
             members.insert(id, take(&mut rest, len as usize)?.to_vec());
         }
     }
-    let mut tenants = Vec::new();
+    let mut tenants = Tenancy::default();
+    let text = |bytes: &[u8]| {
+        std::str::from_utf8(bytes)
+            .map(str::to_string)
+            .map_err(|_| anyhow::anyhow!("a tenant's name in a Raft snapshot is not UTF-8"))
+    };
     if version >= 3 {
         let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
         for _ in 0..count {
             let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-            let name = std::str::from_utf8(take(&mut rest, len as usize)?)
-                .map_err(|_| anyhow::anyhow!("a tenant's name in a Raft snapshot is not UTF-8"))?
-                .to_string();
+            let name = text(take(&mut rest, len as usize)?)?;
             let n = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
             let mut voters = Vec::new();
             for _ in 0..n {
@@ -194,7 +223,14 @@ pub(super) fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
                     take(&mut rest, 8)?.try_into().expect("8 bytes"),
                 ));
             }
-            tenants.push(AgreedTenant { name, voters });
+            tenants.added.push(AgreedTenant { name, voters });
+        }
+    }
+    if version >= 4 {
+        let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+        for _ in 0..count {
+            let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+            tenants.removed.push(text(take(&mut rest, len as usize)?)?);
         }
     }
     Ok(SnapshotData {
@@ -214,10 +250,13 @@ mod tests {
     #[test]
     fn snapshots_carry_the_members_added_while_running() {
         let members = Members::from([(4, b"raft=127.0.0.1:7104".to_vec()), (5, Vec::new())]);
-        let tenants = vec![AgreedTenant {
-            name: "c".into(),
-            voters: vec![1, 2, 4],
-        }];
+        let tenants = Tenancy {
+            added: vec![AgreedTenant {
+                name: "c".into(),
+                voters: vec![1, 2, 4],
+            }],
+            removed: vec!["a".into()],
+        };
         let data = encode_snapshot(42, &members, &tenants, b"guest");
         let d = decode_snapshot(&data).expect("decode");
         assert_eq!(
@@ -230,7 +269,25 @@ mod tests {
         v2.extend_from_slice(&0u32.to_le_bytes());
         v2.extend_from_slice(b"guest");
         let d = decode_snapshot(&v2).expect("format 2");
-        assert_eq!((d.tenants.len(), d.guest), (0, &b"guest"[..]));
+        assert_eq!((&d.tenants, d.guest), (&Tenancy::default(), &b"guest"[..]));
+        // Format 3: tenants added, none removed.
+        let mut v3 = vec![3];
+        v3.extend_from_slice(&42u64.to_le_bytes());
+        v3.extend_from_slice(&0u32.to_le_bytes());
+        v3.extend_from_slice(&1u32.to_le_bytes());
+        v3.extend_from_slice(&1u32.to_le_bytes());
+        v3.push(b'c');
+        v3.extend_from_slice(&0u32.to_le_bytes());
+        v3.extend_from_slice(b"guest");
+        let d = decode_snapshot(&v3).expect("format 3");
+        assert_eq!(
+            (
+                d.tenants.added[0].name.as_str(),
+                d.tenants.removed.len(),
+                d.guest
+            ),
+            ("c", 0, &b"guest"[..])
+        );
         let mut v1 = vec![1];
         v1.extend_from_slice(&42u64.to_le_bytes());
         v1.extend_from_slice(b"guest");
@@ -255,6 +312,14 @@ mod tests {
         let data = encode_host_entry(&add);
         assert_eq!(data, [0x80, 1, b'c']);
         assert_eq!(decode_host_entry(&data).expect("host").expect("ok"), add);
+        let remove = HostEntry::RemoveTenant("c".into());
+        assert_eq!(encode_host_entry(&remove), [0x80, 2, b'c']);
+        assert_eq!(
+            decode_host_entry(&encode_host_entry(&remove))
+                .expect("host")
+                .expect("ok"),
+            remove
+        );
         assert!(decode_host_entry(&encode_entry(1, 2, b"batch")).is_none());
         assert!(decode_host_entry(&[]).is_none());
         for bad in [&[0x80][..], &[0x80, 1], &[0x80, 9, b'c'], &[0x80, 1, 0xff]] {

@@ -1,14 +1,15 @@
 //! Entries the hosts apply themselves ([`HostEntry`]): the tenants the
-//! cluster adds while running, agreed in group 0's log. Every replica of
-//! group 0 applies them in the log's order and records each tenant with
-//! the voters its groups start with; snapshots carry the list
-//! ([`AgreedTenant`]), so a replica that catches up from one learns it
-//! too. Opening the tenant's groups is the host's ([`crate::cluster::node`]).
+//! cluster adds and removes while running, agreed in group 0's log. Every
+//! replica of group 0 applies them in the log's order and records each
+//! tenant added with the voters its groups start with, and each removed by
+//! name; snapshots carry both ([`Tenancy`]), so a replica that catches up
+//! from one learns them too. Opening and closing the tenants' groups is
+//! the host's ([`crate::cluster::node`]).
 
 use anyhow::{Context as _, Result, bail};
 
 use super::format::encode_host_entry;
-use super::{AgreedTenant, Backend, HostEntry, Replica};
+use super::{AgreedTenant, Backend, HostEntry, Replica, Tenancy};
 
 impl<B: Backend> Replica<B> {
     /// Proposes `entry` (as leader).
@@ -26,9 +27,9 @@ impl<B: Backend> Replica<B> {
             .context("proposing")
     }
 
-    /// The tenants the cluster added while running, as this replica has
-    /// applied them, in order.
-    pub fn agreed_tenants(&self) -> &[AgreedTenant] {
+    /// The tenants the cluster added and removed while running, as this
+    /// replica has applied them, in order.
+    pub fn agreed_tenants(&self) -> &Tenancy {
         &self.tenants
     }
 
@@ -37,13 +38,23 @@ impl<B: Backend> Replica<B> {
     pub(super) fn apply_host(&mut self, index: u64, entry: Result<HostEntry>) {
         match entry {
             Ok(HostEntry::AddTenant(name)) => {
-                if self.tenants.iter().any(|t| t.name == name) {
-                    tracing::info!(index, tenant = %name, "the tenant was added before: nothing to do");
+                if self.tenants.added.iter().any(|t| t.name == name)
+                    || self.tenants.removed.contains(&name)
+                {
+                    tracing::info!(index, tenant = %name, "the tenant was added (or removed) before: nothing to do");
                     return;
                 }
                 let voters = self.voters();
                 tracing::info!(replica = self.id, index, tenant = %name, ?voters, "the cluster adds a tenant");
-                self.tenants.push(AgreedTenant { name, voters });
+                self.tenants.added.push(AgreedTenant { name, voters });
+            }
+            Ok(HostEntry::RemoveTenant(name)) => {
+                if self.tenants.removed.contains(&name) {
+                    tracing::info!(index, tenant = %name, "the tenant was removed before: nothing to do");
+                    return;
+                }
+                tracing::info!(replica = self.id, index, tenant = %name, "the cluster removes a tenant");
+                self.tenants.removed.push(name);
             }
             Err(e) => {
                 tracing::warn!(index, error = %format!("{e:#}"), "a host entry this build cannot apply: skipped");
@@ -55,11 +66,11 @@ impl<B: Backend> Replica<B> {
 #[cfg(test)]
 mod tests {
     use crate::cluster::quiet::tests::Three;
-    use crate::cluster::{AgreedTenant, HostEntry};
+    use crate::cluster::{AgreedTenant, HostEntry, Tenancy};
 
     /// A tenant proposed once (or twice) is added once, on every replica,
-    /// with the voters group 0 had; a follower does not propose; the
-    /// snapshot carries the list.
+    /// with the voters group 0 had; a follower does not propose; removed,
+    /// it is not added again; the snapshot carries both lists.
     #[test]
     fn every_replica_agrees_on_a_tenant_added_and_snapshots_carry_it() {
         let mut g = Three::new();
@@ -81,13 +92,32 @@ mod tests {
         for _ in 0..20 {
             g.tick();
         }
-        let want = [AgreedTenant {
-            name: "lab".into(),
-            voters: vec![1, 2, 3],
-        }];
+        let mut want = Tenancy {
+            added: vec![AgreedTenant {
+                name: "lab".into(),
+                voters: vec![1, 2, 3],
+            }],
+            removed: Vec::new(),
+        };
         for r in g.replicas.iter().flatten() {
             assert!(r.applied() >= index);
-            assert_eq!(r.agreed_tenants(), want, "replica {}", r.id());
+            assert_eq!(r.agreed_tenants(), &want, "replica {}", r.id());
+        }
+        // Removed (twice), then added again: removed for good.
+        let r = g.replicas[leader - 1].as_mut().expect("up");
+        let remove = HostEntry::RemoveTenant("lab".into());
+        r.propose_host(&remove).expect("propose");
+        r.propose_host(&remove).expect("propose again");
+        r.propose_host(&add).expect("add again");
+        r.propose(1, &[], 2_000).expect("a batch after it");
+        let index = r.status().last_index;
+        for _ in 0..20 {
+            g.tick();
+        }
+        want.removed.push("lab".into());
+        for r in g.replicas.iter().flatten() {
+            assert!(r.applied() >= index);
+            assert_eq!(r.agreed_tenants(), &want, "replica {}", r.id());
         }
         let r = g.replicas[leader - 1].as_mut().expect("up");
         r.compact().expect("snapshot");

@@ -73,7 +73,7 @@ use anyhow::{Context, Result, bail};
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
-pub use format::{AgreedTenant, EntryRef, HostEntry};
+pub use format::{AgreedTenant, EntryRef, HostEntry, Tenancy};
 pub(crate) use format::{Members, decode_entry, decode_host_entry, encode_entry};
 use format::{decode_snapshot, encode_snapshot};
 pub use log::LogStore;
@@ -263,9 +263,9 @@ pub struct Replica<B: Backend> {
     members: Members,
     /// Membership changes applied (a counter the host watches).
     changes: u64,
-    /// The tenants the cluster added while running (group 0's; see
-    /// [`HostEntry`]), in the order it agreed.
-    tenants: Vec<AgreedTenant>,
+    /// The tenants the cluster added and removed while running (group
+    /// 0's; see [`HostEntry`]), in the order it agreed.
+    tenants: Tenancy,
     /// A membership change added a replica: snapshot now, so that it
     /// starts from a snapshot that names it, never from the log's start.
     compact_now: bool,
@@ -316,7 +316,7 @@ impl<B: Backend> Replica<B> {
                     d.tenants,
                 )
             }
-            None => (make(None)?, 0, 0, Members::new(), Vec::new()),
+            None => (make(None)?, 0, 0, Members::new(), Tenancy::default()),
         };
         let replayed_to = log.hard_state().commit;
         let config = raft::Config {

@@ -103,6 +103,13 @@ pub trait Transport {
             "this transport serves a fixed set of stores (tenant {tenant} cannot be added)"
         )))
     }
+    /// Stops serving the clients of tenant number `tenant`, which a
+    /// cluster removed; a transport that cannot says why.
+    fn remove_tenant(&mut self, tenant: usize) -> impl Future<Output = Result<()>> {
+        std::future::ready(Err(anyhow::anyhow!(
+            "this transport serves a fixed set of stores (tenant {tenant} cannot be removed)"
+        )))
+    }
     /// Shut down cleanly.
     fn close(&mut self) -> impl Future<Output = ()>;
 }

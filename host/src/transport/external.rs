@@ -300,43 +300,91 @@ impl Server {
 /// With tenants (`--config`), `opts` has one connection per tenant, in the
 /// order of the node's tenants (the broker keeps them apart: a listener and
 /// mount point each, say): a tenant's requests are those its connection
-/// receives, and its replies and notifications go out on it.
+/// receives, and its replies and notifications go out on it (`None`: a
+/// tenant the cluster removed, whose number stays taken).
 pub async fn serve_replica(
     node: crate::cluster::node::Node,
-    opts: Vec<ServeOptions>,
+    opts: Vec<Option<ServeOptions>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let mut sides = Vec::with_capacity(opts.len());
     for o in opts {
+        let Some(o) = o else {
+            sides.push(None);
+            continue;
+        };
         let id = o.client_id.clone();
         let mut t = ClientTransport::connect(o)
             .await
             .with_context(|| format!("the broker connection {id:?}"))?;
         t.ack_when_answered = true;
-        sides.push(t);
+        sides.push(Some(t));
     }
     // A replica of tenants may be given more (the cluster adds them).
     if sides.len() == 1 && !node.serves_tenants() {
-        let mut transport = sides.pop().expect("one");
+        let mut transport = sides.pop().flatten().context("the store's connection")?;
         return node.drive(&mut transport, shutdown).await;
     }
     let mut transport = Connections {
         sides,
+        connecting: Vec::new(),
         current: 0,
         start: 0,
+        warned: None,
     };
-    node.drive(&mut transport, shutdown).await
+    let result = node.drive(&mut transport, shutdown).await;
+    for (_, task) in &transport.connecting {
+        task.abort();
+    }
+    result
 }
+
+/// How long a connection for a tenant added while running waits before
+/// trying the broker again.
+const RECONNECT: Duration = Duration::from_secs(5);
 
 /// A replica's connections to the broker, one per tenant, as one
 /// [`crate::store::driver::Transport`]: an event is its connection's
-/// tenant's, and so is what is emitted for it.
+/// tenant's, and so is what is emitted for it. A tenant added while
+/// running has none until its connection is up (made on a task of its
+/// own, tried again every [`RECONNECT`]: the replica's loop never waits
+/// for a broker).
 struct Connections {
-    sides: Vec<ClientTransport>,
+    /// Each tenant's, by number (`None`: being connected).
+    sides: Vec<Option<ClientTransport>>,
+    /// Connections being made, for those tenants.
+    connecting: Vec<(usize, tokio::task::JoinHandle<ClientTransport>)>,
     /// The tenant of the last event.
     current: usize,
     /// Where the next wait starts looking (each connection in turn).
     start: usize,
+    /// When outputs for a tenant without its connection were last reported.
+    warned: Option<std::time::Instant>,
+}
+
+impl Connections {
+    /// Takes the connections made since the last look.
+    fn poll_connecting(&mut self, cx: &mut std::task::Context<'_>) {
+        let mut i = 0;
+        while i < self.connecting.len() {
+            let (t, task) = &mut self.connecting[i];
+            match std::future::Future::poll(std::pin::Pin::new(task), cx) {
+                std::task::Poll::Ready(Ok(side)) => {
+                    info!(
+                        tenant = *t,
+                        "the tenant's broker connection is up: its clients are served"
+                    );
+                    self.sides[*t] = Some(side);
+                    self.connecting.swap_remove(i);
+                }
+                std::task::Poll::Ready(Err(e)) => {
+                    warn!(tenant = *t, error = %e, "the task connecting a tenant to the broker stopped");
+                    self.connecting.swap_remove(i);
+                }
+                std::task::Poll::Pending => i += 1,
+            }
+        }
+    }
 }
 
 impl crate::store::driver::Transport for Connections {
@@ -344,10 +392,13 @@ impl crate::store::driver::Transport for Connections {
 
     async fn recv(&mut self) -> Option<(usize, NetEvent)> {
         std::future::poll_fn(|cx| {
+            self.poll_connecting(cx);
             let n = self.sides.len();
             for k in 0..n {
                 let i = (self.start + k) % n;
-                let side = &mut self.sides[i];
+                let Some(side) = &mut self.sides[i] else {
+                    continue;
+                };
                 let event = match side.pending.pop_front() {
                     Some(e) => std::task::Poll::Ready(Some(e)),
                     None => side.events.poll_recv(cx),
@@ -369,6 +420,7 @@ impl crate::store::driver::Transport for Connections {
 
     fn try_recv(&mut self) -> Option<(usize, NetEvent)> {
         for (i, side) in self.sides.iter_mut().enumerate() {
+            let Some(side) = side else { continue };
             if let Some(e) = side.pending.pop_front() {
                 return Some((i, e));
             }
@@ -381,11 +433,14 @@ impl crate::store::driver::Transport for Connections {
 
     async fn on_event(&mut self, (i, event): (usize, NetEvent)) -> Result<Option<Received>> {
         self.current = i;
-        self.sides[i].on_event(event).await
+        match &mut self.sides[i] {
+            Some(side) => side.on_event(event).await,
+            None => Ok(None),
+        }
     }
 
     async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
-        self.sides[self.current].emit(outputs).await
+        self.emit_to(self.current, outputs).await
     }
 
     fn tenant(&self) -> usize {
@@ -394,24 +449,41 @@ impl crate::store::driver::Transport for Connections {
 
     async fn emit_to(&mut self, tenant: usize, outputs: Vec<Output>) -> Result<()> {
         match self.sides.get_mut(tenant) {
-            Some(side) => side.emit(outputs).await,
+            Some(Some(side)) => side.emit(outputs).await,
+            Some(None) => {
+                // Said at most every 10 s.
+                if self
+                    .warned
+                    .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+                {
+                    self.warned = Some(std::time::Instant::now());
+                    warn!(
+                        tenant,
+                        "outputs of a tenant whose broker connection is not up yet: dropped"
+                    );
+                }
+                Ok(())
+            }
             None => anyhow::bail!("outputs of tenant {tenant}, which has no connection"),
         }
     }
 
     async fn settle(&mut self) -> Result<()> {
-        self.sides[self.current].settle().await
+        match &mut self.sides[self.current] {
+            Some(side) => side.settle().await,
+            None => Ok(()),
+        }
     }
 
     async fn tick(&mut self) -> Result<()> {
-        for side in &mut self.sides {
+        for side in self.sides.iter_mut().flatten() {
             side.tick().await?;
         }
         Ok(())
     }
 
-    /// Opens the tenant's connection (the replica's loop waits for it:
-    /// at most its connect timeout).
+    /// Starts making the tenant's connection, on a task of its own that
+    /// tries again every [`RECONNECT`] until the broker takes it.
     async fn add_tenant(
         &mut self,
         tenant: usize,
@@ -423,17 +495,44 @@ impl crate::store::driver::Transport for Connections {
         if tenant != self.sides.len() {
             anyhow::bail!("tenant {tenant} added after {} tenants", self.sides.len());
         }
-        let id = opts.client_id.clone();
-        let mut t = ClientTransport::connect(*opts)
-            .await
-            .with_context(|| format!("the broker connection {id:?}"))?;
-        t.ack_when_answered = true;
-        self.sides.push(t);
+        self.sides.push(None);
+        let task = tokio::spawn(async move {
+            loop {
+                match ClientTransport::connect((*opts).clone()).await {
+                    Ok(mut side) => {
+                        side.ack_when_answered = true;
+                        return side;
+                    }
+                    Err(e) => {
+                        warn!(tenant, client_id = %opts.client_id, error = %format!("{e:#}"), "cannot connect the tenant to the broker yet: trying again in 5 s");
+                        tokio::time::sleep(RECONNECT).await;
+                    }
+                }
+            }
+        });
+        self.connecting.push((tenant, task));
+        Ok(())
+    }
+
+    /// Its connection closed (or no longer made).
+    async fn remove_tenant(&mut self, tenant: usize) -> Result<()> {
+        self.connecting.retain(|(t, task)| {
+            if *t == tenant {
+                task.abort();
+            }
+            *t != tenant
+        });
+        if let Some(Some(mut side)) = self.sides.get_mut(tenant).map(Option::take) {
+            side.close().await;
+        }
         Ok(())
     }
 
     async fn close(&mut self) {
-        for side in &mut self.sides {
+        for (_, task) in self.connecting.drain(..) {
+            task.abort();
+        }
+        for side in self.sides.iter_mut().flatten() {
             side.close().await;
         }
     }

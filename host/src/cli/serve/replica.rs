@@ -62,12 +62,18 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         if let Some(broker) = args.broker.clone() {
             // One connection per store (a tenant's on its own broker or
             // mount point), named for this replica.
-            // Its stores, in the node's order (the data directory's).
+            // Its stores, in the node's order (the data directory's; none
+            // for a tenant the cluster removed).
             let opts = node
                 .tenants()
                 .iter()
-                .filter_map(|name| specs.iter().find(|s| !named || s.name == *name))
-                .map(|spec| replica_broker_options(&args, &broker, spec.clone(), file.id, named))
+                .enumerate()
+                .map(|(t, name)| {
+                    let spec = specs.iter().find(|s| !named || s.name == *name);
+                    spec.filter(|_| !node.removed(t)).map(|spec| {
+                        replica_broker_options(&args, &broker, spec.clone(), file.id, named)
+                    })
+                })
                 .collect();
             return statestore::transport::external::serve_replica(node, opts, shutdown_signal())
                 .await;
@@ -79,17 +85,20 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         let policy = statestore::auth::policy::PolicyCell::new(load_policy(&args)?);
         // A replica's broker keeps its retained messages in memory.
         let options = broker_options(&args, users, metrics.as_deref(), policy, None);
-        // Each tenant's clients, in the node's order (the data directory's).
+        // Each tenant's clients, in the node's order (the data directory's;
+        // a tenant the cluster removed keeps its place, and takes none).
         let routes: Vec<(String, Route)> = node
             .tenants()
             .iter()
-            .filter_map(|name| specs.iter().find(|s| named && s.name == *name))
-            .map(|s| {
-                let route = Route {
+            .enumerate()
+            .filter(|_| named)
+            .map(|(t, name)| {
+                let spec = specs.iter().find(|s| s.name == *name && !node.removed(t));
+                let route = spec.map_or_else(Route::default, |s| Route {
                     matcher: s.matcher.clone(),
                     default: s.default,
-                };
-                (s.name.clone(), route)
+                });
+                (name.clone(), route)
             })
             .collect();
         let server = statestore::transport::embedded::EmbeddedServer::start_replica(

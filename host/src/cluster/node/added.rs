@@ -109,24 +109,34 @@ pub(super) struct Added {
     pub(super) failed: HashMap<String, Instant>,
     /// Opened, for the transport to serve: (tenant number, how).
     pub(super) opened: Vec<(usize, Reach)>,
+    /// Closed (removed), for the transport to stop serving.
+    pub(super) closed: Vec<usize>,
     /// Where a tenant's metrics are made (`--metrics`).
     pub(super) metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Node {
-    /// Opens the tenants that group 0 has agreed to and this replica does
-    /// not serve yet.
-    pub(super) fn open_agreed(&mut self) {
+    /// Opens the tenants that group 0 has agreed to add and this replica
+    /// does not serve yet, and closes those it agreed to remove.
+    pub(super) fn open_agreed(&mut self) -> Result<()> {
         if !self.named || self.slots.first().copied().flatten() != Some(0) {
-            return;
+            return Ok(());
         }
-        let agreed: Vec<AgreedTenant> = self.groups[0]
-            .replica
-            .agreed_tenants()
+        let tenancy = self.groups[0].replica.agreed_tenants();
+        let closing: Vec<usize> = (0..self.tenants.len())
+            .filter(|&t| !self.removed(t) && tenancy.removed.contains(&self.tenants[t]))
+            .collect();
+        let agreed: Vec<AgreedTenant> = tenancy
+            .added
             .iter()
-            .filter(|a| !self.tenants.contains(&a.name))
+            .filter(|a| !self.tenants.contains(&a.name) && !tenancy.removed.contains(&a.name))
             .cloned()
             .collect();
+        for t in closing {
+            // Its record failing to be written is the replica's end: the
+            // tenant would come back at its next start.
+            self.close_tenant(t)?;
+        }
         for a in agreed {
             if self
                 .added
@@ -147,6 +157,32 @@ impl Node {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Closes tenant `t`, which the cluster removed: recorded as removed
+    /// in `tenants` first (a replica restarted after that does not open
+    /// it), then its groups dropped and its clients no longer served. Its
+    /// data stays in its directory (`tenant-<name>`), for the operator to
+    /// keep or delete; its name is not used again.
+    fn close_tenant(&mut self, t: usize) -> Result<()> {
+        let name = self.tenants[t].clone();
+        super::tenants::record_removed(&*self.maker.root, &name)?;
+        let per = self.per;
+        let range = t as u32 * per..(t as u32 + 1) * per;
+        self.groups.retain(|g| !range.contains(&g.id));
+        self.slots.iter_mut().for_each(|s| *s = None);
+        for (i, g) in self.groups.iter().enumerate() {
+            self.slots[g.id as usize] = Some(i);
+        }
+        self.removed[t] = true;
+        self.observers[t] = super::Observers::default();
+        if let Some(m) = self.store_metrics.get(t) {
+            m.stopped();
+        }
+        self.added.closed.push(t);
+        info!(replica = self.id(), tenant = %name, number = t, "a tenant the cluster removed: its groups are closed, its data left in its directory");
+        Ok(())
     }
 
     /// Opens tenant `a`'s groups (see the module's note on the order).
@@ -185,6 +221,7 @@ impl Node {
             self.groups.push(group);
         }
         self.tenants.push(a.name.clone());
+        self.removed.push(false);
         self.observers.push(super::Observers::default());
         if let Some(m) = metrics {
             self.store_metrics.push(m);
@@ -193,11 +230,17 @@ impl Node {
         Ok(())
     }
 
-    /// Hands the tenants opened since the last call to `transport`.
+    /// Hands the tenants opened and closed since the last call to
+    /// `transport`.
     pub(super) async fn serve_opened<T: crate::store::driver::Transport>(
         &mut self,
         transport: &mut T,
     ) {
+        for t in std::mem::take(&mut self.added.closed) {
+            if let Err(e) = transport.remove_tenant(t).await {
+                error!(tenant = %self.tenants[t], error = %format!("{e:#}"), "the transport cannot stop serving a removed tenant's clients (their requests are dropped)");
+            }
+        }
         for (t, reach) in std::mem::take(&mut self.added.opened) {
             let name = self.tenants[t].clone();
             match transport.add_tenant(t, reach).await {
@@ -228,8 +271,17 @@ impl Node {
         if leader != replica.id() || !replica.membership_settled() {
             return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
         }
+        if replica.agreed_tenants().removed.iter().any(|t| t == name) {
+            return ChangeAnswer::Refused(format!(
+                "tenant {name:?} was removed: a removed tenant's name is not used again (its data may still be in its directory); choose another name"
+            ));
+        }
         if self.tenants.iter().any(|t| t == name)
-            || replica.agreed_tenants().iter().any(|t| t.name == name)
+            || replica
+                .agreed_tenants()
+                .added
+                .iter()
+                .any(|t| t.name == name)
         {
             return ChangeAnswer::Proposed(format!("tenant {name:?} is the cluster's already"));
         }
@@ -244,6 +296,47 @@ impl Node {
             Ok(()) => {
                 info!(replica = leader, tenant = %name, "proposed: add a tenant");
                 ChangeAnswer::Proposed(format!("proposed: tenant add {name}"))
+            }
+            Err(e) => ChangeAnswer::AskAgain(format!("{e:#}")),
+        }
+    }
+
+    /// An operator's `tenant remove <name>` (as group 0's leader):
+    /// proposes its removal. The first tenant cannot go: its group 0 keeps
+    /// the cluster's membership and tenants.
+    pub(super) fn remove_tenant(&mut self, name: &str) -> crate::cluster::operator::ChangeAnswer {
+        use crate::cluster::operator::ChangeAnswer;
+        if !self.named || !self.placement.everywhere() {
+            return ChangeAnswer::Refused(
+                "tenants are removed from a cluster served with --config whose groups are on every replica".into(),
+            );
+        }
+        let replica = &mut self.groups[0].replica;
+        let leader = replica.leader();
+        if leader != replica.id() || !replica.membership_settled() {
+            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
+        }
+        if replica.agreed_tenants().removed.iter().any(|t| t == name) {
+            return ChangeAnswer::Proposed(format!("tenant {name:?} was removed already"));
+        }
+        match self.tenants.iter().position(|t| t == name) {
+            None => {
+                return ChangeAnswer::Refused(format!(
+                    "the cluster has no tenant {name:?} (its tenants: {})",
+                    self.tenants.join(", ")
+                ));
+            }
+            Some(0) => {
+                return ChangeAnswer::Refused(format!(
+                    "tenant {name:?} is the first: its group 0 keeps the cluster's membership and tenants, so it stays"
+                ));
+            }
+            Some(_) => {}
+        }
+        match replica.propose_host(&HostEntry::RemoveTenant(name.to_string())) {
+            Ok(()) => {
+                info!(replica = leader, tenant = %name, "proposed: remove a tenant");
+                ChangeAnswer::Proposed(format!("proposed: tenant remove {name}"))
             }
             Err(e) => ChangeAnswer::AskAgain(format!("{e:#}")),
         }

@@ -16,6 +16,11 @@ impl Node {
         all: Arc<crate::metrics::Metrics>,
     ) {
         let stores: Vec<_> = self.tenants.iter().map(|t| all.tenant(t)).collect();
+        for (t, m) in stores.iter().enumerate() {
+            if self.removed(t) {
+                m.stopped();
+            }
+        }
         self.added.metrics = Some(all);
         if let Some(j) = &mut self.journal {
             j.set_metrics(stores[0].journal());

@@ -104,6 +104,8 @@ pub struct Node {
     /// Its stores' names: the one store's (`default`), or the tenants'
     /// (those it was founded with, then those added while running).
     tenants: Vec<String>,
+    /// Which of them the cluster removed (their numbers stay taken).
+    removed: Vec<bool>,
     /// Whether it serves tenants (`--config`).
     named: bool,
     /// Opens a group while serving.
@@ -176,8 +178,8 @@ impl Node {
         })?;
         let root: Arc<dyn crate::store::storage::Storage> = Arc::new(root);
         let partitions = file.partitions;
-        let (stores, founding) = tenants::served(&*root, stores, named)?;
-        let names: Vec<String> = stores.iter().map(|t| t.name.clone()).collect();
+        let (stores, served) = tenants::served(&*root, stores, named)?;
+        let (names, founding) = (served.names.clone(), served.founding);
         let mut who = file.credentials()?;
         if named {
             who = who.with_tenants(&names);
@@ -186,6 +188,15 @@ impl Node {
         let count = stores.len() * partitions as usize;
         let placement = file.placement();
         let (held, voters) = held_groups(file, &placement, count)?;
+        // The groups of tenants the cluster removed are not opened (their
+        // numbers stay taken).
+        let gone = |g: &u32| served.removed[(*g / partitions) as usize];
+        let (held, voters): (Vec<u32>, Vec<Vec<u64>>) = held
+            .into_iter()
+            .zip(voters)
+            .filter(|(g, _)| !gone(g))
+            .unzip();
+        let removed_groups: Vec<u32> = (0..count as u32).filter(gone).collect();
         let life = new_life(&*root, clock.now_ms())?;
         let durability = match fsync {
             Fsync::Always => Durability::Always,
@@ -205,7 +216,7 @@ impl Node {
         let (logs, journal) = open_logs(
             file,
             &root,
-            (&held, count as u32),
+            (&held, count as u32, &removed_groups),
             &dirs,
             &voters,
             journaled,
@@ -229,6 +240,7 @@ impl Node {
         let ship = notify == Notify::Everywhere && !placement.everywhere();
         for (&g, log) in held.iter().zip(logs) {
             let (store, p) = (&stores[(g / partitions) as usize], g % partitions);
+            let store = store.as_ref().context("a removed tenant's group")?;
             let ship = ship && !placement.outsiders(g).is_empty();
             groups.push(maker.group(store, g, log, (p, partitions, named), ship)?);
         }
@@ -271,6 +283,7 @@ impl Node {
             per: partitions,
             observers: names.iter().map(|_| Observers::default()).collect(),
             tenants: names,
+            removed: served.removed,
             named,
             maker,
             added: added::Added::default(),
@@ -297,6 +310,12 @@ impl Node {
     /// Its stores' names, in order: the tenants', or the one store's.
     pub fn tenants(&self) -> &[String] {
         &self.tenants
+    }
+
+    /// Whether tenant `t` (of [`Node::tenants`]) was removed: its number
+    /// stays taken, and nothing serves it.
+    pub fn removed(&self, t: usize) -> bool {
+        self.removed.get(t).copied().unwrap_or(false)
     }
 
     /// Whether it serves tenants (`--config`): the cluster may add more.
@@ -370,6 +389,10 @@ impl Node {
         messages: Vec<crate::InboundMessage>,
     ) -> Result<()> {
         let now = self.now();
+        if self.removed(t) {
+            // Sent before the cluster removed it.
+            return Ok(());
+        }
         let Some(observers) = self.observers.get_mut(t) else {
             bail!("requests of tenant {t}, which this replica does not serve");
         };
@@ -407,6 +430,9 @@ impl Node {
         client: String,
     ) -> Result<()> {
         let now = self.now();
+        if self.removed(t) {
+            return Ok(());
+        }
         let Some(observers) = self.observers.get(t) else {
             bail!("a client of tenant {t}, which this replica does not serve");
         };
@@ -544,7 +570,7 @@ impl Node {
     /// The group of a peer's frame, if this replica has it.
     fn group(&mut self, g: u32, from: u64) -> Option<&mut Group> {
         let slot = self.slots.get(g as usize).copied().flatten();
-        if slot.is_none() {
+        if slot.is_none() && !self.removed((g / self.per) as usize) {
             // Said at most every 10 s: such a peer sends it many times a second.
             if self
                 .warned_partition
@@ -629,6 +655,9 @@ impl Node {
                     _ if let Some(name) = request.strip_prefix("tenant add ") => {
                         self.add_tenant(name.trim())
                     }
+                    _ if let Some(name) = request.strip_prefix("tenant remove ") => {
+                        self.remove_tenant(name.trim())
+                    }
                     Ok(_) if !self.placement.everywhere() => ChangeAnswer::Refused(
                         "the cluster file places the groups on some replicas (`copies`): its members are the file's; membership changes are not made there yet".into(),
                     ),
@@ -684,7 +713,11 @@ impl Node {
                 self.groups.iter().map(|g| g.id).collect()
             },
             tenants: if self.named {
-                self.tenants.clone()
+                let serving = self.tenants.iter().enumerate();
+                serving
+                    .filter(|(t, _)| !self.removed(*t))
+                    .map(|(_, n)| n.clone())
+                    .collect()
             } else {
                 Vec::new()
             },
@@ -811,8 +844,9 @@ impl Node {
             }
         }
         self.checkpoint()?;
-        // Tenants group 0 agreed to add: opened between rounds.
-        self.open_agreed();
+        // Tenants group 0 agreed to add or remove: opened (closed) between
+        // rounds.
+        self.open_agreed()?;
         self.serve_opened(transport).await;
         Ok(())
     }

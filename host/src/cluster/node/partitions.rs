@@ -124,7 +124,7 @@ pub(super) fn held_groups(
 }
 
 /// Opens the log of every group replica `file.id` holds (`held.0`, of the
-/// cluster's `held.1`; the `i`-th in `dirs[i]`, or the data directory
+/// cluster's `held.1`, `held.2` those of removed tenants; the `i`-th in `dirs[i]`, or the data directory
 /// `root` itself; a new one with the membership `voters[i]`), each with
 /// what the round journal holds of it; then the journal starts afresh
 /// (`journaled`: the logs' records go through it from now on) or is
@@ -132,13 +132,19 @@ pub(super) fn held_groups(
 pub(super) fn open_logs(
     file: &crate::cluster::node::ClusterFile,
     root: &Arc<dyn Storage>,
-    held: (&[u32], u32),
+    held: (&[u32], u32, &[u32]),
     dirs: &[Option<std::path::PathBuf>],
     voters: &[Vec<u64>],
     journaled: bool,
 ) -> Result<(Vec<LogStore>, Option<Journal>)> {
-    let (ids, groups) = held;
-    let found = journal::read(&**root)?;
+    let (ids, groups, gone) = held;
+    // What the journal holds of removed tenants' groups is not needed.
+    let found = journal::read(&**root)?.map(|parts| {
+        parts
+            .into_iter()
+            .filter(|(g, _)| !gone.contains(g))
+            .collect::<Vec<_>>()
+    });
     let stray = found.iter().flatten().find(|(g, _)| *g >= groups);
     if let Some((g, _)) = stray {
         bail!(

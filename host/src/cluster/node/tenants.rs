@@ -102,11 +102,13 @@ pub fn fingerprint(names: &[String]) -> u64 {
 const TENANTS: &str = "tenants";
 
 /// The tenants a data directory records, in order: those the cluster was
-/// founded with, then those it added.
+/// founded with, then those it added; and those it removed (they keep
+/// their numbers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Recorded {
     founding: Vec<String>,
     added: Vec<String>,
+    removed: Vec<String>,
 }
 
 impl Recorded {
@@ -114,10 +116,21 @@ impl Recorded {
         self.founding.iter().chain(&self.added)
     }
 
+    /// Those not removed.
+    fn serving(&self) -> impl Iterator<Item = &String> {
+        self.all().filter(|n| !self.removed.contains(n))
+    }
+
     fn text(&self) -> String {
         let founding = self.founding.iter().map(|n| format!("{n}\n"));
         let added = self.added.iter().map(|n| format!("+{n}\n"));
-        founding.chain(added).collect()
+        let removed = self.removed.iter().map(|n| format!("-{n}\n"));
+        founding.chain(added).chain(removed).collect()
+    }
+
+    fn write(&self, root: &dyn Storage) -> Result<()> {
+        root.write_atomic(TENANTS, self.text().as_bytes())
+            .context("writing `tenants` in the data directory")
     }
 }
 
@@ -132,21 +145,26 @@ fn read_recorded(root: &dyn Storage) -> Result<Option<Recorded>> {
     let mut r = Recorded {
         founding: Vec::new(),
         added: Vec::new(),
+        removed: Vec::new(),
     };
     for line in text.lines().filter(|l| !l.is_empty()) {
-        match line.strip_prefix('+') {
-            Some(name) => r.added.push(name.to_string()),
-            None if r.added.is_empty() => r.founding.push(line.to_string()),
-            None => bail!(
-                "`tenants` in the data directory names a founding tenant ({line:?}) after an added one"
-            ),
+        if let Some(name) = line.strip_prefix('+') {
+            r.added.push(name.to_string());
+        } else if let Some(name) = line.strip_prefix('-') {
+            r.removed.push(name.to_string());
+        } else if r.added.is_empty() && r.removed.is_empty() {
+            r.founding.push(line.to_string());
+        } else {
+            bail!(
+                "`tenants` in the data directory names a founding tenant ({line:?}) after an added or removed one"
+            );
         }
     }
     Ok(Some(r))
 }
 
-/// The tenants a data directory records, in order (`None`: a replica
-/// without tenants, or a new data directory).
+/// The tenants a data directory records, in order, removed ones included
+/// (`None`: a replica without tenants, or a new data directory).
 pub(crate) fn recorded_tenants(root: &dyn Storage) -> Result<Option<Vec<String>>> {
     Ok(read_recorded(root)?.map(|r| r.all().cloned().collect()))
 }
@@ -158,8 +176,27 @@ pub(super) fn record_added(root: &dyn Storage, name: &str) -> Result<()> {
         return Ok(());
     }
     r.added.push(name.to_string());
-    root.write_atomic(TENANTS, r.text().as_bytes())
-        .context("writing `tenants` in the data directory")
+    r.write(root)
+}
+
+/// Records in the data directory that the cluster removed tenant `name`.
+pub(super) fn record_removed(root: &dyn Storage, name: &str) -> Result<()> {
+    let mut r = read_recorded(root)?.context("the data directory records no tenants")?;
+    if r.removed.iter().any(|n| n == name) {
+        return Ok(());
+    }
+    r.removed.push(name.to_string());
+    r.write(root)
+}
+
+/// The stores of a replica's groups: every tenant's name in number order
+/// (removed ones included: their numbers stay taken), which are removed,
+/// and how many the cluster was founded with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Served {
+    pub(super) names: Vec<String>,
+    pub(super) removed: Vec<bool>,
+    pub(super) founding: usize,
 }
 
 /// Where each group of a replica keeps its log (group `g` at `[g]`; see
@@ -180,39 +217,49 @@ pub(crate) fn group_dirs(
         .collect()
 }
 
-/// The stores a replica serves, in the order of its groups, and how many
-/// the cluster was founded with: of `stores` (`named`: the tenants of
-/// `--config`, in any order), those the data directory records (see
-/// [`order`]).
+/// The stores a replica serves, in the order of its groups (`None`: a
+/// tenant the cluster removed), and which: of `stores` (`named`: the
+/// tenants of `--config`, in any order), those the data directory records
+/// (see [`order`]).
 pub(super) fn served(
     root: &dyn Storage,
     stores: Vec<NodeTenant>,
     named: bool,
-) -> Result<(Vec<NodeTenant>, usize)> {
+) -> Result<(Vec<Option<NodeTenant>>, Served)> {
     let names: Vec<String> = stores.iter().map(|t| t.name.clone()).collect();
-    let Some((order, founding)) = order(root, named.then_some(&names[..]))? else {
-        return Ok((stores, 1));
+    let Some(served) = order(root, named.then_some(&names[..]))? else {
+        let one = Served {
+            names,
+            removed: vec![false],
+            founding: 1,
+        };
+        return Ok((stores.into_iter().map(Some).collect(), one));
     };
     let mut by_name: std::collections::HashMap<String, NodeTenant> =
         stores.into_iter().map(|t| (t.name.clone(), t)).collect();
-    let out = order
+    let out = served
+        .names
         .iter()
-        .map(|n| {
-            by_name
+        .zip(&served.removed)
+        .map(|(n, &removed)| {
+            if removed {
+                return None;
+            }
+            let t = by_name
                 .remove(n)
-                .expect("every tenant recorded is in --config")
+                .expect("every tenant served is in --config");
+            Some(t)
         })
         .collect();
-    Ok((out, founding))
+    Ok((out, served))
 }
 
 /// The tenants a replica serves (`names`: those of `--config`, in any
 /// order; `None`: the one store), in the order the data directory records
-/// them (a new one records `names` as the founding tenants), and how many
-/// the cluster was founded with. Every tenant recorded must be in
-/// `--config`; one in `--config` and not yet the cluster's waits for
-/// `statestore cluster tenant add`.
-fn order(root: &dyn Storage, names: Option<&[String]>) -> Result<Option<(Vec<String>, usize)>> {
+/// them (a new one records `names` as the founding tenants). Every tenant
+/// recorded and not removed must be in `--config`; one in `--config` and
+/// not yet the cluster's waits for `statestore cluster tenant add`.
+fn order(root: &dyn Storage, names: Option<&[String]>) -> Result<Option<Served>> {
     let exists = |name: &str| match root.read(name) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -222,7 +269,7 @@ fn order(root: &dyn Storage, names: Option<&[String]>) -> Result<Option<(Vec<Str
         (None, None) => Ok(None),
         (Some(had), None) => bail!(
             "the data directory holds the stores of the tenants {:?}: start the replica with the --config that names them",
-            had.all().collect::<Vec<_>>()
+            had.serving().collect::<Vec<_>>()
         ),
         (None, Some(names)) => {
             if exists("raft-state")? || exists("partitions")? {
@@ -233,22 +280,34 @@ fn order(root: &dyn Storage, names: Option<&[String]>) -> Result<Option<(Vec<Str
             let founding = Recorded {
                 founding: names.to_vec(),
                 added: Vec::new(),
+                removed: Vec::new(),
             };
-            root.write_atomic(TENANTS, founding.text().as_bytes())
-                .context("writing `tenants` in the data directory")?;
-            Ok(Some((names.to_vec(), names.len())))
+            founding.write(root)?;
+            Ok(Some(Served {
+                names: names.to_vec(),
+                removed: vec![false; names.len()],
+                founding: names.len(),
+            }))
         }
         (Some(had), Some(names)) => {
-            if let Some(name) = had.all().find(|n| !names.contains(n)) {
+            if let Some(name) = had.serving().find(|n| !names.contains(n)) {
                 bail!(
                     "the data directory holds the store of tenant {name:?} and --config does not name it: put it back in --config (the cluster's tenants are {:?})",
-                    had.all().collect::<Vec<_>>()
+                    had.serving().collect::<Vec<_>>()
                 );
             }
             for name in names.iter().filter(|n| !had.all().any(|h| h == *n)) {
                 tracing::info!(tenant = %name, "a tenant of --config that is not the cluster's yet: `statestore cluster tenant add {name}` adds it");
             }
-            Ok(Some((had.all().cloned().collect(), had.founding.len())))
+            for name in names.iter().filter(|n| had.removed.contains(n)) {
+                tracing::info!(tenant = %name, "a tenant of --config that the cluster removed: not served (take it out of --config)");
+            }
+            let all: Vec<String> = had.all().cloned().collect();
+            Ok(Some(Served {
+                removed: all.iter().map(|n| had.removed.contains(n)).collect(),
+                names: all,
+                founding: had.founding.len(),
+            }))
         }
     }
 }
@@ -284,7 +343,8 @@ mod tests {
     }
 
     fn served_names(disk: &MemStorage, list: &[&str]) -> Result<(Vec<String>, usize)> {
-        Ok(order(disk, Some(&names(list)))?.expect("tenants"))
+        let s = order(disk, Some(&names(list)))?.expect("tenants");
+        Ok((s.names, s.founding))
     }
 
     #[test]
@@ -324,6 +384,17 @@ mod tests {
         );
         let e = served_names(&disk, &["a", "b"]).expect_err("the added one missing");
         assert!(format!("{e:#}").contains("\"c\""), "{e:#}");
+        // Removed, it keeps its number and need not be in --config.
+        record_removed(&disk, "b").expect("removed");
+        record_removed(&disk, "b").expect("once");
+        assert_eq!(disk.read(TENANTS).expect("file"), b"a\nb\n+c\n-b\n");
+        let s = order(&disk, Some(&names(&["a", "c"])))
+            .expect("b gone")
+            .expect("tenants");
+        assert_eq!(
+            (s.names, s.removed, s.founding),
+            (names(&["a", "b", "c"]), vec![false, true, false], 2)
+        );
         let e = order(&disk, None).expect_err("no --config");
         assert!(
             format!("{e:#}").contains("--config that names them"),

@@ -361,5 +361,19 @@ impl Transport for ReplicaTransport {
         Ok(())
     }
 
+    /// Its route takes no client from then on (the route keeps its place:
+    /// a tenant's number is its place); its clients are of no tenant.
+    async fn remove_tenant(&mut self, tenant: usize) -> Result<()> {
+        let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let Some(route) = table.routes.get_mut(tenant) else {
+            return Err(anyhow!("no tenant {tenant} to remove"));
+        };
+        *route = super::Route::default();
+        if table.default == Some(tenant) {
+            table.default = None;
+        }
+        Ok(())
+    }
+
     async fn close(&mut self) {}
 }
