@@ -3045,8 +3045,9 @@ async fn tenants_are_raft_groups_of_their_own_on_the_same_replicas() {
 /// through the round journal); the unmodified SDK scenarios pass on it; a
 /// replica added to the cluster later joins both tenants' groups. Then the
 /// tenant is removed (the first one cannot be): its clients are of no
-/// tenant on every replica, its name is not used again, and a replica
-/// restarted with `--config` no longer naming it serves the first.
+/// tenant on every replica, its name is not used again; a tenant added
+/// and removed while a replica is down keeps its number there too (the
+/// next one added is the same group on every replica).
 /// (The external-broker test adds one to replicas of two groups.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
@@ -3234,14 +3235,44 @@ async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
         assert_eq!(text(&got), "-ERR not authorized\r\n");
         gone.disconnect().await;
     }
-    std::fs::write(&c.args[1], plant).expect("config");
+    // While replica 2 is down, a tenant comes and goes: restarted, it
+    // keeps that tenant's number without opening it, so the next tenant
+    // is the same group on every replica.
     c.servers[1].take().expect("running").kill9();
+    let shop = "\n[[tenant]]\nname = \"shop\"\nclient_id_prefixes = [\"shop-\"]\n";
+    std::fs::write(&c.args[1], format!("{plant}{shop}")).expect("config");
+    let (ok, out) = cluster_command(&file, &["tenant", "add", "shop"]);
+    assert!(
+        ok && out.contains("tenant shop added; served by replicas 1, 4"),
+        "{out}"
+    );
+    let (ok, out) = cluster_command(&file, &["tenant", "remove", "shop"]);
+    assert!(ok && out.contains("tenant shop removed"), "{out}");
+    std::fs::write(&c.args[1], plant).expect("config");
     let s = tokio::task::block_in_place(|| c.spawn(1));
     c.servers[1] = Some(s);
+    let garden = "\n[[tenant]]\nname = \"garden\"\ndefault = true\n";
+    std::fs::write(&c.args[1], format!("{plant}{garden}")).expect("config");
+    let (ok, out) = cluster_command(&file, &["tenant", "add", "garden"]);
+    assert!(
+        ok && out.contains("tenant garden added; served by replicas 1, 2, 4"),
+        "{out}"
+    );
     assert_eq!(
         std::fs::read_to_string(c.data_dir(1).join("tenants")).expect("tenants"),
-        "plant\n+lab\n-lab\n"
+        "plant\n+lab\n+shop\n+garden\n-lab\n-shop\n"
     );
+    let mut gardener = RawClient::connect(c.mqtt[1], "gardener").await;
+    gardener.subscribe(&gardener.response_topic()).await;
+    assert_eq!(
+        text(&gardener.call(&[b"SET", b"both", b"garden's"]).await),
+        "+OK\r\n"
+    );
+    gardener.disconnect().await;
+    let reader = sdk(mqtt4, "garden-reader").await;
+    let got = reader.ss.get(b"both".to_vec(), T).await.expect("get");
+    assert_eq!(got.response.as_deref(), Some(b"garden's".as_slice()));
+    reader.close().await;
     let mut planter = RawClient::connect(c.mqtt[1], "plant-after").await;
     planter.subscribe(&planter.response_topic()).await;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -3261,7 +3292,7 @@ async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
     }
     planter.disconnect().await;
     let (_, status) = tokio::task::block_in_place(|| c.status());
-    assert!(status.contains("tenants: plant\n"), "{status}");
+    assert!(status.contains("tenants: plant, garden\n"), "{status}");
 }
 
 /// Under the `writers`' load, replica 1 is killed and restarted; once its

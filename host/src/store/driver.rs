@@ -120,8 +120,10 @@ pub use crate::store::clock::now_ms;
 /// its transport's own terms: the embedded broker's
 /// `transport::embedded::Route` (the clients it takes), or, through a
 /// broker, the `transport::external::ServeOptions` of the tenant's own
-/// connection. Opaque here, so that neither the store nor the cluster
-/// depends on the transports.
+/// connection; `()` for a tenant removed before it was served, whose
+/// number a transport keeps with a place that takes no client. Opaque
+/// here, so that neither the store nor the cluster depends on the
+/// transports.
 pub type Reach = Box<dyn std::any::Any + Send>;
 
 /// Something to do to a running tenant between two inputs.

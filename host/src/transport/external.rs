@@ -489,12 +489,17 @@ impl crate::store::driver::Transport for Connections {
         tenant: usize,
         reach: crate::store::driver::Reach,
     ) -> Result<()> {
-        let Ok(opts) = reach.downcast::<ServeOptions>() else {
-            anyhow::bail!("a replica on a broker serves a tenant through a connection of its own");
-        };
         if tenant != self.sides.len() {
             anyhow::bail!("tenant {tenant} added after {} tenants", self.sides.len());
         }
+        if reach.is::<()>() {
+            // A place kept for a tenant removed before it was served.
+            self.sides.push(None);
+            return Ok(());
+        }
+        let Ok(opts) = reach.downcast::<ServeOptions>() else {
+            anyhow::bail!("a replica on a broker serves a tenant through a connection of its own");
+        };
         self.sides.push(None);
         let task = tokio::spawn(async move {
             loop {

@@ -126,25 +126,33 @@ impl Node {
         let closing: Vec<usize> = (0..self.tenants.len())
             .filter(|&t| !self.removed(t) && tenancy.removed.contains(&self.tenants[t]))
             .collect();
-        let agreed: Vec<AgreedTenant> = tenancy
+        let agreed: Vec<(AgreedTenant, bool)> = tenancy
             .added
             .iter()
-            .filter(|a| !self.tenants.contains(&a.name) && !tenancy.removed.contains(&a.name))
-            .cloned()
+            .filter(|a| !self.tenants.contains(&a.name))
+            .map(|a| (a.clone(), tenancy.removed.contains(&a.name)))
             .collect();
         for t in closing {
             // Its record failing to be written is the replica's end: the
             // tenant would come back at its next start.
             self.close_tenant(t)?;
         }
-        for a in agreed {
+        // In the order agreed: a tenant's number is its place, so one that
+        // cannot be opened yet holds back those after it.
+        for (a, removed) in agreed {
+            if removed {
+                // Added and removed before this replica opened it: its
+                // number is taken all the same.
+                self.hold_place(&a.name)?;
+                continue;
+            }
             if self
                 .added
                 .failed
                 .get(&a.name)
                 .is_some_and(|t| t.elapsed() < RETRY)
             {
-                continue;
+                break;
             }
             match self.open_tenant(&a) {
                 Ok(()) => {
@@ -153,10 +161,31 @@ impl Node {
                 }
                 Err(e) => {
                     self.added.failed.insert(a.name.clone(), Instant::now());
-                    error!(replica = self.id(), tenant = %a.name, error = %format!("{e:#}"), "the cluster added a tenant this replica cannot serve yet (tried again every 10 s): add it to this replica's --config, as on the others");
+                    error!(replica = self.id(), tenant = %a.name, error = %format!("{e:#}"), "the cluster added a tenant this replica cannot serve yet (tried again every 10 s; tenants added after it wait for it): add it to this replica's --config, as on the others");
+                    break;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Takes the next number for tenant `name`, which the cluster added and
+    /// removed before this replica opened it: recorded as both, no group,
+    /// and a place in the transport that takes no client.
+    fn hold_place(&mut self, name: &str) -> Result<()> {
+        super::tenants::record_added(&*self.maker.root, name)?;
+        super::tenants::record_removed(&*self.maker.root, name)?;
+        let t = self.tenants.len();
+        self.slots.extend((0..self.per).map(|_| None));
+        self.tenants.push(name.to_string());
+        self.removed.push(true);
+        self.observers.push(super::Observers::default());
+        if let Some(all) = &self.added.metrics {
+            let m = all.tenant(name);
+            m.stopped();
+            self.store_metrics.push(m);
+        }
+        self.added.opened.push((t, Box::new(())));
         Ok(())
     }
 
@@ -244,6 +273,7 @@ impl Node {
         for (t, reach) in std::mem::take(&mut self.added.opened) {
             let name = self.tenants[t].clone();
             match transport.add_tenant(t, reach).await {
+                Ok(()) if self.removed(t) => {}
                 Ok(()) => info!(tenant = %name, number = t, "the tenant's clients are served"),
                 Err(e) => {
                     error!(tenant = %name, error = %format!("{e:#}"), "the tenant's groups are open but its clients cannot reach them through this replica")
