@@ -3115,22 +3115,7 @@ async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
     // Replica 3 comes back: it applies the addition as it catches up.
     let s = tokio::task::block_in_place(|| c.spawn(2));
     c.servers[2] = Some(s);
-    let reader = sdk(c.mqtt[2], "lab-reader").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = reader.ss.get(b"both".to_vec(), T).await;
-        if let Ok(got) = &got
-            && got.response.as_deref() == Some(b"lab's".as_slice())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "replica 3 does not serve the lab: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    reader.close().await;
+    reads_lab_within(c.mqtt[2], "lab-reader", "replica 3").await;
     let (_, status) = tokio::task::block_in_place(|| c.status());
     assert!(status.contains("tenants: plant, lab\n"), "{status}");
     assert!(!status.contains(" serves: "), "{status}");
@@ -3196,22 +3181,7 @@ async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
     let add = ["add", "--id", "4", "--raft", &raft4, "--mqtt", &mqtt4_addr];
     let (ok, out) = cluster_command(&c.file(0), &add);
     assert!(ok, "cluster add:\n{out}");
-    let reader = sdk(mqtt4, "lab-late").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = reader.ss.get(b"both".to_vec(), T).await;
-        if let Ok(got) = &got
-            && got.response.as_deref() == Some(b"lab's".as_slice())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "replica 4 does not serve the lab: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    reader.close().await;
+    reads_lab_within(mqtt4, "lab-late", "replica 4").await;
     // Removed: the first tenant cannot go; the lab goes everywhere, its
     // clients are of no tenant, its name is not used again, and a replica
     // restarted without it in --config serves the plant.
@@ -3293,6 +3263,27 @@ async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
     planter.disconnect().await;
     let (_, status) = tokio::task::block_in_place(|| c.status());
     assert!(status.contains("tenants: plant, garden\n"), "{status}");
+}
+
+/// Reads `both` through the broker on `port` (an SDK client `id`) until
+/// it is the lab's value, for at most 30 s (else `who` does not serve it).
+async fn reads_lab_within(port: u16, id: &str, who: &str) {
+    let reader = sdk(port, id).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = reader.ss.get(b"both".to_vec(), T).await;
+        if let Ok(got) = &got
+            && got.response.as_deref() == Some(b"lab's".as_slice())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{who} does not serve the lab: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    reader.close().await;
 }
 
 /// Under the `writers`' load, replica 1 is killed and restarted; once its

@@ -6,7 +6,7 @@
 //! from one learns them too. Opening and closing the tenants' groups is
 //! the host's ([`crate::cluster::node`]).
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 
 use super::format::encode_host_entry;
 use super::{AgreedTenant, Backend, HostEntry, Replica, Tenancy};
@@ -14,14 +14,7 @@ use super::{AgreedTenant, Backend, HostEntry, Replica, Tenancy};
 impl<B: Backend> Replica<B> {
     /// Proposes `entry` (as leader).
     pub fn propose_host(&mut self, entry: &HostEntry) -> Result<()> {
-        self.wake();
-        if !self.is_leader() {
-            bail!(
-                "replica {} does not lead (leader: {})",
-                self.id,
-                self.leader()
-            );
-        }
+        self.must_lead()?;
         self.node
             .propose(vec![], encode_host_entry(entry))
             .context("proposing")

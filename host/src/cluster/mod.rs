@@ -507,6 +507,17 @@ impl<B: Backend> Replica<B> {
     /// [`Replica::propose`] of a batch already in the guest's encoding (a
     /// follower forwarded it).
     pub fn propose_wire(&mut self, origin: u64, batch: &[u8], clock: u64) -> Result<u64> {
+        self.must_lead()?;
+        let now = clock.max(self.log_now);
+        self.node
+            .propose(vec![], encode_entry(origin, now, batch))
+            .context("proposing")?;
+        self.log_now = now;
+        Ok(now)
+    }
+
+    /// Wakes it for a proposal, which only a leader takes.
+    fn must_lead(&mut self) -> Result<()> {
         self.wake();
         if !self.is_leader() {
             bail!(
@@ -515,12 +526,7 @@ impl<B: Backend> Replica<B> {
                 self.leader()
             );
         }
-        let now = clock.max(self.log_now);
-        self.node
-            .propose(vec![], encode_entry(origin, now, batch))
-            .context("proposing")?;
-        self.log_now = now;
-        Ok(now)
+        Ok(())
     }
 
     /// Asks Raft for a read index for the reads `ctx` names: the leader's

@@ -23,6 +23,7 @@ use anyhow::{Context as _, Result, bail};
 use tracing::{error, info};
 
 use super::{Group, Node, NodeTenant};
+use crate::cluster::operator::ChangeAnswer;
 use crate::cluster::router::{Limits, Router, SharedBytes};
 use crate::cluster::{AgreedTenant, Durability, HostEntry, LogStore};
 use crate::store::driver::Reach;
@@ -284,23 +285,12 @@ impl Node {
 
     /// An operator's `tenant add <name>` (as group 0's leader): proposes
     /// the tenant, if this replica's `--config` names it.
-    pub(super) fn add_tenant(&mut self, name: &str) -> crate::cluster::operator::ChangeAnswer {
-        use crate::cluster::operator::ChangeAnswer;
-        if !self.named {
-            return ChangeAnswer::Refused(
-                "this cluster serves one store (it was started without --config): it has no tenants to add to".into(),
-            );
+    pub(super) fn add_tenant(&mut self, name: &str) -> ChangeAnswer {
+        if let Some(refused) = self.may_change_tenants() {
+            return refused;
         }
-        if !self.placement.everywhere() {
-            return ChangeAnswer::Refused(
-                "the cluster file places the groups on some replicas (`copies`): tenants cannot be added there yet".into(),
-            );
-        }
-        let replica = &mut self.groups[0].replica;
+        let replica = &self.groups[0].replica;
         let leader = replica.leader();
-        if leader != replica.id() || !replica.membership_settled() {
-            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
-        }
         if replica.agreed_tenants().removed.iter().any(|t| t == name) {
             return ChangeAnswer::Refused(format!(
                 "tenant {name:?} was removed: a removed tenant's name is not used again (its data may still be in its directory); choose another name"
@@ -322,10 +312,39 @@ impl Node {
                 "replica {leader} cannot serve tenant {name:?}: {e:#} (add it to every replica's --config first)"
             ));
         }
-        match replica.propose_host(&HostEntry::AddTenant(name.to_string())) {
+        self.propose_tenants(&HostEntry::AddTenant(name.to_string()))
+    }
+
+    /// Why this replica cannot change the cluster's tenants now, if it
+    /// cannot: no tenants, groups placed, or not group 0's settled leader.
+    fn may_change_tenants(&self) -> Option<ChangeAnswer> {
+        if !self.named {
+            return Some(ChangeAnswer::Refused(
+                "this cluster serves one store (it was started without --config): it has no tenants to change".into(),
+            ));
+        }
+        if !self.placement.everywhere() {
+            return Some(ChangeAnswer::Refused(
+                "the cluster file places the groups on some replicas (`copies`): its tenants cannot change there yet".into(),
+            ));
+        }
+        let replica = &self.groups[0].replica;
+        let leader = replica.leader();
+        (leader != replica.id() || !replica.membership_settled())
+            .then(|| ChangeAnswer::AskAgain(format!("not the leader; leader={leader}")))
+    }
+
+    /// Proposes `entry` to group 0.
+    fn propose_tenants(&mut self, entry: &HostEntry) -> ChangeAnswer {
+        let replica = &mut self.groups[0].replica;
+        let (verb, name) = match entry {
+            HostEntry::AddTenant(name) => ("add", name),
+            HostEntry::RemoveTenant(name) => ("remove", name),
+        };
+        match replica.propose_host(entry) {
             Ok(()) => {
-                info!(replica = leader, tenant = %name, "proposed: add a tenant");
-                ChangeAnswer::Proposed(format!("proposed: tenant add {name}"))
+                info!(replica = replica.id(), tenant = %name, verb, "proposed: a change of tenants");
+                ChangeAnswer::Proposed(format!("proposed: tenant {verb} {name}"))
             }
             Err(e) => ChangeAnswer::AskAgain(format!("{e:#}")),
         }
@@ -334,18 +353,11 @@ impl Node {
     /// An operator's `tenant remove <name>` (as group 0's leader):
     /// proposes its removal. The first tenant cannot go: its group 0 keeps
     /// the cluster's membership and tenants.
-    pub(super) fn remove_tenant(&mut self, name: &str) -> crate::cluster::operator::ChangeAnswer {
-        use crate::cluster::operator::ChangeAnswer;
-        if !self.named || !self.placement.everywhere() {
-            return ChangeAnswer::Refused(
-                "tenants are removed from a cluster served with --config whose groups are on every replica".into(),
-            );
+    pub(super) fn remove_tenant(&mut self, name: &str) -> ChangeAnswer {
+        if let Some(refused) = self.may_change_tenants() {
+            return refused;
         }
-        let replica = &mut self.groups[0].replica;
-        let leader = replica.leader();
-        if leader != replica.id() || !replica.membership_settled() {
-            return ChangeAnswer::AskAgain(format!("not the leader; leader={leader}"));
-        }
+        let replica = &self.groups[0].replica;
         if replica.agreed_tenants().removed.iter().any(|t| t == name) {
             return ChangeAnswer::Proposed(format!("tenant {name:?} was removed already"));
         }
@@ -363,12 +375,6 @@ impl Node {
             }
             Some(_) => {}
         }
-        match replica.propose_host(&HostEntry::RemoveTenant(name.to_string())) {
-            Ok(()) => {
-                info!(replica = leader, tenant = %name, "proposed: remove a tenant");
-                ChangeAnswer::Proposed(format!("proposed: tenant remove {name}"))
-            }
-            Err(e) => ChangeAnswer::AskAgain(format!("{e:#}")),
-        }
+        self.propose_tenants(&HostEntry::RemoveTenant(name.to_string()))
     }
 }
