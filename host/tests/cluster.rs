@@ -2850,6 +2850,141 @@ async fn groups_on_3_of_4_replicas_serve_every_key_through_every_replica() {
     eprintln!("{sets} acknowledged SETs and {dels} DELs read back");
 }
 
+/// Groups placed (4 replicas, `copies = 3`), and one group's copy moved
+/// while every replica takes writes: `cluster move` takes group 1 (on 2, 3
+/// and 4, led by 2) from replica 2 to replica 1. Replica 1 opens it empty
+/// and catches up, becomes a voter, replica 2 hands over the leadership
+/// and is removed, and, the move settled, drops its copy and directory.
+/// Every acknowledged write reads back through every replica; both
+/// replicas, restarted, keep the new placement (kept in their data
+/// directories); a move that cannot be made is refused and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_moves_to_another_replica_while_every_replica_writes() {
+    let mut c = Cluster::with_layout(4, "partitions = 4\ncopies = 3\n");
+    let spread = "partitions: 4 (the table shows the first group each replica holds); replica 1 leads 0; replica 2 leads 1; replica 3 leads 2; replica 4 leads 3";
+    tokio::task::block_in_place(|| partitions_led(&c, spread, Duration::from_secs(60)));
+    let file = c.file(0);
+    let refused = |args: &[&str], why: &str| {
+        let (ok, out) = cluster_command(&file, args);
+        assert!(!ok && out.contains(why), "{args:?}: {out}");
+    };
+    tokio::task::block_in_place(|| {
+        refused(
+            &["move", "--group", "1", "--from", "2", "--to", "3"],
+            "replica 3 holds group 1 already",
+        );
+        refused(
+            &["move", "--group", "1", "--from", "1", "--to", "2"],
+            "replica 1 does not hold group 1",
+        );
+        refused(
+            &["move", "--group", "9", "--from", "2", "--to", "1"],
+            "groups 0 to 3",
+        );
+        refused(
+            &["move", "--group", "1", "--from", "2", "--to", "7"],
+            "replica 7 is not a member",
+        );
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let writers = writers_named("moving-", &c.mqtt, &stop, &acked);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (ok, out) = tokio::task::block_in_place(|| {
+        cluster_command(
+            &file,
+            &[
+                "move", "--group", "1", "--from", "2", "--to", "1", "--wait", "90",
+            ],
+        )
+    });
+    assert!(
+        ok && out.contains("group 1 moved from replica 2 to 1"),
+        "{out}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let (_, status) = c.status();
+    assert!(
+        status.contains("groups placed (`copies = 3`): replica 1 holds 0-3; replica 2 holds 0,3; replica 3 holds 0-2; replica 4 holds 1-3"),
+        "{status}"
+    );
+    assert!(
+        status.contains("moves: 2 agreed; none under way"),
+        "{status}"
+    );
+    let group_1 = |i: usize| c.data_dir(i).join("partition-1").join("raft-state");
+    assert!(group_1(0).is_file() && !dir_exists(&c.data_dir(1).join("partition-1")));
+    let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    let (sets, dels, _) = reads_back_to("moving-", &c.mqtt, &acked).await;
+    assert!(sets > 0, "writes were acknowledged");
+    eprintln!("{sets} acknowledged SETs and {dels} DELs read back through every replica");
+    // Both restarted: they keep the new placement, and serve every key.
+    for i in [0, 1] {
+        c.servers[i].take().expect("running").kill9();
+        let s = tokio::task::block_in_place(|| c.spawn(i));
+        c.servers[i] = Some(s);
+    }
+    let moved = "groups placed (`copies = 3`): replica 1 holds 0-3; replica 2 holds 0,3; replica 3 holds 0-2; replica 4 holds 1-3";
+    tokio::task::block_in_place(|| {
+        let start = Instant::now();
+        loop {
+            let (_, text) = c.status();
+            if text.contains(moved) && !text.contains("without a leader") {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "{text}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    assert!(!dir_exists(&c.data_dir(1).join("partition-1")));
+    let (sets, _, _) = reads_back_to("moving-", &c.mqtt, &acked).await;
+    assert!(sets > 0);
+    // A move to a replica that is down waits; sent back, it is done, and
+    // the replica, back, holds nothing of it.
+    c.servers[3].take().expect("running").kill9();
+    let (ok, out) = tokio::task::block_in_place(|| {
+        cluster_command(
+            &file,
+            &[
+                "move", "--group", "0", "--from", "3", "--to", "4", "--wait", "4",
+            ],
+        )
+    });
+    assert!(!ok && out.contains("has not moved"), "{out}");
+    let (_, status) = c.status();
+    assert!(status.contains("moving group 0 from 3 to 4"), "{status}");
+    let (ok, out) = tokio::task::block_in_place(|| {
+        cluster_command(
+            &file,
+            &[
+                "move", "--group", "0", "--from", "4", "--to", "3", "--wait", "60",
+            ],
+        )
+    });
+    assert!(
+        ok && out.contains("group 0 moved from replica 4 to 3"),
+        "{out}"
+    );
+    let s = tokio::task::block_in_place(|| c.spawn(3));
+    c.servers[3] = Some(s);
+    tokio::task::block_in_place(|| {
+        let start = Instant::now();
+        loop {
+            let (_, text) = c.status();
+            if text.contains(moved) && text.contains("moves: 5 agreed; none under way") {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{text}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    assert!(!dir_exists(&c.data_dir(3).join("partition-0")));
+}
+
 /// A store in 2 partitions whose groups go quiet (idle for over a second:
 /// no heartbeats, and a replica skips their routers' ticks) still expires
 /// a key on time: a quiet leader's router ticks whenever an expiry is due,

@@ -40,6 +40,32 @@ pub enum ClusterCommand {
     /// The cluster's tenants (with `serve --cluster --config`).
     #[command(subcommand)]
     Tenant(ClusterTenantCommand),
+    /// Move one group's copy from a replica to another, in a cluster whose
+    /// file places the groups (`copies` below its replicas): the new
+    /// replica catches up from the group's snapshot while it serves, then
+    /// takes the old one's vote, and the old one drops its copy. One move
+    /// at a time; waits until it is done (or `--wait` runs out: it goes on
+    /// without this command; run it again to follow it).
+    Move(ClusterMoveArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ClusterMoveArgs {
+    /// Any replica's cluster file (its replicas and secret are used).
+    #[arg(long, value_name = "FILE", env = "STATESTORE_CLUSTER")]
+    cluster: PathBuf,
+    /// The group (`cluster status` lists each replica's).
+    #[arg(long)]
+    group: u32,
+    /// The replica whose copy moves.
+    #[arg(long)]
+    from: u64,
+    /// The replica it moves to (one not holding the group).
+    #[arg(long)]
+    to: u64,
+    /// How long to wait for the move to be done, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    wait: u64,
 }
 
 #[derive(Subcommand)]
@@ -150,5 +176,14 @@ pub fn run(command: ClusterCommand) -> ExitCode {
         ClusterCommand::Tenant(ClusterTenantCommand::Remove(args)) => done(
             statestore::cluster::admin_tenants::remove(&args.cluster, &args.name),
         ),
+        ClusterCommand::Move(args) => done(statestore::cluster::admin_tenants::move_group(
+            &args.cluster,
+            statestore::cluster::placement::Move {
+                group: args.group,
+                from: args.from,
+                to: args.to,
+            },
+            std::time::Duration::from_secs(args.wait),
+        )),
     }
 }

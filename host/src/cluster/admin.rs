@@ -91,6 +91,17 @@ pub(crate) struct ReplicaReport {
     /// With tenants: the tenants it serves, in order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<String>,
+    /// With the groups placed: the version of the groups' moves it knows
+    /// of (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub moves: u64,
+    /// The move under way it knows of: `<group> from <id> to <id>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moving: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What `cluster status` found.
@@ -167,6 +178,8 @@ fn report(
                     },
                     holds: m.holds.clone(),
                     tenants: m.tenants.clone(),
+                    moves: m.moves,
+                    moving: m.moving.map(|(g, f, t)| format!("{g} from {f} to {t}")),
                 },
                 Err(e) => ReplicaReport {
                     id: *id,
@@ -182,6 +195,8 @@ fn report(
                     leads: Vec::new(),
                     holds: Vec::new(),
                     tenants: Vec::new(),
+                    moves: 0,
+                    moving: None,
                 },
             }
         })
@@ -331,6 +346,18 @@ pub fn status(path: &Path, json: bool) -> Result<bool> {
                 file.copies.unwrap_or(file.replicas.len()),
                 holds.join("; ")
             );
+            // The newest moves any replica knows of.
+            if let Some(x) = r
+                .replicas
+                .iter()
+                .filter(|x| x.moves > 0)
+                .max_by_key(|x| x.moves)
+            {
+                match &x.moving {
+                    Some(m) => println!("moves: {} agreed; moving group {m}", x.moves),
+                    None => println!("moves: {} agreed; none under way", x.moves),
+                }
+            }
         }
         println!(
             "partitions: {} (the table shows {}); {}{}",

@@ -1,6 +1,7 @@
 //! `statestore cluster tenant add` and `remove`: the cluster agrees to
 //! serve one more tenant, or one fewer (see the tenants added while running
-//! in [`crate::cluster::node`]).
+//! in [`crate::cluster::node`]); and `statestore cluster move`: a group's
+//! copy moves from one replica to another.
 
 use std::path::Path;
 use std::time::Duration;
@@ -111,6 +112,87 @@ fn change(path: &Path, name: &str, add: bool) -> Result<()> {
                     "tenant {name} is {} after {} s (no leader, or the leader cannot make the change: see `statestore cluster status` and the leader's log, then run this again)",
                     if add { "not served" } else { "still served" },
                     WAIT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// Asks group 0's leader to move group `m.group`'s copy from replica
+/// `m.from` to `m.to`, then waits (at most `wait`) until the move is
+/// settled: the new replica holds the group and the old one does not.
+pub fn move_group(path: &Path, m: super::placement::Move, wait: Duration) -> Result<()> {
+    let file = ClusterFile::load(path)?;
+    let who = file.operator_credentials()?;
+    let ours = Some((m.group, m.from, m.to));
+    runtime()?.block_on(async {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut asked: Option<(tokio::time::Instant, u64)> = None;
+        let mut said = String::new();
+        loop {
+            let answers = statuses(&file, &who).await;
+            let ok: Vec<(u64, std::net::SocketAddr, &super::operator::ReplicaStatus)> = answers
+                .iter()
+                .filter_map(|(id, addr, a)| a.as_ref().ok().map(|s| (*id, *addr, s)))
+                .collect();
+            let holds = |id: u64| {
+                ok.iter()
+                    .find(|(r, _, _)| *r == id)
+                    .map(|(_, _, s)| s.holds.contains(&m.group))
+            };
+            let leader = ok
+                .iter()
+                .filter(|(_, _, s)| s.leads() && s.settled && s.leads.contains(&0))
+                .max_by_key(|(_, _, s)| s.term);
+            if let Some(&(leader, addr, s)) = leader {
+                // Asked (and so it could be made), then settled: the new
+                // replica holds it, the old one no longer.
+                let done = asked.is_some_and(|(_, v)| s.moves > v)
+                    && s.moving.is_none()
+                    && holds(m.to) == Some(true)
+                    && holds(m.from) != Some(true);
+                if done {
+                    println!("group {} moved from replica {} to {}", m.group, m.from, m.to);
+                    return Ok(());
+                }
+                let now = if s.moving == ours {
+                    format!("moving: replica {} catching up, then voting in place of {}", m.to, m.from)
+                } else if let Some((g, f, t)) = s.moving {
+                    format!("waiting for the move under way (group {g} from {f} to {t})")
+                } else {
+                    String::new()
+                };
+                if !now.is_empty() && now != said {
+                    eprintln!("{now}");
+                    said = now;
+                }
+                let again = asked.is_none_or(|(at, v)| at.elapsed() >= Duration::from_secs(5) && s.moves == v);
+                // None under way, or this one sends the one under way
+                // elsewhere.
+                let free = s.moving.is_none_or(|(g, _, to)| g == m.group && to == m.from);
+                if free && s.moving != ours && again {
+                    let request = format!("move {} {} {}", m.group, m.from, m.to);
+                    let answer = net::change(addr, leader, &who, &request).await?;
+                    match ChangeAnswer::decode(&answer) {
+                        ChangeAnswer::Proposed(text) => {
+                            eprintln!("{text}");
+                            asked = Some((tokio::time::Instant::now(), s.moves));
+                        }
+                        ChangeAnswer::Moving(text) | ChangeAnswer::AskAgain(text) => {
+                            tracing::debug!(text, "asking again");
+                        }
+                        ChangeAnswer::Refused(text) => anyhow::bail!("{text}"),
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "group {} has not moved from replica {} to {} after {} s (it goes on if it was proposed: `statestore cluster status` shows it, and the group's leader's log says why it waits)",
+                    m.group,
+                    m.from,
+                    m.to,
+                    wait.as_secs()
                 );
             }
             tokio::time::sleep(Duration::from_millis(300)).await;

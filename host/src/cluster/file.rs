@@ -104,6 +104,11 @@ pub struct ReplicaEntry {
     /// Where its clients connect (its embedded broker), for `cluster
     /// status` and clients' lists.
     pub mqtt: Option<SocketAddr>,
+    /// With `copies`: a replica added while running (`statestore cluster
+    /// add`), not one of those the cluster was made with, whose list
+    /// places the groups (see `super::placement`). Default false.
+    #[serde(default)]
+    pub added: bool,
 }
 
 impl ClusterFile {
@@ -138,8 +143,15 @@ impl ClusterFile {
                 self.partitions
             );
         }
-        let n = self.replicas.len();
+        // The replicas the cluster was made with (those added while
+        // running aside) place the groups.
+        let n = self.replicas.iter().filter(|r| !r.added).count();
         let placed = self.copies.is_some_and(|c| c < n);
+        if !placed && self.replicas.iter().any(|r| r.added) {
+            bail!(
+                "`added = true` marks a replica added to a cluster whose groups are placed (`copies` below its replicas); without `copies`, list every replica as usual"
+            );
+        }
         if let Some(c) = self.copies {
             if !(1..=7).contains(&c) || c > n {
                 bail!(
@@ -152,9 +164,9 @@ impl ClusterFile {
                     "an even number of copies survives no more failures than one fewer"
                 );
             }
-            if placed && self.join {
+            if placed && self.join && !self.replicas.iter().any(|r| r.id == self.id && r.added) {
                 bail!(
-                    "join = true with copies = {c} of {n} replicas: membership changes are not made yet where groups are on some replicas only; start every replica from the same file"
+                    "join = true with copies = {c} of {n} replicas: this replica's own entry must say `added = true` (it joins holding no group; the cluster moves some to it)"
                 );
             }
         }
@@ -204,7 +216,12 @@ impl ClusterFile {
 
     /// Where its groups are (see [`super::placement`]).
     pub fn placement(&self) -> super::placement::Placement {
-        let ids: Vec<u64> = self.replicas.iter().map(|r| r.id).collect();
+        let ids: Vec<u64> = self
+            .replicas
+            .iter()
+            .filter(|r| !r.added)
+            .map(|r| r.id)
+            .collect();
         super::placement::Placement::new(&ids, self.copies)
     }
 

@@ -63,6 +63,26 @@ pub enum HostEntry {
     /// Tenant `name` leaves them (kind 2, body its name): its number stays
     /// taken, and its name is not used again.
     RemoveTenant(String),
+    /// A group's copy starts moving (kind 3, body `u64 version, u32 group,
+    /// u64 from, u64 to, u8 count, u64 host...`): its replicas are now
+    /// `hosts`, if the placement is still at `version`
+    /// ([`crate::cluster::placement::Moves::start`]).
+    Move {
+        /// The placement's version it was proposed from.
+        version: u64,
+        /// The move.
+        to: crate::cluster::placement::Move,
+        /// The group's replicas after it, its place first.
+        hosts: Vec<u64>,
+    },
+    /// The move of `group` is done (kind 4, body `u64 version, u32
+    /// group`): its old replica drops its copy.
+    Settle {
+        /// The placement's version it was proposed from.
+        version: u64,
+        /// The group.
+        group: u32,
+    },
 }
 
 /// Encodes a [`HostEntry`].
@@ -78,7 +98,48 @@ pub(crate) fn encode_host_entry(entry: &HostEntry) -> Vec<u8> {
             out.extend_from_slice(name.as_bytes());
             out
         }
+        HostEntry::Move { version, to, hosts } => {
+            let mut out = vec![HOST_ENTRY, 3];
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&to.group.to_le_bytes());
+            out.extend_from_slice(&to.from.to_le_bytes());
+            out.extend_from_slice(&to.to.to_le_bytes());
+            out.push(hosts.len() as u8);
+            hosts
+                .iter()
+                .for_each(|h| out.extend_from_slice(&h.to_le_bytes()));
+            out
+        }
+        HostEntry::Settle { version, group } => {
+            let mut out = vec![HOST_ENTRY, 4];
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&group.to_le_bytes());
+            out
+        }
     }
+}
+
+/// The body of a [`HostEntry::Move`].
+fn decode_move(body: &[u8]) -> Result<HostEntry> {
+    let bad = || anyhow::anyhow!("a move's entry of {} bytes", body.len());
+    if body.len() < 29 {
+        return Err(bad());
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+    let group = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+    let count = body[28] as usize;
+    if body.len() != 29 + 8 * count {
+        return Err(bad());
+    }
+    Ok(HostEntry::Move {
+        version: u64_at(0),
+        to: crate::cluster::placement::Move {
+            group,
+            from: u64_at(12),
+            to: u64_at(20),
+        },
+        hosts: (0..count).map(|i| u64_at(29 + 8 * i)).collect(),
+    })
 }
 
 /// The [`HostEntry`] `data` holds, if it is one (`None`: a batch's entry).
@@ -94,8 +155,17 @@ pub(crate) fn decode_host_entry(data: &[u8]) -> Option<Result<HostEntry>> {
     Some(match rest.split_first() {
         Some((1, body)) => name(body).map(HostEntry::AddTenant),
         Some((2, body)) => name(body).map(HostEntry::RemoveTenant),
+        Some((3, body)) => decode_move(body),
+        Some((4, body)) if body.len() == 12 => Ok(HostEntry::Settle {
+            version: u64::from_le_bytes(body[..8].try_into().expect("8 bytes")),
+            group: u32::from_le_bytes(body[8..].try_into().expect("4 bytes")),
+        }),
+        Some((4, body)) => Err(anyhow::anyhow!(
+            "a settled move's entry of {} bytes",
+            body.len()
+        )),
         Some((kind, _)) => Err(anyhow::anyhow!(
-            "a host entry of kind {kind} (this build knows 1 and 2)"
+            "a host entry of kind {kind} (this build knows 1 to 4)"
         )),
         None => Err(anyhow::anyhow!("a host entry without its kind")),
     })
@@ -129,9 +199,11 @@ pub struct Tenancy {
 /// added while running `u64 id, u32 length, address record`; tenants
 /// (version 3) are `u32 count`, then per tenant added while running
 /// `u32 length, name, u32 count, u64 voter...`, and (version 4) `u32
-/// count`, then per tenant removed `u32 length, name`. Versions 1 (no
-/// members), 2 (no tenants) and 3 (none removed) are still read.
-const SNAPSHOT_VERSION: u8 = 4;
+/// count`, then per tenant removed `u32 length, name`, and (version 5) `u32
+/// length, moves` (the placement's moves,
+/// [`crate::cluster::placement::Moves::encode`]). Versions 1 (no members),
+/// 2 (no tenants), 3 (none removed) and 4 (no moves) are still read.
+const SNAPSHOT_VERSION: u8 = 5;
 
 /// What a Raft snapshot holds besides the guest's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -139,6 +211,7 @@ pub(super) struct SnapshotData<'a> {
     pub(super) applied_now: u64,
     pub(super) members: Members,
     pub(super) tenants: Tenancy,
+    pub(super) moves: crate::cluster::placement::Moves,
     pub(super) guest: &'a [u8],
 }
 
@@ -150,7 +223,7 @@ pub(crate) type Members = std::collections::BTreeMap<u64, Vec<u8>>;
 pub(super) fn encode_snapshot(
     applied_now: u64,
     members: &Members,
-    tenants: &Tenancy,
+    (tenants, moves): (&Tenancy, &crate::cluster::placement::Moves),
     guest: &[u8],
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(17 + guest.len());
@@ -176,6 +249,9 @@ pub(super) fn encode_snapshot(
         out.extend_from_slice(&(name.len() as u32).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
     }
+    let moves = moves.encode();
+    out.extend_from_slice(&(moves.len() as u32).to_le_bytes());
+    out.extend_from_slice(&moves);
     out.extend_from_slice(guest);
     out
 }
@@ -233,10 +309,16 @@ pub(super) fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
             tenants.removed.push(text(take(&mut rest, len as usize)?)?);
         }
     }
+    let mut moves = crate::cluster::placement::Moves::default();
+    if version >= 5 {
+        let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
+        moves = crate::cluster::placement::Moves::decode(take(&mut rest, len as usize)?)?;
+    }
     Ok(SnapshotData {
         applied_now,
         members,
         tenants,
+        moves,
         guest: rest,
     })
 }
@@ -257,12 +339,26 @@ mod tests {
             }],
             removed: vec!["a".into()],
         };
-        let data = encode_snapshot(42, &members, &tenants, b"guest");
+        let mut moves = crate::cluster::placement::Moves::default();
+        let m = crate::cluster::placement::Move {
+            group: 1,
+            from: 2,
+            to: 4,
+        };
+        assert!(moves.start(0, m, vec![4, 3, 1]));
+        let data = encode_snapshot(42, &members, (&tenants, &moves), b"guest");
         let d = decode_snapshot(&data).expect("decode");
         assert_eq!(
-            (d.applied_now, &d.members, &d.tenants, d.guest),
-            (42, &members, &tenants, &b"guest"[..])
+            (d.applied_now, &d.members, &d.tenants, &d.moves, d.guest),
+            (42, &members, &tenants, &moves, &b"guest"[..])
         );
+        // Format 4: no moves.
+        let mut v4 = vec![4];
+        v4.extend_from_slice(&42u64.to_le_bytes());
+        v4.extend_from_slice(&[0; 12]);
+        v4.extend_from_slice(b"guest");
+        let d = decode_snapshot(&v4).expect("format 4");
+        assert_eq!((d.moves.version, d.guest), (0, &b"guest"[..]));
         // Format 2: members, no tenants.
         let mut v2 = vec![2];
         v2.extend_from_slice(&42u64.to_le_bytes());
@@ -320,6 +416,26 @@ mod tests {
                 .expect("ok"),
             remove
         );
+        let start = HostEntry::Move {
+            version: 7,
+            to: crate::cluster::placement::Move {
+                group: 3,
+                from: 2,
+                to: 5,
+            },
+            hosts: vec![5, 4, 1],
+        };
+        let settle = HostEntry::Settle {
+            version: 8,
+            group: 3,
+        };
+        for entry in [&start, &settle] {
+            let data = encode_host_entry(entry);
+            assert_eq!(&decode_host_entry(&data).expect("host").expect("ok"), entry);
+            for n in 2..data.len() {
+                assert!(decode_host_entry(&data[..n]).expect("host").is_err());
+            }
+        }
         assert!(decode_host_entry(&encode_entry(1, 2, b"batch")).is_none());
         assert!(decode_host_entry(&[]).is_none());
         for bad in [&[0x80][..], &[0x80, 1], &[0x80, 9, b'c'], &[0x80, 1, 0xff]] {

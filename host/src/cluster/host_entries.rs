@@ -1,5 +1,6 @@
 //! Entries the hosts apply themselves ([`HostEntry`]): the tenants the
-//! cluster adds and removes while running, agreed in group 0's log. Every
+//! cluster adds and removes while running, and the groups it moves between
+//! replicas ([`Moves`]), agreed in group 0's log. Every
 //! replica of group 0 applies them in the log's order and records each
 //! tenant added with the voters its groups start with, and each removed by
 //! name; snapshots carry both ([`Tenancy`]), so a replica that catches up
@@ -9,6 +10,7 @@
 use anyhow::{Context as _, Result};
 
 use super::format::encode_host_entry;
+use super::placement::Moves;
 use super::{AgreedTenant, Backend, HostEntry, Replica, Tenancy};
 
 impl<B: Backend> Replica<B> {
@@ -24,6 +26,12 @@ impl<B: Backend> Replica<B> {
     /// replica has applied them, in order.
     pub fn agreed_tenants(&self) -> &Tenancy {
         &self.tenants
+    }
+
+    /// The groups' moves the cluster agreed, as this replica has applied
+    /// them.
+    pub fn agreed_moves(&self) -> &Moves {
+        &self.moves
     }
 
     /// Applies host entry `index` (one that does not decode is skipped,
@@ -48,6 +56,39 @@ impl<B: Backend> Replica<B> {
                 }
                 tracing::info!(replica = self.id, index, tenant = %name, "the cluster removes a tenant");
                 self.tenants.removed.push(name);
+            }
+            Ok(HostEntry::Move { version, to, hosts }) => {
+                if self.moves.start(version, to, hosts.clone()) {
+                    tracing::info!(
+                        replica = self.id,
+                        index,
+                        group = to.group,
+                        from = to.from,
+                        to = to.to,
+                        ?hosts,
+                        version = self.moves.version,
+                        "the cluster moves a group's copy"
+                    );
+                } else {
+                    tracing::info!(
+                        index,
+                        group = to.group,
+                        version,
+                        at = self.moves.version,
+                        "a move proposed from another placement, or while one is under way: skipped"
+                    );
+                }
+            }
+            Ok(HostEntry::Settle { version, group }) => {
+                if self.moves.settle(version, group) {
+                    tracing::info!(
+                        replica = self.id,
+                        index,
+                        group,
+                        version = self.moves.version,
+                        "a group's move is done"
+                    );
+                }
             }
             Err(e) => {
                 tracing::warn!(index, error = %format!("{e:#}"), "a host entry this build cannot apply: skipped");

@@ -50,6 +50,7 @@ mod host_entries;
 #[cfg(any(test, feature = "testing"))]
 pub mod linear;
 pub(crate) mod log;
+mod membership;
 pub(crate) mod net;
 pub mod node;
 pub(crate) mod operator;
@@ -70,7 +71,7 @@ pub(crate) use persist::persist_round;
 pub(crate) use persist::{round_synced, round_to_sync, sync_files};
 
 use anyhow::{Context, Result, bail};
-use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
+use raft::prelude::{Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
 pub use format::{AgreedTenant, EntryRef, HostEntry, Tenancy};
@@ -176,6 +177,10 @@ pub enum Change {
     },
     /// Replica `id` leaves.
     Remove(u64),
+    /// Replica `id` receives the log without a vote, until it has caught
+    /// up (a group's copy moving to it); then [`Change::Add`] makes it a
+    /// voter.
+    Learner(u64),
 }
 
 /// A Raft `Ready` whose committed entries were applied and whose new
@@ -266,6 +271,8 @@ pub struct Replica<B: Backend> {
     /// The tenants the cluster added and removed while running (group
     /// 0's; see [`HostEntry`]), in the order it agreed.
     tenants: Tenancy,
+    /// The groups' moves the cluster agreed (group 0's).
+    moves: placement::Moves,
     /// A membership change added a replica: snapshot now, so that it
     /// starts from a snapshot that names it, never from the log's start.
     compact_now: bool,
@@ -305,7 +312,7 @@ impl<B: Backend> Replica<B> {
         compaction: Compaction,
     ) -> Result<Replica<B>> {
         let snapshot = raft::Storage::snapshot(&log, 0, 0).ok();
-        let (store, applied, applied_now, members, tenants) = match &snapshot {
+        let (store, applied, applied_now, members, (tenants, moves)) = match &snapshot {
             Some(s) => {
                 let d = decode_snapshot(&s.data)?;
                 (
@@ -313,10 +320,16 @@ impl<B: Backend> Replica<B> {
                     s.get_metadata().index,
                     d.applied_now,
                     d.members,
-                    d.tenants,
+                    (d.tenants, d.moves),
                 )
             }
-            None => (make(None)?, 0, 0, Members::new(), Tenancy::default()),
+            None => (
+                make(None)?,
+                0,
+                0,
+                Members::new(),
+                (Tenancy::default(), placement::Moves::default()),
+            ),
         };
         let replayed_to = log.hard_state().commit;
         let config = raft::Config {
@@ -351,6 +364,7 @@ impl<B: Backend> Replica<B> {
             members,
             changes: 0,
             tenants,
+            moves,
             compact_now: false,
             poisoned: Default::default(),
             quiet: Default::default(),
@@ -547,141 +561,6 @@ impl<B: Backend> Replica<B> {
         !self.is_leader() || self.node.raft.commit_to_current_term()
     }
 
-    /// Proposes a membership change (as leader; one at a time: a change
-    /// proposed and not yet applied is refused here, where raft-rs would
-    /// drop it without a word).
-    pub fn propose_change(&mut self, change: &Change) -> Result<()> {
-        self.wake();
-        if !self.is_leader() {
-            bail!(
-                "replica {} does not lead (leader: {})",
-                self.id,
-                self.leader()
-            );
-        }
-        if self.node.raft.pending_conf_index > self.applied {
-            bail!("a membership change is still in progress: retry once it is applied");
-        }
-        let voters = self.voters();
-        let mut cc = ConfChange::default();
-        match change {
-            Change::Add { id, record } => {
-                if *id == 0 {
-                    bail!("replica id 0 is reserved");
-                }
-                if voters.contains(id) {
-                    bail!("replica {id} is already a member");
-                }
-                cc.set_change_type(ConfChangeType::AddNode);
-                cc.node_id = *id;
-                cc.context = record.clone().into();
-            }
-            Change::Remove(id) => {
-                if !voters.contains(id) {
-                    bail!("replica {id} is not a member (members: {voters:?})");
-                }
-                if voters.len() == 1 {
-                    bail!("replica {id} is the last member");
-                }
-                if *id == self.id {
-                    bail!("replica {id} leads: move the leadership first");
-                }
-                cc.set_change_type(ConfChangeType::RemoveNode);
-                cc.node_id = *id;
-            }
-        }
-        self.node
-            .propose_conf_change(vec![], cc)
-            .context("proposing a membership change")
-    }
-
-    /// Asks `to` (a voter) to take over the leadership.
-    pub fn transfer_leader(&mut self, to: u64) {
-        self.wake();
-        self.node.transfer_leader(to);
-    }
-
-    /// Whether, as leader, its members ([`Replica::voters`]) are the
-    /// cluster's: it has committed an entry of its own term (so it knows
-    /// everything committed before it) and applied all it has committed. A
-    /// leader just elected may not have applied a membership change its
-    /// predecessor committed: its members are then out of date.
-    pub fn membership_settled(&self) -> bool {
-        self.is_leader()
-            && self.node.raft.commit_to_current_term()
-            && self.applied >= self.node.raft.raft_log.committed
-    }
-
-    /// The voting members, as this replica has applied them.
-    pub fn voters(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.node.raft.prs().conf().voters().ids().iter().collect();
-        v.sort_unstable();
-        v
-    }
-
-    /// The address records of the replicas added while running.
-    pub fn members(&self) -> &Members {
-        &self.members
-    }
-
-    /// How many membership changes it has applied (or snapshots
-    /// installed): a host keeps its links in step when this moves.
-    pub fn changes(&self) -> u64 {
-        self.changes
-    }
-
-    /// Whether it waits to join: no membership yet (until the leader's
-    /// snapshot).
-    pub fn joining(&self) -> bool {
-        self.node.raft.prs().conf().voters().ids().is_empty()
-    }
-
-    /// Applies a committed membership change.
-    fn apply_change(&mut self, entry: &Entry) -> Result<()> {
-        use protobuf::Message as _;
-        let cc = ConfChange::parse_from_bytes(&entry.data)
-            .with_context(|| format!("log entry {}: a membership change", entry.index))?;
-        if cc.get_change_type() == ConfChangeType::RemoveNode
-            && cc.node_id == self.id
-            && self.is_leader()
-        {
-            // A leader that leaves the membership steps down first
-            // (raft-rs 0.7 cannot lead without itself: it stops on it).
-            // The others elect a leader among themselves.
-            tracing::info!(replica = self.id, "removed while leading: steps down");
-            let term = self.node.raft.term;
-            self.node.raft.become_follower(term, raft::INVALID_ID);
-        }
-        let conf = self.node.apply_conf_change(&cc).with_context(|| {
-            format!(
-                "applying the membership change of log entry {}",
-                entry.index
-            )
-        })?;
-        match cc.get_change_type() {
-            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
-                if !cc.context.is_empty() {
-                    self.members.insert(cc.node_id, cc.context.to_vec());
-                }
-                self.compact_now = true;
-            }
-            ConfChangeType::RemoveNode => {
-                self.members.remove(&cc.node_id);
-            }
-        }
-        tracing::info!(
-            replica = self.id,
-            index = entry.index,
-            change = ?cc.get_change_type(),
-            node = cc.node_id,
-            voters = ?conf.voters,
-            "membership changed"
-        );
-        self.node.mut_store().set_conf_state(conf);
-        self.changes += 1;
-        Ok(())
-    }
-
     /// The contexts of reads whose index this replica has applied: its
     /// state now reflects every write acknowledged before they arrived, so
     /// [`Replica::query`] may answer them.
@@ -828,6 +707,7 @@ impl<B: Backend> Replica<B> {
         let store = (self.make)(Some(d.guest)).context("restoring a leader's snapshot")?;
         self.members = d.members;
         self.tenants = d.tenants;
+        self.moves = d.moves;
         self.changes += 1;
         self.node.mut_store().install(snap)?;
         self.store = store;
@@ -868,7 +748,12 @@ impl<B: Backend> Replica<B> {
             .store
             .snapshot_with(crate::SnapshotScope::Everything)
             .context("a snapshot of the guest")?;
-        let data = encode_snapshot(self.applied_now, &self.members, &self.tenants, &guest);
+        let data = encode_snapshot(
+            self.applied_now,
+            &self.members,
+            (&self.tenants, &self.moves),
+            &guest,
+        );
         let applied = self.applied;
         let log = self.node.mut_store();
         log.compact(applied, data)?;

@@ -52,6 +52,10 @@ pub(crate) struct ReplicaStatus {
     pub holds: Vec<u32>,
     /// The tenants it serves, in order (empty: one store without tenants).
     pub tenants: Vec<String>,
+    /// The version of the groups' moves it knows of (0: none).
+    pub moves: u64,
+    /// The move under way it knows of: group, from, to.
+    pub moving: Option<(u32, u64, u64)>,
 }
 
 impl ReplicaStatus {
@@ -59,7 +63,7 @@ impl ReplicaStatus {
     pub fn encode(&self) -> String {
         let list = |v: Vec<String>| v.join(",");
         format!(
-            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\nholds={}\ntenants={}\n",
+            "id={}\nrole={}\nterm={}\nleader={}\ncommit={}\napplied={}\nlast_index={}\nsnapshot={}\nmatched={}\nmqtt={}\nvoters={}\npeers={}\nsettled={}\npartitions={}\nleads={}\nbehind={}\nholds={}\ntenants={}\nmoves={}\nmoving={}\n",
             self.id,
             self.role,
             self.term,
@@ -88,6 +92,9 @@ impl ReplicaStatus {
             self.behind,
             list(self.holds.iter().map(u32::to_string).collect()),
             self.tenants.join(","),
+            self.moves,
+            self.moving
+                .map_or(String::new(), |(g, f, t)| format!("{g}:{f}:{t}")),
         )
     }
 
@@ -155,6 +162,15 @@ impl ReplicaStatus {
                         .filter(|t| !t.is_empty())
                         .map(str::to_string)
                         .collect();
+                }
+                "moves" => s.moves = num(v, k)?,
+                "moving" if v.is_empty() => {}
+                "moving" => {
+                    let n: Vec<u64> = v.split(':').filter_map(|w| w.parse().ok()).collect();
+                    let [g, f, t] = n[..] else {
+                        bail!("moving={v:?} in a replica's status");
+                    };
+                    s.moving = Some((u32::try_from(g)?, f, t));
                 }
                 "holds" => {
                     for p in v.split(',').filter(|p| !p.is_empty()) {
@@ -322,8 +338,11 @@ mod tests {
             behind: 1,
             holds: vec![0, 2, 3],
             tenants: vec!["plant".into(), "lab".into()],
+            moves: 3,
+            moving: Some((2, 1, 4)),
         };
         assert_eq!(ReplicaStatus::decode(&s.encode()).expect("decode"), s);
+        assert!(ReplicaStatus::decode("moving=1:2\n").is_err());
         // An older replica's (fewer keys) and a newer one's (more) read.
         let old = ReplicaStatus::decode("id=1\nrole=follower\nterm=3\nnew_key=x\n").expect("old");
         assert_eq!(

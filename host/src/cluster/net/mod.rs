@@ -40,6 +40,8 @@
 //!               to serve as its own clients' (see `super::placement`)
 //!  13 shipped u32 group, outputs (`shipped`): replies and notifications of
 //!               a group for the receiver's clients, from a replica holding it
+//!  14 placement  the groups' moves the cluster agreed (`super::placement::
+//!               Moves`, encoded): taken if newer than the receiver's
 //! ```
 //!
 //! Kind 10 carries a third field, `u64 placement` (the fingerprint of where
@@ -88,6 +90,7 @@ const LAYOUT: u8 = 10;
 const CHANGE_IN: u8 = 11;
 const AGENT: u8 = 12;
 const SHIPPED: u8 = 13;
+const PLACEMENT: u8 = 14;
 
 pub mod shipped;
 
@@ -163,6 +166,13 @@ pub(crate) enum PeerEvent {
         from: u64,
         /// The outputs, as the guest made them.
         outputs: Vec<crate::Output>,
+    },
+    /// The groups' moves a peer knows of.
+    Placement {
+        /// The peer.
+        from: u64,
+        /// The moves.
+        moves: super::placement::Moves,
     },
 }
 
@@ -295,6 +305,7 @@ enum Frame {
     ChangeIn(u32, String),
     Agent(u32, Vec<u8>),
     Shipped(u32, Vec<u8>),
+    Placement(Vec<u8>),
 }
 
 /// The sending side: a queue per peer.
@@ -417,6 +428,12 @@ impl Links {
         self.queue(to, Frame::Shipped(group, outputs));
     }
 
+    /// Tells `to` the groups' moves this replica knows of (`moves`,
+    /// encoded).
+    pub fn placement(&self, to: u64, moves: Vec<u8>) {
+        self.queue(to, Frame::Placement(moves));
+    }
+
     fn queue(&self, to: u64, f: Frame) {
         let Some(tx) = self.peers.get(&to) else {
             debug!(
@@ -504,6 +521,7 @@ async fn outbound(
                     SHIPPED,
                     &[group.to_le_bytes().as_slice(), &outputs].concat(),
                 ),
+                Frame::Placement(moves) => frame(PLACEMENT, &moves),
                 Frame::Forward(group, origin, batch) => {
                     let mut body = Vec::with_capacity(12 + batch.len());
                     if group != 0 {
@@ -716,6 +734,10 @@ async fn inbound(
                 group: u32::from_le_bytes(body[..4].try_into().expect("4")),
                 from,
                 outputs: shipped::decode(&body[4..]).context("shipped outputs")?,
+            },
+            PLACEMENT if from != 0 => PeerEvent::Placement {
+                from,
+                moves: super::placement::Moves::decode(body).context("a placement")?,
             },
             CHANGE_IN if body.len() >= 4 && from != 0 => PeerEvent::ChangeIn(
                 u32::from_le_bytes(body[..4].try_into().expect("4")),

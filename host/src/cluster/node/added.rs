@@ -340,6 +340,9 @@ impl Node {
         let (verb, name) = match entry {
             HostEntry::AddTenant(name) => ("add", name),
             HostEntry::RemoveTenant(name) => ("remove", name),
+            HostEntry::Move { .. } | HostEntry::Settle { .. } => {
+                return ChangeAnswer::Refused("not a change of tenants".into());
+            }
         };
         match replica.propose_host(entry) {
             Ok(()) => {

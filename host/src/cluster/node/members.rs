@@ -8,10 +8,96 @@ use tracing::{info, warn};
 
 use super::{Node, ReplicaEntry};
 use crate::cluster::Replica;
-use crate::cluster::operator::{ChangeAnswer, ChangeRequest};
+use crate::cluster::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
 use crate::{Input, WasmStore};
 
 impl Node {
+    /// An operator's change (`cluster add`, `remove`, `tenant ...`,
+    /// `move`): what this replica does with it, and its answer.
+    pub(super) fn operator_change(&mut self, request: &str) -> ChangeAnswer {
+        match ChangeRequest::decode(request) {
+            _ if let Some(name) = request.strip_prefix("tenant add ") => {
+                self.add_tenant(name.trim())
+            }
+            _ if let Some(name) = request.strip_prefix("tenant remove ") => {
+                self.remove_tenant(name.trim())
+            }
+            _ if let Some(words) = request.strip_prefix("move ") => {
+                let n: Vec<u64> = words.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+                match n[..] {
+                    [group, from, to] => self.move_group(group as u32, from, to),
+                    _ => ChangeAnswer::Refused("move <group> <from> <to>".into()),
+                }
+            }
+            Ok(_) if !self.placement.everywhere() => ChangeAnswer::Refused(
+                "the cluster file places the groups on some replicas (`copies`): its members are the file's; membership changes are not made there yet".into(),
+            ),
+            Ok(change) if self.groups.len() > 1 => self.change_groups(&change),
+            Ok(change) => self.change(change),
+            Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
+        }
+    }
+
+    /// `key=value` lines, for `cluster status` (group 0's state, and with
+    /// partitions the ones this replica leads).
+    pub fn status_text(&self) -> String {
+        let replica = &self.groups[0].replica;
+        let s = replica.status();
+        ReplicaStatus {
+            id: s.id,
+            role: s.role.to_string(),
+            term: s.term,
+            leader: s.leader,
+            commit: s.commit,
+            applied: s.applied,
+            last_index: s.last_index,
+            snapshot: s.snapshot,
+            matched: s.matched.clone(),
+            mqtt: self
+                .replicas
+                .iter()
+                .find(|r| r.id == s.id)
+                .and_then(|r| r.mqtt),
+            // Placed on some replicas, the members are the file's.
+            voters: if self.placement.everywhere() {
+                replica.voters()
+            } else {
+                self.replicas.iter().map(|r| r.id).collect()
+            },
+            peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
+            settled: replica.membership_settled(),
+            partitions: self.count(),
+            leads: self
+                .groups
+                .iter()
+                .filter(|g| g.replica.is_leader())
+                .map(|g| g.id)
+                .collect(),
+            behind: self.groups_behind(),
+            holds: if self.placement.everywhere() {
+                Vec::new()
+            } else {
+                self.groups.iter().map(|g| g.id).collect()
+            },
+            tenants: if self.named {
+                let serving = self.tenants.iter().enumerate();
+                serving
+                    .filter(|(t, _)| !self.removed(*t))
+                    .map(|(_, n)| n.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            moves: self.placement.moves().version,
+            moving: self
+                .placement
+                .moves()
+                .moving
+                .map(|m| (m.group, m.from, m.to)),
+        }
+        .encode()
+    }
+
     /// With several groups, an operator's membership change: made in
     /// every group that has not applied it, each through its own leader
     /// (proposed here in the groups this replica leads, sent to the others'
@@ -304,6 +390,7 @@ fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
         id,
         raft: raft.context("an address record without raft=<addr>")?,
         mqtt,
+        added: true,
     })
 }
 

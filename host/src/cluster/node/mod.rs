@@ -30,7 +30,7 @@ pub use super::file::{ReadPath, ReplicaEntry};
 use crate::WasmStore;
 use crate::cluster::log::journal::Journal;
 use crate::cluster::net::{Links, PeerEvent};
-use crate::cluster::operator::{ChangeAnswer, ChangeRequest, ReplicaStatus};
+use crate::cluster::operator::ChangeRequest;
 use crate::cluster::router::{Effects, Now, Router};
 use crate::cluster::{Durability, Replica, Timing};
 use crate::store::clock::Clock;
@@ -53,6 +53,7 @@ pub use super::router::Notify;
 mod added;
 mod members;
 mod metrics;
+mod moves;
 mod observers;
 mod outside;
 mod partitions;
@@ -91,8 +92,14 @@ pub struct Node {
     /// Where each of the cluster's groups is among `groups` (`None`: not
     /// held here).
     slots: Vec<Option<usize>>,
-    /// Which replicas hold which groups.
+    /// Which replicas hold which groups (the cluster file's formula, and
+    /// the moves the cluster agreed since).
     placement: crate::cluster::placement::Placement,
+    /// Its stores, by number (`None`: a tenant the cluster removed), to
+    /// open a group that moves here.
+    stores: Vec<Option<NodeTenant>>,
+    /// Ticks since it started.
+    ticks: u64,
     /// What it does for the groups it does not hold, and for the replicas
     /// that do not hold its groups.
     outside: outside::Outside,
@@ -186,7 +193,10 @@ impl Node {
         }
         check_partitions(&*root, partitions)?;
         let count = stores.len() * partitions as usize;
-        let placement = file.placement();
+        let mut placement = file.placement();
+        if !placement.everywhere() {
+            placement.set_moves(moves::kept(&*root)?);
+        }
         let (held, voters) = held_groups(file, &placement, count)?;
         // The groups of tenants the cluster removed are not opened (their
         // numbers stay taken).
@@ -196,7 +206,11 @@ impl Node {
             .zip(voters)
             .filter(|(g, _)| !gone(g))
             .unzip();
-        let removed_groups: Vec<u32> = (0..count as u32).filter(gone).collect();
+        // Those of removed tenants, and those whose copy moved away (their
+        // directory too, if a crash left it).
+        let mut removed_groups: Vec<u32> = (0..count as u32).filter(gone).collect();
+        let all_dirs = tenants::group_dirs(&file.data_dir, named.then_some(&names[..]), partitions);
+        removed_groups.extend(moves::moved_away(file.id, &placement, &all_dirs)?);
         let life = new_life(&*root, clock.now_ms())?;
         let durability = match fsync {
             Fsync::Always => Durability::Always,
@@ -211,7 +225,6 @@ impl Node {
         // that loses any synced byte is noticed); several make their
         // rounds durable through the round journal.
         let journaled = durability == Durability::Always && count > 1;
-        let all_dirs = tenants::group_dirs(&file.data_dir, named.then_some(&names[..]), partitions);
         let dirs: Vec<_> = held.iter().map(|&g| all_dirs[g as usize].clone()).collect();
         let (logs, journal) = open_logs(
             file,
@@ -304,6 +317,8 @@ impl Node {
             syncs,
             journal,
             warned_partition: None,
+            stores,
+            ticks: 0,
         })
     }
 
@@ -405,7 +420,8 @@ impl Node {
             if messages.is_empty() {
                 continue;
             }
-            let Some(at) = self.slots[g as usize] else {
+            let Some(at) = self.slots[g as usize].filter(|_| self.placement.holds(self.id(), g))
+            else {
                 self.outside
                     .send_requests(g, messages, &self.placement, &self.links);
                 continue;
@@ -445,7 +461,8 @@ impl Node {
         let mut result = Ok(());
         for g in groups {
             let client = client.clone();
-            let Some(at) = self.slots[g] else {
+            let Some(at) = self.slots[g].filter(|_| self.placement.holds(self.id(), g as u32))
+            else {
                 self.outside
                     .send_gone(g as u32, &client, &self.placement, &self.links);
                 continue;
@@ -635,6 +652,17 @@ impl Node {
                 from,
                 outputs,
             } => self.outside.shipped(group, from, outputs, &self.placement),
+            PeerEvent::Placement { from, moves } => {
+                if self.replicas.iter().any(|r| r.id == from) {
+                    self.adopt_moves(moves)?;
+                }
+            }
+            PeerEvent::ChangeIn(0, request) if request.starts_with("settle ") => {
+                let mut words = request.split_whitespace().skip(1).map(str::parse::<u64>);
+                if let (Some(Ok(group)), Some(Ok(version))) = (words.next(), words.next()) {
+                    self.settle(group as u32, version);
+                }
+            }
             PeerEvent::ChangeIn(g, request) => match ChangeRequest::decode(&request) {
                 Ok(change) if let Some(Some(at)) = self.slots.get(g as usize) => {
                     self.change_group(*at, &change);
@@ -651,78 +679,11 @@ impl Node {
                 let _ = reply.send(self.status_text());
             }
             PeerEvent::Change(request, reply) => {
-                let answer = match ChangeRequest::decode(&request) {
-                    _ if let Some(name) = request.strip_prefix("tenant add ") => {
-                        self.add_tenant(name.trim())
-                    }
-                    _ if let Some(name) = request.strip_prefix("tenant remove ") => {
-                        self.remove_tenant(name.trim())
-                    }
-                    Ok(_) if !self.placement.everywhere() => ChangeAnswer::Refused(
-                        "the cluster file places the groups on some replicas (`copies`): its members are the file's; membership changes are not made there yet".into(),
-                    ),
-                    Ok(change) if self.groups.len() > 1 => self.change_groups(&change),
-                    Ok(change) => self.change(change),
-                    Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
-                };
+                let answer = self.operator_change(&request);
                 let _ = reply.send(answer.encode());
             }
         }
         Ok(())
-    }
-
-    /// `key=value` lines, for `cluster status` (group 0's state, and with
-    /// partitions the ones this replica leads).
-    pub fn status_text(&self) -> String {
-        let replica = &self.groups[0].replica;
-        let s = replica.status();
-        ReplicaStatus {
-            id: s.id,
-            role: s.role.to_string(),
-            term: s.term,
-            leader: s.leader,
-            commit: s.commit,
-            applied: s.applied,
-            last_index: s.last_index,
-            snapshot: s.snapshot,
-            matched: s.matched.clone(),
-            mqtt: self
-                .replicas
-                .iter()
-                .find(|r| r.id == s.id)
-                .and_then(|r| r.mqtt),
-            // Placed on some replicas, the members are the file's.
-            voters: if self.placement.everywhere() {
-                replica.voters()
-            } else {
-                self.replicas.iter().map(|r| r.id).collect()
-            },
-            peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
-            settled: replica.membership_settled(),
-            partitions: self.count(),
-            leads: self
-                .groups
-                .iter()
-                .filter(|g| g.replica.is_leader())
-                .map(|g| g.id)
-                .collect(),
-            behind: self.groups_behind(),
-            holds: if self.placement.everywhere() {
-                Vec::new()
-            } else {
-                self.groups.iter().map(|g| g.id).collect()
-            },
-            tenants: if self.named {
-                let serving = self.tenants.iter().enumerate();
-                serving
-                    .filter(|(t, _)| !self.removed(*t))
-                    .map(|(_, n)| n.clone())
-                    .collect()
-            } else {
-                Vec::new()
-            },
-        }
-        .encode()
     }
 
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
@@ -751,6 +712,15 @@ impl Node {
             first.transfer_leader(to);
         }
         self.refresh_metrics();
+        self.ticks += 1;
+        if !self.placement.everywhere() {
+            if self.ticks.is_multiple_of(u64::from(SPREAD_EVERY)) {
+                self.carry_moves();
+            }
+            if self.ticks.is_multiple_of(u64::from(moves::TELL_EVERY)) {
+                self.tell_moves();
+            }
+        }
         self.spread_leaders();
         self.propose_drops();
         self.outside
@@ -848,6 +818,8 @@ impl Node {
         // rounds.
         self.open_agreed()?;
         self.serve_opened(transport).await;
+        // Groups group 0 agreed to move: followed between rounds.
+        self.agreed_moves()?;
         Ok(())
     }
 

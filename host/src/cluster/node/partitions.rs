@@ -117,6 +117,8 @@ pub(super) fn held_groups(
         .map(|&g| match (file.join, placement.everywhere()) {
             (true, _) => Vec::new(),
             (false, true) => file.replicas.iter().map(|r| r.id).collect(),
+            // A group moved here joins (its leader sends it a snapshot).
+            (false, false) if placement.moves().hosts.contains_key(&g) => Vec::new(),
             (false, false) => placement.hosts(g),
         })
         .collect();
