@@ -2985,6 +2985,148 @@ async fn a_group_moves_to_another_replica_while_every_replica_writes() {
     assert!(!dir_exists(&c.data_dir(3).join("partition-0")));
 }
 
+/// How many groups `cluster status` says replica `id` holds (`holds 0,2-3`).
+fn held_by(status: &str, id: usize) -> usize {
+    let Some(line) = status.lines().find(|l| l.starts_with("groups placed")) else {
+        return 0;
+    };
+    let list = line.split_once(": ").map_or("", |(_, rest)| rest);
+    let Some(held) = list
+        .split("; ")
+        .find_map(|part| part.strip_prefix(&format!("replica {id} holds ")))
+    else {
+        return 0;
+    };
+    held.split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().expect("n") - a.parse::<usize>().expect("n") + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+/// `cluster status` until `done` says so (at most `within`).
+fn status_until(c: &Cluster, within: Duration, done: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let (_, text) = c.status();
+        if done(&text) {
+            return text;
+        }
+        assert!(start.elapsed() < within, "{text}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A placed cluster (4 replicas, `copies = 3`, 8 groups: 6 on each) grown
+/// and shrunk while every replica takes writes. Replica 5 starts holding
+/// nothing (its file marks it `added = true`); `cluster add` makes it a
+/// member, and group 0's leader moves groups to it one at a time, from the
+/// most loaded replicas, until it holds its share (4 of the 24 copies).
+/// `cluster remove` of replica 2 moves its groups away first, one at a
+/// time, then it leaves (and stops). Every acknowledged write reads back
+/// through replicas 1, 3 and 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placed_cluster_grows_and_shrinks_one_move_at_a_time() {
+    let mut c = Cluster::with_layout(4, "partitions = 8\ncopies = 3\n");
+    tokio::task::block_in_place(|| {
+        status_until(&c, Duration::from_secs(60), |t| {
+            (1..=4).all(|id| held_by(t, id) == 6) && t.contains("leader: replica")
+        })
+    });
+    let (ok, out) = cluster_command(&c.file(0), &["certs", "--id", "5"]);
+    assert!(ok, "cluster certs:\n{out}");
+    let (raft5, mqtt5) = (free_port(), free_port());
+    let mut f = "id = 5\ndata_dir = \"replica-5\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\npartitions = 8\ncopies = 3\n".to_string();
+    for i in 0..4 {
+        f.push_str(&format!(
+            "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
+            i + 1,
+            c.raft[i],
+            c.mqtt[i]
+        ));
+    }
+    f.push_str(&format!(
+        "\n[[replica]]\nid = 5\nraft = \"127.0.0.1:{raft5}\"\nmqtt = \"127.0.0.1:{mqtt5}\"\nadded = true\n"
+    ));
+    std::fs::write(c.dir.join("replica-5.toml"), f).expect("file");
+    c.mqtt.push(mqtt5);
+    c.raft.push(raft5);
+    c.metrics.push(free_port());
+    let s = tokio::task::block_in_place(|| c.spawn(4));
+    c.servers.push(Some(s));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Acked::default()));
+    let writers = writers_named("growing-", &c.mqtt[..4], &stop, &acked);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (ok, out) = tokio::task::block_in_place(|| {
+        cluster_command(
+            &c.file(0),
+            &[
+                "add",
+                "--id",
+                "5",
+                "--raft",
+                &format!("127.0.0.1:{raft5}"),
+                "--mqtt",
+                &format!("127.0.0.1:{mqtt5}"),
+            ],
+        )
+    });
+    assert!(
+        ok && out.contains("replica 5 added; members: 1, 2, 3, 4, 5"),
+        "{out}"
+    );
+    let grown = tokio::task::block_in_place(|| {
+        status_until(&c, Duration::from_secs(120), |t| {
+            held_by(t, 5) == 4 && t.contains("none under way")
+        })
+    });
+    assert_eq!(
+        (1..=5).map(|id| held_by(&grown, id)).sum::<usize>(),
+        24,
+        "{grown}"
+    );
+    assert!((1..=4).all(|id| held_by(&grown, id) == 5), "{grown}");
+    let (ok, out) =
+        tokio::task::block_in_place(|| cluster_command(&c.file(0), &["remove", "--id", "2"]));
+    assert!(
+        ok && out.contains("replica 2 removed; members: 1, 3, 4, 5"),
+        "{out}"
+    );
+    let shrunk = tokio::task::block_in_place(|| {
+        status_until(&c, Duration::from_secs(30), |t| {
+            !t.contains("replica 2 holds")
+        })
+    });
+    assert_eq!(
+        [1, 3, 4, 5]
+            .iter()
+            .map(|&id| held_by(&shrunk, id))
+            .sum::<usize>(),
+        24,
+        "{shrunk}"
+    );
+    // Told it left, replica 2 stops.
+    let mut two = c.servers[1].take().expect("running");
+    let start = Instant::now();
+    while !two.exited() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "replica 2 still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    let (sets, dels, _) =
+        reads_back_to("growing-", &[c.mqtt[0], c.mqtt[2], c.mqtt[4]], &acked).await;
+    eprintln!("{sets} acknowledged SETs and {dels} DELs read back through replicas 1, 3 and 5");
+}
+
 /// A store in 2 partitions whose groups go quiet (idle for over a second:
 /// no heartbeats, and a replica skips their routers' ticks) still expires
 /// a key on time: a quiet leader's router ticks whenever an expiry is due,

@@ -412,13 +412,32 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
     let file = ClusterFile::load(path)?;
     let who = file.operator_credentials()?;
     runtime()?.block_on(async {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let started = tokio::time::Instant::now();
+        let mut deadline = started + Duration::from_secs(30);
         // When it was last proposed: again after 5 s (a leader that lost
         // it, a new leader).
         let mut proposed: Option<tokio::time::Instant> = None;
         let mut said_waiting = None;
+        let mut said_holds = None;
         loop {
             let answers = statuses(&file, &who).await;
+            // Placed, a replica removed gives its groups away first: one
+            // move after another.
+            let placed = answers
+                .iter()
+                .any(|(_, _, a)| a.as_ref().is_ok_and(|s| !s.holds.is_empty()));
+            if placed && !add {
+                deadline = started + Duration::from_secs(600);
+                let holds = answers
+                    .iter()
+                    .find(|(r, _, _)| *r == id)
+                    .and_then(|(_, _, a)| a.as_ref().ok())
+                    .map(|s| s.holds.len());
+                if proposed.is_some() && holds.is_some() && holds != said_holds {
+                    eprintln!("replica {id} holds {} groups; they move away one at a time", holds.unwrap_or(0));
+                    said_holds = holds;
+                }
+            }
             let up = answers.iter().filter(|(_, _, a)| a.is_ok()).count();
             let leader = answers
                 .iter()
@@ -427,7 +446,8 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
                 // A leader just elected may not have applied a change its
                 // predecessor committed: its members would mislead.
                 .filter(|(_, _, m)| m.settled)
-                .max_by_key(|(_, _, m)| m.term);
+                // Group 0's (with several groups, each has a leader).
+                .max_by_key(|(_, _, m)| (m.leads.contains(&0), m.term));
             if let Some((leader, addr, m)) = leader {
                 let voters = &m.voters;
                 // With several groups, every one must have it.
@@ -474,8 +494,9 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
             }
             if tokio::time::Instant::now() >= deadline {
                 anyhow::bail!(
-                    "replica {id} is {} a member after 30 s (no leader, or the change was lost: see `statestore cluster status`, then run this again)",
-                    if add { "not yet" } else { "still" }
+                    "replica {id} is {} a member after {} s (no leader, or the change was lost: see `statestore cluster status`, then run this again)",
+                    if add { "not yet" } else { "still" },
+                    started.elapsed().as_secs()
                 );
             }
             tokio::time::sleep(Duration::from_millis(300)).await;

@@ -80,8 +80,8 @@ pub struct ClusterFile {
     /// Each group (a partition, a tenant's store) on this many of the
     /// replicas, spread over them (see `super::placement`); default: every
     /// group on every replica. With fewer than the replicas, a cluster may
-    /// have up to 64 replicas, and its members are the file's (membership
-    /// changes are refused).
+    /// have up to 64 replicas; members are added (`added = true` in the new
+    /// one's entry) and removed while it runs, groups moving one at a time.
     #[serde(default)]
     pub copies: Option<usize>,
     /// Every replica of the cluster, this one included.

@@ -83,6 +83,31 @@ pub enum HostEntry {
         /// The group.
         group: u32,
     },
+    /// Replica `id` joins a placed cluster's members, holding no group yet
+    /// (kind 5, body `u64 version, u64 id, record`).
+    Join {
+        /// The placement's version it was proposed from.
+        version: u64,
+        /// The replica.
+        id: u64,
+        /// Its address record (`raft=<addr> [mqtt=<addr>]`).
+        record: Vec<u8>,
+    },
+    /// Member `id` of a placed cluster is to leave: its groups move away
+    /// first (kind 6, body `u64 version, u64 id`).
+    Drain {
+        /// The placement's version it was proposed from.
+        version: u64,
+        /// The replica.
+        id: u64,
+    },
+    /// Member `id`, drained, leaves (kind 7, body `u64 version, u64 id`).
+    Leave {
+        /// The placement's version it was proposed from.
+        version: u64,
+        /// The replica.
+        id: u64,
+    },
 }
 
 /// Encodes a [`HostEntry`].
@@ -116,7 +141,47 @@ pub(crate) fn encode_host_entry(entry: &HostEntry) -> Vec<u8> {
             out.extend_from_slice(&group.to_le_bytes());
             out
         }
+        HostEntry::Join {
+            version,
+            id,
+            record,
+        } => {
+            let mut out = vec![HOST_ENTRY, 5];
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(record);
+            out
+        }
+        HostEntry::Drain { version, id } | HostEntry::Leave { version, id } => {
+            let kind = if matches!(entry, HostEntry::Drain { .. }) {
+                6
+            } else {
+                7
+            };
+            let mut out = vec![HOST_ENTRY, kind];
+            out.extend_from_slice(&version.to_le_bytes());
+            out.extend_from_slice(&id.to_le_bytes());
+            out
+        }
     }
+}
+
+/// The body of a [`HostEntry::Join`], `Drain` or `Leave` (`kind`).
+fn decode_member(kind: u8, body: &[u8]) -> Result<HostEntry> {
+    if body.len() < 16 || (kind != 5 && body.len() != 16) {
+        bail!("a member's entry of {} bytes", body.len());
+    }
+    let version = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+    let id = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
+    Ok(match kind {
+        5 => HostEntry::Join {
+            version,
+            id,
+            record: body[16..].to_vec(),
+        },
+        6 => HostEntry::Drain { version, id },
+        _ => HostEntry::Leave { version, id },
+    })
 }
 
 /// The body of a [`HostEntry::Move`].
@@ -164,8 +229,9 @@ pub(crate) fn decode_host_entry(data: &[u8]) -> Option<Result<HostEntry>> {
             "a settled move's entry of {} bytes",
             body.len()
         )),
+        Some((&kind @ 5..=7, body)) => decode_member(kind, body),
         Some((kind, _)) => Err(anyhow::anyhow!(
-            "a host entry of kind {kind} (this build knows 1 to 4)"
+            "a host entry of kind {kind} (this build knows 1 to 7)"
         )),
         None => Err(anyhow::anyhow!("a host entry without its kind")),
     })
@@ -429,10 +495,22 @@ mod tests {
             version: 8,
             group: 3,
         };
-        for entry in [&start, &settle] {
+        let join = HostEntry::Join {
+            version: 9,
+            id: 5,
+            record: b"raft=127.0.0.1:7105".to_vec(),
+        };
+        let drain = HostEntry::Drain { version: 10, id: 2 };
+        let leave = HostEntry::Leave { version: 11, id: 2 };
+        for entry in [&start, &settle, &join, &drain, &leave] {
             let data = encode_host_entry(entry);
             assert_eq!(&decode_host_entry(&data).expect("host").expect("ok"), entry);
-            for n in 2..data.len() {
+            // A join's record is the rest of the entry: cut, it is shorter.
+            let fixed = match entry {
+                HostEntry::Join { .. } => 18,
+                _ => data.len(),
+            };
+            for n in 2..fixed {
                 assert!(decode_host_entry(&data[..n]).expect("host").is_err());
             }
         }

@@ -90,6 +90,43 @@ impl<B: Backend> Replica<B> {
                     );
                 }
             }
+            Ok(HostEntry::Join {
+                version,
+                id,
+                record,
+            }) => {
+                if self.moves.join(version, id, record) {
+                    tracing::info!(
+                        replica = self.id,
+                        index,
+                        member = id,
+                        version = self.moves.version,
+                        "a replica joins the members (holding no group yet)"
+                    );
+                }
+            }
+            Ok(HostEntry::Drain { version, id }) => {
+                if self.moves.drain(version, id) {
+                    tracing::info!(
+                        replica = self.id,
+                        index,
+                        member = id,
+                        version = self.moves.version,
+                        "a member is to leave: its groups move away first"
+                    );
+                }
+            }
+            Ok(HostEntry::Leave { version, id }) => {
+                if self.moves.leave(version, id) {
+                    tracing::info!(
+                        replica = self.id,
+                        index,
+                        member = id,
+                        version = self.moves.version,
+                        "a member left"
+                    );
+                }
+            }
             Err(e) => {
                 tracing::warn!(index, error = %format!("{e:#}"), "a host entry this build cannot apply: skipped");
             }

@@ -323,6 +323,11 @@ impl Placement {
             && (self.members.contains(&id) || self.moves.joined.contains_key(&id))
     }
 
+    /// How many replicas hold each group.
+    pub fn copies(&self) -> usize {
+        self.copies
+    }
+
     /// Whether every group is on every replica.
     pub fn everywhere(&self) -> bool {
         self.copies >= self.members.len()
@@ -486,7 +491,8 @@ mod tests {
         longer.push(0);
         assert!(Moves::decode(&longer).is_err());
         let mut bad = bytes;
-        let at = bad.len() - 21;
+        // The move's marker: before it 21 bytes, and three empty lists.
+        let at = bad.len() - 21 - 12;
         bad[at] = 7;
         assert!(Moves::decode(&bad).is_err(), "a move marked 7");
     }

@@ -340,7 +340,7 @@ impl Node {
         let (verb, name) = match entry {
             HostEntry::AddTenant(name) => ("add", name),
             HostEntry::RemoveTenant(name) => ("remove", name),
-            HostEntry::Move { .. } | HostEntry::Settle { .. } => {
+            _ => {
                 return ChangeAnswer::Refused("not a change of tenants".into());
             }
         };

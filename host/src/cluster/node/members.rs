@@ -23,15 +23,16 @@ impl Node {
                 self.remove_tenant(name.trim())
             }
             _ if let Some(words) = request.strip_prefix("move ") => {
-                let n: Vec<u64> = words.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+                let n: Vec<u64> = words
+                    .split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect();
                 match n[..] {
                     [group, from, to] => self.move_group(group as u32, from, to),
                     _ => ChangeAnswer::Refused("move <group> <from> <to>".into()),
                 }
             }
-            Ok(_) if !self.placement.everywhere() => ChangeAnswer::Refused(
-                "the cluster file places the groups on some replicas (`copies`): its members are the file's; membership changes are not made there yet".into(),
-            ),
+            Ok(change) if !self.placement.everywhere() => self.placed_change(&change),
             Ok(change) if self.groups.len() > 1 => self.change_groups(&change),
             Ok(change) => self.change(change),
             Err(e) => ChangeAnswer::Refused(format!("{e:#}")),
@@ -41,8 +42,17 @@ impl Node {
     /// `key=value` lines, for `cluster status` (group 0's state, and with
     /// partitions the ones this replica leads).
     pub fn status_text(&self) -> String {
-        let replica = &self.groups[0].replica;
-        let s = replica.status();
+        // A member of a placed cluster may hold no group (one just added,
+        // or one drained).
+        let replica = self.groups.first().map(|g| &g.replica);
+        let s = replica.map_or_else(
+            || crate::cluster::Status {
+                id: self.me,
+                role: "member".into(),
+                ..Default::default()
+            },
+            |r| r.status(),
+        );
         ReplicaStatus {
             id: s.id,
             role: s.role.to_string(),
@@ -58,14 +68,13 @@ impl Node {
                 .iter()
                 .find(|r| r.id == s.id)
                 .and_then(|r| r.mqtt),
-            // Placed on some replicas, the members are the file's.
-            voters: if self.placement.everywhere() {
-                replica.voters()
-            } else {
-                self.replicas.iter().map(|r| r.id).collect()
+            // Placed on some replicas, the members are the placement's.
+            voters: match replica {
+                Some(r) if self.placement.everywhere() => r.voters(),
+                _ => self.placement.members(),
             },
             peers: self.replicas.iter().map(|r| (r.id, r.raft)).collect(),
-            settled: replica.membership_settled(),
+            settled: replica.is_some_and(|r| r.membership_settled()),
             partitions: self.count(),
             leads: self
                 .groups
@@ -185,6 +194,10 @@ impl Node {
     /// How many groups have other members than group 0 (as this replica
     /// has applied them): a change under way.
     pub(super) fn groups_behind(&self) -> u32 {
+        if !self.placement.everywhere() || self.groups.is_empty() {
+            // Placed, each group has its own voters.
+            return 0;
+        }
         let mut first = self.groups[0].replica.voters();
         first.sort_unstable();
         let behind = self.groups[1..].iter().filter(|g| {
@@ -375,7 +388,7 @@ pub(super) fn successor(replica: &Replica<WasmStore>) -> Option<u64> {
 }
 
 /// A replica's address record: `raft=<addr> [mqtt=<addr>]`.
-fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
+pub(super) fn parse_record(id: u64, record: &[u8]) -> Result<ReplicaEntry> {
     let text = std::str::from_utf8(record).context("an address record that is not UTF-8")?;
     let mut raft = None;
     let mut mqtt = None;

@@ -89,7 +89,10 @@ impl Node {
     pub(super) fn refresh_metrics(&mut self) {
         self.refresh_store_metrics(false);
         let Some(m) = &self.metrics else { return };
-        let s = self.groups[0].replica.status();
+        let Some(first) = self.groups.first() else {
+            return;
+        };
+        let s = first.replica.status();
         m.term.set(i64::try_from(s.term).unwrap_or(i64::MAX));
         m.is_leader.set(i64::from(s.role == "leader"));
         m.has_leader.set(i64::from(s.leader != 0));

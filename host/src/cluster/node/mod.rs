@@ -95,6 +95,8 @@ pub struct Node {
     /// Which replicas hold which groups (the cluster file's formula, and
     /// the moves the cluster agreed since).
     placement: crate::cluster::placement::Placement,
+    /// Its id.
+    me: u64,
     /// Its stores, by number (`None`: a tenant the cluster removed), to
     /// open a group that moves here.
     stores: Vec<Option<NodeTenant>>,
@@ -160,7 +162,7 @@ pub struct Node {
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
-            .field("replica", &self.groups[0].replica)
+            .field("replica", &self.me)
             .field("groups", &self.groups.len())
             .finish_non_exhaustive()
     }
@@ -193,10 +195,7 @@ impl Node {
         }
         check_partitions(&*root, partitions)?;
         let count = stores.len() * partitions as usize;
-        let mut placement = file.placement();
-        if !placement.everywhere() {
-            placement.set_moves(moves::kept(&*root)?);
-        }
+        let placement = moves::placement(file, &*root)?;
         let (held, voters) = held_groups(file, &placement, count)?;
         // The groups of tenants the cluster removed are not opened (their
         // numbers stay taken).
@@ -266,7 +265,10 @@ impl Node {
         let accept = tokio::spawn(super::net::accept(listener, who.clone(), tx.clone()));
         let peers: Vec<(u64, SocketAddr)> = file.replicas.iter().map(|r| (r.id, r.raft)).collect();
         let links = Links::start(who.clone(), &peers, tx);
-        let status = groups[0].replica.status();
+        let status = groups
+            .first()
+            .map(|g| g.replica.status())
+            .unwrap_or_default();
         let mut slots = vec![None; count];
         for (i, g) in groups.iter().enumerate() {
             slots[g.id as usize] = Some(i);
@@ -319,6 +321,7 @@ impl Node {
             warned_partition: None,
             stores,
             ticks: 0,
+            me: file.id,
         })
     }
 
@@ -353,7 +356,7 @@ impl Node {
 
     /// This replica's id.
     fn id(&self) -> u64 {
-        self.groups[0].replica.id()
+        self.me
     }
 
     /// The number of the cluster's groups: each store's partitions.
@@ -533,7 +536,7 @@ impl Node {
                     self.groups.iter_mut().try_for_each(|g| g.replica.sync())
                 }
                 answers = self.probe.answers() => {
-                    match super::probe::removed(self.id(), self.groups[0].replica.applied(), &answers) {
+                    match super::probe::removed(self.id(), self.groups.first().map_or(0, |g| g.replica.applied()), &answers) {
                         Some(why) => Err(anyhow::anyhow!(why)),
                         None => Ok(()),
                     }
@@ -697,25 +700,24 @@ impl Node {
             .filter(|r| r.id != me)
             .map(|r| (r.id, r.raft))
             .collect();
-        let first = &mut self.groups[0].replica;
-        let everywhere = self.placement.everywhere();
-        if everywhere {
+        if self.placement.everywhere() {
+            let first = &mut self.groups[0].replica;
             self.probe
                 .tick(first.leader(), first.voters().contains(&me), peers);
-        }
-        if everywhere
-            && first.is_leader()
-            && !first.voters().contains(&me)
-            && let Some(to) = successor(first)
-        {
-            // Removed while leading (proposed by an earlier leader).
-            first.transfer_leader(to);
+            if first.is_leader()
+                && !first.voters().contains(&me)
+                && let Some(to) = successor(first)
+            {
+                // Removed while leading (proposed by an earlier leader).
+                first.transfer_leader(to);
+            }
         }
         self.refresh_metrics();
         self.ticks += 1;
         if !self.placement.everywhere() {
             if self.ticks.is_multiple_of(u64::from(SPREAD_EVERY)) {
                 self.carry_moves();
+                self.plan_moves();
             }
             if self.ticks.is_multiple_of(u64::from(moves::TELL_EVERY)) {
                 self.tell_moves();

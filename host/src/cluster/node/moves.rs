@@ -29,7 +29,8 @@ use tracing::{info, warn};
 
 use super::Node;
 use crate::cluster::operator::ChangeAnswer;
-use crate::cluster::placement::{Move, Moves};
+use crate::cluster::operator::ChangeRequest;
+use crate::cluster::placement::{Move, Moves, Placement};
 use crate::cluster::{Change, HostEntry, LogStore, Status};
 use crate::store::storage::{DirStorage, Storage};
 
@@ -41,13 +42,30 @@ const FILE: &str = "placement";
 /// (2 s), besides when they change.
 pub(super) const TELL_EVERY: u32 = 40;
 
-/// The moves a data directory kept (none: the formula alone).
-pub(super) fn kept(root: &dyn Storage) -> Result<Moves> {
-    match root.read(FILE) {
-        Ok(bytes) => Moves::decode(&bytes).context("the data directory's `placement` file"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Moves::default()),
-        Err(e) => Err(e).context("reading the data directory's `placement` file"),
+/// Where replica `file.id`'s cluster places its groups: the file's
+/// formula, and with `copies` the moves its data directory `root` kept.
+pub(super) fn placement(file: &super::ClusterFile, root: &dyn Storage) -> Result<Placement> {
+    let mut placement = file.placement();
+    if !placement.everywhere() {
+        placement.set_moves(kept(root, file.id)?);
     }
+    Ok(placement)
+}
+
+/// The moves replica `me`'s data directory kept (none: the formula
+/// alone); a replica they say was removed does not start.
+fn kept(root: &dyn Storage, me: u64) -> Result<Moves> {
+    let moves = match root.read(FILE) {
+        Ok(bytes) => Moves::decode(&bytes).context("the data directory's `placement` file")?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Moves::default(),
+        Err(e) => return Err(e).context("reading the data directory's `placement` file"),
+    };
+    if moves.left.contains(&me) {
+        bail!(
+            "replica {me} was removed from the cluster: it does not start (its data directory may be deleted; a replica added again needs another id and an empty one)"
+        );
+    }
+    Ok(moves)
 }
 
 /// The groups whose copy moved away from replica `me` (the placement
@@ -70,6 +88,67 @@ pub(super) fn moved_away(
         }
     }
     Ok(away)
+}
+
+/// The next step the members of `placement` call for (of `count` groups,
+/// those of removed tenants aside: `removed` by store of `per` groups), if
+/// any: see [`Node::plan_moves`].
+fn plan(placement: &Placement, count: u32, removed: &[bool], per: u32) -> Option<HostEntry> {
+    let moves = placement.moves();
+    let version = moves.version;
+    let live: Vec<u32> = (0..count)
+        .filter(|g| !removed.get((g / per) as usize).copied().unwrap_or(false))
+        .collect();
+    let members = placement.members();
+    let load = |id: u64| live.iter().filter(|&&g| placement.holds(id, g)).count();
+    let takers: Vec<u64> = members
+        .iter()
+        .copied()
+        .filter(|m| !moves.draining.contains(m))
+        .collect();
+    let start = |group: u32, from: u64, to: u64| {
+        let hosts = placement
+            .hosts(group)
+            .into_iter()
+            .map(|h| if h == from { to } else { h })
+            .collect();
+        HostEntry::Move {
+            version,
+            to: Move { group, from, to },
+            hosts,
+        }
+    };
+    if let Some(&d) = moves.draining.first() {
+        let Some(&g) = live.iter().find(|&&g| placement.holds(d, g)) else {
+            return Some(HostEntry::Leave { version, id: d });
+        };
+        let to = takers
+            .iter()
+            .copied()
+            .filter(|&t| !placement.holds(t, g))
+            .min_by_key(|&t| (load(t), t))?;
+        return Some(start(g, d, to));
+    }
+    let share = live.len() * placement.copies() / takers.len().max(1);
+    for (&j, _) in moves.joined.iter().filter(|(j, _)| takers.contains(j)) {
+        if load(j) >= share {
+            continue;
+        }
+        // From the most loaded member holding a group the new one lacks.
+        let (from, g) = takers
+            .iter()
+            .copied()
+            .filter(|&m| m != j && load(m) > load(j) + 1)
+            .max_by_key(|&m| (load(m), std::cmp::Reverse(m)))
+            .and_then(|m| {
+                live.iter()
+                    .copied()
+                    .find(|&g| placement.holds(m, g) && !placement.holds(j, g))
+                    .map(|g| (m, g))
+            })?;
+        return Some(start(g, from, j));
+    }
+    None
 }
 
 /// The next step of a group's leader (`me`) towards the voters `target`.
@@ -146,7 +225,156 @@ impl Node {
         info!(replica = self.id(), version = moves.version, moving = ?moves.moving, "the groups' placement changed");
         self.placement.set_moves(moves);
         self.tell_moves();
+        self.follow_members()?;
         self.follow_placement()
+    }
+
+    /// The replicas and links made what the placement's members are; a
+    /// replica that left stops.
+    fn follow_members(&mut self) -> Result<()> {
+        let me = self.id();
+        let moves = self.placement.moves();
+        if moves.left.contains(&me) {
+            bail!(
+                "replica {me} was removed from the cluster (members: {:?}): it stops; its data directory may be deleted",
+                self.placement.members()
+            );
+        }
+        let members = self.placement.members();
+        let mut known: Vec<super::ReplicaEntry> = self
+            .file_replicas
+            .iter()
+            .filter(|r| members.contains(&r.id))
+            .cloned()
+            .collect();
+        for (&id, record) in &moves.joined {
+            if known.iter().any(|r| r.id == id) || !members.contains(&id) {
+                continue;
+            }
+            match super::members::parse_record(id, record) {
+                Ok(entry) => known.push(entry),
+                Err(e) => {
+                    warn!(member = id, error = %format!("{e:#}"), "a member's address record")
+                }
+            }
+        }
+        for r in &known {
+            self.links.add(r.id, r.raft);
+        }
+        for peer in self.links.peers() {
+            if !members.contains(&peer) {
+                info!(replica = me, peer, "no longer a member: its link is closed");
+                self.links.remove(peer);
+            }
+        }
+        self.replicas = known;
+        Ok(())
+    }
+
+    /// An operator's `cluster add` or `cluster remove` in a placed cluster
+    /// (as group 0's leader): a replica added joins the members holding no
+    /// group (then groups move to it, [`Node::plan_moves`]); one removed
+    /// is drained first (its groups move away), then leaves.
+    pub(super) fn placed_change(&mut self, request: &ChangeRequest) -> ChangeAnswer {
+        let Some(Some(at)) = self.slots.first().copied() else {
+            return ChangeAnswer::AskAgain("this replica does not hold group 0".into());
+        };
+        let replica = &mut self.groups[at].replica;
+        if !replica.membership_settled() {
+            return ChangeAnswer::AskAgain(format!(
+                "not group 0's leader; leader={}",
+                replica.leader()
+            ));
+        }
+        let agreed = replica.agreed_moves().clone();
+        let mut placement = self.placement.clone();
+        placement.set_moves(agreed.clone());
+        let members = placement.members();
+        let entry = match request {
+            ChangeRequest::Add { id, raft, .. } => {
+                if members.contains(id) {
+                    return ChangeAnswer::Proposed(format!("replica {id} is a member already"));
+                }
+                if agreed.left.contains(id) {
+                    return ChangeAnswer::Refused(format!(
+                        "replica {id} was a member and was removed: give the new replica another id"
+                    ));
+                }
+                if self.replicas.iter().any(|r| r.raft == *raft) {
+                    return ChangeAnswer::Refused(format!("{raft} is already a member's address"));
+                }
+                HostEntry::Join {
+                    version: agreed.version,
+                    id: *id,
+                    record: request.record().unwrap_or_default().into_bytes(),
+                }
+            }
+            ChangeRequest::Remove { id } => {
+                if !members.contains(id) {
+                    return ChangeAnswer::Refused(format!(
+                        "replica {id} is not a member (members: {members:?})"
+                    ));
+                }
+                if agreed.draining.contains(id) {
+                    return ChangeAnswer::Proposed(format!(
+                        "replica {id} is leaving: its groups move away first"
+                    ));
+                }
+                let staying = members
+                    .iter()
+                    .filter(|m| *m != id && !agreed.draining.contains(m))
+                    .count();
+                if staying < placement.copies() {
+                    return ChangeAnswer::Refused(format!(
+                        "replica {id} cannot leave: {staying} members would stay, and each group is on {} of them (add one first)",
+                        placement.copies()
+                    ));
+                }
+                HostEntry::Drain {
+                    version: agreed.version,
+                    id: *id,
+                }
+            }
+        };
+        match replica.propose_host(&entry) {
+            Ok(()) => {
+                info!(replica = replica.id(), request = %request.encode(), "proposed: a change of a placed cluster's members");
+                ChangeAnswer::Proposed(format!("proposed: {}", request.encode()))
+            }
+            Err(e) => ChangeAnswer::AskAgain(format!("{e:#}")),
+        }
+    }
+
+    /// Every second, as group 0's settled leader with no move under way:
+    /// the next move the members call for. A member leaving gives its
+    /// groups away (to the member holding fewest that can take them), and
+    /// once it holds none it leaves; a member added while running takes
+    /// groups from the most loaded until it holds its share (the groups'
+    /// copies over the members, rounded down). Members the cluster was
+    /// made with are not rebalanced among themselves (`cluster move` is
+    /// the operator's).
+    pub(super) fn plan_moves(&mut self) {
+        let Some(Some(at)) = self.slots.first().copied() else {
+            return;
+        };
+        let replica = &mut self.groups[at].replica;
+        let agreed = replica.agreed_moves();
+        if !replica.membership_settled() || agreed.moving.is_some() {
+            return;
+        }
+        let mut placement = self.placement.clone();
+        placement.set_moves(agreed.clone());
+        let Some(entry) = plan(&placement, self.slots.len() as u32, &self.removed, self.per) else {
+            return;
+        };
+        match replica.propose_host(&entry) {
+            Ok(()) => info!(
+                replica = replica.id(),
+                ?entry,
+                "proposed: a step of a change of members"
+            ),
+            Err(e) => warn!(error = %format!("{e:#}"), "proposing a step of a change of members"),
+        }
     }
 
     /// Tells every peer the moves this replica knows of (none: nothing).
@@ -243,13 +471,6 @@ impl Node {
     /// Drops group `g`, whose copy moved away: the group, then its
     /// directory (the placement, kept first, says it is not held here).
     fn drop_group(&mut self, g: u32) {
-        if self.groups.len() == 1 {
-            warn!(
-                group = g,
-                "the placement moved this replica's last group away: kept"
-            );
-            return;
-        }
         self.groups.retain(|x| x.id != g);
         self.index_groups();
         let (t, p) = ((g / self.per) as usize, g % self.per);
@@ -421,12 +642,8 @@ impl Node {
                 "replica {to} is not a member (members: {:?})",
                 placement.members()
             ))
-        } else if placement.joining(group) != Some(from)
-            && placement.held_by(from, self.slots.len() as u32).len() < 2
-        {
-            Some(format!(
-                "group {group} is the last replica {from} holds: it would hold none"
-            ))
+        } else if placement.moves().draining.contains(&to) {
+            Some(format!("replica {to} is leaving the cluster"))
         } else {
             None
         };
@@ -471,6 +688,63 @@ mod tests {
             snapshot: 0,
             matched: matched.to_vec(),
         }
+    }
+
+    /// Grown from 4 to 5 members (8 groups, 3 copies: 24), the new one
+    /// takes groups from the most loaded until it holds its share (4), one
+    /// move at a time; a member leaving gives its groups to those holding
+    /// fewest, then leaves.
+    #[test]
+    fn a_new_member_takes_its_share_and_one_leaving_gives_its_groups_away() {
+        let mut p = Placement::new(&[1, 2, 3, 4], Some(3));
+        let mut moves = p.moves().clone();
+        assert_eq!(plan(&p, 8, &[false], 8), None, "balanced");
+        assert!(moves.join(0, 5, b"raft=127.0.0.1:7105".to_vec()));
+        p.set_moves(moves.clone());
+        assert_eq!(p.members(), vec![1, 2, 3, 4, 5]);
+        let mut steps = 0;
+        while let Some(entry) = plan(&p, 8, &[false], 8) {
+            let HostEntry::Move { version, to, hosts } = entry else {
+                panic!("{entry:?}");
+            };
+            assert_eq!(to.to, 5);
+            assert!(moves.start(version, to, hosts));
+            assert!(moves.settle(moves.version, to.group));
+            p.set_moves(moves.clone());
+            steps += 1;
+            assert!(steps <= 4, "at most its share");
+        }
+        let load = |p: &Placement, id| p.held_by(id, 8).len();
+        assert_eq!(
+            (1..=5).map(|id| load(&p, id)).collect::<Vec<_>>(),
+            [5, 5, 5, 5, 4]
+        );
+        assert!(moves.drain(moves.version, 2));
+        p.set_moves(moves.clone());
+        loop {
+            match plan(&p, 8, &[false], 8).expect("a step") {
+                HostEntry::Move { version, to, hosts } => {
+                    assert_eq!(to.from, 2);
+                    assert!(moves.start(version, to, hosts));
+                    assert!(moves.settle(moves.version, to.group));
+                }
+                HostEntry::Leave { version, id } => {
+                    assert!(moves.leave(version, id));
+                    p.set_moves(moves.clone());
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+            p.set_moves(moves.clone());
+        }
+        assert_eq!(p.members(), vec![1, 3, 4, 5]);
+        let loads = [1, 3, 4, 5].map(|id| load(&p, id));
+        assert_eq!(loads.iter().sum::<usize>(), 24, "{loads:?}");
+        assert!(loads.iter().max().expect("max") - loads.iter().min().expect("min") <= 2);
+        assert!(
+            !moves.join(moves.version, 2, Vec::new()),
+            "an id not used again"
+        );
     }
 
     /// A move of group {2, 3, 4} from 2 to 1, step by step, as its leader

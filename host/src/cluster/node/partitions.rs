@@ -104,7 +104,9 @@ pub(super) fn held_groups(
     count: usize,
 ) -> Result<(Vec<u32>, Vec<Vec<u64>>)> {
     let held = placement.held_by(file.id, count as u32);
-    if held.is_empty() {
+    // One added while running holds what the cluster moves to it.
+    let added = file.me().added || placement.moves().joined.contains_key(&file.id);
+    if held.is_empty() && !added {
         bail!(
             "with copies = {} of {} replicas, replica {} holds none of the {count} groups (partitions x tenants): give the store at least as many partitions as there are replicas",
             file.copies.unwrap_or(file.replicas.len()),
