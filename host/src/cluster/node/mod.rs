@@ -715,8 +715,11 @@ impl Node {
         self.refresh_metrics();
         self.ticks += 1;
         if !self.placement.everywhere() {
-            if self.ticks.is_multiple_of(u64::from(SPREAD_EVERY)) {
-                self.carry_moves();
+            // Every group's steps every second; the moving group's every
+            // tick (each step waits for the one before to apply).
+            let every_second = self.ticks.is_multiple_of(u64::from(SPREAD_EVERY));
+            self.carry_moves(!every_second);
+            if every_second {
                 self.plan_moves();
             }
             if self.ticks.is_multiple_of(u64::from(moves::TELL_EVERY)) {

@@ -495,17 +495,20 @@ impl Node {
         }
     }
 
-    /// Every second: in each group this replica leads, the next
-    /// membership change towards where the placement puts it, and for a
-    /// move done, group 0's replicas asked to settle it.
-    pub(super) fn carry_moves(&mut self) {
+    /// In each group this replica leads (`only_moving`: the one moving),
+    /// the next membership change towards where the placement puts it,
+    /// and for a move done, group 0's replicas asked to settle it.
+    pub(super) fn carry_moves(&mut self, only_moving: bool) {
         let moves = self.placement.moves();
-        if moves.version == 0 {
+        if moves.version == 0 || (only_moving && moves.moving.is_none()) {
             return;
         }
         let (me, moving) = (self.id(), moves.moving);
         for i in 0..self.groups.len() {
             let g = self.groups[i].id;
+            if only_moving && moving.is_none_or(|m| m.group != g) {
+                continue;
+            }
             let replica = &mut self.groups[i].replica;
             if !replica.is_leader() || !replica.membership_settled() {
                 continue;
