@@ -3127,6 +3127,122 @@ async fn a_placed_cluster_grows_and_shrinks_one_move_at_a_time() {
     eprintln!("{sets} acknowledged SETs and {dels} DELs read back through replicas 1, 3 and 5");
 }
 
+/// Tenants added to and removed from a placed cluster (4 replicas, `copies
+/// = 3`, 4 partitions): the replicas not holding group 0 learn the tenants
+/// from the placement their peers pass on, each opens the groups of the
+/// added tenant that the formula puts on it (group g on the (g mod 4)-th
+/// replica and the two after), and a tenant's client on any replica uses
+/// every key (through agents where its replica does not hold the key's
+/// group), apart from the other tenant's; removed, the tenant's clients are
+/// refused on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_come_and_go_in_a_placed_cluster() {
+    let plant = "[[tenant]]\nname = \"plant\"\nclient_id_prefixes = [\"plant-\"]\n";
+    let lab = "\n[[tenant]]\nname = \"lab\"\nclient_id_prefixes = [\"lab-\"]\n";
+    let config = std::env::temp_dir().join(format!(
+        "statestore-placed-tenants-{}-{}.toml",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::write(&config, plant).expect("config");
+    let raft: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let args = vec!["--config".to_string(), config.display().to_string()];
+    let c = Cluster::build_with_raft(
+        4,
+        None,
+        raft,
+        Vec::new(),
+        args,
+        "partitions = 4\ncopies = 3\n",
+        |_, _, port| port,
+    );
+    tokio::task::block_in_place(|| {
+        status_until(&c, Duration::from_secs(60), |t| {
+            (1..=4).all(|id| held_by(t, id) == 3) && t.contains("leader: replica")
+        })
+    });
+    // Every replica's --config names it first (here they share one).
+    std::fs::write(&config, format!("{plant}{lab}")).expect("config");
+    let file = c.file(3);
+    let (ok, out) =
+        tokio::task::block_in_place(|| cluster_command(&file, &["tenant", "add", "lab"]));
+    assert!(
+        ok && out.contains("tenant lab added; served by replicas 1, 2, 3, 4"),
+        "{out}"
+    );
+    let status = tokio::task::block_in_place(|| {
+        status_until(&c, Duration::from_secs(30), |t| {
+            (1..=4).all(|id| held_by(t, id) == 6)
+        })
+    });
+    assert!(
+        status.contains("replica 1 holds 0,2-4,6,7; replica 2 holds 0,1,3-5,7; replica 3 holds 0-2,4-6; replica 4 holds 1-3,5-7"),
+        "{status}"
+    );
+    // Replica 4 (not holding group 0) holds the lab's partition 1 (group
+    // 5), not its partition 0 (group 4).
+    let lab_dir = |i: usize, p: u32| {
+        c.data_dir(i)
+            .join("tenant-lab")
+            .join(format!("partition-{p}"))
+    };
+    assert!(lab_dir(3, 1).join("raft-state").is_file() && !dir_exists(&lab_dir(3, 0)));
+    let key_in = |p: u32| {
+        (0..)
+            .map(|i| format!("placed-tenant-{i}"))
+            .find(|k| partition_of(k.as_bytes(), 4) == p)
+            .expect("a key")
+    };
+    let mut planter = RawClient::connect(c.mqtt[0], "plant-writer").await;
+    planter.subscribe(&planter.response_topic()).await;
+    let mut labber = RawClient::connect(c.mqtt[3], "lab-writer").await;
+    labber.subscribe(&labber.response_topic()).await;
+    for p in 0..4 {
+        let key = key_in(p);
+        let got = planter.call(&[b"SET", key.as_bytes(), b"plant's"]).await;
+        assert_eq!(text(&got), "+OK\r\n", "plant, partition {p}");
+        let got = labber.call(&[b"SET", key.as_bytes(), b"lab's"]).await;
+        assert_eq!(text(&got), "+OK\r\n", "lab, partition {p}");
+    }
+    for client in [planter, labber] {
+        client.disconnect().await;
+    }
+    for (i, port) in c.mqtt.iter().enumerate() {
+        let mut reader = RawClient::connect(*port, &format!("lab-reader-{i}")).await;
+        reader.subscribe(&reader.response_topic()).await;
+        for p in 0..4 {
+            let got = reader.call(&[b"GET", key_in(p).as_bytes()]).await;
+            assert_eq!(
+                text(&got),
+                "$5\r\nlab's\r\n",
+                "partition {p} through replica {}",
+                i + 1
+            );
+        }
+        reader.disconnect().await;
+    }
+    let (ok, out) =
+        tokio::task::block_in_place(|| cluster_command(&file, &["tenant", "remove", "lab"]));
+    assert!(ok && out.contains("tenant lab removed"), "{out}");
+    tokio::task::block_in_place(|| {
+        status_until(&c, Duration::from_secs(30), |t| {
+            (1..=4).all(|id| held_by(t, id) == 3)
+        })
+    });
+    for port in &c.mqtt {
+        let mut gone = RawClient::connect(*port, "lab-gone").await;
+        gone.subscribe(&gone.response_topic()).await;
+        let got = gone.call(&[b"GET", key_in(0).as_bytes()]).await;
+        assert_eq!(text(&got), "-ERR not authorized\r\n");
+        gone.disconnect().await;
+    }
+    let mut planter = RawClient::connect(c.mqtt[3], "plant-reader").await;
+    planter.subscribe(&planter.response_topic()).await;
+    let got = planter.call(&[b"GET", key_in(1).as_bytes()]).await;
+    assert_eq!(text(&got), "$7\r\nplant's\r\n");
+    planter.disconnect().await;
+}
+
 /// A store in 2 partitions whose groups go quiet (idle for over a second:
 /// no heartbeats, and a replica skips their routers' ticks) still expires
 /// a key on time: a quiet leader's router ticks whenever an expiry is due,

@@ -58,7 +58,8 @@ fn change(path: &Path, name: &str, add: bool) -> Result<()> {
                 .iter()
                 .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
                 .filter(|(_, _, m)| m.leads() && m.settled)
-                .max_by_key(|(_, _, m)| m.term);
+                // Group 0's (with several groups, each has a leader).
+                .max_by_key(|(_, _, m)| (m.leads.contains(&0), m.term));
             if let Some((leader, addr, m)) = leader {
                 if serves(m) == add {
                     // The replicas that answer and have not made it yet.
@@ -129,6 +130,8 @@ pub fn move_group(path: &Path, m: super::placement::Move, wait: Duration) -> Res
     runtime()?.block_on(async {
         let deadline = tokio::time::Instant::now() + wait;
         let mut asked: Option<(tokio::time::Instant, u64)> = None;
+        // Whether the leader was seen moving it: not asked again then.
+        let mut seen = false;
         let mut said = String::new();
         loop {
             let answers = statuses(&file, &who).await;
@@ -156,6 +159,7 @@ pub fn move_group(path: &Path, m: super::placement::Move, wait: Duration) -> Res
                     println!("group {} moved from replica {} to {}", m.group, m.from, m.to);
                     return Ok(());
                 }
+                seen |= s.moving == ours;
                 let now = if s.moving == ours {
                     format!("moving: replica {} catching up, then voting in place of {}", m.to, m.from)
                 } else if let Some((g, f, t)) = s.moving {
@@ -167,7 +171,10 @@ pub fn move_group(path: &Path, m: super::placement::Move, wait: Duration) -> Res
                     eprintln!("{now}");
                     said = now;
                 }
-                let again = asked.is_none_or(|(at, v)| at.elapsed() >= Duration::from_secs(5) && s.moves == v);
+                // Asked again after 5 s: a proposal lost with a leader, or
+                // skipped because the placement changed meanwhile.
+                let again =
+                    !seen && asked.is_none_or(|(at, _)| at.elapsed() >= Duration::from_secs(5));
                 // None under way, or this one sends the one under way
                 // elsewhere.
                 let free = s.moving.is_none_or(|(g, _, to)| g == m.group && to == m.from);
@@ -181,6 +188,11 @@ pub fn move_group(path: &Path, m: super::placement::Move, wait: Duration) -> Res
                         }
                         ChangeAnswer::Moving(text) | ChangeAnswer::AskAgain(text) => {
                             tracing::debug!(text, "asking again");
+                        }
+                        // Made and settled between two looks: the old
+                        // replica no longer holds it.
+                        ChangeAnswer::Refused(_) if asked.is_some() && holds(m.to) == Some(true) => {
+                            seen = true;
                         }
                         ChangeAnswer::Refused(text) => anyhow::bail!("{text}"),
                     }

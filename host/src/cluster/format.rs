@@ -301,6 +301,18 @@ pub(super) fn encode_snapshot(
         out.extend_from_slice(&(record.len() as u32).to_le_bytes());
         out.extend_from_slice(record);
     }
+    encode_tenancy(tenants, &mut out);
+    let moves = moves.encode();
+    out.extend_from_slice(&(moves.len() as u32).to_le_bytes());
+    out.extend_from_slice(&moves);
+    out.extend_from_slice(guest);
+    out
+}
+
+/// The tenants added (`u32 count`, per tenant `u32 length, name, u32
+/// count, u64 voter...`), then removed (`u32 count`, per name `u32 length,
+/// name`), appended to `out`.
+pub(crate) fn encode_tenancy(tenants: &Tenancy, out: &mut Vec<u8>) {
     out.extend_from_slice(&(tenants.added.len() as u32).to_le_bytes());
     for t in &tenants.added {
         out.extend_from_slice(&(t.name.len() as u32).to_le_bytes());
@@ -315,11 +327,53 @@ pub(super) fn encode_snapshot(
         out.extend_from_slice(&(name.len() as u32).to_le_bytes());
         out.extend_from_slice(name.as_bytes());
     }
-    let moves = moves.encode();
-    out.extend_from_slice(&(moves.len() as u32).to_le_bytes());
-    out.extend_from_slice(&moves);
-    out.extend_from_slice(guest);
-    out
+}
+
+/// Reads what [`encode_tenancy`] wrote from the front of `rest`.
+pub(crate) fn decode_tenancy(rest: &mut &[u8]) -> Result<Tenancy> {
+    decode_tenants(rest, true)
+}
+
+/// The tenants added, and (`removed`) the names removed, from the front of
+/// `rest`.
+fn decode_tenants(rest: &mut &[u8], removed: bool) -> Result<Tenancy> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
+        if rest.len() < n {
+            bail!("a list of tenants cut short");
+        }
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        Ok(head)
+    }
+    fn u32_of(rest: &mut &[u8]) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            take(rest, 4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn text(rest: &mut &[u8]) -> Result<String> {
+        let len = u32_of(rest)? as usize;
+        std::str::from_utf8(take(rest, len)?)
+            .map(str::to_string)
+            .map_err(|_| anyhow::anyhow!("a tenant's name is not UTF-8"))
+    }
+    let mut tenants = Tenancy::default();
+    for _ in 0..u32_of(rest)? {
+        let name = text(rest)?;
+        let n = u32_of(rest)?;
+        let mut voters = Vec::new();
+        for _ in 0..n {
+            voters.push(u64::from_le_bytes(
+                take(rest, 8)?.try_into().expect("8 bytes"),
+            ));
+        }
+        tenants.added.push(AgreedTenant { name, voters });
+    }
+    if removed {
+        for _ in 0..u32_of(rest)? {
+            tenants.removed.push(text(rest)?);
+        }
+    }
+    Ok(tenants)
 }
 
 pub(super) fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
@@ -347,34 +401,11 @@ pub(super) fn decode_snapshot(data: &[u8]) -> Result<SnapshotData<'_>> {
             members.insert(id, take(&mut rest, len as usize)?.to_vec());
         }
     }
-    let mut tenants = Tenancy::default();
-    let text = |bytes: &[u8]| {
-        std::str::from_utf8(bytes)
-            .map(str::to_string)
-            .map_err(|_| anyhow::anyhow!("a tenant's name in a Raft snapshot is not UTF-8"))
+    let tenants = match version {
+        4.. => decode_tenancy(&mut rest)?,
+        3 => decode_tenants(&mut rest, false)?,
+        _ => Tenancy::default(),
     };
-    if version >= 3 {
-        let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-        for _ in 0..count {
-            let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-            let name = text(take(&mut rest, len as usize)?)?;
-            let n = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-            let mut voters = Vec::new();
-            for _ in 0..n {
-                voters.push(u64::from_le_bytes(
-                    take(&mut rest, 8)?.try_into().expect("8 bytes"),
-                ));
-            }
-            tenants.added.push(AgreedTenant { name, voters });
-        }
-    }
-    if version >= 4 {
-        let count = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-        for _ in 0..count {
-            let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));
-            tenants.removed.push(text(take(&mut rest, len as usize)?)?);
-        }
-    }
     let mut moves = crate::cluster::placement::Moves::default();
     if version >= 5 {
         let len = u32::from_le_bytes(take(&mut rest, 4)?.try_into().expect("4 bytes"));

@@ -34,6 +34,14 @@ impl<B: Backend> Replica<B> {
         &self.moves
     }
 
+    /// The tenants changed: the placement carries them too (with a new
+    /// version), for the replicas that do not hold group 0 where groups
+    /// are placed.
+    fn tenants_changed(&mut self) {
+        self.moves.tenants = self.tenants.clone();
+        self.moves.version += 1;
+    }
+
     /// Applies host entry `index` (one that does not decode is skipped,
     /// alike on every replica).
     pub(super) fn apply_host(&mut self, index: u64, entry: Result<HostEntry>) {
@@ -48,6 +56,7 @@ impl<B: Backend> Replica<B> {
                 let voters = self.voters();
                 tracing::info!(replica = self.id, index, tenant = %name, ?voters, "the cluster adds a tenant");
                 self.tenants.added.push(AgreedTenant { name, voters });
+                self.tenants_changed();
             }
             Ok(HostEntry::RemoveTenant(name)) => {
                 if self.tenants.removed.contains(&name) {
@@ -56,6 +65,7 @@ impl<B: Backend> Replica<B> {
                 }
                 tracing::info!(replica = self.id, index, tenant = %name, "the cluster removes a tenant");
                 self.tenants.removed.push(name);
+                self.tenants_changed();
             }
             Ok(HostEntry::Move { version, to, hosts }) => {
                 if self.moves.start(version, to, hosts.clone()) {

@@ -72,6 +72,9 @@ pub struct Moves {
     pub draining: BTreeSet<u64>,
     /// The members removed (their ids are not used again).
     pub left: BTreeSet<u64>,
+    /// The tenants the cluster added and removed while running (group
+    /// 0's), for the replicas not holding it.
+    pub tenants: super::Tenancy,
 }
 
 /// The most groups [`Moves::decode`] takes (a group count's bound).
@@ -81,7 +84,8 @@ impl Moves {
     /// `u64 version, u32 count, per group u32 group, u8 count, u64 host...,
     /// then u8 0, or u8 1, u32 group, u64 from, u64 to` (the move under
     /// way), then `u32 count, per member joined u64 id, u32 length, record`,
-    /// and the members draining and those left, each `u32 count, u64 id...`.
+    /// the members draining and those left, each `u32 count, u64 id...`,
+    /// then the tenants (as a Raft snapshot has them).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = self.version.to_le_bytes().to_vec();
         out.extend_from_slice(&(self.hosts.len() as u32).to_le_bytes());
@@ -112,6 +116,7 @@ impl Moves {
             set.iter()
                 .for_each(|id| out.extend_from_slice(&id.to_le_bytes()));
         }
+        super::format::encode_tenancy(&self.tenants, &mut out);
         out
     }
 
@@ -175,6 +180,7 @@ impl Moves {
             }
         }
         let [draining, left] = sets;
+        let tenants = super::format::decode_tenancy(&mut bytes)?;
         if !bytes.is_empty() {
             bail!("{} bytes after a placement", bytes.len());
         }
@@ -185,6 +191,7 @@ impl Moves {
             joined,
             draining,
             left,
+            tenants,
         })
     }
 
@@ -491,8 +498,9 @@ mod tests {
         longer.push(0);
         assert!(Moves::decode(&longer).is_err());
         let mut bad = bytes;
-        // The move's marker: before it 21 bytes, and three empty lists.
-        let at = bad.len() - 21 - 12;
+        // The move's marker: before it 21 bytes, three empty lists and no
+        // tenants (two empty lists).
+        let at = bad.len() - 21 - 12 - 8;
         bad[at] = 7;
         assert!(Moves::decode(&bad).is_err(), "a move marked 7");
     }

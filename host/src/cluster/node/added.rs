@@ -120,10 +120,16 @@ impl Node {
     /// Opens the tenants that group 0 has agreed to add and this replica
     /// does not serve yet, and closes those it agreed to remove.
     pub(super) fn open_agreed(&mut self) -> Result<()> {
-        if !self.named || self.slots.first().copied().flatten() != Some(0) {
+        if !self.named {
             return Ok(());
         }
-        let tenancy = self.groups[0].replica.agreed_tenants();
+        // Group 0's own, or where groups are placed the placement's (which
+        // every replica learns, holding group 0 or not).
+        let tenancy = match self.group0() {
+            _ if !self.placement.everywhere() => &self.placement.moves().tenants,
+            Some(at) => self.groups[at].replica.agreed_tenants(),
+            None => return Ok(()),
+        };
         let closing: Vec<usize> = (0..self.tenants.len())
             .filter(|&t| !self.removed(t) && tenancy.removed.contains(&self.tenants[t]))
             .collect();
@@ -179,6 +185,7 @@ impl Node {
         let t = self.tenants.len();
         self.slots.extend((0..self.per).map(|_| None));
         self.tenants.push(name.to_string());
+        self.stores.push(None);
         self.removed.push(true);
         self.observers.push(super::Observers::default());
         if let Some(all) = &self.added.metrics {
@@ -206,6 +213,7 @@ impl Node {
             self.slots[g.id as usize] = Some(i);
         }
         self.removed[t] = true;
+        self.stores[t] = None;
         self.observers[t] = super::Observers::default();
         if let Some(m) = self.store_metrics.get(t) {
             m.stopped();
@@ -223,33 +231,59 @@ impl Node {
         let (store, reach) = source(&a.name)?;
         let t = self.tenants.len();
         let per = self.per;
+        let me = self.id();
+        // Every group of it, or where groups are placed those the formula
+        // puts here (with their hosts as voters).
+        let everywhere = self.placement.everywhere();
         let mut logs = Vec::with_capacity(per as usize);
         for p in 0..per {
+            let g = t as u32 * per + p;
+            if !everywhere && !self.placement.holds(me, g) {
+                logs.push(None);
+                continue;
+            }
+            let voters = if everywhere {
+                a.voters.clone()
+            } else {
+                self.placement.hosts(g)
+            };
             let dir = super::tenants::group_dir(&self.maker.data_dir, Some(&a.name), per, p)
                 .context("a tenant's directory")?;
             let disk = DirStorage::open(&dir)
                 .with_context(|| format!("cannot open the group's directory {}", dir.display()))?;
-            let log = LogStore::open_with(Arc::new(disk), &a.voters, None, self.maker.journaled)
+            let log = LogStore::open_with(Arc::new(disk), &voters, None, self.maker.journaled)
                 .with_context(|| format!("the log in {}", dir.display()))?;
-            logs.push(log);
+            logs.push(Some(log));
         }
         let mut groups = Vec::with_capacity(per as usize);
         let metrics = self.added.metrics.as_ref().map(|m| m.tenant(&a.name));
+        let ship = self.maker.notify == super::Notify::Everywhere;
         for (p, log) in (0..per).zip(logs) {
             let g = t as u32 * per + p;
-            let mut group = self.maker.group(&store, g, log, (p, per, true), false)?;
+            let Some(log) = log else {
+                groups.push(None);
+                continue;
+            };
+            let ship = ship && !self.placement.outsiders(g).is_empty();
+            let mut group = self.maker.group(&store, g, log, (p, per, true), ship)?;
             if let (Some(m), Some(replica)) = (&metrics, &self.metrics) {
                 group.replica.set_log_metrics(m.journal());
                 group.router.metrics = Some(replica.clone());
                 group.router.store_metrics = Some(m.clone());
             }
-            groups.push(group);
+            groups.push(Some(group));
         }
         super::tenants::record_added(&*self.maker.root, &a.name)?;
         for group in groups {
-            self.slots.push(Some(self.groups.len()));
-            self.groups.push(group);
+            match group {
+                Some(group) => {
+                    self.slots.push(Some(self.groups.len()));
+                    self.groups.push(group);
+                }
+                None => self.slots.push(None),
+            }
         }
+        self.stores.push(Some(store));
         self.tenants.push(a.name.clone());
         self.removed.push(false);
         self.observers.push(super::Observers::default());
@@ -289,7 +323,10 @@ impl Node {
         if let Some(refused) = self.may_change_tenants() {
             return refused;
         }
-        let replica = &self.groups[0].replica;
+        let Some(at) = self.group0() else {
+            return ChangeAnswer::AskAgain("this replica does not hold group 0".into());
+        };
+        let replica = &self.groups[at].replica;
         let leader = replica.leader();
         if replica.agreed_tenants().removed.iter().any(|t| t == name) {
             return ChangeAnswer::Refused(format!(
@@ -323,20 +360,28 @@ impl Node {
                 "this cluster serves one store (it was started without --config): it has no tenants to change".into(),
             ));
         }
-        if !self.placement.everywhere() {
-            return Some(ChangeAnswer::Refused(
-                "the cluster file places the groups on some replicas (`copies`): its tenants cannot change there yet".into(),
+        let Some(at) = self.group0() else {
+            return Some(ChangeAnswer::AskAgain(
+                "this replica does not hold group 0".into(),
             ));
-        }
-        let replica = &self.groups[0].replica;
+        };
+        let replica = &self.groups[at].replica;
         let leader = replica.leader();
         (leader != replica.id() || !replica.membership_settled())
             .then(|| ChangeAnswer::AskAgain(format!("not the leader; leader={leader}")))
     }
 
+    /// Where group 0 is among the groups, if this replica holds it.
+    pub(super) fn group0(&self) -> Option<usize> {
+        self.slots.first().copied().flatten()
+    }
+
     /// Proposes `entry` to group 0.
     fn propose_tenants(&mut self, entry: &HostEntry) -> ChangeAnswer {
-        let replica = &mut self.groups[0].replica;
+        let Some(at) = self.group0() else {
+            return ChangeAnswer::AskAgain("this replica does not hold group 0".into());
+        };
+        let replica = &mut self.groups[at].replica;
         let (verb, name) = match entry {
             HostEntry::AddTenant(name) => ("add", name),
             HostEntry::RemoveTenant(name) => ("remove", name),
@@ -360,7 +405,10 @@ impl Node {
         if let Some(refused) = self.may_change_tenants() {
             return refused;
         }
-        let replica = &self.groups[0].replica;
+        let Some(at) = self.group0() else {
+            return ChangeAnswer::AskAgain("this replica does not hold group 0".into());
+        };
+        let replica = &self.groups[at].replica;
         if replica.agreed_tenants().removed.iter().any(|t| t == name) {
             return ChangeAnswer::Proposed(format!("tenant {name:?} was removed already"));
         }
