@@ -2885,6 +2885,12 @@ async fn a_group_moves_to_another_replica_while_every_replica_writes() {
             &["move", "--group", "1", "--from", "2", "--to", "7"],
             "replica 7 is not a member",
         );
+        // A placed cluster replaces a replica; it does not rejoin it.
+        let (ok, out) = cluster_command(&c.file(3), &["rejoin"]);
+        assert!(
+            !ok && out.contains("a replica is not rejoined there"),
+            "{out}"
+        );
     });
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Acked::default()));
@@ -3024,8 +3030,9 @@ fn status_until(c: &Cluster, within: Duration, done: impl Fn(&str) -> bool) -> S
 /// member, and group 0's leader moves groups to it one at a time, from the
 /// most loaded replicas, until it holds its share (4 of the 24 copies).
 /// `cluster remove` of replica 2 moves its groups away first, one at a
-/// time, then it leaves (and stops). Every acknowledged write reads back
-/// through replicas 1, 3 and 5.
+/// time, then it leaves (and stops); replica 3, killed, is removed while
+/// down, and told so when it comes back, stops. Every acknowledged write
+/// reads back through replicas 1, 4 and 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placed_cluster_grows_and_shrinks_one_move_at_a_time() {
     let mut c = Cluster::with_layout(4, "partitions = 8\ncopies = 3\n");
@@ -3117,14 +3124,34 @@ async fn a_placed_cluster_grows_and_shrinks_one_move_at_a_time() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Replica 3 dies and is removed while down: its groups move to the
+    // three left (each then holds every group). Started again, it is told
+    // it left, and stops.
+    c.servers[2].take().expect("running").kill9();
+    let (ok, out) =
+        tokio::task::block_in_place(|| cluster_command(&c.file(0), &["remove", "--id", "3"]));
+    assert!(
+        ok && out.contains("replica 3 removed; members: 1, 4, 5"),
+        "{out}"
+    );
+    let (ok, out) =
+        tokio::task::block_in_place(|| cluster_command(&c.file(0), &["remove", "--id", "4"]));
+    assert!(!ok && out.contains("2 members would stay"), "{out}");
+    let log = tokio::task::block_in_place(|| c.start_refused(2));
+    assert!(log.contains("was removed from the cluster"), "{log}");
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.await.expect("writer");
     }
+    let (_, status) = c.status();
+    assert!(
+        [1, 4, 5].iter().all(|&id| held_by(&status, id) == 8),
+        "{status}"
+    );
     let acked = std::mem::take(&mut *acked.lock().expect("lock"));
     let (sets, dels, _) =
-        reads_back_to("growing-", &[c.mqtt[0], c.mqtt[2], c.mqtt[4]], &acked).await;
-    eprintln!("{sets} acknowledged SETs and {dels} DELs read back through replicas 1, 3 and 5");
+        reads_back_to("growing-", &[c.mqtt[0], c.mqtt[3], c.mqtt[4]], &acked).await;
+    eprintln!("{sets} acknowledged SETs and {dels} DELs read back through replicas 1, 4 and 5");
 }
 
 /// Tenants added to and removed from a placed cluster (4 replicas, `copies

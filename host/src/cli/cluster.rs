@@ -34,6 +34,8 @@ pub enum ClusterCommand {
     /// stopped, its log and snapshot are moved aside (`discarded-*`), its
     /// term and vote kept, and the leader removes it and adds it back.
     /// Then start it as before: it catches up from the leader's snapshot.
+    /// Not where the file places the groups (`copies`): remove the replica
+    /// there (its groups move to the others) and add a new one.
     Rejoin(ClusterRejoinArgs),
     /// Make the cluster's certificates for mutual TLS between replicas:
     /// in the cluster file's `tls_dir`, a CA (`ca.pem`, `ca.key`), a

@@ -513,6 +513,12 @@ pub fn rejoin(path: &Path) -> Result<()> {
             "a cluster of one cannot rejoin: no other replica has its log (restore its data directory from a backup)"
         );
     }
+    if !file.placement().everywhere() {
+        anyhow::bail!(
+            "the cluster file places the groups (`copies`): a replica is not rejoined there, it is replaced: `statestore cluster remove --id {}` (its groups move to the others, even while it is down), then add a new replica with another id and `added = true`",
+            file.id
+        );
+    }
     let now = crate::store::clock::now_ms();
     for said in rejoin_data_dir(&file, now)? {
         println!("{said}");

@@ -242,7 +242,8 @@ impl Moves {
         if version != self.version || !self.draining.remove(&id) {
             return false;
         }
-        self.joined.remove(&id);
+        // Its address record stays: a replica that left while it was
+        // down is told so when it comes back.
         self.left.insert(id);
         self.version += 1;
         true

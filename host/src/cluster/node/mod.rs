@@ -100,8 +100,8 @@ pub struct Node {
     /// Its stores, by number (`None`: a tenant the cluster removed), to
     /// open a group that moves here.
     stores: Vec<Option<NodeTenant>>,
-    /// Ticks since it started.
-    ticks: u64,
+    /// Ticks since it started, and the replicas told they left.
+    rhythm: moves::Rhythm,
     /// What it does for the groups it does not hold, and for the replicas
     /// that do not hold its groups.
     outside: outside::Outside,
@@ -320,7 +320,7 @@ impl Node {
             journal,
             warned_partition: None,
             stores,
-            ticks: 0,
+            rhythm: moves::Rhythm::default(),
             me: file.id,
         })
     }
@@ -611,6 +611,10 @@ impl Node {
 
     fn on_peer(&mut self, event: PeerEvent) -> Result<()> {
         match event {
+            PeerEvent::Raft(_, m) if self.placement.moves().left.contains(&m.from) => {
+                // A replica removed while it was down: it is told.
+                self.tell_left(m.from);
+            }
             PeerEvent::Raft(g, m) => {
                 self.heard_from(m.from);
                 if self.count() > 1 {
@@ -713,16 +717,20 @@ impl Node {
             }
         }
         self.refresh_metrics();
-        self.ticks += 1;
+        self.rhythm.ticks += 1;
         if !self.placement.everywhere() {
             // Every group's steps every second; the moving group's every
             // tick (each step waits for the one before to apply).
-            let every_second = self.ticks.is_multiple_of(u64::from(SPREAD_EVERY));
+            let every_second = self.rhythm.ticks.is_multiple_of(u64::from(SPREAD_EVERY));
             self.carry_moves(!every_second);
             if every_second {
                 self.plan_moves();
             }
-            if self.ticks.is_multiple_of(u64::from(moves::TELL_EVERY)) {
+            if self
+                .rhythm
+                .ticks
+                .is_multiple_of(u64::from(moves::TELL_EVERY))
+            {
                 self.tell_moves();
             }
         }

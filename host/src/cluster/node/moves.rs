@@ -34,6 +34,15 @@ use crate::cluster::placement::{Move, Moves, Placement};
 use crate::cluster::{Change, HostEntry, LogStore, Status};
 use crate::store::storage::{DirStorage, Storage};
 
+/// What a replica keeps to carry out moves: the ticks since it started
+/// (the moving group's steps every tick, the rest every second), and the
+/// replicas told they left, with when (their links closed a minute later).
+#[derive(Default)]
+pub(super) struct Rhythm {
+    pub(super) ticks: u64,
+    pub(super) told_left: std::collections::HashMap<u64, std::time::Instant>,
+}
+
 /// The file of a replica's data directory keeping the newest moves it
 /// knows of.
 const FILE: &str = "placement";
@@ -229,6 +238,60 @@ impl Node {
         self.follow_placement()
     }
 
+    /// Tells replica `id`, which left the cluster (while it was down, say)
+    /// and still sends Raft messages, the placement that says so (at most
+    /// every 10 s): it stops. A link is opened to it for that, and closed
+    /// again a minute later.
+    pub(super) fn tell_left(&mut self, id: u64) {
+        if self
+            .rhythm
+            .told_left
+            .get(&id)
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(10))
+        {
+            return;
+        }
+        let moves = self.placement.moves();
+        let addr = self
+            .file_replicas
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.raft)
+            .or_else(|| {
+                moves
+                    .joined
+                    .get(&id)
+                    .and_then(|rec| super::members::parse_record(id, rec).ok())
+                    .map(|r| r.raft)
+            });
+        let Some(addr) = addr else {
+            return;
+        };
+        info!(
+            replica = self.id(),
+            peer = id,
+            "a replica that left the cluster still speaks: told so"
+        );
+        self.links.add(id, addr);
+        self.links.placement(id, moves.encode());
+        self.rhythm.told_left.insert(id, std::time::Instant::now());
+    }
+
+    /// The links opened to tell replicas that left, closed after a minute.
+    fn close_told(&mut self) {
+        let done: Vec<u64> = self
+            .rhythm
+            .told_left
+            .iter()
+            .filter(|(_, t)| t.elapsed() > std::time::Duration::from_secs(60))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            self.rhythm.told_left.remove(&id);
+            self.links.remove(id);
+        }
+    }
+
     /// The replicas and links made what the placement's members are; a
     /// replica that left stops.
     fn follow_members(&mut self) -> Result<()> {
@@ -262,7 +325,7 @@ impl Node {
             self.links.add(r.id, r.raft);
         }
         for peer in self.links.peers() {
-            if !members.contains(&peer) {
+            if !members.contains(&peer) && !self.rhythm.told_left.contains_key(&peer) {
                 info!(replica = me, peer, "no longer a member: its link is closed");
                 self.links.remove(peer);
             }
@@ -499,6 +562,9 @@ impl Node {
     /// the next membership change towards where the placement puts it,
     /// and for a move done, group 0's replicas asked to settle it.
     pub(super) fn carry_moves(&mut self, only_moving: bool) {
+        if !only_moving {
+            self.close_told();
+        }
         let moves = self.placement.moves();
         if moves.version == 0 || (only_moving && moves.moving.is_none()) {
             return;
