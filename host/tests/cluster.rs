@@ -279,6 +279,36 @@ impl Cluster {
         }
     }
 
+    /// Writes the cluster file of a new replica, the next one (id n, its
+    /// file `replica-<n>.toml`): `settings` after its secret and TLS lines,
+    /// then the replicas at `peers` and itself (`own`: more lines of its
+    /// entry); then starts it. Its raft and mqtt ports.
+    fn start_new(&mut self, settings: &str, peers: &[usize], own: &str) -> (u16, u16) {
+        let (raft, mqtt) = (free_port(), free_port());
+        let id = self.raft.len() + 1;
+        let mut f = format!(
+            "id = {id}\ndata_dir = \"replica-{id}\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\n{settings}"
+        );
+        for &i in peers {
+            f.push_str(&format!(
+                "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
+                i + 1,
+                self.raft[i],
+                self.mqtt[i]
+            ));
+        }
+        f.push_str(&format!(
+            "\n[[replica]]\nid = {id}\nraft = \"127.0.0.1:{raft}\"\nmqtt = \"127.0.0.1:{mqtt}\"\n{own}"
+        ));
+        std::fs::write(self.dir.join(format!("replica-{id}.toml")), f).expect("file");
+        self.mqtt.push(mqtt);
+        self.raft.push(raft);
+        self.metrics.push(free_port());
+        let s = self.spawn(id - 1);
+        self.servers.push(Some(s));
+        (raft, mqtt)
+    }
+
     /// Starts replica `i` expecting it to refuse to start: its log.
     fn start_refused(&self, i: usize) -> String {
         let mut child = serve_cluster()
@@ -1472,27 +1502,8 @@ async fn a_dead_replica_replaced(partitions: u32) {
             && !out.contains("ca.pem\n"),
         "only replica 4's are new:\n{out}"
     );
-    let (raft4, mqtt4) = (free_port(), free_port());
-    let mut f = format!(
-        "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\njoin = true\npartitions = {partitions}\n"
-    );
-    for i in [leader, other] {
-        f.push_str(&format!(
-            "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
-            i + 1,
-            c.raft[i],
-            c.mqtt[i]
-        ));
-    }
-    f.push_str(&format!(
-        "\n[[replica]]\nid = 4\nraft = \"127.0.0.1:{raft4}\"\nmqtt = \"127.0.0.1:{mqtt4}\"\n"
-    ));
-    std::fs::write(c.dir.join("replica-4.toml"), f).expect("file");
-    c.mqtt.push(mqtt4);
-    c.raft.push(raft4);
-    c.metrics.push(free_port());
-    let s = c.spawn(3);
-    c.servers.push(Some(s));
+    let settings = format!("join = true\npartitions = {partitions}\n");
+    let (raft4, mqtt4) = c.start_new(&settings, &[leader, other], "");
     let (ok, out) = cluster_command(
         &c.file(leader),
         &[
@@ -3043,25 +3054,14 @@ async fn a_placed_cluster_grows_and_shrinks_one_move_at_a_time() {
     });
     let (ok, out) = cluster_command(&c.file(0), &["certs", "--id", "5"]);
     assert!(ok, "cluster certs:\n{out}");
-    let (raft5, mqtt5) = (free_port(), free_port());
-    let mut f = "id = 5\ndata_dir = \"replica-5\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\npartitions = 8\ncopies = 3\n".to_string();
-    for i in 0..4 {
-        f.push_str(&format!(
-            "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
-            i + 1,
-            c.raft[i],
-            c.mqtt[i]
-        ));
-    }
-    f.push_str(&format!(
-        "\n[[replica]]\nid = 5\nraft = \"127.0.0.1:{raft5}\"\nmqtt = \"127.0.0.1:{mqtt5}\"\nadded = true\n"
-    ));
-    std::fs::write(c.dir.join("replica-5.toml"), f).expect("file");
-    c.mqtt.push(mqtt5);
-    c.raft.push(raft5);
-    c.metrics.push(free_port());
-    let s = tokio::task::block_in_place(|| c.spawn(4));
-    c.servers.push(Some(s));
+    // Replica 5: the cluster's file, and its own entry `added = true`.
+    let (raft5, mqtt5) = tokio::task::block_in_place(|| {
+        c.start_new(
+            "partitions = 8\ncopies = 3\n",
+            &[0, 1, 2, 3],
+            "added = true\n",
+        )
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(Mutex::new(Acked::default()));
     let writers = writers_named("growing-", &c.mqtt[..4], &stop, &acked);
@@ -3577,25 +3577,8 @@ async fn a_tenant_added_while_running_is_served_by_every_replica_and_removed() {
     assert!(ok, "cluster remove:\n{out}");
     let (ok, out) = cluster_command(&c.file(0), &["certs", "--id", "4"]);
     assert!(ok, "cluster certs:\n{out}");
-    let (raft4, mqtt4) = (free_port(), free_port());
-    let mut f = "id = 4\ndata_dir = \"replica-4\"\nsecret_file = \"secret\"\ntls_dir = \"tls\"\njoin = true\npartitions = 1\n".to_string();
-    for i in 0..2 {
-        f.push_str(&format!(
-            "\n[[replica]]\nid = {}\nraft = \"127.0.0.1:{}\"\nmqtt = \"127.0.0.1:{}\"\n",
-            i + 1,
-            c.raft[i],
-            c.mqtt[i]
-        ));
-    }
-    f.push_str(&format!(
-        "\n[[replica]]\nid = 4\nraft = \"127.0.0.1:{raft4}\"\nmqtt = \"127.0.0.1:{mqtt4}\"\n"
-    ));
-    std::fs::write(c.dir.join("replica-4.toml"), f).expect("file");
-    c.mqtt.push(mqtt4);
-    c.raft.push(raft4);
-    c.metrics.push(free_port());
-    let s = tokio::task::block_in_place(|| c.spawn(3));
-    c.servers.push(Some(s));
+    let (raft4, mqtt4) =
+        tokio::task::block_in_place(|| c.start_new("join = true\npartitions = 1\n", &[0, 1], ""));
     let raft4 = format!("127.0.0.1:{raft4}");
     let mqtt4_addr = format!("127.0.0.1:{mqtt4}");
     let add = ["add", "--id", "4", "--raft", &raft4, "--mqtt", &mqtt4_addr];

@@ -25,7 +25,7 @@ impl<B: Backend> Replica<B> {
     /// The tenants the cluster added and removed while running, as this
     /// replica has applied them, in order.
     pub fn agreed_tenants(&self) -> &Tenancy {
-        &self.tenants
+        &self.moves.tenants
     }
 
     /// The groups' moves the cluster agreed, as this replica has applied
@@ -34,11 +34,10 @@ impl<B: Backend> Replica<B> {
         &self.moves
     }
 
-    /// The tenants changed: the placement carries them too (with a new
-    /// version), for the replicas that do not hold group 0 where groups
+    /// The tenants changed: the placement carries them, with a new
+    /// version, for the replicas that do not hold group 0 where groups
     /// are placed.
     fn tenants_changed(&mut self) {
-        self.moves.tenants = self.tenants.clone();
         self.moves.version += 1;
     }
 
@@ -47,24 +46,24 @@ impl<B: Backend> Replica<B> {
     pub(super) fn apply_host(&mut self, index: u64, entry: Result<HostEntry>) {
         match entry {
             Ok(HostEntry::AddTenant(name)) => {
-                if self.tenants.added.iter().any(|t| t.name == name)
-                    || self.tenants.removed.contains(&name)
+                if self.moves.tenants.added.iter().any(|t| t.name == name)
+                    || self.moves.tenants.removed.contains(&name)
                 {
                     tracing::info!(index, tenant = %name, "the tenant was added (or removed) before: nothing to do");
                     return;
                 }
                 let voters = self.voters();
                 tracing::info!(replica = self.id, index, tenant = %name, ?voters, "the cluster adds a tenant");
-                self.tenants.added.push(AgreedTenant { name, voters });
+                self.moves.tenants.added.push(AgreedTenant { name, voters });
                 self.tenants_changed();
             }
             Ok(HostEntry::RemoveTenant(name)) => {
-                if self.tenants.removed.contains(&name) {
+                if self.moves.tenants.removed.contains(&name) {
                     tracing::info!(index, tenant = %name, "the tenant was removed before: nothing to do");
                     return;
                 }
                 tracing::info!(replica = self.id, index, tenant = %name, "the cluster removes a tenant");
-                self.tenants.removed.push(name);
+                self.moves.tenants.removed.push(name);
                 self.tenants_changed();
             }
             Ok(HostEntry::Move { version, to, hosts }) => {

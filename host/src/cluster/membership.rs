@@ -12,14 +12,7 @@ impl<B: Backend> Replica<B> {
     /// proposed and not yet applied is refused here, where raft-rs would
     /// drop it without a word).
     pub fn propose_change(&mut self, change: &Change) -> Result<()> {
-        self.wake();
-        if !self.is_leader() {
-            bail!(
-                "replica {} does not lead (leader: {})",
-                self.id,
-                self.leader()
-            );
-        }
+        self.must_lead()?;
         if self.node.raft.pending_conf_index > self.applied {
             bail!("a membership change is still in progress: retry once it is applied");
         }

@@ -268,10 +268,9 @@ pub struct Replica<B: Backend> {
     members: Members,
     /// Membership changes applied (a counter the host watches).
     changes: u64,
-    /// The tenants the cluster added and removed while running (group
-    /// 0's; see [`HostEntry`]), in the order it agreed.
-    tenants: Tenancy,
-    /// The groups' moves the cluster agreed (group 0's).
+    /// The groups' moves the cluster agreed (group 0's), and the tenants
+    /// it added and removed while running, in the order it agreed
+    /// (`moves.tenants`; see [`HostEntry`]).
     moves: placement::Moves,
     /// A membership change added a replica: snapshot now, so that it
     /// starts from a snapshot that names it, never from the log's start.
@@ -312,7 +311,7 @@ impl<B: Backend> Replica<B> {
         compaction: Compaction,
     ) -> Result<Replica<B>> {
         let snapshot = raft::Storage::snapshot(&log, 0, 0).ok();
-        let (store, applied, applied_now, members, (tenants, moves)) = match &snapshot {
+        let (store, applied, applied_now, members, moves) = match &snapshot {
             Some(s) => {
                 let d = decode_snapshot(&s.data)?;
                 (
@@ -320,7 +319,12 @@ impl<B: Backend> Replica<B> {
                     s.get_metadata().index,
                     d.applied_now,
                     d.members,
-                    (d.tenants, d.moves),
+                    // Snapshots before format 5 have no moves: their
+                    // tenants are the snapshot's.
+                    placement::Moves {
+                        tenants: d.tenants,
+                        ..d.moves
+                    },
                 )
             }
             None => (
@@ -328,7 +332,7 @@ impl<B: Backend> Replica<B> {
                 0,
                 0,
                 Members::new(),
-                (Tenancy::default(), placement::Moves::default()),
+                placement::Moves::default(),
             ),
         };
         let replayed_to = log.hard_state().commit;
@@ -363,7 +367,6 @@ impl<B: Backend> Replica<B> {
             read_states: Vec::new(),
             members,
             changes: 0,
-            tenants,
             moves,
             compact_now: false,
             poisoned: Default::default(),
@@ -706,8 +709,10 @@ impl<B: Backend> Replica<B> {
         let now = d.applied_now;
         let store = (self.make)(Some(d.guest)).context("restoring a leader's snapshot")?;
         self.members = d.members;
-        self.tenants = d.tenants;
-        self.moves = d.moves;
+        self.moves = placement::Moves {
+            tenants: d.tenants,
+            ..d.moves
+        };
         self.changes += 1;
         self.node.mut_store().install(snap)?;
         self.store = store;
@@ -751,7 +756,7 @@ impl<B: Backend> Replica<B> {
         let data = encode_snapshot(
             self.applied_now,
             &self.members,
-            (&self.tenants, &self.moves),
+            (&self.moves.tenants, &self.moves),
             &guest,
         );
         let applied = self.applied;

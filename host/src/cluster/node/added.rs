@@ -360,20 +360,31 @@ impl Node {
                 "this cluster serves one store (it was started without --config): it has no tenants to change".into(),
             ));
         }
-        let Some(at) = self.group0() else {
-            return Some(ChangeAnswer::AskAgain(
-                "this replica does not hold group 0".into(),
-            ));
-        };
-        let replica = &self.groups[at].replica;
-        let leader = replica.leader();
-        (leader != replica.id() || !replica.membership_settled())
-            .then(|| ChangeAnswer::AskAgain(format!("not the leader; leader={leader}")))
+        self.group0_leader().err()
     }
 
     /// Where group 0 is among the groups, if this replica holds it.
     pub(super) fn group0(&self) -> Option<usize> {
         self.slots.first().copied().flatten()
+    }
+
+    /// Where group 0 is among the groups, if this replica is its settled
+    /// leader (the one to propose the cluster's changes); else the answer
+    /// that says to ask again.
+    pub(super) fn group0_leader(&self) -> std::result::Result<usize, ChangeAnswer> {
+        let Some(at) = self.group0() else {
+            return Err(ChangeAnswer::AskAgain(
+                "this replica does not hold group 0".into(),
+            ));
+        };
+        let replica = &self.groups[at].replica;
+        if !replica.membership_settled() {
+            return Err(ChangeAnswer::AskAgain(format!(
+                "not the leader; leader={}",
+                replica.leader()
+            )));
+        }
+        Ok(at)
     }
 
     /// Proposes `entry` to group 0.

@@ -339,19 +339,13 @@ impl Node {
     /// group (then groups move to it, [`Node::plan_moves`]); one removed
     /// is drained first (its groups move away), then leaves.
     pub(super) fn placed_change(&mut self, request: &ChangeRequest) -> ChangeAnswer {
-        let Some(Some(at)) = self.slots.first().copied() else {
-            return ChangeAnswer::AskAgain("this replica does not hold group 0".into());
+        let at = match self.group0_leader() {
+            Ok(at) => at,
+            Err(ask) => return ask,
         };
+        let placement = self.agreed_placement(at);
         let replica = &mut self.groups[at].replica;
-        if !replica.membership_settled() {
-            return ChangeAnswer::AskAgain(format!(
-                "not group 0's leader; leader={}",
-                replica.leader()
-            ));
-        }
-        let agreed = replica.agreed_moves().clone();
-        let mut placement = self.placement.clone();
-        placement.set_moves(agreed.clone());
+        let agreed = placement.moves();
         let members = placement.members();
         let entry = match request {
             ChangeRequest::Add { id, raft, .. } => {
@@ -417,16 +411,14 @@ impl Node {
     /// made with are not rebalanced among themselves (`cluster move` is
     /// the operator's).
     pub(super) fn plan_moves(&mut self) {
-        let Some(Some(at)) = self.slots.first().copied() else {
+        let Ok(at) = self.group0_leader() else {
             return;
         };
-        let replica = &mut self.groups[at].replica;
-        let agreed = replica.agreed_moves();
-        if !replica.membership_settled() || agreed.moving.is_some() {
+        let placement = self.agreed_placement(at);
+        if placement.moves().moving.is_some() {
             return;
         }
-        let mut placement = self.placement.clone();
-        placement.set_moves(agreed.clone());
+        let replica = &mut self.groups[at].replica;
         let Some(entry) = plan(&placement, self.slots.len() as u32, &self.removed, self.per) else {
             return;
         };
@@ -438,6 +430,14 @@ impl Node {
             ),
             Err(e) => warn!(error = %format!("{e:#}"), "proposing a step of a change of members"),
         }
+    }
+
+    /// The placement with the moves group 0 (at `at`) agreed: what a
+    /// proposal is checked against (this replica's may lag a round).
+    fn agreed_placement(&self, at: usize) -> Placement {
+        let mut placement = self.placement.clone();
+        placement.set_moves(self.groups[at].replica.agreed_moves().clone());
+        placement
     }
 
     /// Tells every peer the moves this replica knows of (none: nothing).
@@ -455,7 +455,7 @@ impl Node {
 
     /// After a round: the moves group 0 agreed, if this replica holds it.
     pub(super) fn agreed_moves(&mut self) -> Result<()> {
-        let Some(Some(at)) = self.slots.first().copied() else {
+        let Some(at) = self.group0() else {
             return Ok(());
         };
         let agreed = self.groups[at].replica.agreed_moves();
@@ -638,15 +638,12 @@ impl Node {
     /// As group 0's leader: proposes that the move of `group` under way at
     /// `version` is done (another replica, its group's leader, says so).
     pub(super) fn settle(&mut self, group: u32, version: u64) {
-        let Some(Some(at)) = self.slots.first().copied() else {
+        let Ok(at) = self.group0_leader() else {
             return;
         };
         let replica = &mut self.groups[at].replica;
         let agreed = replica.agreed_moves();
-        if !replica.membership_settled()
-            || agreed.version != version
-            || agreed.moving.is_none_or(|m| m.group != group)
-        {
+        if agreed.version != version || agreed.moving.is_none_or(|m| m.group != group) {
             return;
         }
         match replica.propose_host(&HostEntry::Settle { version, group }) {
@@ -666,23 +663,19 @@ impl Node {
                 "every group is on every replica (the cluster file has no `copies` below its replicas): there is nothing to move".into(),
             );
         }
-        let Some(Some(at)) = self.slots.first().copied() else {
-            return ChangeAnswer::AskAgain("this replica does not hold group 0".into());
+        let at = match self.group0_leader() {
+            Ok(at) => at,
+            Err(ask) => return ask,
         };
+        let placement = self.agreed_placement(at);
         let replica = &mut self.groups[at].replica;
-        if !replica.membership_settled() {
-            return ChangeAnswer::AskAgain(format!(
-                "not group 0's leader; leader={}",
-                replica.leader()
-            ));
-        }
         if group >= self.slots.len() as u32 || self.removed[(group / self.per) as usize] {
             return ChangeAnswer::Refused(format!(
                 "the cluster has groups 0 to {} (those of removed tenants aside)",
                 self.slots.len() - 1
             ));
         }
-        let agreed = replica.agreed_moves().clone();
+        let agreed = placement.moves();
         let m = Move { group, from, to };
         if let Some(under_way) = agreed
             .moving
@@ -697,8 +690,6 @@ impl Node {
                 ))
             };
         }
-        let mut placement = self.placement.clone();
-        placement.set_moves(agreed.clone());
         let hosts = placement.hosts(group);
         let refused = if !hosts.contains(&from) {
             Some(format!(
