@@ -418,3 +418,56 @@ fn a_failed_snapshot_backs_off() {
         assert_eq!(payload.len(), 100 + 8, "{key} after recovery");
     }
 }
+
+/// How many snapshots the journal on `storage` has taken: each starts a log
+/// segment at once (its file may be written later, in the background).
+fn snapshots_taken(storage: &MemStorage) -> u64 {
+    storage
+        .list()
+        .expect("list")
+        .iter()
+        .filter_map(|n| n.strip_prefix("wal-")?.strip_suffix(".log")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// A journal that follows its snapshot's size (a memory journal's) lets its
+/// log grow as long as the last snapshot before taking the next, and no
+/// longer than the cap; without it, the policy's `max_log_bytes` alone
+/// decides. Same writes both ways: 40 values of 1,000 bytes (a snapshot
+/// of about 40 KB), then 20 more of 1,000 bytes (about 20 KB of log).
+#[test]
+fn a_log_that_follows_its_snapshot_grows_as_long_as_it() {
+    let run = |follow: Option<u64>| {
+        let clock = ManualClock::at(T0);
+        let storage = MemStorage::new();
+        let mut node = Node::open(&storage, &clock);
+        if let Some(cap) = follow {
+            node.journal.follow_snapshot_size(cap);
+        }
+        let value = "v".repeat(1_000);
+        for i in 0..40 {
+            let key = format!("k{i}");
+            let (got, _) = node.call(&[b"SET", key.as_bytes(), value.as_bytes()], clock.now_ms());
+            assert_eq!(got, "+OK\r\n");
+        }
+        node.journal.snapshot(&mut node.store).expect("snapshot");
+        let before = snapshots_taken(&storage);
+        for i in 0..20 {
+            let key = format!("k{i}");
+            node.call(&[b"SET", key.as_bytes(), value.as_bytes()], clock.now_ms());
+        }
+        snapshots_taken(&storage) - before
+    };
+    // 20 KB of log at 2,000 bytes a snapshot: about one every two writes.
+    let plain = run(None);
+    assert!(plain >= 8, "{plain}");
+    assert_eq!(
+        run(Some(1 << 20)),
+        0,
+        "20 KB of log is shorter than a 40 KB snapshot"
+    );
+    // Capped at 4,000 bytes: one every four writes or so.
+    let capped = run(Some(4_000));
+    assert!((3..=6).contains(&capped), "{capped}");
+}

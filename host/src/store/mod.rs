@@ -143,12 +143,14 @@ pub fn open_with(
                 "volatile store: nothing is written to disk (--persist none); a journal in memory restarts a failed guest with what it acknowledged"
             );
             // A short log: it is memory, and a snapshot of it is cheap to
-            // take compared with what a long log holds.
+            // take compared with what a long log holds; but never shorter
+            // than the last snapshot (up to the policy's own bound), so that
+            // snapshots cost at most a byte per byte logged.
             let policy = SnapshotPolicy {
                 max_log_bytes: opts.snapshots.max_log_bytes.min(MEMORY_JOURNAL_LOG),
                 ..opts.snapshots
             };
-            let (journal, store, _) = Journal::open_in(
+            let (mut journal, store, _) = Journal::open_in(
                 Arc::new(MemStorage::volatile()),
                 runtime,
                 config,
@@ -157,6 +159,7 @@ pub fn open_with(
                 &*opts.clock,
                 OnDamage::Refuse,
             )?;
+            journal.follow_snapshot_size(opts.snapshots.max_log_bytes);
             Ok((store, Some(journal)))
         }
         (Persist::None, _) => {

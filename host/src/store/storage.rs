@@ -40,6 +40,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Replaces `name` with `bytes` durably and atomically: after a crash it
     /// holds the old content (or does not exist) or all of `bytes`.
     fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()>;
+    /// [`Storage::write_atomic`] of bytes the caller gives up: memory keeps
+    /// them as they are rather than a copy.
+    fn write_atomic_owned(&self, name: &str, bytes: Vec<u8>) -> io::Result<()> {
+        self.write_atomic(name, &bytes)
+    }
     /// Cuts `name` to `len` bytes, durably.
     fn truncate(&self, name: &str, len: u64) -> io::Result<()>;
     /// Renames `from` to `to` (replacing `to`), durably.
@@ -626,14 +631,18 @@ impl Storage for MemStorage {
     }
 
     fn write_atomic(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.write_atomic_owned(name, bytes.to_vec())
+    }
+
+    fn write_atomic_owned(&self, name: &str, bytes: Vec<u8>) -> io::Result<()> {
         let mut st = lock(&self.0);
         if st.take_space(bytes.len())? < bytes.len() {
             return Err(disk_full());
         }
         let id = st.new_id();
         let file = MemFile {
-            data: bytes.to_vec(),
             synced: bytes.len(),
+            data: bytes,
             unused: 0,
         };
         if st.crashes {

@@ -32,7 +32,7 @@
 //!
 //! ## Implementation Details
 //! - Async trait-based interface
-//! - DashMap-backed concurrent storage
+//! - A table of handler chains by hook type, taken without an asynchronous lock
 //! - UUID-based handler identification
 //! - BTreeMap for priority ordering
 //! - Zero-cost abstraction for common cases
@@ -49,6 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::anyhow;
@@ -65,7 +66,7 @@ use crate::grpc;
 use crate::inflight::OutInflightMessage;
 use crate::session::Session;
 use crate::types::{
-    AuthResult, ConnectAckReason, ConnectInfo, DashMap, DashSet, From, IsPing, MessageExpiryCheckResult,
+    AuthResult, ConnectAckReason, ConnectInfo, DashSet, From, IsPing, MessageExpiryCheckResult,
     Publish, PublishAclResult, Reason, Subscribe, SubscribeAclResult, Superuser, To, TopicFilter,
     Unsubscribe,
 };
@@ -597,28 +598,39 @@ pub enum HookResult {
 /// deferred activation via the [`Register`] lifecycle.
 struct HookEntry {
     handler: Box<dyn Handler>,
-    enabled: bool,
+    enabled: AtomicBool,
 }
 
 impl HookEntry {
     fn new(handler: Box<dyn Handler>) -> Self {
-        Self { handler, enabled: false }
+        Self { handler, enabled: AtomicBool::new(false) }
     }
 }
 
 type HandlerId = String;
 
+/// How many hook [`Type`]s there are (the last one's index plus one).
+const TYPES: usize = Type::GrpcMessageReceived as usize + 1;
+
+/// The handlers of one hook [`Type`]: by `(Priority, HandlerId)`, and the
+/// same entries in dispatch order, which `exec` takes a reference to.
+#[derive(Default)]
+struct TypeHandlers {
+    entries: BTreeMap<(Priority, HandlerId), Arc<HookEntry>>,
+    chain: Arc<[Arc<HookEntry>]>,
+}
+
 /// The default [`HookManager`] implementation.
 ///
-/// Stores handlers in a concurrent map keyed by hook [`Type`],
+/// Stores handlers in a table indexed by hook [`Type`],
 /// with each type having a sorted collection of `(Priority, HandlerId)` entries.
 ///
 /// # Concurrency
 ///
-/// Uses a two-level locking strategy:
-/// - Outer [`DashMap`] for lock-free sharded access by hook type.
-/// - Inner [`tokio::sync::RwLock`] protecting the `BTreeMap` of handlers
-///   for fine-grained concurrent reads during hook execution.
+/// Each type's handlers sit behind a [`std::sync::RwLock`] that is held
+/// only to take (or replace) the type's dispatch chain, an `Arc` of its
+/// entries in order: running a hook takes no asynchronous lock and no map
+/// lookup (it runs for every message, several times).
 ///
 /// # Handler Execution
 ///
@@ -628,8 +640,7 @@ type HandlerId = String;
 /// the chain short-circuits.
 #[derive(Clone)]
 pub struct DefaultHookManager {
-    #[allow(clippy::type_complexity)]
-    handlers: Arc<DashMap<Type, Arc<tokio::sync::RwLock<BTreeMap<(Priority, HandlerId), HookEntry>>>>>,
+    handlers: Arc<[std::sync::RwLock<TypeHandlers>; TYPES]>,
 }
 
 impl Default for DefaultHookManager {
@@ -641,21 +652,24 @@ impl Default for DefaultHookManager {
 impl DefaultHookManager {
     #[inline]
     pub fn new() -> DefaultHookManager {
-        Self { handlers: Arc::new(DashMap::default()) }
+        Self { handlers: Arc::new(std::array::from_fn(|_| std::sync::RwLock::default())) }
+    }
+
+    fn of(&self, typ: Type) -> &std::sync::RwLock<TypeHandlers> {
+        &self.handlers[typ as usize]
     }
 
     #[inline]
     async fn add(&self, typ: Type, priority: Priority, handler: Box<dyn Handler>) -> Result<HandlerId> {
         let id = Uuid::new_v4().as_simple().encode_lower(&mut Uuid::encode_buffer()).to_string();
-        let type_handlers =
-            self.handlers.entry(typ).or_insert(Arc::new(tokio::sync::RwLock::new(BTreeMap::default())));
-        let mut type_handlers = type_handlers.write().await;
+        let mut type_handlers = self.of(typ).write().unwrap_or_else(|e| e.into_inner());
         let key = (priority, id.clone());
-        let contains_key = type_handlers.contains_key(&key);
+        let contains_key = type_handlers.entries.contains_key(&key);
         if contains_key {
             Err(anyhow!(format!("handler id is repetition, key is {:?}, type is {:?}", key, typ)))
         } else {
-            type_handlers.insert(key, HookEntry::new(handler));
+            type_handlers.entries.insert(key, Arc::new(HookEntry::new(handler)));
+            type_handlers.chain = type_handlers.entries.values().rev().cloned().collect();
             Ok(id)
         }
     }
@@ -663,17 +677,14 @@ impl DefaultHookManager {
     #[inline]
     async fn exec<'a>(&'a self, t: Type, p: Parameter<'a>) -> Option<HookResult> {
         let mut acc = None;
-        let type_handlers = { self.handlers.get(&t).map(|h| (*h.value()).clone()) };
-        if let Some(type_handlers) = type_handlers {
-            let type_handlers = type_handlers.read().await;
-            for (_, entry) in type_handlers.iter().rev() {
-                if entry.enabled {
-                    let (proceed, new_acc) = entry.handler.hook(&p, acc).await;
-                    if !proceed {
-                        return new_acc;
-                    }
-                    acc = new_acc;
+        let chain = self.of(t).read().unwrap_or_else(|e| e.into_inner()).chain.clone();
+        for entry in chain.iter() {
+            if entry.enabled.load(Ordering::Acquire) {
+                let (proceed, new_acc) = entry.handler.hook(&p, acc).await;
+                if !proceed {
+                    return new_acc;
                 }
+                acc = new_acc;
             }
         }
         acc
@@ -858,12 +869,9 @@ impl DefaultHookRegister {
     async fn adjust_status(&self, b: bool) {
         for type_id in self.type_ids.iter() {
             let (typ, key) = type_id.key();
-            if let Some(type_handlers) = self.manager.handlers.get(typ) {
-                if let Some(entry) = type_handlers.write().await.get_mut(key) {
-                    if entry.enabled != b {
-                        entry.enabled = b;
-                    }
-                }
+            let type_handlers = self.manager.of(*typ).read().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = type_handlers.entries.get(key) {
+                entry.enabled.store(b, Ordering::Release);
             }
         }
     }

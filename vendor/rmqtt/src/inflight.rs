@@ -218,6 +218,17 @@ impl OutInflight {
         None
     }
 
+    /// When the oldest message in the window is due to be sent again (the
+    /// wall-clock milliseconds of [`get_timeout`](Self::get_timeout)'s
+    /// moment), if there is one and messages are sent again.
+    #[inline]
+    pub fn front_deadline(&self) -> Option<TimestampMillis> {
+        if self.interval == 0 {
+            return None;
+        }
+        self.queues.front().map(|(_, m)| m.update_time + self.interval)
+    }
+
     #[inline]
     fn front_timeout(&self) -> bool {
         if self.interval == 0 {

@@ -136,8 +136,9 @@ impl Deref for SessionState {
 
 /// What woke the session loop.
 enum Event {
-    KeepAlive,
-    DeliverTimeout,
+    /// The loop's one timer: the keep-alive or the in-flight window's
+    /// oldest message may be due.
+    Timer,
     Deliver(Option<Option<(From, Publish)>>),
     Message(Option<Message>),
     Packet(crate::Result<Option<Packet>>),
@@ -205,16 +206,19 @@ impl SessionState {
     where
         Io: AsyncRead + AsyncWrite + Unpin,
     {
-        let limiter = {
-            let (burst, replenish_n_per) = self.fitter.mqueue_rate_limit();
-            Limiter::new(burst, replenish_n_per)
-        };
+        let (burst, replenish_n_per) = self.fitter.mqueue_rate_limit();
+        let limiter = Limiter::new(burst, replenish_n_per);
+        //The queue's rate limit can never hold a message back (the default:
+        //u32::MAX at once): see `run_loop`'s direct delivery.
+        let unlimited = burst.get() == u32::MAX;
 
         let (deliver_queue_tx, mut deliver_queue_rx) = self.deliver_queue_channel(&limiter);
         let mut flags = StateFlags::empty();
 
         self.scx.connections.inc();
-        match self.run_loop(&mut sink, keep_alive, &mut flags, &deliver_queue_tx, &mut deliver_queue_rx).await
+        match self
+            .run_loop(&mut sink, keep_alive, &mut flags, &deliver_queue_tx, &mut deliver_queue_rx, unlimited)
+            .await
         {
             Ok(()) => {
                 log::debug!("{} exit ...", self.id);
@@ -335,6 +339,7 @@ impl SessionState {
         flags: &mut StateFlags,
         deliver_queue_tx: &queue::Sender<(From, Publish)>,
         deliver_queue_rx: &mut queue::Receiver<'_, (From, Publish)>,
+        unlimited: bool,
     ) -> std::result::Result<(), Reason>
     where
         Io: AsyncRead + AsyncWrite + Unpin,
@@ -348,15 +353,28 @@ impl SessionState {
             Duration::from_secs(keep_alive as u64)
         };
         log::debug!("{:?} keep_alive_interval is {:?}", state.id, keep_alive_interval);
-        let keep_alive_delay = tokio::time::sleep(keep_alive_interval);
-
-        let deliver_timeout_delay = tokio::time::sleep(Duration::from_secs(60));
+        //One timer for the keep-alive and the in-flight window, armed for
+        //the earlier of the two and moved only when that changes: a packet
+        //records when it came (the timer, when it fires, finds the
+        //keep-alive not yet due and is armed again from that), and the
+        //window's oldest message's deadline is armed only when it is earlier
+        //than the one armed (a timer that fires for a message acknowledged
+        //since finds nothing due). Resetting a timer for every packet and
+        //every turn of the loop, and polling two, cost more than the rest of
+        //the loop's bookkeeping.
+        let after = |base: Instant, d: Duration| {
+            base.checked_add(d).unwrap_or_else(|| base + Duration::from_secs(86_400 * 365 * 30))
+        };
+        let mut last_packet = Instant::now();
+        //The deadline of the window's oldest message the timer knows of, in
+        //wall-clock milliseconds (as the window keeps it) and as an instant.
+        let mut deliver_at: Option<(TimestampMillis, Instant)> = None;
+        let mut timer_at = after(last_packet, keep_alive_interval);
+        let timer = tokio::time::sleep_until(timer_at);
 
         log::debug!("{:?} there are {} offline messages ...", state.id, state.deliver_queue().len());
 
-        tokio::pin!(keep_alive_delay);
-
-        tokio::pin!(deliver_timeout_delay);
+        tokio::pin!(timer);
 
         //Packets are written into the connection's buffer and flushed when
         //the loop has nothing else ready, so the packets that become ready
@@ -371,16 +389,21 @@ impl SessionState {
         let mut hold_left: u32 = 0;
         loop {
             log::debug!("{:?} tokio::select! loop", state.id);
-            deliver_timeout_delay.as_mut().reset(
-                Instant::now()
-                    + state
-                        .out_inflight()
-                        .read()
-                        .await
-                        .get_timeout()
-                        .unwrap_or_else(|| Duration::from_secs(120)),
-            );
-            let has_credit = state.out_inflight().read().await.has_credit();
+            let (front_deadline, has_credit) = {
+                let inflight = state.out_inflight().read().await;
+                (inflight.front_deadline(), inflight.has_credit())
+            };
+            if let Some(due) = front_deadline {
+                if deliver_at.is_none_or(|(armed, _)| due < armed) {
+                    let left = (due - timestamp_millis()).max(1) as u64;
+                    let at = Instant::now() + Duration::from_millis(left);
+                    deliver_at = Some((due, at));
+                    if at < timer_at {
+                        timer_at = at;
+                        timer.as_mut().reset(at);
+                    }
+                }
+            }
             let unflushed = sink.has_unflushed();
             if !unflushed {
                 hold_left = 0;
@@ -389,8 +412,7 @@ impl SessionState {
             let event = {
                 let next = async {
                     tokio::select! {
-                        _ = &mut keep_alive_delay => Event::KeepAlive,
-                        _ = &mut deliver_timeout_delay => Event::DeliverTimeout,
+                        _ = &mut timer => Event::Timer,
                         deliver_packet = deliver_queue_rx.next(), if has_credit => Event::Deliver(deliver_packet),
                         msg = state.rx.next() => Event::Message(msg),
                         pkt = sink.recv() => Event::Packet(pkt),
@@ -416,12 +438,21 @@ impl SessionState {
                     sink.flush().await?;
                 }
                 Event::Yielded => hold_left -= 1,
-                Event::KeepAlive => return Err(Reason::ConnectKeepaliveTimeout),
-                Event::DeliverTimeout => {
-                    while let Some(iflt_msg) = state.out_inflight().write().await.pop_front_timeout() {
-                        log::debug!("{:?} has timeout message in inflight: {:?}", state.id, iflt_msg);
-                        state.reforward(iflt_msg).await?;
+                Event::Timer => {
+                    let now = Instant::now();
+                    let keep_alive_at = after(last_packet, keep_alive_interval);
+                    if keep_alive_at <= now {
+                        return Err(Reason::ConnectKeepaliveTimeout);
                     }
+                    if deliver_at.is_some_and(|(_, at)| at <= now) {
+                        deliver_at = None;
+                        while let Some(iflt_msg) = state.out_inflight().write().await.pop_front_timeout() {
+                            log::debug!("{:?} has timeout message in inflight: {:?}", state.id, iflt_msg);
+                            state.reforward(iflt_msg).await?;
+                        }
+                    }
+                    timer_at = deliver_at.map_or(keep_alive_at, |(_, at)| at.min(keep_alive_at));
+                    timer.as_mut().reset(timer_at);
                 }
                 Event::Deliver(deliver_packet) => {
                     log::debug!("{:?} deliver_packet: {:?}", state.id, deliver_packet);
@@ -441,14 +472,26 @@ impl SessionState {
                     if let Some(msg) = msg {
                         #[cfg(feature = "debug")]
                         state.scx.stats.debug_session_channels.dec();
-                        state.process_message(sink, msg, deliver_queue_tx, flags).await?;
+                        match msg {
+                            //A message forwarded to this session while nothing
+                            //waits in its queue, the window has room and no rate
+                            //limit applies is delivered now, as the queue would
+                            //have delivered it a turn of the loop later (in the
+                            //same order: nothing is before it), without the
+                            //queue's lock, notification and extra turn.
+                            Message::Forward(from, p) if unlimited && has_credit && deliver_queue_tx.is_empty() => {
+                                state.deliver(sink, from, p).await?;
+                                hold_left = 0;
+                            }
+                            msg => state.process_message(sink, msg, deliver_queue_tx, flags).await?,
+                        }
                     } else {
                         return Err("No message received from the Rx".into());
                     }
                 }
                 Event::Packet(pkt) => {
                     log::debug!("{:?} pkt: {:?}", state.id, pkt);
-                    keep_alive_delay.as_mut().reset(Instant::now() + keep_alive_interval);
+                    last_packet = Instant::now();
                     match pkt? {
                         Some(pkt) => {
                             let held = hold.as_ref().filter(|h| h.holds(&pkt));

@@ -35,19 +35,18 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use tracing::{info, warn};
 
-use statestore_guest::rpc::{Reply, Status};
-
 use crate::store::clock::Clock;
 use crate::store::storage::{DirStorage, LogFile, Storage, zero_tail};
-use crate::{
-    Backend, Config, GuestError, OutboundMessage, Output, PublishKind, Runtime, SnapshotScope,
-    WasmStore,
-};
+use crate::{Backend, Config, GuestError, Runtime, SnapshotScope, WasmStore};
 
+mod commit;
 mod recover;
 #[cfg(test)]
 use recover::replay_chunks;
 use recover::{Repair, recover, recover_with_repairs};
+
+pub use commit::commit;
+use commit::split_records;
 
 const WAL_MAGIC: &[u8; 8] = b"STSTWAL\0";
 /// The WAL format this build writes and reads.
@@ -231,6 +230,11 @@ pub struct Journal {
     len: u64,
     logged_since_snapshot: u64,
     last_snapshot: Instant,
+    /// The length of the last snapshot taken.
+    last_snapshot_len: u64,
+    /// If set, the log may grow as long as the last snapshot, up to this
+    /// many bytes, before the next ([`Journal::follow_snapshot_size`]).
+    follow_snapshot: Option<u64>,
     dirty: Arc<AtomicBool>,
     /// The active segment, for the `everysec` syncer thread.
     sync_target: Arc<Mutex<Option<Box<dyn LogFile>>>>,
@@ -492,6 +496,8 @@ impl Journal {
             len,
             logged_since_snapshot: 0,
             last_snapshot: Instant::now(),
+            last_snapshot_len: 0,
+            follow_snapshot: None,
             snapshot_backoff: None,
             snapshots_failed: 0,
             append_failed: false,
@@ -643,6 +649,23 @@ impl Journal {
         Ok(())
     }
 
+    /// Lets the log grow as long as the last snapshot (up to `cap` bytes)
+    /// before the next snapshot, when that is longer than the policy's
+    /// `max_log_bytes`: a snapshot costs its length to take, so a log at
+    /// least as long costs at most one byte of snapshot per byte logged. For
+    /// a memory journal, whose short log would otherwise take a snapshot
+    /// holding the whole dedup cache (up to 32 MiB) every 16 MiB of log.
+    pub fn follow_snapshot_size(&mut self, cap: u64) {
+        self.follow_snapshot = Some(cap);
+    }
+
+    /// The log's length at which a snapshot is due.
+    fn log_limit(&self) -> u64 {
+        let base = self.policy.max_log_bytes;
+        self.follow_snapshot
+            .map_or(base, |cap| base.max(self.last_snapshot_len.min(cap)))
+    }
+
     /// Whether a snapshot is due by size or time.
     pub fn snapshot_due(&mut self) -> bool {
         self.finish_snapshot();
@@ -653,7 +676,7 @@ impl Journal {
             return false;
         }
         self.pending_snapshot.is_none()
-            && (self.logged_since_snapshot >= self.policy.max_log_bytes
+            && (self.logged_since_snapshot >= self.log_limit()
                 || (self.logged_since_snapshot > 0
                     && self.last_snapshot.elapsed() >= self.policy.max_interval))
     }
@@ -669,11 +692,12 @@ impl Journal {
             }
         };
         let bytes = self.take_snapshot(store)?;
+        self.last_snapshot_len = bytes.len() as u64;
         let seq = self.switch_segment()?;
         let storage = self.storage.clone();
         if !storage.writes_in_background() {
             // In memory: now, and the older snapshot and log go now too.
-            match storage.write_atomic(&snapshot_name(seq), &bytes) {
+            match storage.write_atomic_owned(&snapshot_name(seq), bytes) {
                 Ok(()) => {
                     observe(true);
                     self.snapshot_backoff = None;
@@ -706,6 +730,7 @@ impl Journal {
 
     fn write_snapshot_now(&mut self, store: &mut WasmStore) -> Result<(), JournalError> {
         let bytes = self.take_snapshot(store)?;
+        self.last_snapshot_len = bytes.len() as u64;
         self.storage
             .write_atomic(&snapshot_name(self.seq), &bytes)
             .doing(|| format!("cannot write a snapshot in {}", self.storage.describe()))?;
@@ -908,71 +933,6 @@ fn new_segment(storage: &dyn Storage, seq: u64) -> Result<(Box<dyn LogFile>, u64
         .and_then(|()| storage.sync_dir())
         .doing(context)?;
     Ok((file, HEADER_LEN))
-}
-
-/// The journal records among `outputs`, and the rest, each in order. The
-/// guest writes an input's records ahead of its other outputs, so making
-/// these durable first keeps that rule for the whole batch.
-fn split_records(outputs: Vec<Output>) -> (Vec<Vec<u8>>, Vec<Output>) {
-    let mut records = Vec::new();
-    let mut rest = Vec::with_capacity(outputs.len());
-    for o in outputs {
-        match o {
-            Output::Journal(r) => records.push(r),
-            o => rest.push(o),
-        }
-    }
-    (records, rest)
-}
-
-/// Makes the journal records among `outputs` durable (per the fsync
-/// policy) and returns the rest, to publish. If the records cannot be
-/// written (a full disk), nothing of the batch stays applied: the store is
-/// reloaded from disk and every reply of the batch becomes a 500.
-pub fn commit(
-    store: &mut WasmStore,
-    journal: Option<&mut Journal>,
-    outputs: Vec<Output>,
-) -> Result<Vec<Output>> {
-    let (records, publishes) = split_records(outputs);
-    let Some(journal) = journal else {
-        return Ok(publishes);
-    };
-    match journal.append(&records) {
-        Ok(()) => {
-            if journal.snapshot_due()
-                && let Err(e) = journal.snapshot(store)
-            {
-                // The log keeps everything; a later batch tries again, after
-                // a pause that doubles with every failure.
-                tracing::warn!(error = %format!("{e:#}"), "cannot take a snapshot");
-                journal.snapshot_failed();
-            }
-            Ok(publishes)
-        }
-        Err(e) => {
-            tracing::error!(error = %e, dir = %journal.describe(), "cannot write the journal: answering the batch with errors");
-            *store = journal.reload()?;
-            Ok(publishes
-                .into_iter()
-                .filter_map(|o| match o {
-                    Output::Publish(m) if m.kind == PublishKind::Response => {
-                        Some(Output::Publish(failed(&m, &e)))
-                    }
-                    _ => None, // notifications of changes that did not happen
-                })
-                .collect())
-        }
-    }
-}
-
-/// A 500 reply in place of `reply` (spec §4.3), built as every reply is.
-fn failed(reply: &OutboundMessage, e: &std::io::Error) -> OutboundMessage {
-    Reply::replace(
-        reply,
-        Status::InternalError,
-        format!("the state store could not make the change durable: {e}"),
-    )
 }
 
 #[cfg(test)]
