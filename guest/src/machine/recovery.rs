@@ -12,7 +12,7 @@ use crate::rpc::Reply;
 use crate::rpc::dedup::{Cached, DedupCache};
 use crate::snapshot::{self, SnapshotScope, Visitor};
 use crate::table::{EntryMeta, EntryRef, Table};
-use crate::types::{Config, Error, OutboundMessage, Persist, Str, Via};
+use crate::types::{Config, Error, OutboundMessage, Persist, Via};
 
 /// A snapshot being taken in parts ([`StateMachine::snapshot_part`]): where
 /// it has got to. Only valid while the state does not change.
@@ -47,10 +47,11 @@ enum At {
     },
     /// The count of dedup entries.
     DedupCount,
-    /// Dedup entries by their keys (sorted once), from the `pos`-th.
+    /// Dedup entries in the order they are forgotten in, after `after`
+    /// (a deadline key; from the first when `None`), `left` of them.
     Dedup {
-        keys: Vec<(Str, Box<[u8]>)>,
-        pos: usize,
+        after: Option<(u64, u64)>,
+        left: usize,
     },
     /// The checksum.
     End,
@@ -146,15 +147,12 @@ impl StateMachine {
                 At::DedupCount => {
                     w.u64(self.dedup.len() as u64);
                     cursor.at = At::Dedup {
-                        keys: self.dedup.sorted_keys(),
-                        pos: 0,
+                        after: None,
+                        left: self.dedup.len(),
                     };
                 }
-                At::Dedup { keys, pos } => {
-                    *pos = self.snapshot_dedup(&mut w, &keys[*pos..], max_bytes) + *pos;
-                    if *pos >= keys.len() {
-                        cursor.at = At::End;
-                    }
+                At::Dedup { after, left } => {
+                    cursor.at = self.snapshot_dedup(&mut w, *after, *left, max_bytes);
                 }
                 At::End => {
                     cursor.crc.update(&w.0);
@@ -301,19 +299,23 @@ impl StateMachine {
         }
     }
 
-    /// Writes the dedup entries of `keys` until the part holds
-    /// `max_bytes`; returns how many it wrote.
-    fn snapshot_dedup(&self, w: &mut Writer, keys: &[(Str, Box<[u8]>)], max_bytes: usize) -> usize {
-        let mut n = 0;
-        for (topic, correlation) in keys {
+    /// Writes dedup entries after `after` (`left` of them to go) until the
+    /// part holds `max_bytes`; returns where the snapshot goes on. The
+    /// order is the one entries are forgotten in (deadline, then arrival):
+    /// it does not depend on the hash seed, a restore keeps it, and walking
+    /// it sorts and copies nothing.
+    fn snapshot_dedup(
+        &self,
+        w: &mut Writer,
+        after: Option<(u64, u64)>,
+        mut left: usize,
+        max_bytes: usize,
+    ) -> At {
+        let mut last = None;
+        for (key, item) in self.dedup.by_deadline_after(after).take(left) {
             if w.0.len() >= max_bytes {
                 break;
             }
-            n += 1;
-            let Some(item) = self.dedup.item(topic, correlation) else {
-                debug_assert!(false, "the state changed during a snapshot");
-                continue;
-            };
             w.opt(item.client, Writer::str);
             w.str(item.topic);
             w.bytes(item.correlation);
@@ -326,8 +328,21 @@ impl StateMachine {
                 &self.config.node_id,
                 self.server_id.as_deref(),
             );
+            left -= 1;
+            last = Some(key);
         }
-        n
+        match last {
+            _ if left == 0 => At::End,
+            Some(key) => At::Dedup {
+                after: Some(key),
+                left,
+            },
+            None => {
+                // As for registrations: the state changed under the cursor.
+                debug_assert!(false, "the state changed during a snapshot");
+                At::End
+            }
+        }
     }
 
     /// About how long a one-piece snapshot of `scope` is (at least; an
@@ -606,6 +621,51 @@ mod tests {
             expires_at: at,
             reply: Reply::ok(vec![1u8; 16 << 10], None),
         }
+    }
+
+    /// The dedup section is written in the order entries are forgotten in
+    /// (deadline, then arrival): the same bytes whatever the hash seed, in
+    /// one piece or in parts of any size, and again after a restore (whose
+    /// entries keep that order, ties included).
+    #[test]
+    fn dedup_snapshots_do_not_depend_on_the_seed_or_the_parts() {
+        let fill = |seed: u64| {
+            let mut sm = StateMachine::new(Config {
+                hash_seed: seed,
+                ..Config::default()
+            })
+            .expect("config");
+            for i in 0..40u32 {
+                // Four deadlines only: many ties, broken by arrival.
+                let at = 1_000 + u64::from(i % 4);
+                let client = (i % 3 == 0).then_some("c");
+                let small = Cached {
+                    expires_at: at,
+                    reply: Reply::ok(vec![i as u8; 10], None),
+                };
+                sm.dedup
+                    .insert(client, &format!("t/{}", i % 5), &i.to_be_bytes(), small);
+            }
+            sm
+        };
+        let a = fill(1);
+        let whole = a.snapshot();
+        assert_eq!(fill(0xdead_beef).snapshot(), whole, "another seed");
+        for part in [1, 64, 500] {
+            let mut cursor = SnapshotCursor::new(SnapshotScope::Everything);
+            let mut parts = Vec::new();
+            loop {
+                let p = a.snapshot_part(&mut cursor, part);
+                if p.is_empty() {
+                    break;
+                }
+                parts.extend_from_slice(&p);
+            }
+            assert_eq!(parts, whole, "parts of {part} bytes");
+        }
+        let restored = StateMachine::restore(Config::default(), &whole).expect("restore");
+        assert_eq!(restored.dedup.len(), 40);
+        assert_eq!(restored.snapshot(), whole, "restored");
     }
 
     /// Each cached reply keeps the client it is charged to through a

@@ -458,22 +458,20 @@ impl DedupCache {
         all.into_iter()
     }
 
-    /// Every entry's (response topic, correlation data), in
-    /// [`DedupCache::iter`]'s order: what a snapshot in parts walks, an
-    /// entry at a time ([`DedupCache::item`]), sorting once rather than
-    /// once a part.
-    pub fn sorted_keys(&self) -> Vec<(Str, Box<[u8]>)> {
-        let mut all: Vec<(Str, Box<[u8]>)> = self
-            .topics
-            .iter()
-            .flat_map(|t| {
-                t.replies
-                    .iter()
-                    .map(|r| (t.name.clone(), r.correlation.clone()))
+    /// Every entry after the deadline key `after` (from the first when
+    /// `None`), in the order they are forgotten in (deadline, then
+    /// arrival), each with its key: what a snapshot in parts walks.
+    pub fn by_deadline_after(
+        &self,
+        after: Option<(u64, u64)>,
+    ) -> impl Iterator<Item = ((u64, u64), Item<'_>)> {
+        use core::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, Excluded);
+        self.deadlines
+            .range((from, Unbounded))
+            .filter_map(|(&key, (topic, correlation))| {
+                self.item(topic, correlation).map(|item| (key, item))
             })
-            .collect();
-        all.sort_unstable();
-        all
     }
 
     /// The entry of `topic` and `correlation`, expired or not.

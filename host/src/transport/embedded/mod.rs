@@ -65,7 +65,7 @@ pub use listeners::TlsReload;
 use listeners::listener_builder;
 use router::{Router, STRANGERS_WAITING, Verified};
 use statestore_guest::{HostReply, StateMachine};
-use tenant_transport::{BrokerTransport, Receiving, ReplicaTransport, Requesters, Side};
+use tenant_transport::{BrokerTransport, Receiving, ReplicaTransport, Side};
 
 /// A client id no client can have (MQTT client ids are never this long and
 /// `$` ids are refused): the store's hook sends a request it took to it,
@@ -255,23 +255,34 @@ impl Inbound {
 }
 
 /// A request as the guest sees it, with the publisher's real client id.
+/// An owned copy of a string (`to_string` on a `ByteString` goes through
+/// the formatting machinery; this is one allocation and one copy).
+fn own(s: &str) -> String {
+    String::from(s)
+}
+
 fn inbound(client_id: &str, p: &Publish) -> InboundMessage {
-    let props = p.properties.clone().unwrap_or_default();
+    // Read in place: a copy of the properties would clone each of them
+    // once more before they are copied out.
+    let props = p.properties.as_ref();
     InboundMessage {
-        topic: p.topic.to_string(),
+        topic: own(&p.topic),
         payload: p.payload.to_vec(),
         qos: p.qos as u8,
-        response_topic: props.response_topic.map(|t| t.to_string()),
-        correlation_data: props.correlation_data.map(|b| b.to_vec()),
-        message_expiry_interval: props.message_expiry_interval.map(NonZeroU32::get),
-        content_type: props.content_type.map(|t| t.to_string()),
-        payload_format_indicator: Some(u8::from(props.is_utf8_payload)),
-        user_properties: props
-            .user_properties
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect(),
-        client_id: Some(client_id.to_string()),
+        response_topic: props.and_then(|p| p.response_topic.as_deref().map(own)),
+        correlation_data: props.and_then(|p| p.correlation_data.as_ref().map(|b| b.to_vec())),
+        message_expiry_interval: props
+            .and_then(|p| p.message_expiry_interval)
+            .map(NonZeroU32::get),
+        content_type: props.and_then(|p| p.content_type.as_deref().map(own)),
+        payload_format_indicator: Some(u8::from(props.is_some_and(|p| p.is_utf8_payload))),
+        user_properties: props.map_or_else(Vec::new, |p| {
+            p.user_properties
+                .iter()
+                .map(|(n, v)| (own(n), own(v)))
+                .collect()
+        }),
+        client_id: Some(own(client_id)),
         received_at: Some(now_ms()),
         username: None,
         attributes: Vec::new(),
@@ -438,12 +449,7 @@ impl EmbeddedServer {
         let mut running = Vec::new();
         let mut handles = Vec::new();
         let total = limits.inbound_bytes.clamp(1, u32::MAX as usize);
-        let side = |tenant: usize| Side {
-            scx: scx.clone(),
-            tenant,
-            permits: Vec::new(),
-            requesters: Requesters::default(),
-        };
+        let side = |tenant: usize| Side::new(scx.clone(), tenant);
         match serving {
             Serving::Tenants(tenants) => {
                 for (t, (tenant, route)) in tenants.into_iter().enumerate() {
@@ -864,6 +870,7 @@ async fn kick(scx: &ServerContext, client: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::tenant_transport::Requesters;
     use super::*;
     use statestore_guest::rpc::REQUEST_TOPIC;
 

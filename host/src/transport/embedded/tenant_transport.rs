@@ -16,6 +16,9 @@ pub(super) struct Side {
     /// Who sent the requests not answered yet: their replies go to them
     /// alone.
     pub(super) requesters: Requesters,
+    /// Who the store's publishes of this tenant are from (made once: it
+    /// is the same for every reply).
+    sender: MsgFrom,
 }
 
 /// What the broker's hooks hand over, each event with its tenant: one
@@ -183,8 +186,18 @@ impl Requesters {
 }
 
 impl Side {
+    pub(super) fn new(scx: ServerContext, tenant: usize) -> Side {
+        Side {
+            sender: system_from(&scx, Some(tenant)),
+            scx,
+            tenant,
+            permits: Vec::new(),
+            requesters: Requesters::default(),
+        }
+    }
+
     pub(super) fn from(&self) -> MsgFrom {
-        system_from(&self.scx, Some(self.tenant))
+        self.sender.clone()
     }
 
     /// Puts a notification straight into `client`'s session, whatever its
@@ -343,12 +356,7 @@ impl Transport for ReplicaTransport {
             ));
         }
         let scx = self.sides[0].scx.clone();
-        self.sides.push(Side {
-            scx,
-            tenant,
-            permits: Vec::new(),
-            requesters: Requesters::default(),
-        });
+        self.sides.push(Side::new(scx, tenant));
         let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
         if route.default && table.default.is_none() {
             table.default = Some(tenant);
