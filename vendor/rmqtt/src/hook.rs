@@ -249,6 +249,15 @@ pub trait Handler: Sync + Send {
     /// A `ReturnType` indicating whether to proceed and the
     /// (possibly updated) accumulated result.
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType;
+
+    /// The same as [`hook`](Handler::hook) for an event this handler
+    /// answers without waiting: `Err(acc)` hands `acc` back for `hook` to
+    /// run. Hooks run for every message, several times, and `hook`'s future
+    /// is allocated on every call; a handler whose answer for an event is
+    /// immediate returns it here. By default every event goes to `hook`.
+    fn hook_now(&self, _param: &Parameter, acc: Option<HookResult>) -> std::result::Result<ReturnType, Option<HookResult>> {
+        Err(acc)
+    }
 }
 
 /// Session-scoped hook interface for client connection events.
@@ -680,7 +689,10 @@ impl DefaultHookManager {
         let chain = self.of(t).read().unwrap_or_else(|e| e.into_inner()).chain.clone();
         for entry in chain.iter() {
             if entry.enabled.load(Ordering::Acquire) {
-                let (proceed, new_acc) = entry.handler.hook(&p, acc).await;
+                let (proceed, new_acc) = match entry.handler.hook_now(&p, acc) {
+                    Ok(done) => done,
+                    Err(acc) => entry.handler.hook(&p, acc).await,
+                };
                 if !proceed {
                     return new_acc;
                 }

@@ -487,6 +487,34 @@ impl Handler for Hooks {
                 .fetch_add(1, Ordering::Relaxed);
         }
         match param {
+            Parameter::MessagePublish(_, from, publish)
+                if from.is_custom() && publish.topic.as_ref() as &str == REQUEST_TOPIC =>
+            {
+                self.on_request(from, publish, acc).await
+            }
+            _ => self.now(param, acc),
+        }
+    }
+
+    /// Every event but a request to the store (which may wait for room in
+    /// its tenant's inbound budget) is answered at once, without a future
+    /// to allocate: hooks run several times for every message.
+    fn hook_now(
+        &self,
+        param: &Parameter,
+        acc: Option<HookResult>,
+    ) -> Result<ReturnType, Option<HookResult>> {
+        match param {
+            Parameter::MessagePublish(..) => Err(acc),
+            _ => Ok(self.now(param, acc)),
+        }
+    }
+}
+
+impl Hooks {
+    /// [`Handler::hook`] for every event but a publish (see `hook_now`).
+    fn now(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        match param {
             Parameter::ClientAuthenticate(info) => self.on_authenticate(info),
             Parameter::ClientSubscribeCheckAcl(session, sub) => {
                 self.on_subscribe_check(session, sub, acc)
@@ -495,11 +523,6 @@ impl Handler for Hooks {
                 self.on_publish_check(session, publish, acc)
             }
             Parameter::ClientConnected(session) => self.on_connected(session, acc),
-            Parameter::MessagePublish(_, from, publish)
-                if from.is_custom() && publish.topic.as_ref() as &str == REQUEST_TOPIC =>
-            {
-                self.on_request(from, publish, acc).await
-            }
             Parameter::MessageExpiryCheck(session, from, publish) => {
                 self.on_delivery_check(session, from, publish, acc)
             }

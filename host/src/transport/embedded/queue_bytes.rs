@@ -459,6 +459,21 @@ pub(crate) struct QueueHooks(
 #[async_trait::async_trait]
 impl Handler for QueueHooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        self.now(param, acc)
+    }
+
+    /// Every event is answered at once (no future to allocate).
+    fn hook_now(
+        &self,
+        param: &Parameter,
+        acc: Option<HookResult>,
+    ) -> Result<ReturnType, Option<HookResult>> {
+        Ok(self.now(param, acc))
+    }
+}
+
+impl QueueHooks {
+    fn now(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
         if let Parameter::MessageDelivered(..) = param {
             self.1.sent.fetch_add(1, Ordering::Relaxed);
         }
