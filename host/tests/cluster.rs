@@ -893,11 +893,7 @@ async fn reads_back_to(prefix: &str, mqtt: &[u16], acked: &Acked) -> (usize, usi
     let mut sets: Vec<_> = acked.sets.iter().collect();
     sets.sort();
     for (i, (key, (value, version))) in sets.iter().enumerate() {
-        let got = readers[i % 3]
-            .ss
-            .get(key.as_bytes().to_vec(), T)
-            .await
-            .expect("get");
+        let got = get_answered(&readers[i % 3], key).await;
         assert_eq!(
             got.response.as_ref(),
             Some(value),
@@ -910,17 +906,35 @@ async fn reads_back_to(prefix: &str, mqtt: &[u16], acked: &Acked) -> (usize, usi
         );
     }
     for (i, key) in acked.deleted.iter().enumerate() {
-        let got = readers[i % 3]
-            .ss
-            .get(key.as_bytes().to_vec(), T)
-            .await
-            .expect("get");
+        let got = get_answered(&readers[i % 3], key).await;
         assert_eq!(got.response, None, "acknowledged DEL of {key} undone");
     }
     for r in readers {
         r.close().await;
     }
     (acked.sets.len(), acked.deleted.len(), acked.unsure.len())
+}
+
+/// A GET of `key` through `reader`, sent again (at most twice more) if it
+/// is not answered in time, as an SDK's user would: a read that reaches a
+/// group while its leadership is handed over (a replica just restarted
+/// taking back its place) can go unanswered. A wrong answer is never
+/// retried: only the timeout is.
+async fn get_answered(
+    reader: &Sdk,
+    key: &str,
+) -> azure_iot_operations_services::state_store::Response<Option<Vec<u8>>> {
+    let mut attempt = 0;
+    loop {
+        match reader.ss.get(key.as_bytes().to_vec(), T).await {
+            Ok(got) => return got,
+            Err(e) if attempt < 2 && format!("{e:?}").contains("kind: Timeout") => {
+                eprintln!("GET {key} not answered in {T:?}; sent again");
+                attempt += 1;
+            }
+            Err(e) => panic!("get {key}: {e:?}"),
+        }
+    }
 }
 
 /// Whether `observer` gets a notification for `key` within `wait`
