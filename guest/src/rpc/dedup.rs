@@ -439,8 +439,10 @@ impl DedupCache {
         self.deadlines.first_key_value().map(|((at, _), _)| *at)
     }
 
-    /// Every entry, ordered by response topic then correlation data (so
-    /// that a snapshot's bytes do not depend on the hash seed).
+    /// Every entry, ordered by response topic then correlation data (an
+    /// order that does not depend on the hash seed), for inspection and
+    /// tests; snapshots walk [`DedupCache::by_deadline_after`], which sorts
+    /// nothing.
     pub fn iter(&self) -> impl Iterator<Item = Item<'_>> {
         let mut all: Vec<Item<'_>> = self
             .topics
