@@ -614,3 +614,49 @@ async fn retained_messages_are_bounded_and_survive_a_restart() {
     again.stop().await;
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Requests past the tenant's inbound budget (bytes of requests waiting
+/// for the store) wait for room, their publisher's connection unread, and
+/// every one of them is answered, in order: none is lost or refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_inbound_budget_wait_and_are_all_answered() {
+    let store = Embedded::start_with(statestore::transport::embedded::BrokerOptions {
+        limits: statestore::transport::embedded::BrokerLimits {
+            // About two requests of this test.
+            inbound_bytes: 1024,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let mut c = client(store.port, "burst").await;
+    const N: usize = 300;
+    let value = vec![b'v'; 300];
+    let mut sent = Vec::new();
+    for i in 0..N {
+        let props = c.request_properties();
+        sent.push(props.correlation_data.clone().expect("correlation data"));
+        let key = format!("k{i}");
+        c.publish_request(resp(&[b"SET", key.as_bytes(), &value]), props)
+            .await;
+    }
+    let mut answered = Vec::new();
+    while answered.len() < N {
+        let Some(reply) = c.recv(Duration::from_secs(20)).await else {
+            panic!("{} of {N} requests answered", answered.len());
+        };
+        assert_eq!(text(&reply), "+OK\r\n");
+        answered.push(
+            reply
+                .properties
+                .and_then(|p| p.correlation_data)
+                .expect("correlation data"),
+        );
+    }
+    assert_eq!(answered, sent, "every request answered once, in order");
+    assert_eq!(
+        text(&c.call(&[b"GET", b"k299"]).await),
+        "$300\r\n".to_string() + &"v".repeat(300) + "\r\n"
+    );
+    store.stop().await;
+}

@@ -311,7 +311,7 @@ impl SessionState {
         } else {
             let session_expiry_interval = self.fitter.session_expiry_interval(disconnect.as_ref());
             //hook, offline_inflight_messages
-            let inflight_messages = self.out_inflight().write().await.clone_inflight_messages();
+            let inflight_messages = self.out_inflight().write().clone_inflight_messages();
             if !inflight_messages.is_empty() {
                 self.hook.offline_inflight_messages(inflight_messages).await;
             }
@@ -390,7 +390,7 @@ impl SessionState {
         loop {
             log::debug!("{:?} tokio::select! loop", state.id);
             let (front_deadline, has_credit) = {
-                let inflight = state.out_inflight().read().await;
+                let inflight = state.out_inflight().read();
                 (inflight.front_deadline(), inflight.has_credit())
             };
             if let Some(due) = front_deadline {
@@ -446,7 +446,9 @@ impl SessionState {
                     }
                     if deliver_at.is_some_and(|(_, at)| at <= now) {
                         deliver_at = None;
-                        while let Some(iflt_msg) = state.out_inflight().write().await.pop_front_timeout() {
+                        loop {
+                            let due = state.out_inflight().write().pop_front_timeout();
+                            let Some(iflt_msg) = due else { break };
                             log::debug!("{:?} has timeout message in inflight: {:?}", state.id, iflt_msg);
                             state.reforward(iflt_msg).await?;
                         }
@@ -553,12 +555,13 @@ impl SessionState {
                 _ => return,
             };
             if let Some(id) = acked {
-                if let Some(iflt_msg) = self.out_inflight().write().await.remove(&id) {
+                let removed = self.out_inflight().write().remove(&id);
+                if let Some(iflt_msg) = removed {
                     self.hook.message_acked(iflt_msg.from, &iflt_msg.publish).await;
                 }
             }
             if let Some(id) = received {
-                self.out_inflight().write().await.update_status(&id, MomentStatus::UnComplete);
+                self.out_inflight().write().update_status(&id, MomentStatus::UnComplete);
             }
         }
     }
@@ -909,26 +912,27 @@ impl SessionState {
             }
 
             Packet::V3(v3::Packet::PublishAck { packet_id }) => {
-                if let Some(iflt_msg) = self.out_inflight().write().await.remove(&packet_id.get()) {
+                let removed = self.out_inflight().write().remove(&packet_id.get());
+                if let Some(iflt_msg) = removed {
                     //hook, message_ack
                     self.hook.message_acked(iflt_msg.from, &iflt_msg.publish).await;
                 }
             }
             Packet::V5(v5::Packet::PublishAck(ack)) => {
-                if let Some(iflt_msg) = self.out_inflight().write().await.remove(&ack.packet_id.get()) {
+                let removed = self.out_inflight().write().remove(&ack.packet_id.get());
+                if let Some(iflt_msg) = removed {
                     //hook, message_ack
                     self.hook.message_acked(iflt_msg.from, &iflt_msg.publish).await;
                 }
             }
 
             Packet::V3(v3::Packet::PublishReceived { packet_id }) => {
-                self.out_inflight().write().await.update_status(&packet_id.get(), MomentStatus::UnComplete);
+                self.out_inflight().write().update_status(&packet_id.get(), MomentStatus::UnComplete);
                 sink.v3_mut().send_publish_release(packet_id).await?;
             }
             Packet::V5(v5::Packet::PublishReceived(ack)) => {
                 self.out_inflight()
                     .write()
-                    .await
                     .update_status(&ack.packet_id.get(), MomentStatus::UnComplete);
 
                 sink.v5_mut()
@@ -937,13 +941,15 @@ impl SessionState {
             }
 
             Packet::V3(v3::Packet::PublishComplete { packet_id }) => {
-                if let Some(iflt_msg) = self.out_inflight().write().await.remove(&packet_id.get()) {
+                let removed = self.out_inflight().write().remove(&packet_id.get());
+                if let Some(iflt_msg) = removed {
                     //hook, message_ack
                     self.hook.message_acked(iflt_msg.from, &iflt_msg.publish).await;
                 }
             }
             Packet::V5(v5::Packet::PublishComplete(ack2)) => {
-                if let Some(iflt_msg) = self.out_inflight().write().await.remove(&ack2.packet_id.get()) {
+                let removed = self.out_inflight().write().remove(&ack2.packet_id.get());
+                if let Some(iflt_msg) = removed {
                     //hook, message_ack
                     self.hook.message_acked(iflt_msg.from, &iflt_msg.publish).await;
                 }
@@ -1639,7 +1645,7 @@ impl SessionState {
             .filter_map(|m| m.publish.packet_id.map(|id| id.get()))
             .max();
         if let Some(max_id) = max_transfer_id {
-            self.out_inflight().write().await.advance_next_id(max_id);
+            self.out_inflight().write().advance_next_id(max_id);
         }
 
         if !clear_subscriptions && !offline_info.subscriptions.is_empty() {
@@ -1745,7 +1751,7 @@ impl SessionState {
         if matches!(publish.qos, QoS::AtLeastOnce | QoS::ExactlyOnce)
             && (!publish.dup || publish.packet_id.is_none())
         {
-            publish.packet_id = NonZeroU16::new(self.out_inflight().read().await.next_id()?)
+            publish.packet_id = NonZeroU16::new(self.out_inflight().read().next_id()?)
         }
 
         //hook, message_delivered
@@ -1760,23 +1766,20 @@ impl SessionState {
             _ => None,
         };
         if let Some(moment_status) = moment_status {
-            self.out_inflight().write().await.push_back(OutInflightMessage::new(
-                moment_status,
-                from.clone(),
-                publish.clone(),
-            ));
+            self.out_inflight().write().push_back(OutInflightMessage::new(moment_status, from, publish.clone()));
         }
 
-        //send message
+        //send message (the window holds its own copy)
+        let packet_id = publish.packet_id;
         let sent = sink
-            .publish(publish.clone(), expiry_check_res.message_expiry_interval(), self.server_topic_aliases.as_ref())
+            .publish(publish, expiry_check_res.message_expiry_interval(), self.server_topic_aliases.as_ref())
             .await;
         if let Err(e) = sent {
             //A message larger than the client's Maximum Packet Size can never
             //be sent: it leaves the session (the connection ends, as before).
             if too_large_for_client(&e) {
-                if let Some(packet_id) = publish.packet_id {
-                    self.out_inflight().write().await.remove(&packet_id.get());
+                if let Some(packet_id) = packet_id {
+                    self.out_inflight().write().remove(&packet_id.get());
                 }
             }
             return Err(e);
@@ -1831,20 +1834,22 @@ impl SessionState {
         // branch is unreachable on the resume path; if it ever fires it means a
         // concurrent deliver allocated the same id and push_back below would
         // silently overwrite an existing QoS 2 entry — make it visible instead.
-        let mut inflight = self.out_inflight().write().await;
-        if inflight.get(packet_id.get()).is_some() {
-            log::warn!(
-                "{:?} send_rerelease: packet_id {packet_id} already registered, overwriting; \
-                 possible id collision with concurrent deliver",
-                self.id
-            );
+        // The write lock is released (end of this block) before awaiting network I/O.
+        {
+            let mut inflight = self.out_inflight().write();
+            if inflight.get(packet_id.get()).is_some() {
+                log::warn!(
+                    "{:?} send_rerelease: packet_id {packet_id} already registered, overwriting; \
+                     possible id collision with concurrent deliver",
+                    self.id
+                );
+            }
+            inflight.push_back(OutInflightMessage::new(
+                MomentStatus::UnComplete,
+                iflt_msg.from,
+                iflt_msg.publish,
+            ));
         }
-        inflight.push_back(OutInflightMessage::new(
-            MomentStatus::UnComplete,
-            iflt_msg.from,
-            iflt_msg.publish,
-        ));
-        drop(inflight); // release the write lock before awaiting network I/O
 
         match sink {
             Sink::V3(s) => {
@@ -1900,7 +1905,9 @@ impl SessionState {
         }
 
         //Session expired, discarding messages in the flight window
-        while let Some(iflt_msg) = self.out_inflight().write().await.pop_front() {
+        loop {
+            let next = self.out_inflight().write().pop_front();
+            let Some(iflt_msg) = next else { break };
             log::debug!(
                 "{:?} clean.dropped, from: {:?}, publish: {:?}",
                 self.id,
@@ -2422,7 +2429,7 @@ impl Session {
                 fitter.clone(),
                 subscriptions,
                 Arc::new(deliver_queue),
-                Arc::new(RwLock::new(out_inflight)),
+                Arc::new(parking_lot::RwLock::new(out_inflight)),
                 conn_info,
                 created_at,
                 connected_at,
@@ -2448,7 +2455,7 @@ impl Session {
             //@TODO ..., check message expired
             offline_messages.push_back(item);
         }
-        let inflight_messages = self.out_inflight().write().await.to_inflight_messages();
+        let inflight_messages = self.out_inflight().write().to_inflight_messages();
 
         Ok(OfflineInfo { id, subscriptions, offline_messages, inflight_messages, created_at })
     }
@@ -2484,7 +2491,7 @@ impl Session {
                 "topic_filters": subs,
             },
             "queues": self.deliver_queue().len(),
-            "inflights": self.out_inflight().read().await.len(),
+            "inflights": self.out_inflight().read().len(),
             "created_at": self.created_at().await.unwrap_or_default(),
         });
         data

@@ -209,6 +209,20 @@ pub trait Shared: Sync + Send {
         msg_id: Option<MsgID>,
     ) -> std::result::Result<ForwardedRecipients, (ForwardedRecipients, Vec<(To, From, Publish, Reason)>)>;
 
+    /// As [`Shared::forwards_to`], with the message owned: an implementation
+    /// may give it to the last relation instead of a copy (by default, it
+    /// copies as `forwards_to` does).
+    async fn forwards_to_owned(
+        &self,
+        from: From,
+        publish: Publish,
+        relations: SubRelations,
+        msg_id: Option<MsgID>,
+    ) -> std::result::Result<ForwardedRecipients, (ForwardedRecipients, Vec<(To, From, Publish, Reason)>)>
+    {
+        self.forwards_to(from, &publish, relations, msg_id).await
+    }
+
     /// Return an iterator over all client session entries.
     fn iter(&self) -> Box<dyn Iterator<Item = Box<dyn Entry>> + Sync + Send + '_>;
 
@@ -667,7 +681,108 @@ pub struct DefaultShared {
     peers: Arc<DashMap<ClientId, EntryItem>>,
 }
 
+/// The message [`DefaultShared::forward_relations`] sends: borrowed (a copy
+/// to every session) or owned (a copy to each but the last, which gets it).
+enum Forwarded<'a> {
+    Borrowed(&'a Publish),
+    Owned(Option<Publish>),
+}
+
+impl Forwarded<'_> {
+    fn copy(&mut self, last: bool) -> Publish {
+        match self {
+            Forwarded::Borrowed(p) => (*p).clone(),
+            Forwarded::Owned(p) if last => p.take().expect("the last relation takes the message once"),
+            Forwarded::Owned(p) => p.as_ref().expect("taken only by the last relation").clone(),
+        }
+    }
+}
+
 impl DefaultShared {
+    /// Sends `publish` to each relation's session: a copy to each, and to the
+    /// last the message itself when it is owned.
+    fn forward_relations(
+        &self,
+        from: From,
+        mut publish: Forwarded<'_>,
+        mut relations: SubRelations,
+    ) -> std::result::Result<ForwardedRecipients, (ForwardedRecipients, Vec<(To, From, Publish, Reason)>)>
+    {
+        let mut errs = Vec::new();
+        let mut ok_recipients: ForwardedRecipients = Vec::new();
+        let last = relations.len().saturating_sub(1);
+
+        for (i, (topic_filter, client_id, opts, sub_ids, group_shared)) in relations.drain(..).enumerate() {
+            let mut p = publish.copy(i == last);
+            let retain = if let Some(retain_as_published) = opts.retain_as_published() {
+                //MQTT V5: Retain As Publish
+                retain_as_published && p.retain
+            } else {
+                false
+            };
+            p.dup = false;
+            p.retain = retain;
+            p.qos = p.qos.less_value(opts.qos());
+            p.packet_id = None;
+            if let Some(sub_ids) = sub_ids {
+                if let Some(p) = &mut p.properties {
+                    p.subscription_ids = sub_ids;
+                }
+            }
+
+            let (tx, to) = if let Some((tx, to)) = self.tx(&client_id) {
+                (tx, to)
+            } else {
+                log::debug!(
+                    "forwards_to failed, from:{:?}, to:{:?}, topic_filter:{:?}, topic:{:?}, reason: the client has disconnected.",
+                    from,
+                    client_id,
+                    topic_filter,
+                    p.topic
+                );
+                errs.push((
+                    To::from(0, client_id),
+                    from.clone(),
+                    p,
+                    Reason::from_static("the client has disconnected"),
+                ));
+                continue;
+            };
+
+            if let Err(e) = tx.unbounded_send(Message::Forward(from.clone(), p)) {
+                if let Message::Forward(from, p) = e.into_inner() {
+                    log::warn!(
+                        "forwards_to failed, from:{:?}, to:{:?}, topic_filter:{:?}, topic:{:?}, reason: Connection Tx is closed",
+                        from,
+                        client_id,
+                        topic_filter,
+                        p.topic,
+                    );
+                    errs.push((to, from, p, Reason::from_static("Connection Tx is closed")));
+                }
+            } else {
+                // Collect successful session info with shared group expansion
+                if let Some((group, _, cids)) = &group_shared {
+                    for g_cid in cids {
+                        if g_cid == &client_id {
+                            ok_recipients.push((g_cid.clone(), Some((topic_filter.clone(), group.clone()))));
+                        } else {
+                            ok_recipients.push((g_cid.clone(), None));
+                        }
+                    }
+                } else {
+                    ok_recipients.push((client_id, None));
+                }
+            }
+        }
+
+        if errs.is_empty() {
+            Ok(ok_recipients)
+        } else {
+            Err((ok_recipients, errs))
+        }
+    }
+
     /// Create a new `DefaultShared` instance.
     #[inline]
     pub fn new(scx: Option<ServerContext>) -> DefaultShared {
@@ -893,89 +1008,23 @@ impl Shared for DefaultShared {
         &self,
         from: From,
         publish: &Publish,
-        mut relations: SubRelations,
+        relations: SubRelations,
         _msg_id: Option<MsgID>,
     ) -> std::result::Result<ForwardedRecipients, (ForwardedRecipients, Vec<(To, From, Publish, Reason)>)>
     {
-        let mut errs = Vec::new();
-        let mut ok_recipients: ForwardedRecipients = Vec::new();
+        self.forward_relations(from, Forwarded::Borrowed(publish), relations)
+    }
 
-        for (topic_filter, client_id, opts, sub_ids, group_shared) in relations.drain(..) {
-            let retain = if let Some(retain_as_published) = opts.retain_as_published() {
-                //MQTT V5: Retain As Publish
-                if retain_as_published {
-                    publish.retain
-                } else {
-                    false
-                }
-            } else {
-                false
-            };
-
-            let mut p = publish.clone();
-            p.dup = false;
-            p.retain = retain;
-            p.qos = p.qos.less_value(opts.qos());
-            p.packet_id = None;
-            if let Some(sub_ids) = sub_ids {
-                if let Some(p) = &mut p.properties {
-                    p.subscription_ids = sub_ids;
-                }
-            }
-            // p.properties.subscription_ids = sub_ids;
-
-            let (tx, to) = if let Some((tx, to)) = self.tx(&client_id) {
-                (tx, to)
-            } else {
-                log::debug!(
-                    "forwards_to failed, from:{:?}, to:{:?}, topic_filter:{:?}, topic:{:?}, reason: the client has disconnected.",
-                    from,
-                    client_id,
-                    topic_filter,
-                    publish.topic
-                );
-                errs.push((
-                    To::from(0, client_id),
-                    from.clone(),
-                    p,
-                    Reason::from_static("the client has disconnected"),
-                ));
-                continue;
-            };
-
-            if let Err(e) = tx.unbounded_send(Message::Forward(from.clone(), p)) {
-                log::warn!(
-                    "forwards_to failed, from:{:?}, to:{:?}, topic_filter:{:?}, topic:{:?}, reason:{:?}",
-                    from,
-                    client_id,
-                    topic_filter,
-                    publish.topic,
-                    e
-                );
-                if let Message::Forward(from, p) = e.into_inner() {
-                    errs.push((to, from, p, Reason::from_static("Connection Tx is closed")));
-                }
-            } else {
-                // Collect successful session info with shared group expansion
-                if let Some((group, _, cids)) = &group_shared {
-                    for g_cid in cids {
-                        if g_cid == &client_id {
-                            ok_recipients.push((g_cid.clone(), Some((topic_filter.clone(), group.clone()))));
-                        } else {
-                            ok_recipients.push((g_cid.clone(), None));
-                        }
-                    }
-                } else {
-                    ok_recipients.push((client_id, None));
-                }
-            }
-        }
-
-        if errs.is_empty() {
-            Ok(ok_recipients)
-        } else {
-            Err((ok_recipients, errs))
-        }
+    #[inline]
+    async fn forwards_to_owned(
+        &self,
+        from: From,
+        publish: Publish,
+        relations: SubRelations,
+        _msg_id: Option<MsgID>,
+    ) -> std::result::Result<ForwardedRecipients, (ForwardedRecipients, Vec<(To, From, Publish, Reason)>)>
+    {
+        self.forward_relations(from, Forwarded::Owned(Some(publish)), relations)
     }
 
     #[inline]

@@ -108,7 +108,9 @@ pub type HookUnsubscribeResult = Vec<Option<TopicFilter>>;
 pub type MessageSender = Sender<(From, Publish)>;
 pub type MessageQueue = Queue<(From, Publish)>;
 pub type MessageQueueType = Arc<MessageQueue>;
-pub type OutInflightType = Arc<RwLock<OutInflight>>; //@TODO Consider removing RwLock wrapper
+/// The in-flight window behind a synchronous lock: it is read and changed
+/// several times for every message and never held across an `.await`.
+pub type OutInflightType = Arc<parking_lot::RwLock<OutInflight>>;
 
 pub type ConnectInfoType = Arc<ConnectInfo>;
 pub type FitterType = Arc<dyn Fitter>;
@@ -1458,8 +1460,8 @@ where
     #[inline]
     pub(crate) async fn flush(&mut self) -> Result<()> {
         match self {
-            Sink::V3(s) => s.flush().await,
-            Sink::V5(s) => s.flush().await,
+            Sink::V3(s) => flush_within(&mut s.io, s.cfg.send_timeout).await,
+            Sink::V5(s) => flush_within(&mut s.io, s.cfg.send_timeout).await,
         }
     }
 
@@ -3073,9 +3075,41 @@ where
         io.feed(packet).await.map_err(encode)?;
         return Ok(());
     }
-    match tokio::time::timeout(send_timeout, io.feed(packet)).await {
+    match within(send_timeout, io.feed(packet)).await {
         Ok(r) => r.map_err(encode)?,
         Err(_) => return Err(MqttError::WriteTimeout.into()),
     }
     Ok(())
+}
+
+/// Writes the connection's buffer out, within `send_timeout` (none if zero).
+async fn flush_within<S>(io: &mut S, send_timeout: Duration) -> Result<()>
+where
+    S: futures::Sink<codec::MqttPacket, Error = codec::error::EncodeError> + Unpin,
+{
+    use futures::SinkExt;
+    let encode = |e| MqttError::SendPacket(codec::error::SendPacketError::Encode(e));
+    if send_timeout.is_zero() {
+        io.flush().await.map_err(encode)?;
+        return Ok(());
+    }
+    match within(send_timeout, io.flush()).await {
+        Ok(r) => r.map_err(encode)?,
+        Err(_) => return Err(MqttError::FlushTimeout.into()),
+    }
+    Ok(())
+}
+
+/// `tokio::time::timeout`, with the timer (and its read of the clock) made
+/// only when `fut` is not ready at its first poll: a write into the
+/// connection's buffer, or of it to the socket, almost always is.
+async fn within<F: std::future::Future>(
+    limit: Duration,
+    fut: F,
+) -> std::result::Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    if let std::task::Poll::Ready(out) = futures::poll!(fut.as_mut()) {
+        return Ok(out);
+    }
+    tokio::time::timeout(limit, fut).await
 }

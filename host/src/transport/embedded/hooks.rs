@@ -306,13 +306,14 @@ impl Hooks {
         (true, acc)
     }
 
-    /// A request on the store's topic: to its tenant's driver (or nobody's), and consumed.
-    async fn on_request(
+    /// A request on the store's topic, checked: its tenant's queue and the
+    /// request for it, or `None` when nothing more is to be done (refused by
+    /// the broker, ignored, or handed to the refusal of strangers).
+    fn check_request(
         &self,
         from: &MsgFrom,
         publish: &Publish,
-        acc: Option<HookResult>,
-    ) -> ReturnType {
+    ) -> Option<(super::Inbound, statestore_guest::types::InboundMessage)> {
         let client_id: &str = from.id.client_id.as_ref();
         let mut message = inbound(client_id, publish);
         (message.username, message.attributes) = self.router.principal_of(client_id);
@@ -341,19 +342,16 @@ impl Hooks {
             || response_topic.starts_with("clients/statestore/");
         match self.router.tenant_of(username(&from.id), client_id) {
             // rmqtt refuses the publish (0x87) after this hook.
-            _ if !may_request => {}
+            _ if !may_request => None,
             _ if !own_topic => {
                 warn!(
                     client_id,
                     response_topic,
                     "request ignored: its response topic is another client's, or one the authorization rules do not let it publish to (a reply goes only where its requester could publish)"
                 );
+                None
             }
-            Some(t) => {
-                if let Some(inbound) = self.router.inbound(t) {
-                    inbound.request(message).await;
-                }
-            }
+            Some(t) => self.router.inbound(t).map(|inbound| (inbound, message)),
             None => {
                 // Bounded: past it, a request of nobody's client
                 // gets no answer at all rather than memory.
@@ -363,15 +361,39 @@ impl Hooks {
                         "a request of a client of no tenant dropped: too many waiting"
                     );
                 }
+                None
             }
         }
-        // Consume it: route the copy only to a client that cannot exist.
-        let mut copy = match acc {
-            Some(HookResult::Publish(p)) => p,
-            _ => Publish::clone(publish),
-        };
-        copy.target_clientid = Some(ClientId::from(CONSUMED));
-        (true, Some(HookResult::Publish(copy)))
+    }
+
+    /// A request on the store's topic: to its tenant's driver (or nobody's),
+    /// and consumed; waits while its tenant has no room for it.
+    async fn on_request(
+        &self,
+        from: &MsgFrom,
+        publish: &Publish,
+        acc: Option<HookResult>,
+    ) -> ReturnType {
+        if let Some((inbound, message)) = self.check_request(from, publish) {
+            inbound.request(message).await;
+        }
+        consume(publish, acc)
+    }
+
+    /// [`Hooks::on_request`] without waiting: `Err` when the request's
+    /// tenant has no room for it now (nothing done; `on_request` waits).
+    fn on_request_now(
+        &self,
+        from: &MsgFrom,
+        publish: &Publish,
+        acc: Option<HookResult>,
+    ) -> Result<ReturnType, Option<HookResult>> {
+        if let Some((inbound, message)) = self.check_request(from, publish)
+            && !inbound.try_request(message)
+        {
+            return Err(acc);
+        }
+        Ok(consume(publish, acc))
     }
 
     /// Called for each session a message is about to be delivered
@@ -475,44 +497,85 @@ impl Hooks {
     }
 }
 
+/// A request consumed: the broker acknowledges a message for the consumed
+/// target after its ACL check and takes it no further.
+fn consume(publish: &Publish, acc: Option<HookResult>) -> ReturnType {
+    // What that check reads (topic, retain flag, payload) is all the copy
+    // needs, unless it is to be weighed as a retained message.
+    let mut copy = match acc {
+        Some(HookResult::Publish(p)) => p,
+        _ if publish.retain => Publish::clone(publish),
+        _ => Publish {
+            inner: Box::new(rmqtt::codec::types::Publish {
+                dup: publish.dup,
+                retain: false,
+                qos: publish.qos,
+                topic: publish.topic.clone(),
+                packet_id: publish.packet_id,
+                payload: publish.payload.clone(),
+                properties: None,
+            }),
+            target_clientid: None,
+            delay_interval: publish.delay_interval,
+            create_time: publish.create_time,
+        },
+    };
+    copy.target_clientid = Some(ClientId::from_static(CONSUMED));
+    (true, Some(HookResult::Publish(copy)))
+}
+
 #[async_trait::async_trait]
 impl Handler for Hooks {
     async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
-        if let Parameter::MessagePublish(_, from, _) = param
-            && from.is_custom()
-        {
-            self.router
-                .counters
-                .received
-                .fetch_add(1, Ordering::Relaxed);
-        }
         match param {
-            Parameter::MessagePublish(_, from, publish)
-                if from.is_custom() && publish.topic.as_ref() as &str == REQUEST_TOPIC =>
-            {
-                self.on_request(from, publish, acc).await
+            Parameter::MessagePublish(_, from, publish) if from.is_custom() => {
+                self.router
+                    .counters
+                    .received
+                    .fetch_add(1, Ordering::Relaxed);
+                if is_request(publish) {
+                    self.on_request(from, publish, acc).await
+                } else {
+                    self.now(param, acc)
+                }
             }
             _ => self.now(param, acc),
         }
     }
 
-    /// Every event but a request to the store (which may wait for room in
-    /// its tenant's inbound budget) is answered at once, without a future
-    /// to allocate: hooks run several times for every message.
+    /// Every event is answered at once, without a future to allocate
+    /// (hooks run several times for every message), but a request to the
+    /// store whose tenant has no room for it now: `hook` waits for that.
     fn hook_now(
         &self,
         param: &Parameter,
         acc: Option<HookResult>,
     ) -> Result<ReturnType, Option<HookResult>> {
         match param {
-            Parameter::MessagePublish(..) => Err(acc),
+            Parameter::MessagePublish(_, from, publish) if from.is_custom() => {
+                let answer = if is_request(publish) {
+                    self.on_request_now(from, publish, acc)?
+                } else {
+                    self.now(param, acc)
+                };
+                self.router
+                    .counters
+                    .received
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(answer)
+            }
             _ => Ok(self.now(param, acc)),
         }
     }
 }
 
+/// Whether a client's message is a request to the store.
+fn is_request(publish: &Publish) -> bool {
+    publish.topic.as_ref() as &str == REQUEST_TOPIC
+}
+
 impl Hooks {
-    /// [`Handler::hook`] for every event but a publish (see `hook_now`).
+    /// [`Handler::hook`] for every event but a request to the store.
     fn now(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
         match param {
             Parameter::ClientAuthenticate(info) => self.on_authenticate(info),

@@ -241,11 +241,35 @@ impl Inbound {
     /// Hands a request over, waiting while the tenant already holds its
     /// budget of waiting requests (the publisher waits with it).
     async fn request(&self, message: InboundMessage) {
-        let want = u32::try_from(message_bytes(&message).min(self.total)).unwrap_or(u32::MAX);
+        let want = self.want(&message);
         let permit = self.budget.clone().acquire_many_owned(want).await.ok();
         let _ = self
             .tx
             .send((self.tenant, BrokerEvent::Request(message, permit)));
+    }
+
+    /// Hands a request over if its tenant has room for it now (no future,
+    /// no waiter): `false` when it has not (the request is dropped, for the
+    /// caller to make again and wait with [`Inbound::request`]).
+    fn try_request(&self, message: InboundMessage) -> bool {
+        let permit = match self
+            .budget
+            .clone()
+            .try_acquire_many_owned(self.want(&message))
+        {
+            Ok(permit) => Some(permit),
+            Err(tokio::sync::TryAcquireError::NoPermits) => return false,
+            Err(tokio::sync::TryAcquireError::Closed) => None,
+        };
+        let _ = self
+            .tx
+            .send((self.tenant, BrokerEvent::Request(message, permit)));
+        true
+    }
+
+    /// The permits (bytes) a request takes from the budget.
+    fn want(&self, message: &InboundMessage) -> u32 {
+        u32::try_from(message_bytes(message).min(self.total)).unwrap_or(u32::MAX)
     }
 
     /// Says that `client` went away.
@@ -293,8 +317,9 @@ fn inbound(client_id: &str, p: &Publish) -> InboundMessage {
 /// An rmqtt PUBLISH for an output. rmqtt carries strings and payloads in
 /// the same shared buffers (`Bytes`, `ByteString`) as [`OutboundMessage`],
 /// so nothing is copied: the fields of a reply still point into the buffer
-/// the component returned.
-fn outbound(m: OutboundMessage) -> Publish {
+/// the component returned. `created`: when it was made (ms since the
+/// epoch; its expiry counts from then), read once for a batch of outputs.
+fn outbound(m: OutboundMessage, created: i64) -> Publish {
     let properties = PublishProperties {
         topic_alias: None,
         correlation_data: m.correlation_data,
@@ -318,7 +343,7 @@ fn outbound(m: OutboundMessage) -> Publish {
         payload: m.payload,
         properties: Some(properties),
     };
-    Publish::from(codec).create_time(rmqtt::utils::timestamp_millis())
+    Publish::from(codec).create_time(created)
 }
 
 /// The broker with the tenants' stores as its extension.
@@ -663,7 +688,7 @@ impl EmbeddedServer {
                 let reply =
                     StateMachine::host_reply(&reply_config, &m, now_ms(), HostReply::NotAuthorized);
                 let Some(reply) = reply else { continue };
-                let mut publish = outbound(reply);
+                let mut publish = outbound(reply, rmqtt::utils::timestamp_millis());
                 // To its requester alone.
                 publish.target_clientid = m.client_id.as_deref().map(ClientId::from);
                 if publish.target_clientid.is_some()
@@ -911,10 +936,22 @@ mod tests {
     #[test]
     fn a_reply_finds_its_requester_by_correlation_data_and_topic() {
         let mut r = Requesters::default();
-        r.add(&request("a", "clients/a/x", b"1"));
-        r.add(&request("b", "clients/b/x", b"1"));
-        r.add(&request("c", "shared/replies", b"2"));
-        r.add(&request("d", "shared/replies", b"2"));
+        r.add(
+            &request("a", "clients/a/x", b"1"),
+            std::time::Instant::now(),
+        );
+        r.add(
+            &request("b", "clients/b/x", b"1"),
+            std::time::Instant::now(),
+        );
+        r.add(
+            &request("c", "shared/replies", b"2"),
+            std::time::Instant::now(),
+        );
+        r.add(
+            &request("d", "shared/replies", b"2"),
+            std::time::Instant::now(),
+        );
         assert_eq!(r.take(&reply("clients/b/x", b"1")).as_deref(), Some("b"));
         assert_eq!(r.take(&reply("clients/a/x", b"1")).as_deref(), Some("a"));
         assert_eq!(r.take(&reply("clients/a/x", b"1")), None, "answered once");

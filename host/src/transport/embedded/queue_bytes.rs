@@ -237,6 +237,54 @@ impl BoundedShared {
     }
 }
 
+impl BoundedShared {
+    /// Splits `relations` into those whose sessions can hold `publish` (its
+    /// bytes now charged to them) and the dropped ones of sessions at their
+    /// queue limit.
+    fn admit(
+        &self,
+        from: &From,
+        publish: &Publish,
+        mut relations: SubRelations,
+    ) -> (SubRelations, Dropped) {
+        let w = weight(publish);
+        let mut over = Vec::new();
+        // In place: nothing moves unless a relation is dropped.
+        relations.retain(|r| {
+            // Only a session that exists can hold anything (a request's
+            // copy goes to a client that cannot exist: nothing to weigh).
+            if !self.inner.exist(&r.1) || self.bytes.admit(&r.1, w) {
+                return true;
+            }
+            tracing::debug!(client_id = %r.1, topic = %publish.topic, bytes = w, "message dropped for a session at its queue limit");
+            over.push((
+                To::from(self.scx.node.id(), r.1.clone()),
+                from.clone(),
+                publish.clone(),
+                Reason::from_static(OVER_BUDGET),
+            ));
+            false
+        });
+        (relations, over)
+    }
+}
+
+/// What the inner routing forwarded, with the messages dropped at a queue
+/// limit added to what it dropped.
+fn with_over(
+    result: Result<ForwardedRecipients, (ForwardedRecipients, Dropped)>,
+    over: Dropped,
+) -> Result<ForwardedRecipients, (ForwardedRecipients, Dropped)> {
+    match (result, over.is_empty()) {
+        (Ok(recipients), true) => Ok(recipients),
+        (Ok(recipients), false) => Err((recipients, over)),
+        (Err((recipients, mut dropped)), _) => {
+            dropped.extend(over);
+            Err((recipients, dropped))
+        }
+    }
+}
+
 /// The subscriptions on this node that `publish` reaches, one relation per
 /// client; each at the highest QoS of that client's matching (non-shared)
 /// subscriptions, as MQTT 5 asks (MQTT-3.3.4-2): rmqtt keeps the first
@@ -332,7 +380,10 @@ impl Shared for BoundedShared {
         if relations.is_empty() {
             return Ok(0);
         }
-        match self.forwards_to(from, &publish, relations, msg_id).await {
+        match self
+            .forwards_to_owned(from, publish, relations, msg_id)
+            .await
+        {
             Ok(recipients) => Ok(recipients.len()),
             Err((recipients, dropped)) => Err((recipients.len(), dropped)),
         }
@@ -354,24 +405,7 @@ impl Shared for BoundedShared {
         relations: SubRelations,
         msg_id: Option<MsgID>,
     ) -> Result<ForwardedRecipients, (ForwardedRecipients, Dropped)> {
-        let w = weight(publish);
-        let mut over = Vec::new();
-        let mut admitted = SubRelations::with_capacity(relations.len());
-        for r in relations {
-            // Only a session that exists can hold anything (a request's
-            // copy goes to a client that cannot exist: nothing to weigh).
-            if !self.inner.exist(&r.1) || self.bytes.admit(&r.1, w) {
-                admitted.push(r);
-            } else {
-                tracing::debug!(client_id = %r.1, topic = %publish.topic, bytes = w, "message dropped for a session at its queue limit");
-                over.push((
-                    To::from(self.scx.node.id(), r.1.clone()),
-                    from.clone(),
-                    publish.clone(),
-                    Reason::from_static(OVER_BUDGET),
-                ));
-            }
-        }
+        let (admitted, over) = self.admit(&from, publish, relations);
         let result = if admitted.is_empty() {
             Ok(Vec::new())
         } else {
@@ -379,14 +413,25 @@ impl Shared for BoundedShared {
                 .forwards_to(from, publish, admitted, msg_id)
                 .await
         };
-        match (result, over.is_empty()) {
-            (Ok(recipients), true) => Ok(recipients),
-            (Ok(recipients), false) => Err((recipients, over)),
-            (Err((recipients, mut dropped)), _) => {
-                dropped.extend(over);
-                Err((recipients, dropped))
-            }
-        }
+        with_over(result, over)
+    }
+
+    async fn forwards_to_owned(
+        &self,
+        from: From,
+        publish: Publish,
+        relations: SubRelations,
+        msg_id: Option<MsgID>,
+    ) -> Result<ForwardedRecipients, (ForwardedRecipients, Dropped)> {
+        let (admitted, over) = self.admit(&from, &publish, relations);
+        let result = if admitted.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.inner
+                .forwards_to_owned(from, publish, admitted, msg_id)
+                .await
+        };
+        with_over(result, over)
     }
 
     async fn retain_load_with(

@@ -50,7 +50,10 @@ impl Receiving {
         match event {
             BrokerEvent::Request(first, permit) => {
                 let mut bytes = message_bytes(&first);
-                side.requesters.add(&first);
+                // One reading of the clock for the batch.
+                let now = Instant::now();
+                side.requesters.sweep(now);
+                side.requesters.add(&first, now);
                 let mut batch = vec![first];
                 // Their budget is given back once the batch is handled.
                 side.permits.extend(permit);
@@ -61,7 +64,7 @@ impl Receiving {
                     match e {
                         (t, BrokerEvent::Request(m, permit)) if t == side.tenant => {
                             bytes += message_bytes(&m);
-                            side.requesters.add(&m);
+                            side.requesters.add(&m, now);
                             batch.push(m);
                             side.permits.extend(permit);
                         }
@@ -130,12 +133,13 @@ impl Requesters {
     /// How long an unanswered request is remembered.
     const MAX_AGE: Duration = Duration::from_secs(120);
 
-    pub(super) fn add(&mut self, m: &InboundMessage) {
+    /// Remembers the requester of `m`, which came at `now` (call
+    /// [`Requesters::sweep`] first).
+    pub(super) fn add(&mut self, m: &InboundMessage, now: Instant) {
         use std::hash::BuildHasher;
         let (Some(topic), Some(client)) = (&m.response_topic, &m.client_id) else {
             return;
         };
-        self.sweep();
         if self.count >= Self::MAX {
             return;
         }
@@ -144,7 +148,7 @@ impl Requesters {
         self.waiting.entry(key).or_default().push(Requester {
             topic: self.topics.hash_one(topic.as_str()),
             client: ClientId::from(client.as_str()),
-            at: Instant::now(),
+            at: now,
         });
     }
 
@@ -166,8 +170,7 @@ impl Requesters {
 
     /// Forgets requests older than [`Requesters::MAX_AGE`] (every few
     /// seconds at most).
-    pub(super) fn sweep(&mut self) {
-        let now = Instant::now();
+    pub(super) fn sweep(&mut self, now: Instant) {
         if self
             .swept
             .is_some_and(|at| now.duration_since(at) < Duration::from_secs(5))
@@ -202,7 +205,7 @@ impl Side {
 
     /// Puts a notification straight into `client`'s session, whatever its
     /// subscriptions (the .NET SDK's filter never matches, spec §2.3).
-    async fn deliver_to(&self, client: &str, m: OutboundMessage) {
+    async fn deliver_to(&self, client: &str, m: OutboundMessage, created: i64) {
         let entry = {
             let shared = self.scx.extends.shared().await;
             if !shared.exist(client) {
@@ -211,7 +214,7 @@ impl Side {
             }
             shared.entry(Id::from(self.scx.node.id(), ClientId::from(client)))
         };
-        if let Err((_, _, reason)) = entry.publish(self.from(), outbound(m)).await {
+        if let Err((_, _, reason)) = entry.publish(self.from(), outbound(m, created)).await {
             debug!(client_id = client, %reason, "notification not delivered");
         }
     }
@@ -222,11 +225,13 @@ impl Side {
 
     /// Carries out the tenant's store's outputs, in order.
     async fn emit(&mut self, outputs: Vec<Output>) -> Result<()> {
+        // The outputs of one call were made together.
+        let created = rmqtt::utils::timestamp_millis();
         for o in outputs {
             match o {
                 Output::Publish(m) if m.kind == PublishKind::Notification => {
                     match m.target_client.clone() {
-                        Some(client) => self.deliver_to(&client, m).await,
+                        Some(client) => self.deliver_to(&client, m, created).await,
                         None => warn!(topic = %m.topic, "notification without a target client"),
                     }
                 }
@@ -243,7 +248,7 @@ impl Side {
                         debug!(topic = %m.topic, "a reply whose requester is not known is not delivered");
                         continue;
                     };
-                    let mut publish = outbound(m);
+                    let mut publish = outbound(m, created);
                     publish.target_clientid = Some(requester);
                     SessionState::forwards(&self.scx, self.from(), publish, false, None)
                         .await
