@@ -781,6 +781,18 @@ impl RawClient {
         }
     }
 
+    /// The reason code of the next PUBACK the broker sends this client, if
+    /// one comes within `wait`.
+    pub async fn puback(
+        &mut self,
+        wait: Duration,
+    ) -> Option<rumqttc::v5::mqttbytes::v5::PubAckReason> {
+        tokio::time::timeout(wait, self.pubacks.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Disconnects cleanly (DISCONNECT packet).
     pub async fn disconnect(self) {
         let _ = self.client.disconnect().await;

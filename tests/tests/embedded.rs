@@ -660,3 +660,35 @@ async fn requests_past_the_inbound_budget_wait_and_are_all_answered() {
     );
     store.stop().await;
 }
+
+/// A request's PUBACK held for its reply (`ack_wait`, as a cluster
+/// replica's broker holds it) comes with the reply, and comes all the same
+/// when no reply does: a request without a response topic is not answered,
+/// and its PUBACK comes once the wait is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_puback_comes_without_a_reply() {
+    use rumqttc::v5::mqttbytes::v5::PubAckReason;
+    let store = Embedded::start_with(statestore::transport::embedded::BrokerOptions {
+        ack_wait: Some(Duration::from_millis(200)),
+        ..Default::default()
+    })
+    .await;
+    let mut c = client(store.port, "held").await;
+    assert_eq!(text(&c.call(&[b"SET", b"k", b"v"]).await), "+OK\r\n");
+    assert_eq!(
+        c.puback(Duration::from_secs(5)).await,
+        Some(PubAckReason::Success)
+    );
+    let mut props = c.request_properties();
+    props.response_topic = None;
+    c.publish_request(resp(&[b"GET", b"k"]), props).await;
+    assert_eq!(
+        c.puback(Duration::from_secs(5)).await,
+        Some(PubAckReason::Success),
+        "the PUBACK of a request that gets no reply"
+    );
+    assert!(c.recv(Duration::from_millis(300)).await.is_none());
+    // And the next request is answered as ever.
+    assert_eq!(text(&c.call(&[b"GET", b"k"]).await), "$1\r\nv\r\n");
+    store.stop().await;
+}

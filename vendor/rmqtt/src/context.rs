@@ -131,13 +131,19 @@ pub struct ServerContextBuilder {
 /// `yields` times, so that the two leave in one write: one system call and
 /// one wake-up of the client instead of two. A responder that is a task of
 /// the same runtime, woken by the request, usually answers within the
-/// first; one that takes longer finds the PUBACK already sent.
+/// first; one that takes longer finds the PUBACK already sent, unless
+/// `wait` keeps it longer.
 #[derive(Clone, Debug)]
 pub struct AckHold {
     /// The exact topic name of such requests.
     pub topic: String,
     /// How many times the session yields before it sends the PUBACK alone.
     pub yields: u32,
+    /// After the yields, how long the PUBACK may still wait for the
+    /// session's next delivery (a timer armed once per held PUBACK): for a
+    /// responder whose answers take a round trip elsewhere (a replicated
+    /// store). None: only the yields.
+    pub wait: Option<std::time::Duration>,
 }
 
 impl AckHold {

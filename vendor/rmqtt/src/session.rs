@@ -148,6 +148,8 @@ enum Event {
     /// Nothing else was ready while a PUBACK is held: the loop let the
     /// runtime's other tasks run once.
     Yielded,
+    /// A held PUBACK's `wait` is over (nothing was delivered meanwhile).
+    HoldOver,
 }
 
 impl SessionState {
@@ -387,6 +389,10 @@ impl SessionState {
         //driver), so that it and the reply leave together.
         let hold = state.scx.ack_hold.clone();
         let mut hold_left: u32 = 0;
+        //After the yields, a held PUBACK's deadline (`AckHold::wait`).
+        let mut hold_until: Option<Instant> = None;
+        let hold_sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(hold_sleep);
         loop {
             log::debug!("{:?} tokio::select! loop", state.id);
             let (front_deadline, has_credit) = {
@@ -407,6 +413,7 @@ impl SessionState {
             let unflushed = sink.has_unflushed();
             if !unflushed {
                 hold_left = 0;
+                hold_until = None;
             }
 
             let event = {
@@ -422,6 +429,9 @@ impl SessionState {
                     if hold_left > 0 {
                         tokio::task::yield_now().await;
                         Event::Yielded
+                    } else if hold_until.is_some() {
+                        (&mut hold_sleep).await;
+                        Event::HoldOver
                     } else {
                         Event::Idle
                     }
@@ -437,7 +447,20 @@ impl SessionState {
                 Event::Idle => {
                     sink.flush().await?;
                 }
-                Event::Yielded => hold_left -= 1,
+                Event::Yielded => {
+                    hold_left -= 1;
+                    //The yields are over: the PUBACK waits on for its
+                    //delivery until the hold's deadline, if it has one (set
+                    //once: later requests do not put off the first's).
+                    if hold_left == 0 && hold_until.is_none() {
+                        if let Some(wait) = hold.as_ref().and_then(|h| h.wait) {
+                            let at = Instant::now() + wait;
+                            hold_until = Some(at);
+                            hold_sleep.as_mut().reset(at);
+                        }
+                    }
+                }
+                Event::HoldOver => hold_until = None,
                 Event::Timer => {
                     let now = Instant::now();
                     let keep_alive_at = after(last_packet, keep_alive_interval);
@@ -462,6 +485,7 @@ impl SessionState {
                         Some(Some((from, p))) => {
                             state.deliver(sink, from, p).await?;
                             hold_left = 0;
+                            hold_until = None;
                         }
                         Some(None) => {
                             log::warn!("{:?} No messages received from the delivery queue", state.id);
@@ -484,6 +508,7 @@ impl SessionState {
                             Message::Forward(from, p) if unlimited && has_credit && deliver_queue_tx.is_empty() => {
                                 state.deliver(sink, from, p).await?;
                                 hold_left = 0;
+                                hold_until = None;
                             }
                             msg => state.process_message(sink, msg, deliver_queue_tx, flags).await?,
                         }

@@ -382,6 +382,7 @@ pub fn broker_options(
         tls: tls_listener(args),
         client_topics: client_topics(args),
         data_dir,
+        ack_wait: None,
     }
 }
 

@@ -16,6 +16,11 @@ use super::options::{
     server_runtime, start_metrics, tenant_specs, users,
 };
 use super::reload::spawn_users_reloader;
+
+/// How long a replica's broker holds a request's PUBACK for its reply
+/// (a round between replicas: about 1-4 ms under load), so that one write
+/// carries both; a reply later than that finds the PUBACK sent.
+const REPLICA_ACK_WAIT: Duration = Duration::from_millis(10);
 use super::{ServeArgs, shutdown_signal};
 
 pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
@@ -84,7 +89,10 @@ pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
         }
         let policy = statestore::auth::policy::PolicyCell::new(load_policy(&args)?);
         // A replica's broker keeps its retained messages in memory.
-        let options = broker_options(&args, users, metrics.as_deref(), policy, None);
+        let mut options = broker_options(&args, users, metrics.as_deref(), policy, None);
+        // A reply takes a round between replicas: its request's PUBACK
+        // waits for it (up to REPLICA_ACK_WAIT) to leave in the same write.
+        options.ack_wait = Some(REPLICA_ACK_WAIT);
         // Each tenant's clients, in the node's order (the data directory's;
         // a tenant the cluster removed keeps its place, and takes none).
         let routes: Vec<(String, Route)> = node

@@ -188,6 +188,10 @@ pub struct BrokerOptions {
     pub client_topics: crate::auth::isolation::ClientTopics,
     /// Where retained messages are kept across restarts; none: in memory.
     pub data_dir: Option<std::path::PathBuf>,
+    /// How long a request's PUBACK may wait for its reply after the
+    /// session's yields, so that both leave in one write (a replica's
+    /// replies take a round between replicas); none: only the yields.
+    pub ack_wait: Option<Duration>,
 }
 
 /// Everything the embedded mode needs to know (one tenant).
@@ -458,6 +462,7 @@ impl EmbeddedServer {
             tls,
             client_topics,
             data_dir,
+            ack_wait,
         } = opts;
         let limits = &limits;
         let refusals = crate::transport::embedded::admission::Refusals::new(refused);
@@ -465,7 +470,8 @@ impl EmbeddedServer {
             let refusals = refusals.clone();
             Arc::new(move |reason: &'static str| refusals.count(reason))
         };
-        let (scx, retained) = broker_context(limits, data_dir.as_deref(), on_refuse).await?;
+        let (scx, retained) =
+            broker_context(limits, data_dir.as_deref(), ack_wait, on_refuse).await?;
         let counters = Arc::new(crate::transport::embedded::sys_topics::Counters::default());
         let (strangers_tx, strangers) = mpsc::channel(STRANGERS_WAITING);
         let mut senders = Vec::new();
@@ -731,6 +737,7 @@ impl EmbeddedServer {
 async fn broker_context(
     limits: &BrokerLimits,
     data_dir: Option<&std::path::Path>,
+    ack_wait: Option<Duration>,
     on_refuse: Arc<dyn Fn(&'static str) + Send + Sync>,
 ) -> Result<(
     ServerContext,
@@ -750,6 +757,7 @@ async fn broker_context(
         .ack_hold(rmqtt::context::AckHold {
             topic: statestore_guest::rpc::REQUEST_TOPIC.to_string(),
             yields: ACK_HOLD_YIELDS,
+            wait: ack_wait,
         })
         // A request the store's hook took goes no further: not routed
         // (nobody else gets it), not retained.
