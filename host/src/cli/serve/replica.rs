@@ -16,12 +16,12 @@ use super::options::{
     server_runtime, start_metrics, tenant_specs, users,
 };
 use super::reload::spawn_users_reloader;
+use super::{ServeArgs, shutdown_signal};
 
 /// How long a replica's broker holds a request's PUBACK for its reply
 /// (a round between replicas: about 1-4 ms under load), so that one write
 /// carries both; a reply later than that finds the PUBACK sent.
 const REPLICA_ACK_WAIT: Duration = Duration::from_millis(10);
-use super::{ServeArgs, shutdown_signal};
 
 pub fn run(args: ServeArgs, path: &Path) -> Result<()> {
     let file = ClusterFile::load(path)?;

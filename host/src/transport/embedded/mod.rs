@@ -944,22 +944,11 @@ mod tests {
     #[test]
     fn a_reply_finds_its_requester_by_correlation_data_and_topic() {
         let mut r = Requesters::default();
-        r.add(
-            &request("a", "clients/a/x", b"1"),
-            std::time::Instant::now(),
-        );
-        r.add(
-            &request("b", "clients/b/x", b"1"),
-            std::time::Instant::now(),
-        );
-        r.add(
-            &request("c", "shared/replies", b"2"),
-            std::time::Instant::now(),
-        );
-        r.add(
-            &request("d", "shared/replies", b"2"),
-            std::time::Instant::now(),
-        );
+        let now = std::time::Instant::now();
+        r.add(&request("a", "clients/a/x", b"1"), now);
+        r.add(&request("b", "clients/b/x", b"1"), now);
+        r.add(&request("c", "shared/replies", b"2"), now);
+        r.add(&request("d", "shared/replies", b"2"), now);
         assert_eq!(r.take(&reply("clients/b/x", b"1")).as_deref(), Some("b"));
         assert_eq!(r.take(&reply("clients/a/x", b"1")).as_deref(), Some("a"));
         assert_eq!(r.take(&reply("clients/a/x", b"1")), None, "answered once");

@@ -269,22 +269,6 @@ impl BoundedShared {
     }
 }
 
-/// What the inner routing forwarded, with the messages dropped at a queue
-/// limit added to what it dropped.
-fn with_over(
-    result: Result<ForwardedRecipients, (ForwardedRecipients, Dropped)>,
-    over: Dropped,
-) -> Result<ForwardedRecipients, (ForwardedRecipients, Dropped)> {
-    match (result, over.is_empty()) {
-        (Ok(recipients), true) => Ok(recipients),
-        (Ok(recipients), false) => Err((recipients, over)),
-        (Err((recipients, mut dropped)), _) => {
-            dropped.extend(over);
-            Err((recipients, dropped))
-        }
-    }
-}
-
 /// The subscriptions on this node that `publish` reaches, one relation per
 /// client; each at the highest QoS of that client's matching (non-shared)
 /// subscriptions, as MQTT 5 asks (MQTT-3.3.4-2): rmqtt keeps the first
@@ -405,15 +389,9 @@ impl Shared for BoundedShared {
         relations: SubRelations,
         msg_id: Option<MsgID>,
     ) -> Result<ForwardedRecipients, (ForwardedRecipients, Dropped)> {
-        let (admitted, over) = self.admit(&from, publish, relations);
-        let result = if admitted.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.inner
-                .forwards_to(from, publish, admitted, msg_id)
-                .await
-        };
-        with_over(result, over)
+        // As many copies as the inner routing would make from a borrowed one.
+        self.forwards_to_owned(from, publish.clone(), relations, msg_id)
+            .await
     }
 
     async fn forwards_to_owned(
@@ -431,7 +409,16 @@ impl Shared for BoundedShared {
                 .forwards_to_owned(from, publish, admitted, msg_id)
                 .await
         };
-        with_over(result, over)
+        // The messages dropped at a queue limit join what the inner
+        // routing dropped.
+        match (result, over.is_empty()) {
+            (Ok(recipients), true) => Ok(recipients),
+            (Ok(recipients), false) => Err((recipients, over)),
+            (Err((recipients, mut dropped)), _) => {
+                dropped.extend(over);
+                Err((recipients, dropped))
+            }
+        }
     }
 
     async fn retain_load_with(
