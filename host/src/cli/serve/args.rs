@@ -30,7 +30,8 @@ pub struct ServeArgs {
     /// thread runs everything: no hand-offs between threads, the least CPU
     /// per request and the most requests a second on a small machine
     /// (BENCHMARKS.md; a cluster replica syncs its log on a thread of the
-    /// blocking pool, serving its clients and links meanwhile). More let TLS
+    /// blocking pool, serving its clients and links meanwhile, or in place
+    /// while it leads nothing and serves no client). More let TLS
     /// connections, many clients and several tenants use more cores. Each
     /// tenant's store is one guest either way.
     #[arg(help_heading = "Network", long, env = "STATESTORE_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
