@@ -100,11 +100,9 @@ pub struct Node {
     /// Its stores, by number (`None`: a tenant the cluster removed), to
     /// open a group that moves here.
     stores: Vec<Option<NodeTenant>>,
-    /// Ticks since it started, and the replicas told they left.
+    /// Ticks since it started, the last with a request, and the replicas
+    /// told they left.
     rhythm: moves::Rhythm,
-    /// The tick at which it last took a request of a client, or one a peer
-    /// forwarded or shipped (`None`: never): see [`Node::sync_in_place`].
-    served: Option<u64>,
     /// What it does for the groups it does not hold, and for the replicas
     /// that do not hold its groups.
     outside: outside::Outside,
@@ -324,7 +322,6 @@ impl Node {
             warned_partition: None,
             stores,
             rhythm: moves::Rhythm::default(),
-            served: None,
             me: file.id,
         })
     }
@@ -516,7 +513,7 @@ impl Node {
                     let Some(event) = event else {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
-                    self.served = Some(self.rhythm.ticks);
+                    self.rhythm.served = Some(self.rhythm.ticks);
                     let mut taken = 0;
                     let mut r = self.client_event(transport, event, &mut taken).await;
                     // What else is waiting (other tenants' requests), up
@@ -636,7 +633,7 @@ impl Node {
                 origin,
                 batch,
             } => {
-                self.served = Some(self.rhythm.ticks);
+                self.rhythm.served = Some(self.rhythm.ticks);
                 if !self.replicas.iter().any(|r| r.id == origin) {
                     warn!(
                         origin,
@@ -658,7 +655,7 @@ impl Node {
                 }
             }
             PeerEvent::Agent { group, from, batch } => {
-                self.served = Some(self.rhythm.ticks);
+                self.rhythm.served = Some(self.rhythm.ticks);
                 self.agent_for(group, from, &batch);
             }
             PeerEvent::Shipped {
@@ -666,7 +663,7 @@ impl Node {
                 from,
                 outputs,
             } => {
-                self.served = Some(self.rhythm.ticks);
+                self.rhythm.served = Some(self.rhythm.ticks);
                 self.outside.shipped(group, from, outputs, &self.placement);
             }
             PeerEvent::Placement { from, moves } => {
@@ -858,7 +855,7 @@ impl Node {
     /// syncing in place stopped its broker for each sync (0.8-0.96x).
     fn sync_in_place(&self) -> bool {
         self.groups.iter().all(|g| !g.replica.is_leader())
-            && self.served.is_none_or(|t| self.rhythm.ticks > t + 1)
+            && self.rhythm.served.is_none_or(|t| self.rhythm.ticks > t + 1)
     }
 
     /// Publishes what is this replica's of group `g`'s `applied`, and the

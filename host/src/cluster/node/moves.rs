@@ -34,12 +34,16 @@ use crate::cluster::placement::{Move, Moves, Placement};
 use crate::cluster::{Change, HostEntry, LogStore, Status};
 use crate::store::storage::{DirStorage, Storage};
 
-/// What a replica keeps to carry out moves: the ticks since it started
-/// (the moving group's steps every tick, the rest every second), and the
-/// replicas told they left, with when (their links closed a minute later).
+/// What a replica keeps of its ticks: how many since it started (the
+/// moving group's steps every tick, the rest every second), the one at
+/// which it last took a request, and the replicas told they left, with
+/// when (their links closed a minute later).
 #[derive(Default)]
 pub(super) struct Rhythm {
     pub(super) ticks: u64,
+    /// The tick at which it last took a request of a client, or one a peer
+    /// forwarded or shipped (`None`: never): see `Node::sync_in_place`.
+    pub(super) served: Option<u64>,
     pub(super) told_left: std::collections::HashMap<u64, std::time::Instant>,
 }
 
