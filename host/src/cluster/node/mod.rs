@@ -851,7 +851,7 @@ impl Node {
     /// entries, its clients elsewhere). Nobody then waits on its thread
     /// during the sync, and the hand-off to the pool and back would be two
     /// wake-ups on every write's path (writes through the leader
-    /// 1.03-1.2x, BENCHMARKS.md). A replica with clients keeps the pool:
+    /// 1.05-1.16x, BENCHMARKS.md). A replica with clients keeps the pool:
     /// syncing in place stopped its broker for each sync (0.8-0.96x).
     fn sync_in_place(&self) -> bool {
         self.groups.iter().all(|g| !g.replica.is_leader())
