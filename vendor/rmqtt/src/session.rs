@@ -389,8 +389,9 @@ impl SessionState {
         //driver), so that it and the reply leave together.
         let hold = state.scx.ack_hold.clone();
         let mut hold_left: u32 = 0;
-        //After the yields, a held PUBACK's deadline (`AckHold::wait`).
-        let mut hold_until: Option<Instant> = None;
+        //After the yields, whether a held PUBACK waits for `hold_sleep`
+        //(`AckHold::wait`).
+        let mut hold_waiting = false;
         let hold_sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(hold_sleep);
         loop {
@@ -413,7 +414,7 @@ impl SessionState {
             let unflushed = sink.has_unflushed();
             if !unflushed {
                 hold_left = 0;
-                hold_until = None;
+                hold_waiting = false;
             }
 
             let event = {
@@ -429,7 +430,7 @@ impl SessionState {
                     if hold_left > 0 {
                         tokio::task::yield_now().await;
                         Event::Yielded
-                    } else if hold_until.is_some() {
+                    } else if hold_waiting {
                         (&mut hold_sleep).await;
                         Event::HoldOver
                     } else {
@@ -452,15 +453,14 @@ impl SessionState {
                     //The yields are over: the PUBACK waits on for its
                     //delivery until the hold's deadline, if it has one (set
                     //once: later requests do not put off the first's).
-                    if hold_left == 0 && hold_until.is_none() {
+                    if hold_left == 0 && !hold_waiting {
                         if let Some(wait) = hold.as_ref().and_then(|h| h.wait) {
-                            let at = Instant::now() + wait;
-                            hold_until = Some(at);
-                            hold_sleep.as_mut().reset(at);
+                            hold_waiting = true;
+                            hold_sleep.as_mut().reset(Instant::now() + wait);
                         }
                     }
                 }
-                Event::HoldOver => hold_until = None,
+                Event::HoldOver => hold_waiting = false,
                 Event::Timer => {
                     let now = Instant::now();
                     let keep_alive_at = after(last_packet, keep_alive_interval);
@@ -485,7 +485,7 @@ impl SessionState {
                         Some(Some((from, p))) => {
                             state.deliver(sink, from, p).await?;
                             hold_left = 0;
-                            hold_until = None;
+                            hold_waiting = false;
                         }
                         Some(None) => {
                             log::warn!("{:?} No messages received from the delivery queue", state.id);
@@ -508,7 +508,7 @@ impl SessionState {
                             Message::Forward(from, p) if unlimited && has_credit && deliver_queue_tx.is_empty() => {
                                 state.deliver(sink, from, p).await?;
                                 hold_left = 0;
-                                hold_until = None;
+                                hold_waiting = false;
                             }
                             msg => state.process_message(sink, msg, deliver_queue_tx, flags).await?,
                         }

@@ -800,9 +800,11 @@ impl Node {
             super::round_to_sync(self.journal.as_mut(), &mut replicas)?
         };
         let started = Instant::now();
-        if round.files.iter().any(Option::is_some) && self.sync_in_place() {
+        if !round.files.iter().any(Option::is_some) {
+            // Nothing to sync.
+        } else if self.sync_in_place() {
             super::sync_files(&mut round.files).context("syncing the Raft log")?;
-        } else if round.files.iter().any(Option::is_some) {
+        } else {
             let files = std::mem::take(&mut round.files);
             round.files = tokio::task::spawn_blocking(move || {
                 let mut files = files;
