@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -448,13 +449,26 @@ func (p *server) stop() {
 	}
 }
 
+// nextPort is how many ports freePort has passed over or handed out.
+var nextPort atomic.Uint32
+
+// freePort is a port of 127.0.0.1 that can be bound now, below Linux's
+// ephemeral range (32768 and up): a port the kernel hands out for ":0" could
+// be taken, before the test's server binds it, as the local port of some
+// client's connection; ports below the range never are. Each call takes the
+// next such port, from a start that depends on the process id.
 func freePort() (uint16, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	const low, span = 20000, 12000
+	start := uint32(os.Getpid()) * 7919 % span
+	for range span {
+		port := uint16(low + (start+nextPort.Add(1))%span)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			l.Close()
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return uint16(l.Addr().(*net.TCPAddr).Port), nil
+	return 0, fmt.Errorf("no free port in %d..%d", low, low+span)
 }
 
 func waitPort(p *server, addr string) error {
