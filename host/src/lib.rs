@@ -121,6 +121,12 @@ pub trait Backend {
     }
     /// The state of `scope`.
     fn snapshot_with(&mut self, scope: SnapshotScope) -> Result<Vec<u8>, GuestError>;
+    /// [`Backend::snapshot_with`], appended to `out` (a store that takes it
+    /// in parts appends each as it comes: the whole is not copied again).
+    fn snapshot_into(&mut self, scope: SnapshotScope, out: &mut Vec<u8>) -> Result<(), GuestError> {
+        out.extend_from_slice(&self.snapshot_with(scope)?);
+        Ok(())
+    }
     /// Applies journal records in order.
     fn replay(&mut self, records: &[Vec<u8>]) -> Result<(), GuestError>;
 }

@@ -286,13 +286,14 @@ pub(super) struct SnapshotData<'a> {
 /// them at. The founding replicas' are in the cluster files.
 pub(crate) type Members = std::collections::BTreeMap<u64, Vec<u8>>;
 
-pub(super) fn encode_snapshot(
+/// The cluster's part of a snapshot (format [`SNAPSHOT_VERSION`]), appended
+/// to `out`: the guest's snapshot follows it, to the end.
+pub(super) fn snapshot_header(
     applied_now: u64,
     members: &Members,
     (tenants, moves): (&Tenancy, &crate::cluster::placement::Moves),
-    guest: &[u8],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(17 + guest.len());
+    out: &mut Vec<u8>,
+) {
     out.push(SNAPSHOT_VERSION);
     out.extend_from_slice(&applied_now.to_le_bytes());
     out.extend_from_slice(&(members.len() as u32).to_le_bytes());
@@ -301,12 +302,10 @@ pub(super) fn encode_snapshot(
         out.extend_from_slice(&(record.len() as u32).to_le_bytes());
         out.extend_from_slice(record);
     }
-    encode_tenancy(tenants, &mut out);
+    encode_tenancy(tenants, out);
     let moves = moves.encode();
     out.extend_from_slice(&(moves.len() as u32).to_le_bytes());
     out.extend_from_slice(&moves);
-    out.extend_from_slice(guest);
-    out
 }
 
 /// The tenants added (`u32 count`, per tenant `u32 length, name, u32
@@ -443,7 +442,9 @@ mod tests {
             to: 4,
         };
         assert!(moves.start(0, m, vec![4, 3, 1]));
-        let data = encode_snapshot(42, &members, (&tenants, &moves), b"guest");
+        let mut data = Vec::new();
+        snapshot_header(42, &members, (&tenants, &moves), &mut data);
+        data.extend_from_slice(b"guest");
         let d = decode_snapshot(&data).expect("decode");
         assert_eq!(
             (d.applied_now, &d.members, &d.tenants, &d.moves, d.guest),

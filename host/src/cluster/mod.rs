@@ -74,9 +74,9 @@ use anyhow::{Context, Result, bail};
 use raft::prelude::{Entry, EntryType, Message, Snapshot};
 use raft::{RawNode, StateRole};
 
+use format::decode_snapshot;
 pub use format::{AgreedTenant, EntryRef, HostEntry, Tenancy};
 pub(crate) use format::{Members, decode_entry, decode_host_entry, encode_entry};
-use format::{decode_snapshot, encode_snapshot};
 pub use log::LogStore;
 use statestore_guest::wire;
 
@@ -730,6 +730,9 @@ impl<B: Backend> Replica<B> {
 
     /// Takes a snapshot and compacts the log once it has grown enough.
     fn maybe_compact(&mut self) -> Result<()> {
+        if self.node.mut_store().poll_compaction()? {
+            return Ok(()); // one at a time
+        }
         let log = self.node.store();
         let since = self.applied.saturating_sub(log.snapshot_index());
         if since == 0
@@ -743,31 +746,41 @@ impl<B: Backend> Replica<B> {
         self.compact()
     }
 
-    /// Takes a snapshot at the applied index and drops the log before it.
+    /// Takes a snapshot at the applied index and drops the log before it
+    /// (behind, once its file is written: [`LogStore::compact`]).
     pub fn compact(&mut self) -> Result<()> {
         if self.applied <= self.node.store().snapshot_index() {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let guest = self
-            .store
-            .snapshot_with(crate::SnapshotScope::Everything)
-            .context("a snapshot of the guest")?;
-        let data = encode_snapshot(
+        let last = self.node.store().snapshot_bytes();
+        let mut data = log::SnapshotBuf::with_capacity(last + last / 8);
+        format::snapshot_header(
             self.applied_now,
             &self.members,
             (&self.moves.tenants, &self.moves),
-            &guest,
+            data.buf(),
         );
+        self.store
+            .snapshot_into(crate::SnapshotScope::Everything, data.buf())
+            .context("a snapshot of the guest")?;
         let applied = self.applied;
-        let log = self.node.mut_store();
-        log.compact(applied, data)?;
+        self.node.mut_store().compact(applied, data, started)?;
         // What the snapshot holds is never applied again.
         self.poisoned = self.poisoned.split_off(&(applied + 1));
-        if let Some(m) = log.metrics() {
-            m.snapshot.observe(started.elapsed().as_secs_f64());
-        }
         Ok(())
+    }
+
+    /// Finishes a compaction whose snapshot was written on its own thread
+    /// ([`LogStore::snapshots_behind`]), if it is written.
+    pub fn poll_compaction(&mut self) -> Result<()> {
+        self.node.mut_store().poll_compaction().map(drop)
+    }
+
+    /// Waits for a snapshot being written on its own thread, and finishes
+    /// its compaction (before the replica stops).
+    pub fn finish_compaction(&mut self) -> Result<()> {
+        self.node.mut_store().finish_compaction()
     }
 
     /// Records its log's appends, bytes, fsync and snapshot durations in

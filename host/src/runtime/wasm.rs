@@ -726,13 +726,28 @@ impl Backend for WasmStore {
     }
 
     fn snapshot_with(&mut self, scope: crate::SnapshotScope) -> Result<Vec<u8>, GuestError> {
-        let mut all = self.snapshot_part(scope, true)?;
+        let mut all = Vec::new();
+        self.snapshot_into(scope, &mut all)?;
+        Ok(all)
+    }
+
+    fn snapshot_into(
+        &mut self,
+        scope: crate::SnapshotScope,
+        out: &mut Vec<u8>,
+    ) -> Result<(), GuestError> {
+        let mut start = true;
         loop {
-            let part = self.snapshot_part(scope, false)?;
-            if part.is_empty() {
-                return Ok(all);
+            let part = self.snapshot_part(scope, start)?;
+            if part.is_empty() && !start {
+                return Ok(());
             }
-            all.extend_from_slice(&part);
+            if out.is_empty() {
+                *out = part; // the first part of a snapshot of its own
+            } else {
+                out.extend_from_slice(&part);
+            }
+            start = false;
         }
     }
 

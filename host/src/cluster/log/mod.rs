@@ -24,7 +24,8 @@
 //! group durable with one sync; the log itself is synced at checkpoints.
 //! Compaction (after a snapshot) and installing a leader's snapshot write a
 //! new generation holding what is left, then switch `raft-log.current` to
-//! it: a crash leaves the old generation or the new one.
+//! it: a crash leaves the old generation or the new one. A replica's
+//! snapshot file is written on a thread of its own ([`compacting`]).
 //!
 //! `raft-state` is the log's anchor, kept apart so that losing the log does
 //! not lose it: each record (the last good one counts) holds the term and
@@ -58,18 +59,20 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result, bail};
 use protobuf::Message as _;
-use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::prelude::{ConfState, Entry, HardState, Snapshot};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, Storage as _};
 
 use crate::store::storage::{LogFile, Storage, zero_tail};
 
 mod anchor;
+mod compacting;
 pub mod journal;
 mod rejoin;
 mod witness;
 pub use anchor::Anchor;
 use anchor::read_anchor;
+pub use compacting::SnapshotBuf;
 pub use journal::Part;
 pub use rejoin::rejoin;
 
@@ -125,6 +128,10 @@ pub struct LogStore {
     /// [`LogStore::take_part`], and where in the file it starts.
     pending: Vec<u8>,
     pending_at: u64,
+    /// Snapshots are written on a thread of their own
+    /// ([`LogStore::snapshots_behind`]), and the one being written.
+    snapshots_behind: bool,
+    compacting: Option<compacting::Compacting>,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -353,6 +360,8 @@ impl LogStore {
             journaled,
             pending: Vec::new(),
             pending_at: bytes,
+            snapshots_behind: false,
+            compacting: None,
         })
     }
 
@@ -621,29 +630,9 @@ impl LogStore {
         self.mem.rl().hard_state().clone()
     }
 
-    /// Keeps `data`, the state after applying entry `index`, as the
-    /// snapshot, and drops the entries before `index` from the log.
-    pub fn compact(&mut self, index: u64, data: Vec<u8>) -> Result<()> {
-        let term = self.mem.term(index).context("the term of a snapshot")?;
-        let mut meta = SnapshotMetadata {
-            index,
-            term,
-            ..Default::default()
-        };
-        meta.set_conf_state(self.mem.initial_state()?.conf_state);
-        let mut snap = Snapshot::default();
-        snap.set_metadata(meta);
-        snap.data = data.into();
-        self.disk
-            .write_atomic(SNAPSHOT, &snap.write_to_bytes()?)
-            .context("writing the Raft snapshot")?;
-        self.snapshot = snap;
-        self.mem.wl().compact(index).context("compacting")?;
-        self.rewrite()
-    }
-
     /// Installs a leader's snapshot (the log before it is dropped).
     pub fn install(&mut self, snap: Snapshot) -> Result<()> {
+        self.finish_compaction()?;
         self.shrinking_to(snap.get_metadata().index)?;
         self.disk
             .write_atomic(SNAPSHOT, &snap.write_to_bytes()?)

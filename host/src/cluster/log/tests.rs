@@ -1,6 +1,8 @@
 //! The Raft log on disk: recovery, damage, `raft-state` and rejoin, on
 //! simulated and real files.
 
+use std::time::Instant;
+
 use super::*;
 use crate::store::storage::MemStorage as Disk;
 
@@ -15,6 +17,13 @@ pub(super) fn entry(index: u64, term: u64) -> Entry {
 
 fn open(disk: &Disk) -> Result<LogStore> {
     LogStore::open(Arc::new(disk.clone()), &[1, 2, 3])
+}
+
+/// A snapshot's data, `bytes`.
+pub(super) fn data(bytes: &[u8]) -> SnapshotBuf {
+    let mut d = SnapshotBuf::with_capacity(bytes.len());
+    d.buf().extend_from_slice(bytes);
+    d
 }
 
 pub(super) fn hs(term: u64, vote: u64, commit: u64) -> HardState {
@@ -165,7 +174,8 @@ fn a_snapshot_compacts_the_log_and_is_what_a_restart_starts_from() {
     log.set_hardstate(hs(1, 1, 8)).expect("hs");
     log.sync().expect("sync");
     assert!(raft::Storage::snapshot(&log, 0, 0).is_err(), "none yet");
-    log.compact(8, b"state at 8".to_vec()).expect("compact");
+    log.compact(8, data(b"state at 8"), Instant::now())
+        .expect("compact");
     let snap = raft::Storage::snapshot(&log, 0, 0).expect("snapshot");
     assert_eq!(snap.get_metadata().index, 8);
     assert_eq!(&snap.data[..], b"state at 8");
@@ -195,6 +205,84 @@ fn a_snapshot_compacts_the_log_and_is_what_a_restart_starts_from() {
     assert_eq!(again.hard_state().commit, 20);
 }
 
+/// A snapshot written behind (on its own thread): the loop goes on
+/// appending; until the compaction is finished the log is whole, and a
+/// crash while the file is written, or after it was written and before the
+/// log was compacted, opens with every entry (from the new snapshot once
+/// it is in place); a leader's snapshot waits for the one under way.
+#[test]
+fn a_snapshot_written_behind_leaves_the_log_whole_until_it_is_in_place() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.snapshots_behind();
+    let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+    log.append(&entries).expect("append");
+    log.set_hardstate(hs(1, 1, 8)).expect("hs");
+    log.sync().expect("sync");
+    log.compact(8, data(b"state at 8"), Instant::now())
+        .expect("compact");
+    assert!(log.is_compacting(), "written on its own thread");
+    log.append(&[entry(11, 1)]).expect("the loop goes on");
+    log.set_hardstate(hs(1, 1, 10)).expect("hs");
+    log.sync().expect("sync");
+    assert!(
+        raft::Storage::snapshot(&log, 0, 0).is_err(),
+        "not offered before it is in place"
+    );
+    assert_eq!(log.mem.first_index().expect("first"), 1);
+    let back = open(&disk.crash(None)).expect("a crash while it is written");
+    assert!([0, 8].contains(&back.snapshot_index()));
+    assert_eq!(back.mem.last_index().expect("last"), 11);
+    drop(back);
+    while !log.compacting.as_ref().expect("under way").written() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let back = open(&disk.crash(None)).expect("written, the log not compacted");
+    assert_eq!(back.snapshot_index(), 8);
+    assert_eq!(
+        back.mem
+            .entries(9, 12, None, GetEntriesContext::empty(false))
+            .expect("the entries after it"),
+        vec![entry(9, 1), entry(10, 1), entry(11, 1)]
+    );
+    drop(back);
+    assert!(!log.poll_compaction().expect("finished"), "none under way");
+    assert_eq!(log.snapshot_index(), 8);
+    assert_eq!(log.mem.first_index().expect("first"), 8);
+    let back = open(&disk.crash(None)).expect("compacted");
+    assert_eq!(back.snapshot_index(), 8);
+    assert_eq!(back.mem.last_index().expect("last"), 11);
+    drop(back);
+    // Another under way when a leader's snapshot comes: it finishes first.
+    log.set_hardstate(hs(1, 1, 11)).expect("hs");
+    log.compact(11, data(b"state at 11"), Instant::now())
+        .expect("compact");
+    let mut leaders = raft::Storage::snapshot(&log, 0, 0).expect("at 8");
+    leaders.mut_metadata().index = 20;
+    leaders.mut_metadata().term = 3;
+    leaders.data = b"state at 20".to_vec().into();
+    log.install(leaders).expect("install");
+    assert!(!log.is_compacting());
+    let again = open(&disk.crash(None)).expect("reopen");
+    assert_eq!(again.snapshot_index(), 20);
+    assert_eq!(
+        &raft::Storage::snapshot(&again, 0, 0)
+            .expect("the leader's")
+            .data[..],
+        b"state at 20"
+    );
+    // Closed while one is written: waited for, and opens from either.
+    drop(again);
+    log.append(&[entry(21, 3)]).expect("append");
+    log.set_hardstate(hs(3, 1, 21)).expect("hs");
+    log.compact(21, data(b"state at 21"), Instant::now())
+        .expect("compact");
+    drop(log);
+    let last = open(&disk.crash(None)).expect("reopen");
+    assert_eq!(last.snapshot_index(), 21);
+    assert_eq!(last.mem.last_index().expect("last"), 21);
+}
+
 /// A log on real files that synced entries 1 to 20 (term 2, voted for
 /// 3, committed 20), with the snapshot at 8 when `snapshot`.
 fn synced_log(dir: &std::path::Path, snapshot: bool) {
@@ -206,7 +294,8 @@ fn synced_log(dir: &std::path::Path, snapshot: bool) {
     log.set_hardstate(hs(2, 3, 20)).expect("hs");
     log.sync().expect("sync");
     if snapshot {
-        log.compact(8, b"state at 8".to_vec()).expect("compact");
+        log.compact(8, data(b"state at 8"), Instant::now())
+            .expect("compact");
     }
     assert_eq!(log.anchor().last, 20);
     assert_eq!(log.anchor().term, 2);

@@ -68,6 +68,9 @@ impl Maker {
         ship: bool,
     ) -> Result<Group> {
         let mut replica = store.replica(self.id, log, self.durability, (p, per, named))?;
+        // Its snapshots written on a thread of their own: the loop goes
+        // on meanwhile.
+        replica.log_mut().snapshots_behind();
         if self.durability == Durability::Always && !self.journaled {
             match self.raft_state {
                 // Its round's second sync (`raft-state`) on a thread of

@@ -552,6 +552,9 @@ impl Node {
             }
         };
         for g in &mut self.groups {
+            if let Err(e) = g.replica.finish_compaction() {
+                warn!(error = %format!("{e:#}"), "compacting the Raft log at shutdown");
+            }
             if let Err(e) = g.replica.sync() {
                 warn!(error = %format!("{e:#}"), "syncing the Raft log at shutdown");
             }
@@ -703,6 +706,7 @@ impl Node {
     async fn on_tick<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         for g in &mut self.groups {
             g.replica.tick();
+            g.replica.poll_compaction()?;
         }
         let me = self.id();
         let peers = self

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use raft::Storage as _;
 
 use super::super::LogStore;
-use super::super::tests::{entry, hs};
+use super::super::tests::{data, entry, hs};
 use super::{Journal, Part, parts_of, read};
 use crate::store::storage::{MemStorage as Disk, Storage as _};
 
@@ -178,7 +178,7 @@ fn a_new_generation_holds_what_the_journal_had_of_the_old_one() {
         .expect("the step succeeds");
     commit(&mut journal, &mut logs);
     logs[0]
-        .compact(2, b"state at 2".to_vec())
+        .compact(2, data(b"state at 2"), std::time::Instant::now())
         .expect("the step succeeds");
     logs[0].append(&[entry(4, 1)]).expect("the step succeeds");
     commit(&mut journal, &mut logs);
