@@ -151,6 +151,11 @@ pub struct Compaction {
     pub entries: u64,
     /// Or after this many bytes of log.
     pub bytes: u64,
+    /// Neither before the log is as long as the last snapshot, up to this
+    /// many bytes (0: no such wait): a snapshot holds the whole state, so
+    /// a large state is written at most once per as many bytes logged
+    /// (its log, in memory too, at most as large as it).
+    pub follow: u64,
 }
 
 impl Default for Compaction {
@@ -158,7 +163,17 @@ impl Default for Compaction {
         Compaction {
             entries: 100_000,
             bytes: 64 << 20,
+            follow: 1 << 30,
         }
+    }
+}
+
+impl Compaction {
+    /// Whether a snapshot is due: `since` entries applied after the last
+    /// one, the log `log_bytes` long, the last snapshot `snapshot_bytes`.
+    fn due(&self, since: u64, log_bytes: u64, snapshot_bytes: u64) -> bool {
+        let follow = snapshot_bytes.min(self.follow);
+        since > 0 && log_bytes >= follow && (since >= self.entries || log_bytes >= self.bytes)
     }
 }
 
@@ -735,11 +750,10 @@ impl<B: Backend> Replica<B> {
         }
         let log = self.node.store();
         let since = self.applied.saturating_sub(log.snapshot_index());
-        if since == 0
-            || (!self.compact_now
-                && since < self.compaction.entries
-                && log.bytes() < self.compaction.bytes)
-        {
+        let due = self
+            .compaction
+            .due(since, log.bytes(), log.snapshot_bytes() as u64);
+        if since == 0 || !(due || self.compact_now) {
             return Ok(());
         }
         self.compact_now = false;
@@ -874,5 +888,31 @@ fn whole<B: Backend>(
         }
         // Our own encoding: a batch it cannot cut is one the guest refuses.
         batch = std::borrow::Cow::Owned(wire::batch_after(&batch, handled)?);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Compaction;
+
+    /// A snapshot is due after the entries or the bytes of log, and, with a
+    /// state larger than the log's threshold, not before the log is as long
+    /// as the last snapshot (up to `follow`).
+    #[test]
+    fn a_snapshot_is_due_once_the_log_is_as_long_as_the_last() {
+        const MIB: u64 = 1 << 20;
+        let c = Compaction::default();
+        assert!(!c.due(0, 100 * MIB, 0), "nothing applied since");
+        assert!(!c.due(99_999, 63 * MIB, MIB));
+        assert!(c.due(100_000, MIB, MIB), "entries");
+        assert!(c.due(10, 64 * MIB, 40 * MIB), "bytes");
+        // A state of 500 MiB: not before 500 MiB of log.
+        assert!(!c.due(100_000, 64 * MIB, 500 * MIB));
+        assert!(!c.due(1_000_000, 499 * MIB, 500 * MIB));
+        assert!(c.due(10, 500 * MIB, 500 * MIB));
+        // Up to `follow`.
+        assert!(c.due(10, 1024 * MIB, 4096 * MIB));
+        let eager = Compaction { follow: 0, ..c };
+        assert!(eager.due(100_000, MIB, 500 * MIB));
     }
 }

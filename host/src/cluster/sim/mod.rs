@@ -369,6 +369,7 @@ fn config() -> Config {
 const COMPACTION: Compaction = Compaction {
     entries: 40,
     bytes: 1 << 20,
+    follow: 0,
 };
 
 /// Replica `id` over `disk`: a new disk starts with the membership `ids`
