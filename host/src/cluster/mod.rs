@@ -687,6 +687,34 @@ impl<B: Backend> Replica<B> {
         self.durability == Durability::Always
     }
 
+    /// Whether its rounds may be pipelined ([`Replica::ready_defer`]): a
+    /// leader syncing each write (and `raft-state` behind).
+    pub fn pipelines(&self) -> bool {
+        self.is_leader() && self.syncs_each_write() && !self.node.store().is_anchor_first()
+    }
+
+    /// The last step of a leader's ready whose entries are written and not
+    /// yet durable, when its sync runs while the leader goes on (see
+    /// `node::pipelined`): raft-rs takes the ready back at once (a leader's
+    /// messages went already: they need no sync) and counts the leader's
+    /// own entries toward a commit only once [`Replica::persisted`] says
+    /// they are durable; what they commit is applied at a later ready. The
+    /// ready's number, and the messages that must wait for the sync (a
+    /// leader has none).
+    pub fn ready_defer(&mut self, Unsynced(mut ready): Unsynced) -> Result<(u64, Vec<Message>)> {
+        let number = ready.number();
+        let held = ready.take_persisted_messages();
+        self.node.advance_append_async(ready);
+        self.node.advance_apply();
+        self.maybe_compact()?;
+        Ok((number, held))
+    }
+
+    /// What the readies up to `number` wrote is durable.
+    pub fn persisted(&mut self, number: u64) {
+        self.node.on_persist_ready(number);
+    }
+
     /// Its log.
     pub fn log_mut(&mut self) -> &mut LogStore {
         self.node.mut_store()
@@ -745,18 +773,30 @@ impl<B: Backend> Replica<B> {
 
     /// Takes a snapshot and compacts the log once it has grown enough.
     fn maybe_compact(&mut self) -> Result<()> {
+        if self.compact_now {
+            // A member was added: it must catch up from a snapshot, never
+            // from the log's start, so the log is compacted before the
+            // leader sends it anything (not behind).
+            self.node.mut_store().finish_compaction()?;
+            if self.applied > self.node.store().snapshot_index() {
+                self.compact()?;
+                self.node.mut_store().finish_compaction()?;
+            }
+            self.compact_now = false;
+            return Ok(());
+        }
         if self.node.mut_store().poll_compaction()? {
             return Ok(()); // one at a time
         }
         let log = self.node.store();
         let since = self.applied.saturating_sub(log.snapshot_index());
-        let due = self
-            .compaction
-            .due(since, log.bytes(), log.snapshot_bytes() as u64);
-        if since == 0 || !(due || self.compact_now) {
+        if since == 0
+            || !self
+                .compaction
+                .due(since, log.bytes(), log.snapshot_bytes() as u64)
+        {
             return Ok(());
         }
-        self.compact_now = false;
         self.compact()
     }
 

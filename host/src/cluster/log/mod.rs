@@ -132,6 +132,19 @@ pub struct LogStore {
     /// ([`LogStore::snapshots_behind`]), and the one being written.
     snapshots_behind: bool,
     compacting: Option<compacting::Compacting>,
+    /// Appends so far, and records written to `raft-state` so far (what a
+    /// [`SyncMark`] compares with).
+    writes: u64,
+    records: u64,
+}
+
+/// What a sync started by [`LogStore::start_sync`] makes durable: the
+/// appends before it, and what `raft-state` may then say.
+#[derive(Debug)]
+pub struct SyncMark {
+    anchor: Anchor,
+    writes: u64,
+    records: u64,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -362,6 +375,8 @@ impl LogStore {
             pending_at: bytes,
             snapshots_behind: false,
             compacting: None,
+            writes: 0,
+            records: 0,
         })
     }
 
@@ -391,6 +406,7 @@ impl LogStore {
         // Synced with every record appended before it.
         self.state.write(&anchor)?;
         self.anchor = anchor;
+        self.records += 1;
         Ok(())
     }
 
@@ -472,6 +488,7 @@ impl LogStore {
             .with_context(|| format!("writing the Raft log in {}", self.disk.describe()))?;
         self.bytes += buf.len() as u64;
         self.dirty = true;
+        self.writes += 1;
         if self.journaled {
             self.pending.extend_from_slice(buf);
         }
@@ -552,6 +569,48 @@ impl LogStore {
         Ok(())
     }
 
+    /// A sync of what was written so far that may run while the log is
+    /// written on (a leader's pipelined round): a handle to the log file
+    /// and what it makes durable, for [`LogStore::synced`]; `None` if
+    /// nothing was written since the last.
+    pub fn start_sync(&mut self) -> Result<Option<(Box<dyn LogFile>, SyncMark)>> {
+        self.witness()?;
+        if !self.dirty {
+            return Ok(None);
+        }
+        let file = self
+            .file
+            .try_clone()
+            .with_context(|| format!("the Raft log in {}", self.disk.describe()))?;
+        let mark = SyncMark {
+            anchor: self.current_anchor()?,
+            writes: self.writes,
+            records: self.records,
+        };
+        Ok(Some((file, mark)))
+    }
+
+    /// The sync of `mark` is done (in `took`): `raft-state` says what it
+    /// made durable, unless it says more already (a record made since,
+    /// after a sync of everything) or the log was rewritten since (its new
+    /// generation is synced whole). The log is clean if nothing was written
+    /// since it started.
+    pub fn synced(&mut self, mark: SyncMark, took: std::time::Duration) -> Result<()> {
+        if let Some(m) = &self.metrics {
+            m.fsync.observe(took.as_secs_f64());
+        }
+        if mark.anchor.generation != self.generation || mark.records != self.records {
+            return Ok(());
+        }
+        if mark.writes == self.writes {
+            self.dirty = false;
+        }
+        if mark.anchor != self.anchor {
+            self.unwitnessed = Some(mark.anchor);
+        }
+        self.witness()
+    }
+
     /// Records in `raft-state` what the last [`LogStore::sync_entries`]
     /// made durable (nothing if that changed nothing it records).
     pub fn witness(&mut self) -> Result<()> {
@@ -559,6 +618,7 @@ impl LogStore {
             Some(anchor) if self.state.is_behind() => {
                 self.state.hand_over(&anchor)?;
                 self.anchor = anchor;
+                self.records += 1;
                 Ok(())
             }
             Some(anchor) => self.record(anchor),
@@ -570,6 +630,11 @@ impl LogStore {
     /// before it returns: a round's messages wait for both syncs.
     pub fn anchor_first(&mut self) {
         self.anchor_first = true;
+    }
+
+    /// Whether [`LogStore::anchor_first`] was asked for.
+    pub fn is_anchor_first(&self) -> bool {
+        self.anchor_first
     }
 
     /// From now on [`LogStore::witness`] hands its records to a thread of

@@ -283,6 +283,43 @@ fn a_snapshot_written_behind_leaves_the_log_whole_until_it_is_in_place() {
     assert_eq!(last.mem.last_index().expect("last"), 21);
 }
 
+/// A sync started while the log goes on being written (a leader's
+/// pipelined round): `raft-state` then says what was written before it
+/// started, not what came after; the log stays to be synced; a sync whose
+/// log was rewritten meanwhile (a compaction: its new generation synced
+/// whole) records nothing.
+#[test]
+fn a_sync_under_way_records_what_was_written_before_it_started() {
+    let disk = Disk::new();
+    let mut log = open(&disk).expect("open");
+    log.witness_behind().expect("its thread");
+    log.append(&[entry(1, 1), entry(2, 1)]).expect("append");
+    let (mut file, mark) = log.start_sync().expect("start").expect("written");
+    log.append(&[entry(3, 1)]).expect("written meanwhile");
+    file.sync().expect("the sync");
+    log.synced(mark, std::time::Duration::ZERO).expect("synced");
+    assert_eq!(log.anchor().last, 2, "as of its start");
+    assert!(log.is_dirty(), "entry 3 is still to sync");
+    let (mut file, mark) = log.start_sync().expect("start").expect("written");
+    file.sync().expect("the sync");
+    log.synced(mark, std::time::Duration::ZERO).expect("synced");
+    assert_eq!(log.anchor().last, 3);
+    assert!(!log.is_dirty());
+    assert!(log.start_sync().expect("start").is_none(), "nothing to sync");
+    // Rewritten while a sync is under way: it records nothing.
+    log.append(&[entry(4, 1)]).expect("append");
+    let (_file, mark) = log.start_sync().expect("start").expect("written");
+    log.set_hardstate(hs(1, 1, 4)).expect("hs");
+    log.compact(4, data(b"state at 4"), Instant::now())
+        .expect("compact");
+    let after = log.anchor();
+    log.synced(mark, std::time::Duration::ZERO).expect("synced");
+    assert_eq!(log.anchor(), after, "the rewrite's record stands");
+    log.sync().expect("settles");
+    let back = open(&disk.crash(None)).expect("reopen");
+    assert_eq!(back.snapshot_index(), 4);
+}
+
 /// A log on real files that synced entries 1 to 20 (term 2, voted for
 /// 3, committed 20), with the snapshot at 8 when `snapshot`.
 fn synced_log(dir: &std::path::Path, snapshot: bool) {

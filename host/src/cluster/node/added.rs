@@ -211,10 +211,7 @@ impl Node {
         let per = self.per;
         let range = t as u32 * per..(t as u32 + 1) * per;
         self.groups.retain(|g| !range.contains(&g.id));
-        self.slots.iter_mut().for_each(|s| *s = None);
-        for (i, g) in self.groups.iter().enumerate() {
-            self.slots[g.id as usize] = Some(i);
-        }
+        self.index_groups();
         self.removed[t] = true;
         self.stores[t] = None;
         self.observers[t] = super::Observers::default();

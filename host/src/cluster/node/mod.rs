@@ -57,6 +57,7 @@ mod moves;
 mod observers;
 mod outside;
 mod partitions;
+mod pipelined;
 mod tenants;
 pub use added::TenantSource;
 use members::successor;
@@ -152,6 +153,8 @@ pub struct Node {
     /// With partitions, under `--fsync always`, the round journal: one sync
     /// per round for every group's log.
     journal: Option<Journal>,
+    /// A leader's syncs under way while it goes on ([`pipelined`]).
+    pipeline: pipelined::Pipeline,
     /// Each store's clients that registered KEYNOTIFY, and in which
     /// partitions.
     observers: Vec<Observers>,
@@ -270,10 +273,7 @@ impl Node {
             .first()
             .map(|g| g.replica.status())
             .unwrap_or_default();
-        let mut slots = vec![None; count];
-        for (i, g) in groups.iter().enumerate() {
-            slots[g.id as usize] = Some(i);
-        }
+        let slots = slots_of(&groups, count);
         info!(
             replica = file.id,
             replicas = file.replicas.len(),
@@ -319,6 +319,7 @@ impl Node {
             spread_in: SPREAD_EVERY,
             syncs,
             journal,
+            pipeline: pipelined::Pipeline::default(),
             warned_partition: None,
             stores,
             rhythm: moves::Rhythm::default(),
@@ -495,6 +496,7 @@ impl Node {
             let step: Result<()> = tokio::select! {
                 biased;
                 () = shutdown.as_mut() => break Ok(()),
+                result = self.pipeline.done(), if self.pipeline.is_syncing() => self.synced(result),
                 event = self.events.recv() => match event {
                     Some(e) => {
                         // Everything already here, then one ready: one
@@ -514,6 +516,7 @@ impl Node {
                         break Err(anyhow::anyhow!("the transport stopped"));
                     };
                     self.rhythm.served = Some(self.rhythm.ticks);
+                    self.rhythm.clients = Some(self.rhythm.ticks);
                     let mut taken = 0;
                     let mut r = self.client_event(transport, event, &mut taken).await;
                     // What else is waiting (other tenants' requests), up
@@ -551,6 +554,9 @@ impl Node {
                 break Err(e);
             }
         };
+        if let Err(e) = self.drain().await {
+            warn!(error = %format!("{e:#}"), "syncing the Raft log at shutdown");
+        }
         for g in &mut self.groups {
             if let Err(e) = g.replica.finish_compaction() {
                 warn!(error = %format!("{e:#}"), "compacting the Raft log at shutdown");
@@ -774,6 +780,10 @@ impl Node {
     /// sent.
     async fn ready<T: Transport>(&mut self, transport: &mut T) -> Result<()> {
         self.outside_round(transport).await?;
+        let pipelined = self.pipelined();
+        if !pipelined {
+            self.drain().await?;
+        }
         let mut written = Vec::new();
         for g in 0..self.groups.len() {
             if !self.groups[g].replica.has_ready() {
@@ -791,7 +801,12 @@ impl Node {
             self.sync_members()?;
             self.publish(transport, g, applied).await?;
             if let Some(rest) = rest {
-                written.push((g, self.groups[g].replica.ready_write(rest)?));
+                let w = self.groups[g].replica.ready_write(rest)?;
+                if pipelined {
+                    self.defer(w)?;
+                } else {
+                    written.push((g, w));
+                }
             }
         }
         let mut wrote = vec![false; self.groups.len()];
@@ -899,6 +914,15 @@ impl Node {
 
 /// Each of `groups`' replicas, with its number and whether it wrote what
 /// must be synced this round (`wrote`).
+/// Where each of the cluster's `count` groups is among `groups`.
+fn slots_of(groups: &[Group], count: usize) -> Vec<Option<usize>> {
+    let mut slots = vec![None; count];
+    for (i, g) in groups.iter().enumerate() {
+        slots[g.id as usize] = Some(i);
+    }
+    slots
+}
+
 fn round_replicas<'a>(
     groups: &'a mut [Group],
     wrote: &[bool],

@@ -44,6 +44,9 @@ pub(super) struct Rhythm {
     /// The tick at which it last took a request of a client, or one a peer
     /// forwarded or shipped (`None`: never): see `Node::sync_in_place`.
     pub(super) served: Option<u64>,
+    /// The tick at which it last took a request of its own clients
+    /// (`None`: never): see `Node::pipelined`.
+    pub(super) clients: Option<u64>,
     pub(super) told_left: std::collections::HashMap<u64, std::time::Instant>,
 }
 
@@ -556,10 +559,7 @@ impl Node {
 
     /// `slots` made again from `groups`.
     pub(super) fn index_groups(&mut self) {
-        self.slots.iter_mut().for_each(|s| *s = None);
-        for (i, g) in self.groups.iter().enumerate() {
-            self.slots[g.id as usize] = Some(i);
-        }
+        self.slots = super::slots_of(&self.groups, self.slots.len());
     }
 
     /// In each group this replica leads (`only_moving`: the one moving),
