@@ -305,7 +305,10 @@ fn a_sync_under_way_records_what_was_written_before_it_started() {
     log.synced(mark, std::time::Duration::ZERO).expect("synced");
     assert_eq!(log.anchor().last, 3);
     assert!(!log.is_dirty());
-    assert!(log.start_sync().expect("start").is_none(), "nothing to sync");
+    assert!(
+        log.start_sync().expect("start").is_none(),
+        "nothing to sync"
+    );
     // Rewritten while a sync is under way: it records nothing.
     log.append(&[entry(4, 1)]).expect("append");
     let (_file, mark) = log.start_sync().expect("start").expect("written");
