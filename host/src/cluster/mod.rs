@@ -687,20 +687,20 @@ impl<B: Backend> Replica<B> {
         self.durability == Durability::Always
     }
 
-    /// Whether its rounds may be pipelined ([`Replica::ready_defer`]): a
-    /// leader syncing each write (and `raft-state` behind).
+    /// Whether its rounds may be pipelined ([`Replica::ready_defer`]):
+    /// syncing each write (and `raft-state` behind).
     pub fn pipelines(&self) -> bool {
-        self.is_leader() && self.syncs_each_write() && !self.node.store().is_anchor_first()
+        self.syncs_each_write() && !self.node.store().is_anchor_first()
     }
 
-    /// The last step of a leader's ready whose entries are written and not
-    /// yet durable, when its sync runs while the leader goes on (see
-    /// `node::pipelined`): raft-rs takes the ready back at once (a leader's
-    /// messages went already: they need no sync) and counts the leader's
-    /// own entries toward a commit only once [`Replica::persisted`] says
-    /// they are durable; what they commit is applied at a later ready. The
-    /// ready's number, and the messages that must wait for the sync (a
-    /// leader has none).
+    /// The last step of a ready whose entries are written and not yet
+    /// durable, when its sync runs while the replica goes on (see
+    /// `node::pipelined`): raft-rs takes the ready back at once, counts a
+    /// leader's own entries toward a commit and applies entries only once
+    /// [`Replica::persisted`] says they are durable; what they commit is
+    /// applied at a later ready. The ready's number, and the messages that
+    /// must wait for the sync (a follower's acknowledgements; a leader's
+    /// went already).
     pub fn ready_defer(&mut self, Unsynced(mut ready): Unsynced) -> Result<(u64, Vec<Message>)> {
         let number = ready.number();
         let held = ready.take_persisted_messages();

@@ -1,25 +1,29 @@
-//! A leader's rounds pipelined: the sync of its log runs on the blocking
+//! A replica's rounds pipelined: the sync of its log runs on the blocking
 //! pool while the replica goes on, instead of the replica waiting for it.
 //!
 //! A round's ready is written, handed back to raft-rs at once
-//! ([`Replica::ready_defer`]) and its sync started; meanwhile the leader
-//! takes its clients' next requests, sends their entries to the followers
-//! (which start their own writes and syncs sooner) and steps their
-//! acknowledgements. raft-rs counts the leader's own entries toward a
-//! commit, and lets it apply them, only once the sync says they are
-//! durable ([`Replica::persisted`], in ready order): a reply still waits
-//! for the leader's sync and a majority's, as before. What is written while
-//! a sync is under way is synced by the next one, started as soon as it
-//! ends. `raft-state` records what each sync made durable as of its start
+//! ([`Replica::ready_defer`]) and its sync started; meanwhile the replica
+//! takes its clients' next requests and, as leader, sends their entries to
+//! the followers (which start their own writes and syncs sooner) and steps
+//! their acknowledgements, or, as follower, forwards them to the leader.
+//! raft-rs counts a leader's own entries toward a commit, and lets a
+//! replica apply entries, only once the sync says they are durable
+//! ([`Replica::persisted`], in ready order); a follower's acknowledgements
+//! wait for that sync too (held with it): a reply still waits for the
+//! leader's sync and a majority's, as before. What is written while a sync
+//! is under way is synced by the next one, started as soon as it ends.
+//! `raft-state` records what each sync made durable as of its start
 //! ([`crate::cluster::log::SyncMark`]).
 //!
-//! Only one group without a round journal, led here, under `--fsync
-//! always` (`raft_state = "behind"`): any other round first waits for the
-//! syncs under way ([`Node::drain`]), as does stopping. A leader that
-//! steps down does so at its next round.
+//! Only one group without a round journal, under `--fsync always`
+//! (`raft_state = "behind"`), while the replica's own clients send it
+//! requests: any other round first waits for the syncs under way
+//! ([`Node::drain`]), as does stopping.
 //!
 //! Measured before building it: a leader that did not sync at all (unsafe,
 //! measuring only) did 1.09-1.31x the writes through it (BENCHMARKS.md).
+//! Pipelined: writes through the leader 1.10-1.14x, through a follower
+//! about 1.07x.
 
 use std::time::Instant;
 
@@ -31,7 +35,7 @@ use crate::cluster::Unsynced;
 use crate::cluster::log::SyncMark;
 use crate::store::storage::LogFile;
 
-/// The leader's syncs under way and to come.
+/// The replica's syncs under way and to come.
 #[derive(Debug, Default)]
 pub(super) struct Pipeline {
     inflight: Option<Inflight>,
@@ -77,12 +81,12 @@ impl Pipeline {
 }
 
 impl Node {
-    /// Whether this round may be pipelined (see the module's doc): also
-    /// only while the leader's own clients send it requests (in the last
-    /// two ticks). A leader serving only what followers forward waits for
-    /// its syncs: the forwards gather meanwhile, and the followers sync
-    /// fewer, larger rounds (pipelined, clients on a follower did
-    /// 0.96-0.99x).
+    /// Whether this round may be pipelined (see the module's doc): only
+    /// while the replica's own clients send it requests (in the last two
+    /// ticks). A leader serving only what followers forward waits for its
+    /// syncs: the forwards gather meanwhile, and the followers sync fewer,
+    /// larger rounds (pipelined, clients on a follower did 0.96-0.99x); a
+    /// follower without clients syncs in place (`Node::sync_in_place`).
     pub(super) fn pipelined(&self) -> bool {
         self.groups.len() == 1
             && self.journal.is_none()
