@@ -790,10 +790,9 @@ impl<B: Backend> Replica<B> {
         }
         let log = self.node.store();
         let since = self.applied.saturating_sub(log.snapshot_index());
-        if since == 0
-            || !self
-                .compaction
-                .due(since, log.bytes(), log.snapshot_bytes() as u64)
+        if !self
+            .compaction
+            .due(since, log.bytes(), log.snapshot_bytes() as u64)
         {
             return Ok(());
         }

@@ -153,7 +153,7 @@ pub struct Node {
     /// With partitions, under `--fsync always`, the round journal: one sync
     /// per round for every group's log.
     journal: Option<Journal>,
-    /// A leader's syncs under way while it goes on ([`pipelined`]).
+    /// Its syncs under way while it goes on ([`pipelined`]).
     pipeline: pipelined::Pipeline,
     /// Each store's clients that registered KEYNOTIFY, and in which
     /// partitions.
