@@ -2,7 +2,8 @@
 //! of a 3-replica cluster with message loss, delay and reordering,
 //! partitions (one-way ones too), crashes and restarts, clock jumps, and
 //! followers replaced by new replicas (membership changes), bounded by
-//! time; logs damaged in crashes (deleted, emptied, cut, a generation or
+//! time; rounds pipelined (a log synced ticks after its round went on);
+//! logs damaged in crashes (deleted, emptied, cut, a generation or
 //! the snapshot missing), refused and rejoined; clients on every replica,
 //! through the server's own routing, and no request answered twice
 //! differently. A failure names its
@@ -53,6 +54,7 @@ fn add(total: &mut Report, r: &Report) {
     total.notify_reordered += r.notify_reordered;
     total.quiet += r.quiet;
     total.woke += r.woke;
+    total.pipelined_syncs += r.pipelined_syncs;
 }
 
 /// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
@@ -132,6 +134,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.watches > 0 && total.notifications > 0,
         "observers registered with KEYNOTIFY and were notified: {total:?}"
+    );
+    assert!(
+        total.pipelined_syncs > 10 * runs as usize,
+        "replicas pipelined their rounds (their logs synced ticks after the rounds went on), crashed between, and drained: {total:?}"
     );
     // Through an external broker, the leader that appended a change
     // publishes its notifications: out of order only around a change of

@@ -56,6 +56,7 @@ pub mod node;
 pub(crate) mod operator;
 pub mod partition;
 mod persist;
+pub(crate) mod pipeline;
 pub(crate) mod pki;
 pub mod placement;
 pub(crate) mod probe;
@@ -296,6 +297,11 @@ pub struct Replica<B: Backend> {
     poisoned: std::collections::BTreeMap<u64, Vec<usize>>,
     /// Whether its clock is stopped for lack of anything to do.
     quiet: quiet::Quiet,
+    /// A deferred ready that held a snapshot, not yet durable: its number.
+    /// raft-rs takes the snapshot's index for applied (`advance_apply`)
+    /// only once it is persisted: until then no deferred ready advances
+    /// the applied index ([`Replica::ready_defer`]).
+    snapshot_unpersisted: Option<u64>,
 }
 
 impl<B: Backend> std::fmt::Debug for Replica<B> {
@@ -379,6 +385,7 @@ impl<B: Backend> Replica<B> {
             replayed_to,
             led_terms: std::collections::VecDeque::new(),
             snapshot_wait: Default::default(),
+            snapshot_unpersisted: None,
             read_states: Vec::new(),
             members,
             changes: 0,
@@ -704,8 +711,16 @@ impl<B: Backend> Replica<B> {
     pub fn ready_defer(&mut self, Unsynced(mut ready): Unsynced) -> Result<(u64, Vec<Message>)> {
         let number = ready.number();
         let held = ready.take_persisted_messages();
+        if !ready.snapshot().is_empty() {
+            self.snapshot_unpersisted = Some(number);
+        }
         self.node.advance_append_async(ready);
-        self.node.advance_apply();
+        // What this ready committed was applied (`ready_apply`); a
+        // snapshot's index is applied only once it is durable: raft-rs
+        // refuses an applied index past what it was told is persisted.
+        if self.snapshot_unpersisted.is_none() {
+            self.node.advance_apply();
+        }
         self.maybe_compact()?;
         Ok((number, held))
     }
@@ -713,6 +728,10 @@ impl<B: Backend> Replica<B> {
     /// What the readies up to `number` wrote is durable.
     pub fn persisted(&mut self, number: u64) {
         self.node.on_persist_ready(number);
+        if self.snapshot_unpersisted.is_some_and(|n| n <= number) {
+            self.snapshot_unpersisted = None;
+            self.node.advance_apply();
+        }
     }
 
     /// Its log.

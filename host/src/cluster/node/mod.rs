@@ -154,7 +154,7 @@ pub struct Node {
     /// per round for every group's log.
     journal: Option<Journal>,
     /// Its syncs under way while it goes on ([`pipelined`]).
-    pipeline: pipelined::Pipeline,
+    pipeline: pipelined::Syncs,
     /// Each store's clients that registered KEYNOTIFY, and in which
     /// partitions.
     observers: Vec<Observers>,
@@ -319,7 +319,7 @@ impl Node {
             spread_in: SPREAD_EVERY,
             syncs,
             journal,
-            pipeline: pipelined::Pipeline::default(),
+            pipeline: pipelined::Syncs::default(),
             warned_partition: None,
             stores,
             rhythm: moves::Rhythm::default(),
@@ -496,7 +496,7 @@ impl Node {
             let step: Result<()> = tokio::select! {
                 biased;
                 () = shutdown.as_mut() => break Ok(()),
-                result = self.pipeline.done(), if self.pipeline.is_syncing() => self.synced(result),
+                result = pipelined::done(&mut self.pipeline), if self.pipeline.is_syncing() => self.synced(result),
                 event = self.events.recv() => match event {
                     Some(e) => {
                         // Everything already here, then one ready: one

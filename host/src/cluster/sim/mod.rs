@@ -15,6 +15,10 @@
 //!   either finds all it had synced or refuses to start, and then rejoins
 //!   (keeping its term and vote). The checks below catch any write that
 //!   got lost instead.
+//! - **Pipelined rounds** with one partition: replicas start and stop
+//!   handing their readies back before their logs are synced, as a
+//!   server's do (`cluster::pipeline`); a sync ends ticks later, or a
+//!   crash comes first.
 //! - **One sync per round** with partitions: each replica makes its
 //!   groups' records durable as a server does, through its round journal
 //!   (`cluster::log::journal`), checkpointed often; a crash keeps what was
@@ -42,7 +46,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use std::sync::Arc;
 
 use raft::prelude::MessageType;
@@ -50,6 +54,7 @@ use statestore_guest::rpc::REQUEST_TOPIC;
 
 mod clients;
 mod network;
+mod pipelined;
 mod poison;
 mod round;
 mod settled;
@@ -57,7 +62,7 @@ mod settled;
 use clients::{Clients, client_request};
 use network::{Cut, Wire, carry_out};
 use poison::Poisonable;
-use round::{Round, damage};
+use round::Round;
 
 use super::file::ReadPath;
 use super::log::journal::{self, Journal, Part};
@@ -112,6 +117,11 @@ pub struct Options {
     /// ([`Notify::Origin`], an external broker: counted when they do not,
     /// [`Report::notify_reordered`]).
     pub notify: Notify,
+    /// Per mille chance per tick that a replica of one group starts or
+    /// stops pipelining its rounds, as a server's does while its own
+    /// clients send it requests (`pipelined`): its log synced one to three
+    /// ticks after its round went on.
+    pub pipeline: u64,
 }
 
 impl Default for Options {
@@ -128,6 +138,7 @@ impl Default for Options {
             damage: 300,
             partitions: 1,
             notify: Notify::Origin,
+            pipeline: 50,
         }
     }
 }
@@ -199,6 +210,8 @@ pub struct Report {
     pub quiet: u64,
     /// Times a quiet group woke for something to do.
     pub woke: u64,
+    /// Syncs of pipelined rounds that ended after their round went on.
+    pub pipelined_syncs: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -287,6 +300,9 @@ struct SimReplica {
     /// Refused to start and rejoined: down until the leader has removed
     /// it and is adding it back.
     rejoining: bool,
+    /// Pipelining its rounds (one group only), and its syncs under way.
+    pipelining: bool,
+    syncs: pipelined::Syncs,
 }
 
 impl SimReplica {
@@ -312,6 +328,8 @@ impl SimReplica {
             removed: false,
             damaged: false,
             rejoining: false,
+            pipelining: false,
+            syncs: Default::default(),
         })
     }
 
@@ -553,6 +571,7 @@ impl<'o> Sim<'o> {
         }
         self.restarts(tick, now_ms)?;
         self.deliver(tick);
+        self.syncs(tick, faults)?;
         for g in self
             .nodes
             .iter_mut()
@@ -570,54 +589,6 @@ impl<'o> Sim<'o> {
             self.load(tick, now_ms)?;
         }
         self.ready(tick, faults)
-    }
-
-    /// Crashes (with damage to a disk), partitions and clock jumps.
-    fn faults(&mut self, tick: u64) {
-        let o = self.o;
-        let rng = &mut self.rng;
-        let nodes = &mut self.nodes;
-        let down = nodes
-            .iter()
-            .filter(|n| n.up.is_none() && !n.removed)
-            .count();
-        let i = rng.below(nodes.len() as u64) as usize;
-        if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
-            nodes[i].up = None;
-            nodes[i].journal = None;
-            // What it had not synced is gone, but for a torn tail.
-            for disk in &mut nodes[i].disks {
-                let torn = rng.below(64) as usize;
-                *disk = disk.crash(Some(torn));
-            }
-            // Not while the membership changes: a cluster of two
-            // waiting for a replica that waits to be removed is stuck
-            // (as it would be for an operator).
-            if self.removing.is_none()
-                && self.joining.is_none()
-                && o.partitions == 1
-                && rng.chance(o.damage)
-                && damage(&nodes[i].disks[0], rng).is_some()
-            {
-                self.report.damaged += 1;
-                nodes[i].damaged = true;
-            }
-            nodes[i].down_until = tick + 20 + rng.below(200);
-            self.report.crashes += 1;
-            self.clients.crashed(i as u64 + 1);
-        }
-        if self.cut.is_none() && rng.chance(o.partition) {
-            self.cut = Some(Cut {
-                replica: rng.below(nodes.len() as u64) + 1,
-                inbound_only: rng.chance(500),
-                until: tick + 50 + rng.below(300),
-            });
-        }
-        if rng.chance(2) {
-            // A clock jump on one replica.
-            let i = rng.below(nodes.len() as u64) as usize;
-            nodes[i].skew += rng.below(20_000) as i64 - 10_000;
-        }
     }
 
     /// Replicas whose down time is over start again (a damaged one is
@@ -662,6 +633,7 @@ impl<'o> Sim<'o> {
                 }
                 node.damaged = false;
                 node.up = Some(groups);
+                node.syncs = Default::default();
                 node.journal = new_journal(&node.disks[0], self.o)?;
                 // What was in flight to its last life died with its
                 // connections.
@@ -763,6 +735,7 @@ impl<'o> Sim<'o> {
                 let gone = &mut self.nodes[(old - 1) as usize];
                 gone.up = None;
                 gone.journal = None;
+                gone.syncs = Default::default();
                 gone.removed = true;
                 self.clients.crashed(old);
                 self.removing = None;
@@ -918,6 +891,11 @@ impl<'o> Sim<'o> {
             let Some(groups) = node.up.as_mut() else {
                 continue;
             };
+            let pipelined = node.pipelining && groups.len() == 1 && groups[0].replica.pipelines();
+            if !pipelined && groups.len() == 1 {
+                let host = &mut round.on_net();
+                pipelined::drain(&mut node.syncs, &mut groups[0].replica, host)?;
+            }
             let mut written = Vec::new();
             for (g, Group { replica: r, router }) in groups.iter_mut().enumerate() {
                 let mut fx = Effects::default();
@@ -926,7 +904,12 @@ impl<'o> Sim<'o> {
                 let (applied, rest) = r.ready_apply(&mut |m| messages.push(m))?;
                 round.publish(g as u32, now, (messages, applied), r, router, fx)?;
                 if let Some(rest) = rest {
-                    written.push((g, r.ready_write(rest)?));
+                    let w = r.ready_write(rest)?;
+                    if pipelined {
+                        node.syncs.defer(r, w, &mut round.on_net())?;
+                    } else {
+                        written.push((g, w));
+                    }
                 }
             }
             let mut wrote = vec![false; groups.len()];
@@ -952,34 +935,6 @@ impl<'o> Sim<'o> {
             if let Some(journal) = node.journal.as_mut() {
                 let logs = groups.iter_mut().map(|g| g.replica.log_mut());
                 journal.checkpoint(None, logs.collect())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Every hot key's history is linearizable.
-    fn check_histories(&mut self) -> Result<()> {
-        let seed = self.seed;
-        let clients = &mut self.clients;
-        for (k, history) in clients.hot.iter_mut().enumerate() {
-            let mut i = 0;
-            history.retain(|e| {
-                let keep = !clients.void.contains(&(k, i))
-                    // A GET never answered changed nothing and said nothing.
-                    && (e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
-                i += 1;
-                keep
-            });
-        }
-        for (k, history) in clients.hot.iter().enumerate() {
-            self.report.hot_ops += history.len();
-            match linear::check(history, LINEAR_BUDGET) {
-                linear::Verdict::Linearizable => {}
-                linear::Verdict::Unknown => self.report.unknown += 1,
-                linear::Verdict::Not => bail!(
-                    "seed {seed}: the history of hot-{k} is not linearizable ({} operations):\n{history:?}",
-                    history.len()
-                ),
             }
         }
         Ok(())

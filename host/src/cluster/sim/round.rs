@@ -1,14 +1,15 @@
 //! One replica's round of ready in the simulation (what its groups'
-//! applied entries make, checked), and the damage a crash may do to a disk.
+//! applied entries make, checked), a tick's faults, and the damage a crash
+//! may do to a disk.
 
 use std::collections::HashMap;
 
 use anyhow::{Result, bail};
 
 use super::clients::Clients;
-use super::network::{Wire, carry_out, send};
+use super::network::{Cut, Wire, carry_out, send};
 use super::poison::Poisonable;
-use super::{Options, Report, Rng};
+use super::{Options, Report, Rng, Sim};
 use crate::Output;
 use crate::cluster::router::{Effects, Now, Router};
 use crate::cluster::{Applied, Replica};
@@ -139,4 +140,56 @@ fn check_deterministic(
         ),
     }
     Ok(())
+}
+
+impl Sim<'_> {
+    /// Crashes (with damage to a disk), partitions and clock jumps.
+    pub(super) fn faults(&mut self, tick: u64) {
+        let o = self.o;
+        let rng = &mut self.rng;
+        let nodes = &mut self.nodes;
+        let down = nodes
+            .iter()
+            .filter(|n| n.up.is_none() && !n.removed)
+            .count();
+        let i = rng.below(nodes.len() as u64) as usize;
+        if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
+            nodes[i].up = None;
+            nodes[i].journal = None;
+            // Its syncs under way never end.
+            nodes[i].syncs = Default::default();
+            // What it had not synced is gone, but for a torn tail.
+            for disk in &mut nodes[i].disks {
+                let torn = rng.below(64) as usize;
+                *disk = disk.crash(Some(torn));
+            }
+            // Not while the membership changes: a cluster of two
+            // waiting for a replica that waits to be removed is stuck
+            // (as it would be for an operator).
+            if self.removing.is_none()
+                && self.joining.is_none()
+                && o.partitions == 1
+                && rng.chance(o.damage)
+                && damage(&nodes[i].disks[0], rng).is_some()
+            {
+                self.report.damaged += 1;
+                nodes[i].damaged = true;
+            }
+            nodes[i].down_until = tick + 20 + rng.below(200);
+            self.report.crashes += 1;
+            self.clients.crashed(i as u64 + 1);
+        }
+        if self.cut.is_none() && rng.chance(o.partition) {
+            self.cut = Some(Cut {
+                replica: rng.below(nodes.len() as u64) + 1,
+                inbound_only: rng.chance(500),
+                until: tick + 50 + rng.below(300),
+            });
+        }
+        if rng.chance(2) {
+            // A clock jump on one replica.
+            let i = rng.below(nodes.len() as u64) as usize;
+            nodes[i].skew += rng.below(20_000) as i64 - 10_000;
+        }
+    }
 }

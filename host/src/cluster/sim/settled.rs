@@ -5,7 +5,8 @@
 use anyhow::{Result, bail};
 
 use super::poison::Poisonable;
-use super::{Sim, T0, TICK_MS, key, reply_to, request};
+use super::{LINEAR_BUDGET, Sim, T0, TICK_MS, key, reply_to, request};
+use crate::cluster::linear;
 use crate::{Backend, InboundMessage};
 
 impl Sim<'_> {
@@ -141,4 +142,34 @@ fn scan(guests: &mut [Poisonable], at: u64, corr: u64) -> Result<Vec<Vec<u8>>> {
         }
     }
     bail!("a SCAN that does not end")
+}
+
+impl Sim<'_> {
+    /// Every hot key's history is linearizable.
+    pub(super) fn check_histories(&mut self) -> Result<()> {
+        let seed = self.seed;
+        let clients = &mut self.clients;
+        for (k, history) in clients.hot.iter_mut().enumerate() {
+            let mut i = 0;
+            history.retain(|e| {
+                let keep = !clients.void.contains(&(k, i))
+                    // A GET never answered changed nothing and said nothing.
+                    && (e.ret.is_some() || !matches!(e.op, linear::Op::Get(_)));
+                i += 1;
+                keep
+            });
+        }
+        for (k, history) in clients.hot.iter().enumerate() {
+            self.report.hot_ops += history.len();
+            match linear::check(history, LINEAR_BUDGET) {
+                linear::Verdict::Linearizable => {}
+                linear::Verdict::Unknown => self.report.unknown += 1,
+                linear::Verdict::Not => bail!(
+                    "seed {seed}: the history of hot-{k} is not linearizable ({} operations):\n{history:?}",
+                    history.len()
+                ),
+            }
+        }
+        Ok(())
+    }
 }
