@@ -3,6 +3,7 @@
 //! partitions (one-way ones too), crashes and restarts, clock jumps, and
 //! followers replaced by new replicas (membership changes), bounded by
 //! time; rounds pipelined (a log synced ticks after its round went on);
+//! snapshots written behind (ticks after their compaction began);
 //! logs damaged in crashes (deleted, emptied, cut, a generation or
 //! the snapshot missing), refused and rejoined; clients on every replica,
 //! through the server's own routing, and no request answered twice
@@ -55,6 +56,7 @@ fn add(total: &mut Report, r: &Report) {
     total.quiet += r.quiet;
     total.woke += r.woke;
     total.pipelined_syncs += r.pipelined_syncs;
+    total.snapshots_behind += r.snapshots_behind;
 }
 
 /// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
@@ -134,6 +136,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.watches > 0 && total.notifications > 0,
         "observers registered with KEYNOTIFY and were notified: {total:?}"
+    );
+    assert!(
+        total.snapshots_behind > runs as usize,
+        "compactions' snapshot files were written behind, ticks after they began, with crashes between: {total:?}"
     );
     assert!(
         total.pipelined_syncs > 10 * runs as usize,

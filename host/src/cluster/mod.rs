@@ -792,6 +792,7 @@ impl<B: Backend> Replica<B> {
 
     /// Takes a snapshot and compacts the log once it has grown enough.
     fn maybe_compact(&mut self) -> Result<()> {
+        self.prune_poisoned();
         if self.compact_now {
             // A member was added: it must catch up from a snapshot, never
             // from the log's start, so the log is compacted before the
@@ -837,10 +838,22 @@ impl<B: Backend> Replica<B> {
             .snapshot_into(crate::SnapshotScope::Everything, data.buf())
             .context("a snapshot of the guest")?;
         let applied = self.applied;
-        self.node.mut_store().compact(applied, data, started)?;
-        // What the snapshot holds is never applied again.
-        self.poisoned = self.poisoned.split_off(&(applied + 1));
-        Ok(())
+        self.node.mut_store().compact(applied, data, started)
+    }
+
+    /// Forgets the poison entries the snapshot in place holds: a guest is
+    /// made again from that snapshot, never applying them again. Not those
+    /// of a snapshot still being written (behind): until it is in place, a
+    /// guest is made again from the one before, and the log after it.
+    fn prune_poisoned(&mut self) {
+        let held = self.node.store().snapshot_index();
+        if self
+            .poisoned
+            .first_key_value()
+            .is_some_and(|(i, _)| *i <= held)
+        {
+            self.poisoned = self.poisoned.split_off(&(held + 1));
+        }
     }
 
     /// Finishes a compaction whose snapshot was written on its own thread

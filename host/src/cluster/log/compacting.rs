@@ -15,6 +15,11 @@
 //! on the loop). One snapshot is written at a time; installing a leader's
 //! snapshot, or closing the log, waits for the one under way.
 //!
+//! The seeded simulation holds the file instead ([`LogStore::snapshots_held`])
+//! and writes it at a tick of its choosing
+//! ([`LogStore::write_held_snapshot`]), crashing replicas before, between
+//! and after.
+//!
 //! The file is a Raft `Snapshot` message: its data, then its metadata. The
 //! caller writes the data into a [`SnapshotBuf`], after room for the
 //! field's tag and length, and the file is made around it: the data is not
@@ -100,13 +105,29 @@ pub(super) struct Compacting {
     started: Instant,
     /// How long the loop spent on it (taking it, encoding it).
     on_loop: std::time::Duration,
-    thread: std::thread::JoinHandle<std::io::Result<()>>,
+    writer: Writer,
+}
+
+/// Who writes a snapshot's file behind the loop.
+#[derive(Debug)]
+enum Writer {
+    /// A thread of its own (a server).
+    Thread(std::thread::JoinHandle<std::io::Result<()>>),
+    /// Nobody until [`LogStore::write_held_snapshot`] (the simulation):
+    /// the file, then how its write went.
+    Held {
+        file: Bytes,
+        written: Option<std::io::Result<()>>,
+    },
 }
 
 impl Compacting {
     /// Whether its file is written (or its write failed).
     pub(super) fn written(&self) -> bool {
-        self.thread.is_finished()
+        match &self.writer {
+            Writer::Thread(t) => t.is_finished(),
+            Writer::Held { written, .. } => written.is_some(),
+        }
     }
 }
 
@@ -121,6 +142,32 @@ impl LogStore {
     /// its own when the disk is slow enough to ([`crate::store::storage::Storage::writes_in_background`]).
     pub fn snapshots_behind(&mut self) {
         self.snapshots_behind = true;
+    }
+
+    /// From now on [`LogStore::compact`] holds the snapshot's file until
+    /// [`LogStore::write_held_snapshot`] writes it, on any disk (the
+    /// simulation: the write comes when it chooses, and a crash may come
+    /// first).
+    pub fn snapshots_held(&mut self) {
+        self.snapshots_held = true;
+    }
+
+    /// Writes the file of the snapshot held, if one is held and not yet
+    /// written (its compaction finishes at the next
+    /// [`LogStore::poll_compaction`]): whether one was written.
+    pub fn write_held_snapshot(&mut self) -> bool {
+        let Some(Compacting {
+            writer: Writer::Held { file, written },
+            ..
+        }) = &mut self.compacting
+        else {
+            return false;
+        };
+        if written.is_some() {
+            return false;
+        }
+        *written = Some(self.disk.write_atomic(SNAPSHOT, file));
+        true
     }
 
     /// Keeps `data`, the state after applying entry `index`, as the
@@ -138,23 +185,31 @@ impl LogStore {
         };
         meta.set_conf_state(self.mem.initial_state()?.conf_state);
         let (file, snap) = data.into_file(meta)?;
-        if !(self.snapshots_behind && self.disk.writes_in_background()) {
+        if !(self.snapshots_held || self.snapshots_behind && self.disk.writes_in_background()) {
             self.disk
                 .write_atomic(SNAPSHOT, &file)
                 .context("writing the Raft snapshot")?;
             return self.compacted(snap, started, None);
         }
         let on_loop = started.elapsed();
-        let disk = self.disk.clone();
-        let thread = std::thread::Builder::new()
-            .name("raft-snapshot".into())
-            .spawn(move || disk.write_atomic(SNAPSHOT, &file))
-            .context("starting the thread that writes the Raft snapshot")?;
+        let writer = if self.snapshots_held {
+            Writer::Held {
+                file,
+                written: None,
+            }
+        } else {
+            let disk = self.disk.clone();
+            let thread = std::thread::Builder::new()
+                .name("raft-snapshot".into())
+                .spawn(move || disk.write_atomic(SNAPSHOT, &file))
+                .context("starting the thread that writes the Raft snapshot")?;
+            Writer::Thread(thread)
+        };
         self.compacting = Some(Compacting {
             snap,
             started,
             on_loop,
-            thread,
+            writer,
         });
         Ok(())
     }
@@ -181,9 +236,19 @@ impl LogStore {
         let Some(c) = self.compacting.take() else {
             return Ok(());
         };
-        c.thread
-            .join()
-            .map_err(|_| anyhow!("the thread writing the Raft snapshot panicked"))?
+        let written = match c.writer {
+            Writer::Thread(thread) => thread
+                .join()
+                .map_err(|_| anyhow!("the thread writing the Raft snapshot panicked"))?,
+            Writer::Held {
+                written: Some(w), ..
+            } => w,
+            Writer::Held {
+                file,
+                written: None,
+            } => self.disk.write_atomic(SNAPSHOT, &file),
+        };
+        written
             .with_context(|| format!("writing the Raft snapshot in {}", self.disk.describe()))?;
         self.compacted(c.snap, c.started, Some(c.on_loop))
     }
@@ -224,8 +289,12 @@ impl Drop for LogStore {
     /// thread once the log is closed); the log is not compacted: the next
     /// open skips what the snapshot holds.
     fn drop(&mut self) {
-        if let Some(c) = self.compacting.take() {
-            let _ = c.thread.join();
+        if let Some(Compacting {
+            writer: Writer::Thread(thread),
+            ..
+        }) = self.compacting.take()
+        {
+            let _ = thread.join();
         }
     }
 }

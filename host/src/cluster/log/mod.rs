@@ -131,6 +131,8 @@ pub struct LogStore {
     /// Snapshots are written on a thread of their own
     /// ([`LogStore::snapshots_behind`]), and the one being written.
     snapshots_behind: bool,
+    /// Or held for the simulation to write ([`LogStore::snapshots_held`]).
+    snapshots_held: bool,
     compacting: Option<compacting::Compacting>,
     /// Appends so far, and records written to `raft-state` so far (what a
     /// [`SyncMark`] compares with).
@@ -374,6 +376,7 @@ impl LogStore {
             pending: Vec::new(),
             pending_at: bytes,
             snapshots_behind: false,
+            snapshots_held: false,
             compacting: None,
             writes: 0,
             records: 0,

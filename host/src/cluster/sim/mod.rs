@@ -15,6 +15,9 @@
 //!   either finds all it had synced or refuses to start, and then rejoins
 //!   (keeping its term and vote). The checks below catch any write that
 //!   got lost instead.
+//! - **Snapshots written behind**: a compaction's snapshot file is written
+//!   ticks after the compaction began, as a server's thread writes it; the
+//!   log is compacted at a later poll still; crashes come in between.
 //! - **Pipelined rounds** with one partition: replicas start and stop
 //!   handing their readies back before their logs are synced, as a
 //!   server's do (`cluster::pipeline`); a sync ends ticks later, or a
@@ -52,9 +55,9 @@ use std::sync::Arc;
 use raft::prelude::MessageType;
 use statestore_guest::rpc::REQUEST_TOPIC;
 
+mod behind;
 mod clients;
 mod network;
-mod pipelined;
 mod poison;
 mod round;
 mod settled;
@@ -212,6 +215,8 @@ pub struct Report {
     pub woke: u64,
     /// Syncs of pipelined rounds that ended after their round went on.
     pub pipelined_syncs: usize,
+    /// Snapshot files written behind, ticks after their compaction began.
+    pub snapshots_behind: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -302,7 +307,7 @@ struct SimReplica {
     rejoining: bool,
     /// Pipelining its rounds (one group only), and its syncs under way.
     pipelining: bool,
-    syncs: pipelined::Syncs,
+    syncs: behind::Syncs,
 }
 
 impl SimReplica {
@@ -409,6 +414,9 @@ fn start(
         }))
     });
     let mut replica = Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)?;
+    // Its snapshots written behind, as a server's are: when the
+    // simulation chooses (`Sim::background`).
+    replica.log_mut().snapshots_held();
     if journaled {
         // Several groups, as a server's: the idle ones stop their clocks.
         replica.set_quiet_after(Some(super::quiet::QUIET_AFTER));
@@ -571,7 +579,7 @@ impl<'o> Sim<'o> {
         }
         self.restarts(tick, now_ms)?;
         self.deliver(tick);
-        self.syncs(tick, faults)?;
+        self.background(tick, faults)?;
         for g in self
             .nodes
             .iter_mut()
@@ -894,7 +902,7 @@ impl<'o> Sim<'o> {
             let pipelined = node.pipelining && groups.len() == 1 && groups[0].replica.pipelines();
             if !pipelined && groups.len() == 1 {
                 let host = &mut round.on_net();
-                pipelined::drain(&mut node.syncs, &mut groups[0].replica, host)?;
+                behind::drain(&mut node.syncs, &mut groups[0].replica, host)?;
             }
             let mut written = Vec::new();
             for (g, Group { replica: r, router }) in groups.iter_mut().enumerate() {

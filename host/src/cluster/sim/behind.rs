@@ -1,10 +1,17 @@
-//! Pipelined rounds in the simulation: a replica of one group hands its
-//! ready back before its log is synced, as a server's does while its own
-//! clients send it requests ([`crate::cluster::pipeline`], the same core
-//! the server runs); the sync ends one to three ticks later, or never (a
-//! crash in between loses what it had not synced but for a torn tail).
-//! Replicas start and stop pipelining at random, so that rounds that are
-//! not pipelined first drain the syncs under way, as a server's do.
+//! What a server does behind its loop, in the simulation, ending when the
+//! simulation chooses.
+//!
+//! Pipelined rounds: a replica of one group hands its ready back before
+//! its log is synced, as a server's does while its own clients send it
+//! requests ([`crate::cluster::pipeline`], the same core the server runs);
+//! the sync ends one to three ticks later, or never (a crash in between
+//! loses what it had not synced but for a torn tail). Replicas start and
+//! stop pipelining at random, so that rounds that are not pipelined first
+//! drain the syncs under way, as a server's do.
+//!
+//! Snapshots written behind: a compaction's file is held
+//! ([`crate::cluster::LogStore::snapshots_held`]) until a tick writes it,
+//! as a server's thread does; the log is compacted then or at a later poll.
 
 use anyhow::Result;
 use raft::prelude::Message;
@@ -112,13 +119,24 @@ pub(super) fn drain(
 }
 
 impl Sim<'_> {
-    /// Replicas of one group start or stop pipelining at random; the syncs
-    /// that are due end (what they held goes on the network).
-    pub(super) fn syncs(&mut self, tick: u64, faults: bool) -> Result<()> {
+    /// What a server does behind its loop, ending when the simulation
+    /// chooses: replicas of one group start or stop pipelining at random,
+    /// the syncs that are due end (what they held goes on the network),
+    /// and snapshot files being written are written (their logs compacted
+    /// now or at a later poll).
+    pub(super) fn background(&mut self, tick: u64, faults: bool) -> Result<()> {
         for node in &mut self.nodes {
             let Some(groups) = node.up.as_mut() else {
                 continue;
             };
+            for g in groups.iter_mut() {
+                if self.rng.chance(300) && g.replica.log_mut().write_held_snapshot() {
+                    self.report.snapshots_behind += 1;
+                    if self.rng.chance(500) {
+                        g.replica.poll_compaction()?;
+                    }
+                }
+            }
             if faults && groups.len() == 1 && self.rng.chance(self.o.pipeline) {
                 node.pipelining = !node.pipelining;
             }
