@@ -3,7 +3,7 @@
 //! partitions (one-way ones too), crashes and restarts, clock jumps, and
 //! followers replaced by new replicas (membership changes), bounded by
 //! time; rounds pipelined (a log synced ticks after its round went on);
-//! snapshots written behind (ticks after their compaction began);
+//! snapshots and `raft-state` written behind (ticks after);
 //! logs damaged in crashes (deleted, emptied, cut, a generation or
 //! the snapshot missing), refused and rejoined; clients on every replica,
 //! through the server's own routing, and no request answered twice
@@ -57,6 +57,7 @@ fn add(total: &mut Report, r: &Report) {
     total.woke += r.woke;
     total.pipelined_syncs += r.pipelined_syncs;
     total.snapshots_behind += r.snapshots_behind;
+    total.state_syncs += r.state_syncs;
 }
 
 /// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
@@ -136,6 +137,10 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     assert!(
         total.watches > 0 && total.notifications > 0,
         "observers registered with KEYNOTIFY and were notified: {total:?}"
+    );
+    assert!(
+        total.state_syncs > 10 * runs as usize,
+        "raft-state's records were synced behind, ticks after their rounds, with crashes between: {total:?}"
     );
     assert!(
         total.snapshots_behind > runs as usize,

@@ -647,6 +647,19 @@ impl LogStore {
         self.state.behind()
     }
 
+    /// As [`LogStore::witness_behind`], but the records wait for
+    /// [`LogStore::sync_held_state`] instead of a thread (the simulation:
+    /// it syncs them at a tick of its choosing, and may crash first).
+    pub fn witness_held(&mut self) {
+        self.state.held();
+    }
+
+    /// Syncs the `raft-state` records [`LogStore::witness_held`] holds:
+    /// whether there were any.
+    pub fn sync_held_state(&mut self) -> Result<bool> {
+        self.state.sync_held()
+    }
+
     /// Syncs the log file if something was written since it was last.
     fn sync_file(&mut self) -> Result<()> {
         if self.dirty {

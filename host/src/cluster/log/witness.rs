@@ -13,6 +13,10 @@
 //! `raft-state` for each cost about as much CPU as the log's own (a fifth of
 //! a follower's, `BENCHMARKS.md`).
 //!
+//! The seeded simulation holds those records instead ([`Witness::held`])
+//! and syncs them at ticks of its choosing ([`Witness::sync_held`]), crashing
+//! replicas in between.
+//!
 //! What this gives up is bounded. A process that dies leaves its appended
 //! records in the kernel's page cache, so `raft-state` is at most the round
 //! it was in behind the log. A machine that loses power may lose the records
@@ -94,6 +98,8 @@ pub(super) struct Witness {
     disk: Arc<dyn Storage>,
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// No thread: [`Witness::sync_held`] syncs what is handed over.
+    held: bool,
 }
 
 impl Witness {
@@ -112,7 +118,25 @@ impl Witness {
                 changed: Condvar::new(),
             }),
             thread: None,
+            held: false,
         }
+    }
+
+    /// From now on what [`Witness::hand_over`] appends waits for
+    /// [`Witness::sync_held`] (the simulation, which chooses when).
+    pub(super) fn held(&mut self) {
+        self.held = true;
+    }
+
+    /// Syncs the records handed over and not yet synced, if held: whether
+    /// there were any.
+    pub(super) fn sync_held(&self) -> Result<bool> {
+        let mut slot = self.shared.lock();
+        if !self.held || slot.dirty.is_none() {
+            return Ok(false);
+        }
+        sync(&mut slot, &*self.disk)?;
+        Ok(true)
     }
 
     /// Starts the thread that syncs what [`Witness::hand_over`] appends.
@@ -130,9 +154,9 @@ impl Witness {
         Ok(())
     }
 
-    /// Whether a thread syncs the records handed over.
+    /// Whether a thread syncs the records handed over (or the simulation).
     pub(super) fn is_behind(&self) -> bool {
-        self.thread.is_some()
+        self.thread.is_some() || self.held
     }
 
     /// Appends `anchor`, for the thread to sync within [`EVERY`]; an

@@ -9,6 +9,10 @@
 //! stop pipelining at random, so that rounds that are not pipelined first
 //! drain the syncs under way, as a server's do.
 //!
+//! `raft-state` behind: the records that witness a round's sync are held
+//! ([`crate::cluster::LogStore::witness_held`]) until a tick syncs them, as
+//! a server's thread does within 10 ms.
+//!
 //! Snapshots written behind: a compaction's file is held
 //! ([`crate::cluster::LogStore::snapshots_held`]) until a tick writes it,
 //! as a server's thread does; the log is compacted then or at a later poll.
@@ -122,7 +126,8 @@ impl Sim<'_> {
     /// What a server does behind its loop, ending when the simulation
     /// chooses: replicas of one group start or stop pipelining at random,
     /// the syncs that are due end (what they held goes on the network),
-    /// and snapshot files being written are written (their logs compacted
+    /// `raft-state`'s held records are synced, and snapshot files being
+    /// written are written (their logs compacted
     /// now or at a later poll).
     pub(super) fn background(&mut self, tick: u64, faults: bool) -> Result<()> {
         for node in &mut self.nodes {
@@ -130,6 +135,9 @@ impl Sim<'_> {
                 continue;
             };
             for g in groups.iter_mut() {
+                if self.rng.chance(500) && g.replica.log_mut().sync_held_state()? {
+                    self.report.state_syncs += 1;
+                }
                 if self.rng.chance(300) && g.replica.log_mut().write_held_snapshot() {
                     self.report.snapshots_behind += 1;
                     if self.rng.chance(500) {

@@ -18,6 +18,10 @@
 //! - **Snapshots written behind**: a compaction's snapshot file is written
 //!   ticks after the compaction began, as a server's thread writes it; the
 //!   log is compacted at a later poll still; crashes come in between.
+//! - **`raft-state` behind** with one partition: the records that witness
+//!   a round's sync are synced ticks later, as a server's thread syncs them
+//!   (a crash that damages the log keeps them, as a dead process's page
+//!   cache does).
 //! - **Pipelined rounds** with one partition: replicas start and stop
 //!   handing their readies back before their logs are synced, as a
 //!   server's do (`cluster::pipeline`); a sync ends ticks later, or a
@@ -217,6 +221,8 @@ pub struct Report {
     pub pipelined_syncs: usize,
     /// Snapshot files written behind, ticks after their compaction began.
     pub snapshots_behind: usize,
+    /// Syncs of `raft-state` records held behind (one partition).
+    pub state_syncs: usize,
 }
 
 /// Steps the linearizability checker may take per history.
@@ -414,9 +420,13 @@ fn start(
         }))
     });
     let mut replica = Replica::new(id, log, make, timing(id), Durability::Always, COMPACTION)?;
-    // Its snapshots written behind, as a server's are: when the
-    // simulation chooses (`Sim::background`).
+    // Its snapshots written behind, as a server's are, and with one
+    // partition its `raft-state` records synced behind (`raft_state =
+    // "behind"`): when the simulation chooses (`Sim::background`).
     replica.log_mut().snapshots_held();
+    if !journaled {
+        replica.log_mut().witness_held();
+    }
     if journaled {
         // Several groups, as a server's: the idle ones stop their clocks.
         replica.set_quiet_after(Some(super::quiet::QUIET_AFTER));
@@ -570,7 +580,7 @@ impl<'o> Sim<'o> {
         let faults = tick < self.o.ticks;
         let now_ms = T0 + tick * TICK_MS;
         if faults {
-            self.faults(tick);
+            self.faults(tick)?;
         } else {
             self.cut = None;
         }

@@ -144,7 +144,7 @@ fn check_deterministic(
 
 impl Sim<'_> {
     /// Crashes (with damage to a disk), partitions and clock jumps.
-    pub(super) fn faults(&mut self, tick: u64) {
+    pub(super) fn faults(&mut self, tick: u64) -> Result<()> {
         let o = self.o;
         let rng = &mut self.rng;
         let nodes = &mut self.nodes;
@@ -154,6 +154,23 @@ impl Sim<'_> {
             .count();
         let i = rng.below(nodes.len() as u64) as usize;
         if down == 0 && rng.chance(o.crash) && !nodes[i].removed {
+            // Not while the membership changes: a cluster of two
+            // waiting for a replica that waits to be removed is stuck
+            // (as it would be for an operator).
+            let damaging = self.removing.is_none()
+                && self.joining.is_none()
+                && o.partitions == 1
+                && rng.chance(o.damage);
+            if damaging {
+                // A crash that damages the log keeps `raft-state`'s
+                // records (a process that died: the page cache has them);
+                // one that lost both them and synced log bytes could not
+                // be told from a log that holds more than recorded
+                // (`cluster::log::witness`).
+                for g in nodes[i].up.iter_mut().flatten() {
+                    g.replica.log_mut().sync_held_state()?;
+                }
+            }
             nodes[i].up = None;
             nodes[i].journal = None;
             // Its syncs under way never end.
@@ -163,15 +180,7 @@ impl Sim<'_> {
                 let torn = rng.below(64) as usize;
                 *disk = disk.crash(Some(torn));
             }
-            // Not while the membership changes: a cluster of two
-            // waiting for a replica that waits to be removed is stuck
-            // (as it would be for an operator).
-            if self.removing.is_none()
-                && self.joining.is_none()
-                && o.partitions == 1
-                && rng.chance(o.damage)
-                && damage(&nodes[i].disks[0], rng).is_some()
-            {
+            if damaging && damage(&nodes[i].disks[0], rng).is_some() {
                 self.report.damaged += 1;
                 nodes[i].damaged = true;
             }
@@ -191,5 +200,6 @@ impl Sim<'_> {
             let i = rng.below(nodes.len() as u64) as usize;
             nodes[i].skew += rng.below(20_000) as i64 - 10_000;
         }
+        Ok(())
     }
 }
