@@ -3138,6 +3138,13 @@ async fn a_placed_cluster_grows_and_shrinks_one_move_at_a_time() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Removed already: said so, nothing proposed.
+    let (ok, out) =
+        tokio::task::block_in_place(|| cluster_command(&c.file(0), &["remove", "--id", "2"]));
+    assert!(
+        !ok && out.contains("replica 2 is not a member; members: 1, 3, 4, 5"),
+        "{out}"
+    );
     // Replica 3 dies and is removed while down: its groups move to the
     // three left (each then holds every group). Started again, it is told
     // it left, and stops.

@@ -70,17 +70,20 @@ struct Owner {
     by_deadline: BTreeSet<(u64, u64)>,
 }
 
-/// (response topic, correlation data) of a cached reply.
-type Key = (Str, Box<[u8]>);
+/// (response topic, hash of the correlation data) of a cached reply: the
+/// reply under that hash whose insertion number is the deadline key's.
+type Key = (Str, u64);
 
 /// The most bytes the whole cache holds.
 pub const MAX_BYTES: usize = 32 << 20;
 /// The most bytes the cache holds for one client, over all its response
 /// topics.
 pub const MAX_CLIENT_BYTES: usize = 4 << 20;
-/// What an entry costs beyond its correlation data (held twice: in its
-/// topic and in the deadline index) and reply payload: its slots in two
-/// tables and two ordered indexes, the reply's fields.
+/// What an entry costs beyond its correlation data and reply payload: its
+/// slots in two tables and two ordered indexes, the reply's fields. The
+/// correlation data is counted twice (earlier builds held a copy
+/// in the deadline index): every build of a cluster must forget the same
+/// entries, so the count stays as it was.
 const ENTRY_OVERHEAD: usize = 192;
 /// What a topic costs beyond its name.
 const TOPIC_OVERHEAD: usize = 64;
@@ -101,9 +104,23 @@ fn entry_bytes(correlation: &[u8], cached: &Cached) -> usize {
 /// The key an entry's owner is found by: `c` and the client's identity, or
 /// `t` and the response topic when no client is known (the two never meet).
 fn owner_key(client: Option<&str>, response_topic: &str) -> String {
+    let mut key = String::new();
+    owner_key_into(&mut key, client, response_topic);
+    key
+}
+
+/// [`owner_key`], written over `key` (a buffer kept between inserts).
+fn owner_key_into(key: &mut String, client: Option<&str>, response_topic: &str) {
+    key.clear();
     match client {
-        Some(id) => format!("c{id}"),
-        None => format!("t{response_topic}"),
+        Some(id) => {
+            key.push('c');
+            key.push_str(id);
+        }
+        None => {
+            key.push('t');
+            key.push_str(response_topic);
+        }
     }
 }
 
@@ -124,7 +141,7 @@ const HASH_SEED: u64 = 0x6465_6475_7063_6163;
 pub struct DedupCache {
     topics: HashTable<Topic>,
     owners: HashTable<Owner>,
-    /// (deadline, insertion number) -> (topic, correlation).
+    /// (deadline, insertion number) -> (topic, correlation's hash).
     deadlines: BTreeMap<(u64, u64), Key>,
     hasher: FixedState,
     seq: u64,
@@ -138,6 +155,8 @@ pub struct DedupCache {
     /// The most bytes it holds ([`MAX_BYTES`] unless the store's quota
     /// gives it less: [`DedupCache::set_limit`]).
     max_bytes: usize,
+    /// The last insert's owner key, its buffer kept for the next.
+    owner_buf: String,
 }
 
 impl Default for DedupCache {
@@ -182,6 +201,7 @@ impl DedupCache {
             bytes: 0,
             last: None,
             max_bytes: MAX_BYTES,
+            owner_buf: String::new(),
         }
     }
 
@@ -250,9 +270,9 @@ impl DedupCache {
         correlation: &[u8],
         cached: Cached,
     ) {
-        let owner = self.put(client, response_topic, correlation, cached);
-        let hash = self.hash(owner.as_bytes());
-        while let Some(o) = self.owners.find(hash, |o| o.key == owner)
+        let (owner, hash, over) = self.put(client, response_topic, correlation, cached);
+        while over
+            && let Some(o) = self.owners.find(hash, |o| o.key == owner)
             && o.bytes > MAX_CLIENT_BYTES
         {
             // The owner's entry nearest its deadline.
@@ -269,14 +289,15 @@ impl DedupCache {
         }
     }
 
-    /// Remembers a reply, unbounded; returns its owner's key.
+    /// Remembers a reply, unbounded; returns its owner's key, the key's
+    /// hash, and whether the owner holds more than its bound.
     fn put(
         &mut self,
         client: Option<&str>,
         response_topic: &str,
         correlation: &[u8],
         cached: Cached,
-    ) -> Str {
+    ) -> (Str, u64, bool) {
         let at = cached.expires_at;
         // Its owner is charged for its topic's name too: a client cannot
         // spread long topics for free.
@@ -286,14 +307,15 @@ impl DedupCache {
         let seq = self.seq;
         let hasher = self.hasher.clone();
         let hash = |b: &[u8]| hasher.hash_one(b);
-        let key = owner_key(client, response_topic);
+        let mut key = std::mem::take(&mut self.owner_buf);
+        owner_key_into(&mut key, client, response_topic);
         let owner_hash = hash(key.as_bytes());
         let owner = match self.owners.find_mut(owner_hash, |o| *o.key == *key) {
             Some(owner) => owner,
             None => {
                 let owner = Owner {
                     bytes: OWNER_OVERHEAD + key.len(),
-                    key: Str::from(key),
+                    key: Str::from(key.as_str()),
                     by_deadline: BTreeSet::new(),
                 };
                 self.bytes += owner.bytes;
@@ -303,8 +325,10 @@ impl DedupCache {
             }
         };
         owner.bytes += charge;
+        let over = owner.bytes > MAX_CLIENT_BYTES;
         owner.by_deadline.insert((at, seq));
         let owner_name = owner.key.clone();
+        self.owner_buf = key;
         let topic_hash = hash(response_topic.as_bytes());
         let topic = match self
             .topics
@@ -353,8 +377,8 @@ impl DedupCache {
             }
             None => self.len += 1,
         }
-        self.deadlines.insert((at, seq), (name, correlation.into()));
-        owner_name
+        self.deadlines.insert((at, seq), (name, corr_hash));
+        (owner_name, owner_hash, over)
     }
 
     /// Takes an entry's charge off its owner, which goes once it holds none.
@@ -389,11 +413,10 @@ impl DedupCache {
 
     /// Forgets the entry with this deadline key.
     fn forget(&mut self, key: (u64, u64)) {
-        let Some((name, corr)) = self.deadlines.remove(&key) else {
+        let Some((name, corr_hash)) = self.deadlines.remove(&key) else {
             return;
         };
         let topic_hash = self.hash(name.as_bytes());
-        let corr_hash = self.hash(&corr);
         let Ok(mut topic) = self.topics.find_entry(topic_hash, |t| t.name == name) else {
             return;
         };
@@ -401,7 +424,7 @@ impl DedupCache {
         if let Ok(reply) = topic
             .get_mut()
             .replies
-            .find_entry(corr_hash, |r| r.correlation == corr)
+            .find_entry(corr_hash, |r| r.seq == key.1)
         {
             let (entry, _) = reply.remove();
             let freed = entry_bytes(&entry.correlation, &entry.cached);
@@ -471,8 +494,9 @@ impl DedupCache {
         let from = after.map_or(Unbounded, Excluded);
         self.deadlines
             .range((from, Unbounded))
-            .filter_map(|(&key, (topic, correlation))| {
-                self.item(topic, correlation).map(|item| (key, item))
+            .filter_map(|(&key, (topic, corr_hash))| {
+                self.item_at(topic, *corr_hash, key.1)
+                    .map(|item| (key, item))
             })
     }
 
@@ -484,6 +508,21 @@ impl DedupCache {
         let r = t
             .replies
             .find(self.hash(correlation), |r| *r.correlation == *correlation)?;
+        Some(Item {
+            topic: &t.name,
+            correlation: &r.correlation,
+            client: client_of(&r.owner),
+            cached: &r.cached,
+        })
+    }
+
+    /// The entry of `topic` whose correlation data hashes to `corr_hash`
+    /// and whose insertion number is `seq`.
+    fn item_at(&self, topic: &str, corr_hash: u64, seq: u64) -> Option<Item<'_>> {
+        let t = self
+            .topics
+            .find(self.hash(topic.as_bytes()), |t| *t.name == *topic)?;
+        let r = t.replies.find(corr_hash, |r| r.seq == seq)?;
         Some(Item {
             topic: &t.name,
             correlation: &r.correlation,
@@ -512,6 +551,52 @@ mod tests {
             expires_at,
             reply: Reply::ok(vec![n], None),
         }
+    }
+
+    /// The walk a snapshot takes lists every entry once, in the order they
+    /// are forgotten, with its current reply: a replaced entry under its
+    /// new deadline only, and nothing once forgotten.
+    #[test]
+    fn the_deadline_walk_lists_each_entry_once_as_it_is_now() {
+        let mut c = DedupCache::with_seed(3);
+        c.insert(Some("x"), "t", b"1", cached("t", 1, 100));
+        c.insert(Some("x"), "t", b"2", cached("t", 2, 200));
+        c.insert(None, "u", b"1", cached("u", 3, 150));
+        c.insert(Some("x"), "t", b"1", cached("t", 4, 300));
+        let walk = |c: &DedupCache, after| {
+            c.by_deadline_after(after)
+                .map(|(k, i)| {
+                    (
+                        k,
+                        i.topic.to_string(),
+                        i.correlation.to_vec(),
+                        i.cached.reply.payload[0],
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let all = walk(&c, None);
+        let got: Vec<_> = all
+            .iter()
+            .map(|(k, t, corr, n)| (k.0, t.as_str(), corr.as_slice(), *n))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (150, "u", &b"1"[..], 3),
+                (200, "t", b"2", 2),
+                (300, "t", b"1", 4)
+            ]
+        );
+        // Resumed after the first key, as a snapshot's next part is.
+        assert_eq!(walk(&c, Some(all[0].0)), all[1..]);
+        c.evict(200, usize::MAX);
+        let left: Vec<_> = walk(&c, None)
+            .into_iter()
+            .map(|(_, t, _, n)| (t, n))
+            .collect();
+        assert_eq!(left, [("t".to_string(), 4)]);
+        assert_eq!(c.len(), 1);
     }
 
     #[test]

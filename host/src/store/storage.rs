@@ -487,6 +487,18 @@ impl MemStorage {
     }
 }
 
+/// What a [`MemStorage`] handle's file operations fail with once its file
+/// was replaced or removed (a real file's descriptor would still reach
+/// it; the in-memory disk keeps no such orphan).
+#[derive(Debug, thiserror::Error)]
+#[error("the file was replaced or removed")]
+pub(crate) struct Gone;
+
+/// Whether `e` is [`Gone`].
+pub(crate) fn is_gone(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Gone>())
+}
+
 #[derive(Debug)]
 struct MemLogFile {
     storage: MemStorage,
@@ -508,7 +520,7 @@ impl MemLogFile {
                 .find(|(_, id)| **id == self.id)
                 .map(|(n, _)| n.clone())
             else {
-                return Err(io::Error::other("the file was replaced or removed"));
+                return Err(io::Error::other(Gone));
             };
             self.name = name;
         }
@@ -835,6 +847,25 @@ mod tests {
             let s = MemStorage::new();
             (Box::new(s.clone()), Box::new(s))
         })
+    }
+
+    /// A handle follows its file through a rename; once another file is
+    /// renamed over it, the handle fails with [`Gone`], which is told
+    /// apart from other errors by its type.
+    #[test]
+    fn a_handle_to_a_replaced_file_fails_as_gone() -> io::Result<()> {
+        let s = MemStorage::new();
+        let mut f = s.create("a.log")?;
+        f.append(b"one")?;
+        s.rename("a.log", "b.log")?;
+        f.append(b"two")?;
+        assert_eq!(s.read("b.log")?, b"onetwo");
+        s.create("c.log")?.append(b"new")?;
+        s.rename("c.log", "b.log")?;
+        let err = f.sync().expect_err("the file it opened is gone");
+        assert!(is_gone(&err), "{err}");
+        assert!(!is_gone(&not_found("x")));
+        Ok(())
     }
 
     /// A crash keeps the zeros synced ahead, and of what was written over

@@ -374,6 +374,11 @@ impl Node {
                 }
             }
             ChangeRequest::Remove { id } => {
+                if agreed.left.contains(id) {
+                    // Asked again while its removal ends (the command asks
+                    // every few seconds until the members say it left).
+                    return ChangeAnswer::Proposed(format!("replica {id} has left"));
+                }
                 if !members.contains(id) {
                     return ChangeAnswer::Refused(format!(
                         "replica {id} is not a member (members: {members:?})"

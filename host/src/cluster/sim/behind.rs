@@ -100,7 +100,7 @@ pub(super) fn end_due(
         // The log was rewritten since (a compaction): a server's
         // descriptor of the old file still syncs; the new file was synced
         // whole when it was made.
-        Err(e) if e.to_string().contains("replaced or removed") => Ok(()),
+        Err(e) if crate::store::storage::is_gone(&e) => Ok(()),
         r => r,
     };
     syncs.synced(r, result.map_err(Into::into), host)?;
