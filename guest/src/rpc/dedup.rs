@@ -500,22 +500,6 @@ impl DedupCache {
             })
     }
 
-    /// The entry of `topic` and `correlation`, expired or not.
-    pub fn item(&self, topic: &str, correlation: &[u8]) -> Option<Item<'_>> {
-        let t = self
-            .topics
-            .find(self.hash(topic.as_bytes()), |t| *t.name == *topic)?;
-        let r = t
-            .replies
-            .find(self.hash(correlation), |r| *r.correlation == *correlation)?;
-        Some(Item {
-            topic: &t.name,
-            correlation: &r.correlation,
-            client: client_of(&r.owner),
-            cached: &r.cached,
-        })
-    }
-
     /// The entry of `topic` whose correlation data hashes to `corr_hash`
     /// and whose insertion number is `seq`.
     fn item_at(&self, topic: &str, corr_hash: u64, seq: u64) -> Option<Item<'_>> {
