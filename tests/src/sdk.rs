@@ -39,6 +39,25 @@ pub fn plain(port: u16, id: &str) -> MqttConnectionSettingsBuilder {
         .session_expiry(Duration::from_secs(60))
 }
 
+/// Waits up to `limit` for `monitor`'s session to connect. The SDK's own
+/// `SessionMonitor::connected` can miss the connection it waits for: it
+/// reads the state, then waits for the next change, and a CONNACK that
+/// lands between the two (the waiting thread preempted on a busy machine)
+/// leaves it waiting for a change that already happened. Its state is
+/// read again every 100 ms, so a missed wake-up costs that much, not the
+/// whole limit.
+async fn connected(
+    monitor: &azure_iot_operations_mqtt::session::SessionMonitor,
+    limit: Duration,
+) -> Result<(), tokio::time::error::Elapsed> {
+    tokio::time::timeout(limit, async {
+        while !monitor.is_connected() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), monitor.connected()).await;
+        }
+    })
+    .await
+}
+
 impl Sdk {
     /// A client of the store on 127.0.0.1:`port`.
     pub async fn connect(port: u16, id: &str) -> Sdk {
@@ -91,7 +110,7 @@ impl Sdk {
         .expect("state store client");
         let exit = session.create_exit_handle();
         let run = tokio::spawn(session.run());
-        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
+        connected(&monitor, Duration::from_secs(10))
             .await
             .expect("the SDK connects");
         Sdk {
