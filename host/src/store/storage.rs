@@ -494,7 +494,8 @@ impl MemStorage {
 #[error("the file was replaced or removed")]
 pub(crate) struct Gone;
 
-/// Whether `e` is [`Gone`].
+/// Whether `e` is [`Gone`] (the simulation's question).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn is_gone(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<Gone>())
 }
