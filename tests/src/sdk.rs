@@ -110,9 +110,9 @@ impl Sdk {
         .expect("state store client");
         let exit = session.create_exit_handle();
         let run = tokio::spawn(session.run());
-        connected(&monitor, Duration::from_secs(10))
-            .await
-            .expect("the SDK connects");
+        if connected(&monitor, Duration::from_secs(10)).await.is_err() {
+            panic!("the SDK client {id} did not connect in 10 s");
+        }
         Sdk {
             ss: Arc::new(ss),
             exit,
