@@ -34,10 +34,10 @@ use crate::hlc::{self, Clock, Hlc, Version};
 use crate::journal;
 use crate::notify::{self, Registry};
 use crate::resp3;
-use crate::rpc::dedup::{Cached, DedupCache};
+use crate::rpc::dedup::{Cached, DedupCache, TopicHint};
 use crate::rpc::{self, Reply, RequestProps, Status, TopicCheck, prop};
 use crate::scan::{self, KeySet};
-use crate::table::{Change, Request, Table};
+use crate::table::{Change, Outcome, Request, Table};
 use crate::types::{
     AuthRule, Bytes, Config, Error, InboundMessage, Input, OutboundMessage, Output, Persist, Stats,
     Str,
@@ -290,7 +290,9 @@ impl StateMachine {
         // topic alone). A cached reply is only sent after the checks below.
         let probe = self.dedup.probe(response_topic, msg.correlation_data, now);
         let cached = probe.cached.map(|c| c.reply.clone());
-        let check = if probe.topic.is_some() {
+        // Where the cache keeps this topic's replies, for the insert below.
+        let hint = probe.topic;
+        let check = if hint.is_some() {
             TopicCheck::Valid
         } else {
             rpc::check_response_topic(response_topic)
@@ -408,17 +410,20 @@ impl StateMachine {
             // Charged to its client when someone vouches for it; else to
             // its response topic alone.
             let client = identity.filter(|_| verified);
-            self.cache_reply(client, response_topic, correlation, deadline, now, reply);
+            let to = (response_topic, hint.as_ref());
+            self.cache_reply(client, to, correlation, deadline, now, reply);
         }
     }
 
     /// Keeps a reply for retries of its request until `deadline` (at most
     /// [`rpc::MAX_DEDUP_MS`] from `now`) and the dedup buffer have passed,
-    /// and journals it when the store is durable.
+    /// and journals it when the store is durable. The reply goes to the
+    /// response topic, with what the request's probe found of it
+    /// ([`DedupCache::insert_hinted`]).
     fn cache_reply(
         &mut self,
         client: Option<&str>,
-        response_topic: &str,
+        (response_topic, hint): (&str, Option<&TopicHint>),
         correlation: &[u8],
         deadline: u64,
         now: u64,
@@ -447,7 +452,7 @@ impl StateMachine {
             });
         }
         self.dedup
-            .insert(client, response_topic, correlation, cached);
+            .insert_hinted(client, response_topic, correlation, cached, hint);
     }
 
     /// Everything after the envelope checks; notifications are written
@@ -605,7 +610,7 @@ impl StateMachine {
                 Command::Set { value, .. } => value,
                 _ => &[],
             };
-            self.journal_change(command.key(), outcome.change, version, before, value);
+            self.journal_change(command.key(), &outcome, version, before, value);
             self.notify(command.key(), outcome.change, version, value);
         }
         let cache = !matches!(command, Command::Get { .. });
@@ -677,18 +682,19 @@ impl StateMachine {
     fn journal_change(
         &mut self,
         key: &[u8],
-        change: Change,
+        outcome: &Outcome,
         version: Version,
         was_persisted: bool,
         value: &[u8],
     ) {
-        let record = match change {
+        let record = match outcome.change {
             Change::None => return,
             Change::Set => {
                 let lent = self.table.lent().filter(|l| l.key() == key);
-                let entry = match lent {
-                    Some(l) => Some(l.entry(value)),
-                    None => self.table.entry(key),
+                let entry = match (lent, outcome.slot) {
+                    (Some(l), _) => Some(l.entry(value)),
+                    (None, Some(at)) => self.table.entry_at(at),
+                    (None, None) => self.table.entry(key),
                 };
                 match entry {
                     Some(e) if self.journals(e.persist) => {

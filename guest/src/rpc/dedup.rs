@@ -47,6 +47,8 @@ struct Entry {
     cached: Cached,
     seq: u64,
     owner: Str,
+    /// The hash of `owner`.
+    owner_hash: u64,
 }
 
 /// One response topic and its replies by correlation data.
@@ -70,9 +72,36 @@ struct Owner {
     by_deadline: BTreeSet<(u64, u64)>,
 }
 
-/// (response topic, hash of the correlation data) of a cached reply: the
-/// reply under that hash whose insertion number is the deadline key's.
-type Key = (Str, u64);
+/// Where the deadline index finds a cached reply: under its response topic
+/// (the topic's own name, and its hash), the reply under the correlation
+/// data's hash whose insertion number is the deadline key's.
+#[derive(Debug, Clone)]
+struct Due {
+    topic: Str,
+    topic_hash: u64,
+    corr_hash: u64,
+}
+
+/// A topic the cache holds, as [`Probe::topic`] found it: handed back to
+/// [`DedupCache::insert`] so that the topic is not looked up again.
+#[derive(Debug, Clone)]
+pub struct TopicHint {
+    name: Str,
+    hash: u64,
+}
+
+impl TopicHint {
+    /// The topic's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Whether two names the cache holds are the same: the same buffer (a
+/// name and its clones) is the common case and costs no comparison.
+fn same(a: &Str, b: &Str) -> bool {
+    (a.as_ptr() == b.as_ptr() && a.len() == b.len()) || a == b
+}
 
 /// The most bytes the whole cache holds.
 pub const MAX_BYTES: usize = 32 << 20;
@@ -141,8 +170,8 @@ const HASH_SEED: u64 = 0x6465_6475_7063_6163;
 pub struct DedupCache {
     topics: HashTable<Topic>,
     owners: HashTable<Owner>,
-    /// (deadline, insertion number) -> (topic, correlation's hash).
-    deadlines: BTreeMap<(u64, u64), Key>,
+    /// (deadline, insertion number) -> where the reply is.
+    deadlines: BTreeMap<(u64, u64), Due>,
     hasher: FixedState,
     seq: u64,
     len: usize,
@@ -166,10 +195,11 @@ impl Default for DedupCache {
 }
 
 /// What [`DedupCache::probe`] found for a request: one topic lookup.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Probe<'c> {
-    /// The response topic as a shared string, if the cache holds a reply to it.
-    pub topic: Option<&'c Str>,
+    /// The response topic, if the cache holds a reply to it: for
+    /// [`DedupCache::insert`].
+    pub topic: Option<TopicHint>,
     /// The cached reply to this very request, if still remembered.
     pub cached: Option<&'c Cached>,
 }
@@ -228,17 +258,20 @@ impl DedupCache {
         };
         // The last topic is found by its address; if it has left the
         // table since (evicted, maybe back under a new buffer), by name.
-        let remembered =
-            last.and_then(|(at, hash)| self.topics.find(hash, |t| t.name.as_ptr() == at));
-        let topic = match remembered {
-            Some(topic) => topic,
+        let remembered = last.and_then(|(at, hash)| {
+            self.topics
+                .find(hash, |t| t.name.as_ptr() == at)
+                .map(|t| (t, hash))
+        });
+        let (topic, hash) = match remembered {
+            Some(found) => found,
             None => {
                 let hash = self.hash(response_topic.as_bytes());
                 let Some(topic) = self.topics.find(hash, |t| *t.name == *response_topic) else {
                     return Probe::default();
                 };
                 self.last = Some((topic.name.clone(), hash));
-                topic
+                (topic, hash)
             }
         };
         let cached = correlation.and_then(|corr| {
@@ -249,7 +282,10 @@ impl DedupCache {
                 .filter(|c| now < c.expires_at)
         });
         Probe {
-            topic: Some(&topic.name),
+            topic: Some(TopicHint {
+                name: topic.name.clone(),
+                hash,
+            }),
             cached,
         }
     }
@@ -270,9 +306,23 @@ impl DedupCache {
         correlation: &[u8],
         cached: Cached,
     ) {
-        let (owner, hash, over) = self.put(client, response_topic, correlation, cached);
+        self.insert_hinted(client, response_topic, correlation, cached, None);
+    }
+
+    /// [`DedupCache::insert`], with `hint` what a probe for
+    /// `response_topic` found, if it found the topic.
+    pub fn insert_hinted(
+        &mut self,
+        client: Option<&str>,
+        response_topic: &str,
+        correlation: &[u8],
+        cached: Cached,
+        hint: Option<&TopicHint>,
+    ) {
+        debug_assert!(hint.is_none_or(|h| *h.name == *response_topic));
+        let (owner, hash, over) = self.put(client, response_topic, correlation, cached, hint);
         while over
-            && let Some(o) = self.owners.find(hash, |o| o.key == owner)
+            && let Some(o) = self.owners.find(hash, |o| same(&o.key, &owner))
             && o.bytes > MAX_CLIENT_BYTES
         {
             // The owner's entry nearest its deadline.
@@ -297,6 +347,7 @@ impl DedupCache {
         response_topic: &str,
         correlation: &[u8],
         cached: Cached,
+        hint: Option<&TopicHint>,
     ) -> (Str, u64, bool) {
         let at = cached.expires_at;
         // Its owner is charged for its topic's name too: a client cannot
@@ -329,11 +380,14 @@ impl DedupCache {
         owner.by_deadline.insert((at, seq));
         let owner_name = owner.key.clone();
         self.owner_buf = key;
-        let topic_hash = hash(response_topic.as_bytes());
-        let topic = match self
-            .topics
-            .find_mut(topic_hash, |t| *t.name == *response_topic)
-        {
+        let topic_hash = hint.map_or_else(|| hash(response_topic.as_bytes()), |h| h.hash);
+        let found = match hint {
+            Some(h) => self.topics.find_mut(topic_hash, |t| same(&t.name, &h.name)),
+            None => self
+                .topics
+                .find_mut(topic_hash, |t| *t.name == *response_topic),
+        };
+        let topic = match found {
             Some(topic) => topic,
             None => {
                 let topic = Topic {
@@ -353,6 +407,7 @@ impl DedupCache {
             cached,
             seq,
             owner: owner_name.clone(),
+            owner_hash,
         };
         let old = match topic
             .replies
@@ -373,18 +428,27 @@ impl DedupCache {
                 self.bytes -= freed;
                 let old_key = (old.cached.expires_at, old.seq);
                 self.deadlines.remove(&old_key);
-                self.discharge(&old.owner, old_key, freed + response_topic.len());
+                self.discharge(
+                    &old.owner,
+                    old.owner_hash,
+                    old_key,
+                    freed + response_topic.len(),
+                );
             }
             None => self.len += 1,
         }
-        self.deadlines.insert((at, seq), (name, corr_hash));
+        let due = Due {
+            topic: name,
+            topic_hash,
+            corr_hash,
+        };
+        self.deadlines.insert((at, seq), due);
         (owner_name, owner_hash, over)
     }
 
     /// Takes an entry's charge off its owner, which goes once it holds none.
-    fn discharge(&mut self, owner: &Str, key: (u64, u64), charge: usize) {
-        let hash = self.hash(owner.as_bytes());
-        if let Ok(mut o) = self.owners.find_entry(hash, |o| o.key == *owner) {
+    fn discharge(&mut self, owner: &Str, hash: u64, key: (u64, u64), charge: usize) {
+        if let Ok(mut o) = self.owners.find_entry(hash, |o| same(&o.key, owner)) {
             let o_mut = o.get_mut();
             o_mut.bytes -= charge;
             o_mut.by_deadline.remove(&key);
@@ -413,11 +477,14 @@ impl DedupCache {
 
     /// Forgets the entry with this deadline key.
     fn forget(&mut self, key: (u64, u64)) {
-        let Some((name, corr_hash)) = self.deadlines.remove(&key) else {
+        let Some(due) = self.deadlines.remove(&key) else {
             return;
         };
-        let topic_hash = self.hash(name.as_bytes());
-        let Ok(mut topic) = self.topics.find_entry(topic_hash, |t| t.name == name) else {
+        let (name, corr_hash) = (due.topic, due.corr_hash);
+        let Ok(mut topic) = self
+            .topics
+            .find_entry(due.topic_hash, |t| same(&t.name, &name))
+        else {
             return;
         };
         let mut gone_entry = None;
@@ -430,7 +497,7 @@ impl DedupCache {
             let freed = entry_bytes(&entry.correlation, &entry.cached);
             self.bytes -= freed;
             self.len -= 1;
-            gone_entry = Some((entry.owner, freed));
+            gone_entry = Some((entry.owner, entry.owner_hash, freed));
         }
         if topic.get().replies.is_empty() {
             let (gone, _) = topic.remove();
@@ -439,8 +506,8 @@ impl DedupCache {
                 self.last = None;
             }
         }
-        if let Some((owner, freed)) = gone_entry {
-            self.discharge(&owner, key, freed + name.len());
+        if let Some((owner, owner_hash, freed)) = gone_entry {
+            self.discharge(&owner, owner_hash, key, freed + name.len());
         }
     }
 
@@ -494,19 +561,15 @@ impl DedupCache {
         let from = after.map_or(Unbounded, Excluded);
         self.deadlines
             .range((from, Unbounded))
-            .filter_map(|(&key, (topic, corr_hash))| {
-                self.item_at(topic, *corr_hash, key.1)
-                    .map(|item| (key, item))
-            })
+            .filter_map(|(&key, due)| self.item_at(due, key.1).map(|item| (key, item)))
     }
 
-    /// The entry of `topic` whose correlation data hashes to `corr_hash`
-    /// and whose insertion number is `seq`.
-    fn item_at(&self, topic: &str, corr_hash: u64, seq: u64) -> Option<Item<'_>> {
+    /// The entry `due` names whose insertion number is `seq`.
+    fn item_at(&self, due: &Due, seq: u64) -> Option<Item<'_>> {
         let t = self
             .topics
-            .find(self.hash(topic.as_bytes()), |t| *t.name == *topic)?;
-        let r = t.replies.find(corr_hash, |r| r.seq == seq)?;
+            .find(due.topic_hash, |t| same(&t.name, &due.topic))?;
+        let r = t.replies.find(due.corr_hash, |r| r.seq == seq)?;
         Some(Item {
             topic: &t.name,
             correlation: &r.correlation,
@@ -594,7 +657,8 @@ mod tests {
         assert_eq!(c.get("a/b", b"1", 100), None, "expired at its deadline");
         assert_eq!(c.get("a/b", b"3", 0), None);
         assert_eq!(c.get("a/bx", b"1", 0), None);
-        let known = |c: &mut DedupCache, t: &str| c.probe(t, None, 0).topic.map(|s| s.to_string());
+        let known =
+            |c: &mut DedupCache, t: &str| c.probe(t, None, 0).topic.map(|s| s.name().to_string());
         assert_eq!(known(&mut c, "a/b").as_deref(), Some("a/b"));
         assert_eq!(known(&mut c, "a/b").as_deref(), Some("a/b"), "remembered");
         assert_eq!(known(&mut c, "a/bc"), None);
@@ -698,6 +762,76 @@ mod tests {
         );
         assert!(c.get("t", &0u32.to_be_bytes(), 0).is_none());
         assert!(c.get("t", &99u32.to_be_bytes(), 0).is_some());
+    }
+
+    /// An insert handed what its request's probe found of the topic leaves
+    /// the cache as one looked up by name does, through replacements,
+    /// bounds and evictions, and with a stale hint (its topic gone since).
+    #[test]
+    fn an_insert_with_the_probes_hint_is_an_insert() {
+        let (mut hinted, mut plain) = (DedupCache::with_seed(3), DedupCache::with_seed(3));
+        hinted.set_limit(4_000);
+        plain.set_limit(4_000);
+        let topics = ["clients/a/response", "clients/b/response", "t"];
+        let mut first: std::collections::HashMap<&str, TopicHint> = Default::default();
+        for i in 0..200u64 {
+            let topic = topics[(i % 3) as usize];
+            let corr = (i % 7).to_be_bytes();
+            let client = (i % 2 == 0).then_some("a");
+            let at = 1_000 + i * 10;
+            let hint = hinted.probe(topic, Some(&corr), at).topic;
+            if let Some(h) = &hint {
+                first.entry(topic).or_insert_with(|| h.clone());
+            }
+            // Now and then the topic's first hint, its topic maybe gone since.
+            let hint = match i % 10 == 9 {
+                true => first.get(topic).cloned().or(hint),
+                false => hint,
+            };
+            hinted.insert_hinted(
+                client,
+                topic,
+                &corr,
+                cached(topic, i as u8, at + 60),
+                hint.as_ref(),
+            );
+            plain.insert(client, topic, &corr, cached(topic, i as u8, at + 60));
+            if i % 20 == 19 {
+                assert_eq!(hinted.evict(at, 5), plain.evict(at, 5));
+            }
+            let items = |c: &DedupCache| {
+                c.iter()
+                    .map(|it| {
+                        (
+                            it.topic.to_string(),
+                            it.correlation.to_vec(),
+                            it.client.map(str::to_string),
+                            it.cached.clone(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(items(&hinted), items(&plain), "after insert {i}");
+            assert_eq!(hinted.bytes(), plain.bytes());
+            assert_eq!(
+                hinted.client_bytes(client, topic),
+                plain.client_bytes(client, topic)
+            );
+        }
+        assert!(hinted.len() > 10, "the cache held entries throughout");
+        // A hint whose topic went (every entry forgotten) since the probe.
+        let hint = hinted.probe("t", None, 0).topic;
+        assert!(hint.is_some());
+        for c in [&mut hinted, &mut plain] {
+            c.evict(u64::MAX, usize::MAX);
+            assert!(c.is_empty());
+            assert_eq!(c.bytes(), 0);
+        }
+        hinted.insert_hinted(None, "t", b"x", cached("t", 1, 10), hint.as_ref());
+        plain.insert(None, "t", b"x", cached("t", 1, 10));
+        assert_eq!(hinted.bytes(), plain.bytes());
+        assert_eq!(hinted.get("t", b"x", 0), plain.get("t", b"x", 0));
+        assert!(hinted.get("t", b"x", 0).is_some());
     }
 
     /// A client is bounded over all its response topics: spreading its

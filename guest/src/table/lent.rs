@@ -117,7 +117,8 @@ impl Table {
     pub fn put_blob(&mut self, blob: Box<[u8]>, meta: &EntryMeta) {
         let slot = Slot::with_blob(blob, meta.with(&[]));
         let key: Box<[u8]> = slot.key().into();
-        self.put_slot(&key, slot, meta.expires_at);
+        let at = self.position(&key);
+        self.put_slot(&key, slot, meta.expires_at, at);
     }
 }
 

@@ -105,6 +105,10 @@ pub struct Outcome {
     pub version: Option<Version>,
     /// What changed.
     pub change: Change,
+    /// Where a SET put its entry ([`Table::entry_at`], until the table
+    /// next changes): the journal record is built from it without looking
+    /// the key up again.
+    pub slot: Option<usize>,
 }
 
 impl Outcome {
@@ -113,6 +117,7 @@ impl Outcome {
             reply: e.reply(),
             version: None,
             change: Change::None,
+            slot: None,
         }
     }
 }
@@ -355,15 +360,23 @@ impl Table {
         self.position(key).map(|i| self.slots[i].view())
     }
 
-    /// Inserts or replaces an entry, keeping the deadline index in step.
-    pub fn put(&mut self, key: &[u8], entry: EntryRef<'_>) {
-        self.put_slot(key, Slot::new(key, entry), entry.expires_at);
+    /// The entry at position `at` ([`Outcome::slot`]), if there is one.
+    pub fn entry_at(&self, at: usize) -> Option<EntryRef<'_>> {
+        self.slots.get(at).map(Slot::view)
     }
 
-    fn put_slot(&mut self, key: &[u8], slot: Slot, due: Option<u64>) {
+    /// Inserts or replaces an entry, keeping the deadline index in step.
+    pub fn put(&mut self, key: &[u8], entry: EntryRef<'_>) {
+        let at = self.position(key);
+        self.put_slot(key, Slot::new(key, entry), entry.expires_at, at);
+    }
+
+    /// Puts `slot` for `key` at `at`, the key's position ([`Table::position`]
+    /// found it, or `None`: a new key); returns the slot's position.
+    fn put_slot(&mut self, key: &[u8], slot: Slot, due: Option<u64>, at: Option<usize>) -> usize {
         self.bytes = self.bytes.saturating_add(slot.data_len());
-        let old = match self.position(key) {
-            Some(i) => Some(core::mem::replace(&mut self.slots[i], slot)),
+        let (old, at) = match at {
+            Some(i) => (Some(core::mem::replace(&mut self.slots[i], slot)), i),
             None => {
                 // Positions are u32: four billion keys is far past any memory
                 // a guest gets.
@@ -374,7 +387,7 @@ impl Table {
                     hasher.hash_one(slots[j as usize].key())
                 });
                 self.order.insert(key, i, |j| slots[j as usize].key());
-                None
+                (None, self.slots.len() - 1)
             }
         };
         if let Some(old) = &old {
@@ -386,6 +399,7 @@ impl Table {
         if let Some(at) = due {
             self.deadlines.insert(at, key.into());
         }
+        at
     }
 
     /// Takes the slot of `key` out: the last slot moves into its place.
@@ -493,11 +507,13 @@ impl Table {
                     reply: resp3::bulk(e.value),
                     version: Some(e.version),
                     change: Change::None,
+                    slot: None,
                 },
                 None => Outcome {
                     reply: resp3::REPLY_NIL.to_vec(),
                     version: None,
                     change: Change::None,
+                    slot: None,
                 },
             },
             Command::Set {
@@ -506,7 +522,9 @@ impl Table {
                 condition,
                 px,
             } => {
-                let current = self.get(key, now);
+                // One lookup: the entry's position serves the put too.
+                let at = self.position(key);
+                let current = at.map(|i| self.slots[i].view()).filter(|e| e.live_at(now));
                 if !self.admits(key, value, current.is_none()) {
                     return Ok(Outcome::error(ServiceError::QuotaExceeded));
                 }
@@ -524,6 +542,7 @@ impl Table {
                         reply: resp3::REPLY_NOT_APPLIED.to_vec(),
                         version: current.map(|e| e.version),
                         change: Change::None,
+                        slot: None,
                     });
                 }
                 let version = stamp(clock)?;
@@ -535,14 +554,18 @@ impl Table {
                     expires_at: px.map(|ms| now.saturating_add(ms)),
                     persist: req.persist,
                 };
-                match req.lend.clone() {
-                    Some(at) => self.lent = Some(Lent::new(key, entry, at)),
-                    None => self.put(key, entry),
-                }
+                let slot = match req.lend.clone() {
+                    Some(lent) => {
+                        self.lent = Some(Lent::new(key, entry, lent));
+                        None
+                    }
+                    None => Some(self.put_slot(key, Slot::new(key, entry), entry.expires_at, at)),
+                };
                 Outcome {
                     reply: resp3::REPLY_OK.to_vec(),
                     version: Some(version),
                     change: Change::Set,
+                    slot,
                 }
             }
             Command::Del { key } | Command::VDel { key, .. } => {
@@ -551,6 +574,7 @@ impl Table {
                         reply: resp3::REPLY_NOT_FOUND.to_vec(),
                         version: None,
                         change: Change::None,
+                        slot: None,
                     });
                 };
                 let token = current.fencing_token;
@@ -564,6 +588,7 @@ impl Table {
                         reply: resp3::REPLY_NOT_APPLIED.to_vec(),
                         version: Some(current.version),
                         change: Change::None,
+                        slot: None,
                     });
                 }
                 let version = stamp(clock)?;
@@ -572,6 +597,7 @@ impl Table {
                     reply: resp3::REPLY_DELETED.to_vec(),
                     version: Some(version),
                     change: Change::Delete,
+                    slot: None,
                 }
             }
             // The registry handles KEYNOTIFY, `crate::scan` SCAN.
