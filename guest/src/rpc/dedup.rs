@@ -83,7 +83,7 @@ struct Due {
 }
 
 /// A topic the cache holds, as [`Probe::topic`] found it: handed back to
-/// [`DedupCache::insert`] so that the topic is not looked up again.
+/// [`DedupCache::insert_hinted`] so that the topic is not looked up again.
 #[derive(Debug, Clone)]
 pub struct TopicHint {
     name: Str,
@@ -198,7 +198,7 @@ impl Default for DedupCache {
 #[derive(Debug, Clone, Default)]
 pub struct Probe<'c> {
     /// The response topic, if the cache holds a reply to it: for
-    /// [`DedupCache::insert`].
+    /// [`DedupCache::insert_hinted`].
     pub topic: Option<TopicHint>,
     /// The cached reply to this very request, if still remembered.
     pub cached: Option<&'c Cached>,
