@@ -62,6 +62,7 @@ pub mod placement;
 pub(crate) mod probe;
 pub mod quiet;
 mod raft_log;
+mod readies;
 mod recover;
 pub mod router;
 #[cfg(any(test, feature = "testing"))]
@@ -79,6 +80,7 @@ use format::decode_snapshot;
 pub use format::{AgreedTenant, EntryRef, HostEntry, Tenancy};
 pub(crate) use format::{Members, decode_entry, decode_host_entry, encode_entry};
 pub use log::LogStore;
+pub use readies::{Applying, Unpersisted, Unsynced};
 use statestore_guest::wire;
 
 use crate::{Backend, Input, Output};
@@ -197,39 +199,6 @@ pub enum Change {
     /// up (a group's copy moving to it); then [`Change::Add`] makes it a
     /// voter.
     Learner(u64),
-}
-
-/// A Raft `Ready` whose committed entries were applied and whose new
-/// entries are still to be written ([`Replica::ready_write`]).
-pub struct Unpersisted(raft::Ready);
-
-/// A ready whose entries are written and not yet synced
-/// ([`Replica::ready_write`], then `persist_round`).
-pub struct Unsynced(raft::Ready);
-
-impl Unsynced {
-    /// Whether it must be durable before its messages go: it wrote
-    /// entries, a snapshot, or a new term or vote. A ready that only moved
-    /// the commit index need not be: Raft does not need its commit index
-    /// back after a crash (the leader says it again), so such a record is
-    /// synced with the next round that must be.
-    pub fn must_sync(&self) -> bool {
-        self.0.must_sync()
-    }
-}
-
-impl std::fmt::Debug for Unsynced {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Unsynced").finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for Unpersisted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Unpersisted")
-            .field("entries", &self.0.entries().len())
-            .finish()
-    }
 }
 
 /// What a replica knows of itself, for `cluster status`.
@@ -631,9 +600,12 @@ impl<B: Backend> Replica<B> {
     /// fsync of later requests). The caller must then, before anything
     /// else, write what it returns ([`Replica::ready_write`]), make it
     /// durable (`persist_round`), and finish ([`Replica::ready_finish`]).
+    /// With [`Applying::AfterSync`] the committed entries wait for
+    /// [`Replica::ready_finish`].
     pub fn ready_apply(
         &mut self,
         send: &mut dyn FnMut(Message),
+        applying: Applying,
     ) -> Result<(Vec<Applied>, Option<Unpersisted>)> {
         let mut applied = Vec::new();
         if !self.node.has_ready() {
@@ -662,8 +634,13 @@ impl<B: Backend> Replica<B> {
             self.install(snap)?;
         }
         let committed = ready.take_committed_entries();
-        self.apply(committed, &mut applied)?;
-        Ok((applied, Some(Unpersisted(ready))))
+        match applying {
+            Applying::Now => {
+                self.apply(committed, &mut applied)?;
+                Ok((applied, Some(Unpersisted(ready, Vec::new()))))
+            }
+            Applying::AfterSync => Ok((applied, Some(Unpersisted(ready, committed)))),
+        }
     }
 
     /// Whether raft-rs has anything for [`Replica::ready_apply`] (messages,
@@ -674,7 +651,7 @@ impl<B: Backend> Replica<B> {
 
     /// The second step of a ready ([`Replica::ready_apply`]): writes the
     /// new entries and state (not synced: `persist_round` does that).
-    pub fn ready_write(&mut self, Unpersisted(ready): Unpersisted) -> Result<Unsynced> {
+    pub fn ready_write(&mut self, Unpersisted(ready, to_apply): Unpersisted) -> Result<Unsynced> {
         for e in ready.entries() {
             if let Ok(d) = decode_entry(&e.data) {
                 self.log_now = self.log_now.max(d.now);
@@ -685,7 +662,7 @@ impl<B: Backend> Replica<B> {
         if let Some(hs) = ready.hs() {
             log.set_hardstate(hs.clone())?;
         }
-        Ok(Unsynced(ready))
+        Ok(Unsynced(ready, to_apply))
     }
 
     /// Whether the log must be synced between [`Replica::ready_write`] and
@@ -708,7 +685,15 @@ impl<B: Backend> Replica<B> {
     /// applied at a later ready. The ready's number, and the messages that
     /// must wait for the sync (a follower's acknowledgements; a leader's
     /// went already).
-    pub fn ready_defer(&mut self, Unsynced(mut ready): Unsynced) -> Result<(u64, Vec<Message>)> {
+    pub fn ready_defer(
+        &mut self,
+        Unsynced(mut ready, to_apply): Unsynced,
+    ) -> Result<(u64, Vec<Message>)> {
+        if !to_apply.is_empty() {
+            bail!(
+                "a pipelined round with committed entries left to apply (its ready was taken with `Applying::AfterSync`)"
+            );
+        }
         let number = ready.number();
         let held = ready.take_persisted_messages();
         if !ready.snapshot().is_empty() {
@@ -740,27 +725,28 @@ impl<B: Backend> Replica<B> {
     }
 
     /// The last step of a ready ([`Replica::ready_apply`]): sends what
-    /// waited for the log, and applies what that committed.
+    /// waited for the log, then applies what the ready left to apply
+    /// ([`Applying::AfterSync`]) and what the sync committed.
     pub fn ready_finish(
         &mut self,
-        Unsynced(mut ready): Unsynced,
+        Unsynced(mut ready, to_apply): Unsynced,
         send: &mut dyn FnMut(Message),
     ) -> Result<Vec<Applied>> {
         let mut applied = Vec::new();
-        let mut messages = Vec::new();
-        messages.extend(ready.take_persisted_messages());
+        let persisted = ready.take_persisted_messages();
         let mut light = self.node.advance(ready);
         if let Some(commit) = light.commit_index() {
             self.node.mut_store().set_commit(commit)?;
         }
-        messages.extend(light.take_messages());
+        // The messages first: a follower's acknowledgement (what a commit
+        // waits for) does not wait for the guest.
+        persisted.into_iter().for_each(&mut *send);
+        light.take_messages().into_iter().for_each(&mut *send);
+        self.apply(to_apply, &mut applied)?;
         let committed = light.take_committed_entries();
         self.apply(committed, &mut applied)?;
         self.node.advance_apply();
         self.maybe_compact()?;
-        for m in messages {
-            send(m);
-        }
         Ok(applied)
     }
 

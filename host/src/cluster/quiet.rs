@@ -148,7 +148,7 @@ pub(crate) mod tests {
     /// next tick, a replica down when `None`.
     pub(crate) struct Three {
         pub(crate) replicas: Vec<Option<Replica<NativeStore>>>,
-        wire: Vec<Message>,
+        pub(crate) wire: Vec<Message>,
     }
 
     impl Three {
@@ -198,7 +198,9 @@ pub(crate) mod tests {
             let mut sent = Vec::new();
             for r in self.replicas.iter_mut().flatten() {
                 r.tick();
-                let (_, rest) = r.ready_apply(&mut |m| sent.push(m)).expect("ready");
+                let (_, rest) = r
+                    .ready_apply(&mut |m| sent.push(m), crate::cluster::Applying::Now)
+                    .expect("ready");
                 if let Some(rest) = rest {
                     let w = r.ready_write(rest).expect("write");
                     r.ready_finish(w, &mut |m| sent.push(m)).expect("finish");

@@ -32,7 +32,7 @@ use crate::cluster::log::journal::Journal;
 use crate::cluster::net::{Links, PeerEvent};
 use crate::cluster::operator::ChangeRequest;
 use crate::cluster::router::{Effects, Now, Router};
-use crate::cluster::{Durability, Replica, Timing};
+use crate::cluster::{Applying, Durability, Replica, Timing};
 use crate::store::clock::Clock;
 use crate::store::driver::{Received, Transport};
 use crate::store::journal::Fsync;
@@ -784,6 +784,13 @@ impl Node {
         if !pipelined {
             self.drain().await?;
         }
+        // A follower without clients acknowledges first and applies after
+        // (nobody waits on it for a reply; the leader waits on its
+        // acknowledgement for a commit).
+        let applying = match !pipelined && self.sync_in_place() {
+            true => Applying::AfterSync,
+            false => Applying::Now,
+        };
         let mut written = Vec::new();
         for g in 0..self.groups.len() {
             if !self.groups[g].replica.has_ready() {
@@ -797,7 +804,7 @@ impl Node {
             let links = &self.links;
             let (applied, rest) = self.groups[g]
                 .replica
-                .ready_apply(&mut |m| links.send(id, m))?;
+                .ready_apply(&mut |m| links.send(id, m), applying)?;
             self.sync_members()?;
             self.publish(transport, g, applied).await?;
             if let Some(rest) = rest {

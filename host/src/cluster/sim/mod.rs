@@ -74,7 +74,7 @@ use round::Round;
 use super::file::ReadPath;
 use super::log::journal::{self, Journal, Part};
 use super::router::{Effects, Limits, Notify, Now, Router, SharedBytes};
-use super::{Compaction, Durability, LogStore, Replica, Timing, linear};
+use super::{Applying, Compaction, Durability, LogStore, Replica, Timing, linear};
 use crate::store::storage::MemStorage;
 use crate::{Config, InboundMessage, NativeStore, Output};
 
@@ -914,12 +914,19 @@ impl<'o> Sim<'o> {
                 let host = &mut round.on_net();
                 behind::drain(&mut node.syncs, &mut groups[0].replica, host)?;
             }
+            // As a server's follower without clients does (and at random
+            // on any replica, which only delays its replies): apply after
+            // the round's sync and messages.
+            let applying = match !pipelined && round.rng.chance(500) {
+                true => Applying::AfterSync,
+                false => Applying::Now,
+            };
             let mut written = Vec::new();
             for (g, Group { replica: r, router }) in groups.iter_mut().enumerate() {
                 let mut fx = Effects::default();
                 router.tick(now, r, &mut fx)?;
                 let mut messages = Vec::new();
-                let (applied, rest) = r.ready_apply(&mut |m| messages.push(m))?;
+                let (applied, rest) = r.ready_apply(&mut |m| messages.push(m), applying)?;
                 round.publish(g as u32, now, (messages, applied), r, router, fx)?;
                 if let Some(rest) = rest {
                     let w = r.ready_write(rest)?;
