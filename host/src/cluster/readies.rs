@@ -59,13 +59,39 @@ impl std::fmt::Debug for Unpersisted {
 
 #[cfg(test)]
 mod tests {
+    use raft::prelude::MessageType;
+
     use super::Applying;
     use crate::cluster::quiet::tests::Three;
 
+    /// Replica 1 (leading) proposes an entry; once its commit is on its
+    /// way to replica `to`, replica `to` steps what is on its way to it.
+    /// The entry's index.
+    fn committed_to(g: &mut Three, to: u64, clock: u64) -> u64 {
+        let leader = g.replicas[0].as_mut().expect("up");
+        leader.propose(1, &[], clock).expect("propose");
+        let index = leader.status().last_index;
+        for _ in 0..20 {
+            if g.wire.iter().any(|m| m.to == to && m.commit >= index) {
+                let (mine, others) = std::mem::take(&mut g.wire)
+                    .into_iter()
+                    .partition(|m| m.to == to);
+                g.wire = others;
+                let follower = g.replicas[to as usize - 1].as_mut().expect("up");
+                for m in mine {
+                    follower.step(m).expect("step");
+                }
+                return index;
+            }
+            g.tick();
+        }
+        panic!("the commit of {index} never went to replica {to}");
+    }
+
     /// A follower that applies after its sync takes a ready that commits an
-    /// entry without applying it; finishing the ready applies it, after the
-    /// ready's acknowledgement went. A pipelined round refuses such a
-    /// ready (what it committed would never be applied).
+    /// entry without applying it; finishing the ready sends its
+    /// acknowledgement and applies the entry. A pipelined round refuses
+    /// such a ready (what it committed would never be applied).
     #[test]
     fn applying_after_the_sync_applies_what_the_ready_committed_when_it_finishes() {
         let mut g = Three::new();
@@ -73,72 +99,30 @@ mod tests {
             g.tick();
         }
         assert_eq!(g.leader(), Some(1));
-        let leader = g.replicas[0].as_mut().expect("up");
-        leader.propose(1, &[], 1_000).expect("propose");
-        let index = leader.status().last_index;
-        // Until the leader's commit (and a new append) is on its way to
-        // replica 2, which has the entry but has not applied it.
-        let mut ticks = 0;
-        while !g.wire.iter().any(|m| m.to == 2 && m.commit >= index) {
-            g.tick();
-            ticks += 1;
-            assert!(
-                ticks < 20,
-                "the commit reaches the wire: {:?}",
-                g.wire
-                    .iter()
-                    .map(|m| (m.to, m.get_msg_type(), m.commit, m.index, m.entries.len()))
-                    .collect::<Vec<_>>()
-            );
-        }
+        let index = committed_to(&mut g, 2, 1_000);
         let follower = g.replicas[1].as_mut().expect("up");
         assert!(follower.applied() < index);
-        let (mine, others) = std::mem::take(&mut g.wire)
-            .into_iter()
-            .partition(|m| m.to == 2);
-        g.wire = others;
-        for m in mine {
-            follower.step(m).expect("step");
-        }
         let mut sent = Vec::new();
         let (applied, rest) = follower
             .ready_apply(&mut |m| sent.push(m), Applying::AfterSync)
             .expect("ready");
         assert!(applied.is_empty(), "nothing applied before the sync");
         assert!(follower.applied() < index);
-        let rest = rest.expect("a ready");
-        let w = follower.ready_write(rest).expect("write");
+        let w = follower.ready_write(rest.expect("a ready")).expect("write");
         let applied = follower
             .ready_finish(w, &mut |m| sent.push(m))
             .expect("finish");
         assert!(applied.iter().any(|a| a.index == index), "{applied:?}");
         assert!(follower.applied() >= index);
+        assert!(
+            sent.iter()
+                .any(|m| m.get_msg_type() == MessageType::MsgAppendResponse),
+            "acknowledged"
+        );
 
         // The same in a pipelined round: refused.
-        let leader = g.replicas[0].as_mut().expect("up");
-        leader.propose(1, &[], 2_000).expect("propose");
-        let index = leader.status().last_index;
-        let mut ticks = 0;
-        while !g.wire.iter().any(|m| m.to == 3 && m.commit >= index) {
-            g.tick();
-            ticks += 1;
-            assert!(
-                ticks < 20,
-                "the commit reaches the wire: {:?}",
-                g.wire
-                    .iter()
-                    .map(|m| (m.to, m.get_msg_type(), m.commit, m.index, m.entries.len()))
-                    .collect::<Vec<_>>()
-            );
-        }
+        committed_to(&mut g, 3, 2_000);
         let follower = g.replicas[2].as_mut().expect("up");
-        let (mine, others) = std::mem::take(&mut g.wire)
-            .into_iter()
-            .partition(|m| m.to == 3);
-        g.wire = others;
-        for m in mine {
-            follower.step(m).expect("step");
-        }
         let (_, rest) = follower
             .ready_apply(&mut |_| {}, Applying::AfterSync)
             .expect("ready");
