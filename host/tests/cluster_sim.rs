@@ -9,7 +9,9 @@
 //! through the server's own routing, and no request answered twice
 //! differently. A failure names its
 //! seed: `STATESTORE_SIM_SEED=<seed> cargo test -p statestore --test
-//! cluster_sim` replays exactly that run.
+//! cluster_sim` replays exactly that run. `STATESTORE_SIM_FROM=<n>` starts
+//! at the n-th seed of each test, to go on past the seeds a shorter run
+//! (CI's) reached.
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,15 @@ fn add(total: &mut Report, r: &Report) {
     total.state_syncs += r.state_syncs;
 }
 
+/// The first seed's number in each test's sequence
+/// (`STATESTORE_SIM_FROM`, else 0).
+fn first_run() -> u64 {
+    std::env::var("STATESTORE_SIM_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Runs only the seed `STATESTORE_SIM_SEED` names, if it names one.
 fn replayed(options: &Options) -> bool {
     let Some(seed) = std::env::var("STATESTORE_SIM_SEED")
@@ -83,7 +94,7 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     let mut total = Report::default();
     let mut runs = 0u64;
     while runs < 3_000 && start.elapsed() < budget() {
-        let seed = 0x5157_0000 + runs;
+        let seed = 0x5157_0000 + first_run() + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
         add(&mut total, &r);
         runs += 1;
@@ -185,7 +196,7 @@ fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
     let mut total = Report::default();
     let mut runs = 0u64;
     while runs < 1_000 && start.elapsed() < budget() / 3 {
-        let seed = 0x9A27_0000 + runs;
+        let seed = 0x9A27_0000 + first_run() + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
         add(&mut total, &r);
         runs += 1;

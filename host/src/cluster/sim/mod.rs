@@ -763,7 +763,20 @@ impl<'o> Sim<'o> {
                 self.joining = Some(id);
             }
         } else if let Some(new) = self.joining {
-            if voters.contains(&new) {
+            // Done once every replica up has applied the addition, the new
+            // one too: a leader that applied it and then crashed with a
+            // damaged log could leave a replica that has not (the entry
+            // committed, the commit not yet told) in a configuration of two
+            // whose other member waits to be removed: stuck, as it would be
+            // for an operator (see `faults`).
+            let everywhere = self
+                .nodes
+                .iter()
+                .filter_map(SimReplica::first)
+                .all(|r| r.voters().contains(&new));
+            if voters.contains(&new) && !everywhere {
+                // Applied by the leader: the others learn the commit.
+            } else if voters.contains(&new) {
                 self.joining = None;
                 if self.readding {
                     self.readding = false;
