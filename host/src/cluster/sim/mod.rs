@@ -769,14 +769,17 @@ impl<'o> Sim<'o> {
             // committed, the commit not yet told) in a configuration of two
             // whose other member waits to be removed: stuck, as it would be
             // for an operator (see `faults`).
-            let everywhere = self
-                .nodes
-                .iter()
-                .filter_map(SimReplica::first)
-                .all(|r| r.voters().contains(&new));
-            if voters.contains(&new) && !everywhere {
-                // Applied by the leader: the others learn the commit.
-            } else if voters.contains(&new) {
+            let everywhere = || {
+                self.nodes
+                    .iter()
+                    .filter_map(SimReplica::first)
+                    .all(|r| r.voters().contains(&new))
+            };
+            if voters.contains(&new) {
+                if !everywhere() {
+                    // Applied by the leader: the others learn the commit.
+                    return Ok(());
+                }
                 self.joining = None;
                 if self.readding {
                     self.readding = false;
