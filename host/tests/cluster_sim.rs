@@ -93,8 +93,9 @@ fn seeded_runs_keep_every_acknowledged_write_and_agree() {
     let start = Instant::now();
     let mut total = Report::default();
     let mut runs = 0u64;
+    let first = first_run();
     while runs < 3_000 && start.elapsed() < budget() {
-        let seed = 0x5157_0000 + first_run() + runs;
+        let seed = 0x5157_0000 + first + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
         add(&mut total, &r);
         runs += 1;
@@ -195,8 +196,9 @@ fn seeded_runs_of_a_store_in_partitions_keep_every_write_and_scan_once() {
     let start = Instant::now();
     let mut total = Report::default();
     let mut runs = 0u64;
+    let first = first_run();
     while runs < 1_000 && start.elapsed() < budget() / 3 {
-        let seed = 0x9A27_0000 + first_run() + runs;
+        let seed = 0x9A27_0000 + first + runs;
         let r = run(seed, &options).unwrap_or_else(|e| panic!("{e:#}"));
         add(&mut total, &r);
         runs += 1;
