@@ -1539,6 +1539,29 @@ async fn a_dead_replica_replaced(partitions: u32) {
         .collect::<Vec<_>>()
         .join(", ");
     assert!(out.contains(&format!("members: {members}")), "{out}");
+    // `cluster add` returned once every member had applied the addition,
+    // replica 4 too (from the leader's snapshot): no member is left
+    // counting the old membership, and replica 4 is not behind.
+    assert!(
+        out.contains("every member that answers has applied it"),
+        "{out}"
+    );
+    let status = Command::new(env!("CARGO_BIN_EXE_statestore"))
+        .args(["cluster", "status", "-o", "json", "--cluster"])
+        .arg(c.file(leader))
+        .output()
+        .expect("cluster status");
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
+    let rows = json["replicas"].as_array().expect("replicas");
+    for id in [leader + 1, other + 1, 4] {
+        let row = rows
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("replica {id} in {json}"));
+        assert_eq!(row["member"], true, "{json}");
+        let lag = row["lag"].as_u64().unwrap_or_else(|| panic!("{json}"));
+        assert!(lag <= 5, "replica {id} is {lag} entries behind: {json}");
+    }
     // Replica 4 serves what was written before it existed, once it has
     // caught up (a GET through it waits for its read index).
     let reader = sdk(mqtt4, "membership-reader").await;
@@ -2420,6 +2443,12 @@ async fn a_follower_that_lost_a_log_rejoins(partitions: u32) {
     let (ok, out) = cluster_command(&c.file(f), &["rejoin"]);
     assert!(ok, "{out}");
     assert!(out.contains("kept") && out.contains("rejoins"), "{out}");
+    // It returned once the members that answer (not the stopped replica)
+    // had applied its re-addition, not only the leader.
+    assert!(
+        out.contains(&format!("replica {} does not answer yet", f + 1)),
+        "{out}"
+    );
     let discarded = |dir: &Path| {
         std::fs::read_dir(dir)
             .expect("dir")

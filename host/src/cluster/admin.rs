@@ -456,6 +456,7 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
                     let list = voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
                     if add {
                         println!("replica {id} is already a member; members: {list}");
+                        until_applied_everywhere(&file, &who, id, add, SPREAD_WAIT).await;
                         return Ok(());
                     }
                     anyhow::bail!("replica {id} is not a member; members: {list}");
@@ -466,6 +467,7 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
                         if add { "added" } else { "removed" },
                         voters.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
                     );
+                    until_applied_everywhere(&file, &who, id, add, SPREAD_WAIT).await;
                     return Ok(());
                 }
                 if proposed.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
@@ -502,6 +504,114 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     })
+}
+
+/// How long `cluster add` / `cluster remove` wait, once the leader has
+/// applied the change, for the other members to apply it too.
+const SPREAD_WAIT: Duration = Duration::from_secs(60);
+
+/// How far a change the leader applied has reached the other members, as
+/// their statuses say.
+#[derive(Debug, PartialEq, Eq)]
+enum Spread {
+    /// The groups are placed (`copies`): each replica's status is of another
+    /// group, nothing to compare.
+    Placed,
+    /// No replica that answers leads.
+    NoLeader,
+    /// These members answer and have not applied it.
+    Pending(Vec<u64>),
+    /// Every member that answers has; `missing`: the replica added does not
+    /// answer.
+    Applied { missing: bool },
+}
+
+/// Where the addition (`add`) or removal of replica `id` stands among the
+/// members the leader counts.
+fn spread(answers: &[(u64, SocketAddr, Result<ReplicaStatus>)], id: u64, add: bool) -> Spread {
+    let answered = || {
+        answers
+            .iter()
+            .filter_map(|(r, _, a)| Some((*r, a.as_ref().ok()?)))
+    };
+    if answered().any(|(_, s)| !s.holds.is_empty()) {
+        return Spread::Placed;
+    }
+    let Some((_, leader)) = answered()
+        .filter(|(_, s)| s.leads())
+        .max_by_key(|(_, s)| (s.leads.contains(&0), s.term))
+    else {
+        return Spread::NoLeader;
+    };
+    // With several groups, every one of the member's.
+    let applied = |s: &ReplicaStatus| s.voters.contains(&id) == add && s.behind == 0;
+    let pending: Vec<u64> = answered()
+        .filter(|(r, s)| leader.voters.contains(r) && !applied(s))
+        .map(|(r, _)| r)
+        .collect();
+    if !pending.is_empty() {
+        return Spread::Pending(pending);
+    }
+    Spread::Applied {
+        missing: add && !answered().any(|(r, _)| r == id),
+    }
+}
+
+/// After the leader applied the addition (`add`) or removal of replica
+/// `id`: waits, at most `wait`, until every member that answers has
+/// applied it too (a replica added: once it has the leader's snapshot).
+/// Until then only the leader counts the new membership, and a leader lost
+/// in that window can leave a member counting the old one, short of a
+/// majority. Says which members have not, if the wait ends first (the
+/// change itself is done: this is not an error). Members that do not
+/// answer are not waited for; a replica added that does not answer yet is
+/// named.
+async fn until_applied_everywhere(
+    file: &ClusterFile,
+    who: &Credentials,
+    id: u64,
+    add: bool,
+    wait: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = None;
+    loop {
+        let pending = match spread(&statuses(file, who).await, id, add) {
+            // Nothing to compare with (`cluster status` says more).
+            Spread::Placed | Spread::NoLeader => return,
+            Spread::Applied { missing: true } => {
+                println!(
+                    "replica {id} does not answer yet: once it runs, it catches up from the leader's snapshot (`statestore cluster status` shows its lag)"
+                );
+                return;
+            }
+            Spread::Applied { missing: false } => {
+                println!("every member that answers has applied it");
+                return;
+            }
+            Spread::Pending(pending) => pending,
+        };
+        let list = pending
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if tokio::time::Instant::now() >= deadline {
+            eprintln!(
+                "replica(s) {list} have not applied it after {} s (catching up?): before the next change or restart, check that `statestore cluster status` shows every member's lag near 0",
+                wait.as_secs()
+            );
+            return;
+        }
+        if said.as_ref() != Some(&list) {
+            eprintln!(
+                "waiting for replica(s) {list} to apply it (up to {} s)",
+                wait.as_secs()
+            );
+            said = Some(list);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// `cluster rejoin`: the replica's data directory joins again (keeping its
@@ -624,6 +734,79 @@ pub fn certs(path: &Path, more: &[u64]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::{ReplicaStatus, Spread, spread};
+
+    /// A change is over only once every member that answers has applied
+    /// it: a member still counting the old membership, or with a group
+    /// behind, is waited for; one that does not answer is not.
+    #[test]
+    fn a_change_is_over_once_every_member_that_answers_has_applied_it() {
+        let at = "127.0.0.1:1".parse().expect("addr");
+        let status = |id: u64, role: &str, voters: &[u64]| ReplicaStatus {
+            id,
+            role: role.into(),
+            term: 3,
+            voters: voters.to_vec(),
+            ..ReplicaStatus::default()
+        };
+        let answers = |list: Vec<(u64, Option<ReplicaStatus>)>| {
+            list.into_iter()
+                .map(|(id, s)| (id, at, s.ok_or_else(|| anyhow::anyhow!("no answer"))))
+                .collect::<Vec<_>>()
+        };
+        let all = [1, 2, 4];
+        // Replica 4 added: the leader applied it, replica 2 not yet (it
+        // counts 1, 2, 3), and 4 is still waiting for its snapshot.
+        let a = answers(vec![
+            (1, Some(status(1, "leader", &all))),
+            (2, Some(status(2, "follower", &[1, 2, 3]))),
+            (3, None),
+            (4, Some(status(4, "follower", &[]))),
+        ]);
+        assert_eq!(spread(&a, 4, true), Spread::Pending(vec![2, 4]));
+        // Everyone has it; 3 (removed, down) is not waited for.
+        let a = answers(vec![
+            (1, Some(status(1, "leader", &all))),
+            (2, Some(status(2, "follower", &all))),
+            (3, None),
+            (4, Some(status(4, "follower", &all))),
+        ]);
+        assert_eq!(spread(&a, 4, true), Spread::Applied { missing: false });
+        // With several groups, one of replica 2's groups behind.
+        let mut behind = status(2, "follower", &all);
+        behind.behind = 1;
+        let a = answers(vec![
+            (1, Some(status(1, "leader", &all))),
+            (2, Some(behind)),
+            (4, Some(status(4, "follower", &all))),
+        ]);
+        assert_eq!(spread(&a, 4, true), Spread::Pending(vec![2]));
+        // The replica added does not answer (not started yet, or stopped
+        // for `rejoin`): the others are all there is to wait for.
+        let a = answers(vec![
+            (1, Some(status(1, "leader", &all))),
+            (2, Some(status(2, "follower", &all))),
+            (4, None),
+        ]);
+        assert_eq!(spread(&a, 4, true), Spread::Applied { missing: true });
+        // A removal: a member still counting the removed one is waited for.
+        let a = answers(vec![
+            (1, Some(status(1, "leader", &[1, 2]))),
+            (2, Some(status(2, "follower", &[1, 2, 3]))),
+            (3, Some(status(3, "follower", &[1, 2, 3]))),
+        ]);
+        assert_eq!(spread(&a, 3, false), Spread::Pending(vec![2]));
+        // No leader now; placed groups.
+        let a = answers(vec![(2, Some(status(2, "candidate", &all)))]);
+        assert_eq!(spread(&a, 4, true), Spread::NoLeader);
+        let mut placed = status(1, "leader", &all);
+        placed.holds = vec![0, 2];
+        assert_eq!(
+            spread(&answers(vec![(1, Some(placed))]), 4, true),
+            Spread::Placed
+        );
+    }
+
     #[test]
     fn group_lists_run_together() {
         assert_eq!(super::ranges(&[]), "");
