@@ -19,12 +19,16 @@ pub enum ClusterCommand {
     /// Add a replica to a running cluster (through its leader). Start the
     /// new replica with `join = true` in its cluster file and an empty data
     /// directory (before or after this); it catches up from the leader's
-    /// snapshot. One change at a time. Where the file places the groups
-    /// (`copies`), the new replica's own entry says `added = true`: it
-    /// starts holding no group, and groups move to it one at a time.
+    /// snapshot. One change at a time: returns once every member that
+    /// answers has applied it (at most 60 s after the leader did). Where
+    /// the file places the groups (`copies`), the new replica's own entry
+    /// says `added = true`: it starts holding no group, and groups move to
+    /// it one at a time.
     Add(ClusterAddArgs),
     /// Remove a replica from a running cluster (through its leader; a
     /// leader hands the leadership over first). The removed replica stops.
+    /// Returns once every member that answers has applied it (at most 60 s
+    /// after the leader did).
     /// To replace a dead machine: remove it, then add its successor. Where
     /// the file places the groups (`copies`), the replica's groups move
     /// away first, one at a time.
