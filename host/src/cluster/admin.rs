@@ -439,15 +439,7 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
                 }
             }
             let up = answers.iter().filter(|(_, _, a)| a.is_ok()).count();
-            let leader = answers
-                .iter()
-                .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
-                .filter(|(_, _, m)| m.leads())
-                // A leader just elected may not have applied a change its
-                // predecessor committed: its members would mislead.
-                .filter(|(_, _, m)| m.settled)
-                // Group 0's (with several groups, each has a leader).
-                .max_by_key(|(_, _, m)| (m.leads.contains(&0), m.term));
+            let leader = settled_leader(&answers);
             if let Some((leader, addr, m)) = leader {
                 let voters = &m.voters;
                 // With several groups, every one must have it.
@@ -506,6 +498,20 @@ fn change(path: &Path, request: ChangeRequest) -> Result<()> {
     })
 }
 
+/// The replica that leads group 0 (with several groups, each has a
+/// leader) among those that answered, if it is settled: a leader just
+/// elected may not have applied a change its predecessor committed, and
+/// its members would mislead.
+fn settled_leader(
+    answers: &[(u64, SocketAddr, Result<ReplicaStatus>)],
+) -> Option<(u64, SocketAddr, &ReplicaStatus)> {
+    answers
+        .iter()
+        .filter_map(|(id, addr, a)| a.as_ref().ok().map(|m| (*id, *addr, m)))
+        .filter(|(_, _, m)| m.leads() && m.settled)
+        .max_by_key(|(_, _, m)| (m.leads.contains(&0), m.term))
+}
+
 /// How long `cluster add` / `cluster remove` wait, once the leader has
 /// applied the change, for the other members to apply it too.
 const SPREAD_WAIT: Duration = Duration::from_secs(60);
@@ -517,7 +523,7 @@ enum Spread {
     /// The groups are placed (`copies`): each replica's status is of another
     /// group, nothing to compare.
     Placed,
-    /// No replica that answers leads.
+    /// No replica that answers leads (settled).
     NoLeader,
     /// These members answer and have not applied it.
     Pending(Vec<u64>),
@@ -537,10 +543,7 @@ fn spread(answers: &[(u64, SocketAddr, Result<ReplicaStatus>)], id: u64, add: bo
     if answered().any(|(_, s)| !s.holds.is_empty()) {
         return Spread::Placed;
     }
-    let Some((_, leader)) = answered()
-        .filter(|(_, s)| s.leads())
-        .max_by_key(|(_, s)| (s.leads.contains(&0), s.term))
-    else {
+    let Some((_, _, leader)) = settled_leader(answers) else {
         return Spread::NoLeader;
     };
     // With several groups, every one of the member's.
@@ -747,6 +750,7 @@ mod tests {
             role: role.into(),
             term: 3,
             voters: voters.to_vec(),
+            settled: true,
             ..ReplicaStatus::default()
         };
         let answers = |list: Vec<(u64, Option<ReplicaStatus>)>| {
@@ -796,8 +800,16 @@ mod tests {
             (3, Some(status(3, "follower", &[1, 2, 3]))),
         ]);
         assert_eq!(spread(&a, 3, false), Spread::Pending(vec![2]));
-        // No leader now; placed groups.
+        // No leader now, or one not settled (its members may be its
+        // predecessor's); placed groups.
         let a = answers(vec![(2, Some(status(2, "candidate", &all)))]);
+        assert_eq!(spread(&a, 4, true), Spread::NoLeader);
+        let mut fresh = status(1, "leader", &[1, 2, 3]);
+        fresh.settled = false;
+        let a = answers(vec![
+            (1, Some(fresh)),
+            (2, Some(status(2, "follower", &[1, 2, 3]))),
+        ]);
         assert_eq!(spread(&a, 4, true), Spread::NoLeader);
         let mut placed = status(1, "leader", &all);
         placed.holds = vec![0, 2];
